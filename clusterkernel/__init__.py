@@ -1,0 +1,65 @@
+"""clusterkernel: a notebook or IPython REPL as the live front end of an MPI job.
+
+Client side (in the notebook)::
+
+    %load_ext clusterkernel
+    %mpi start -n 4
+    %%mpi
+    from clusterkernel import comm
+    print(comm.rank(), comm.size())
+
+Engine side (inside each rank) the names mirror ``torch.distributed``:
+``comm.all_reduce(t, op=comm.SUM)``, ``comm.send``, ``comm.new_group`` ...
+
+Imports are lazy so that each side only loads what it needs: a rank importing
+``clusterkernel.comm`` never loads IPython display code or ipywidgets, and the
+notebook never loads mpi4py.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "Cluster": "clusterkernel.cluster",
+    "ClusterError": "clusterkernel.cluster",
+    "RankError": "clusterkernel.cluster",
+    "MPINotFoundError": "clusterkernel.mpiexec",
+    "HostError": "clusterkernel.mpiexec",
+    "comm": "clusterkernel.comm",
+    "metrics": "clusterkernel.metrics",
+    "log": "clusterkernel.metrics",
+    "Dashboard": "clusterkernel.dashboard",
+}
+
+__all__ = sorted([*_LAZY, "load_ipython_extension", "unload_ipython_extension"])
+
+if TYPE_CHECKING:  # pragma: no cover
+    from clusterkernel.cluster import Cluster, ClusterError, RankError  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    modname = _LAZY.get(name)
+    if modname is None:
+        raise AttributeError(f"module 'clusterkernel' has no attribute {name!r}")
+    module = importlib.import_module(modname)
+    value = module if modname.endswith("." + name) else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def load_ipython_extension(ipython) -> None:
+    """Register the ``%mpi`` / ``%%mpi`` magics (``%load_ext clusterkernel``)."""
+    from clusterkernel.magics import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    from clusterkernel.magics import unload_ipython_extension as _unload
+
+    _unload(ipython)
