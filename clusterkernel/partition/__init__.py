@@ -1,0 +1,27 @@
+"""Data and model partitioning (engine side).
+
+- :class:`DataPartitioner` fixed random split, ``use(i)`` picks a piece;
+- :class:`DistributedSampler` and :func:`distributed_loader` a disjoint shard per
+  rank, reshuffled each epoch, sized from the global batch;
+- :func:`split_sequential` and :func:`balance_by_size` cut an ``nn.Sequential``
+  into pipeline stages.
+
+Example::
+
+    from clusterkernel.partition import distributed_loader
+    from clusterkernel.data import digits
+    loader = distributed_loader(digits(), global_batch=128, seed=0)
+"""
+
+from clusterkernel.partition._data import DataPartitioner, Partition
+from clusterkernel.partition._model import balance_by_size, split_sequential
+from clusterkernel.partition._sampler import DistributedSampler, distributed_loader
+
+__all__ = [
+    "DataPartitioner",
+    "DistributedSampler",
+    "Partition",
+    "balance_by_size",
+    "distributed_loader",
+    "split_sequential",
+]

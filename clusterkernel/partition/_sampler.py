@@ -1,0 +1,141 @@
+"""Per-rank shards of a dataset, reshuffled every epoch, and the loader built on them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from clusterkernel.partition._world import rank_and_size
+
+_UNEVEN = ("pad", "drop")
+
+
+class DistributedSampler(Sampler[int]):
+    """Hand rank ``rank`` of ``size`` a disjoint shard of a dataset of ``n`` samples.
+
+    Each epoch draws one permutation from ``seed + epoch`` (the same on every rank)
+    and deals it out round-robin: rank ``r`` takes positions ``r, r + size, ...``.
+    So with a per-rank batch ``b``, the ``k``-th batches of all ranks together are
+    exactly ``perm[k*b*size : (k+1)*b*size]``, the batch one process would draw
+    with the same seed and a global batch of ``b*size``.
+
+    When ``size`` does not divide ``n``: ``uneven="pad"`` repeats the first samples
+    of the permutation so every rank gets ``ceil(n/size)``; ``uneven="drop"`` drops
+    the tail so every rank gets ``floor(n/size)``. All ranks always get the same
+    number of samples, so they run the same number of steps.
+
+    Example::
+
+        sampler = DistributedSampler(dataset, seed=0)
+        loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            for x, y in loader: ...
+
+    ``rank`` and ``size`` default to :func:`clusterkernel.comm.rank` / ``size``.
+    """
+
+    def __init__(
+        self,
+        data,
+        size: int | None = None,
+        rank: int | None = None,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        uneven: str = "pad",
+        group=None,
+    ):
+        if uneven not in _UNEVEN:
+            raise ValueError(f"uneven must be one of {_UNEVEN}, got {uneven!r}.")
+        self.rank, self.size = rank_and_size(rank, size, group)
+        self.n = data if isinstance(data, int) else len(data)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.uneven = uneven
+        self.epoch = 0
+        if uneven == "pad":
+            self.num_samples = math.ceil(self.n / self.size)
+        else:
+            self.num_samples = self.n // self.size
+        # Every rank computes the same numbers, so every rank raises here together
+        # instead of one rank skipping a collective the others wait in.
+        if self.num_samples == 0:
+            if self.n == 0:
+                raise ValueError("the dataset is empty; every rank's shard would be empty.")
+            raise ValueError(
+                f"{self.n} samples over {self.size} ranks with uneven='drop' leaves every "
+                "rank's shard empty (ranks 0.."
+                f"{self.size - 1}). Use uneven='pad', fewer ranks, or more data."
+            )
+        self.total_size = self.num_samples * self.size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch``; call it before iterating each epoch."""
+        self.epoch = epoch
+
+    def _permutation(self) -> list[int]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            return torch.randperm(self.n, generator=gen).tolist()
+        return list(range(self.n))
+
+    def __iter__(self) -> Iterator[int]:
+        order = self._permutation()
+        if self.total_size > self.n:
+            reps = math.ceil(self.total_size / self.n)
+            order = (order * reps)[: self.total_size]
+        else:
+            order = order[: self.total_size]
+        return iter(order[self.rank : self.total_size : self.size])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def distributed_loader(
+    data,
+    global_batch: int,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    uneven: str = "pad",
+    drop_last: bool = False,
+    size: int | None = None,
+    rank: int | None = None,
+    group=None,
+    **loader_kwargs,
+) -> DataLoader:
+    """This rank's :class:`~torch.utils.data.DataLoader` for a global batch size.
+
+    The per-rank batch is ``global_batch // size``; ``global_batch`` must be a
+    multiple of the number of ranks so that averaging the ranks' mean gradients
+    gives the gradient of the global batch. ``drop_last`` drops a short last batch.
+    Extra keyword arguments go to ``DataLoader``.
+
+    Example::
+
+        loader = distributed_loader(digits(), global_batch=128, seed=0)
+        loader.sampler.set_epoch(epoch)   # Trainer does this for you
+    """
+    sampler = DistributedSampler(
+        data, size, rank, shuffle=shuffle, seed=seed, uneven=uneven, group=group
+    )
+    if global_batch < 1:
+        raise ValueError(f"global_batch must be positive, got {global_batch}.")
+    if global_batch % sampler.size:
+        lo = global_batch - global_batch % sampler.size
+        raise ValueError(
+            f"global_batch={global_batch} is not a multiple of the {sampler.size} ranks; "
+            f"use e.g. {lo or sampler.size} or {lo + sampler.size}."
+        )
+    return DataLoader(
+        data,
+        batch_size=global_batch // sampler.size,
+        sampler=sampler,
+        drop_last=drop_last,
+        **loader_kwargs,
+    )

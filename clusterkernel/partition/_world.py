@@ -1,0 +1,22 @@
+"""Where this rank sits: rank and size, from the comm layer unless given."""
+
+from __future__ import annotations
+
+
+def rank_and_size(rank: int | None, size: int | None, group=None) -> tuple[int, int]:
+    """Return ``(rank, size)``, asking :mod:`clusterkernel.comm` only for what is missing.
+
+    Explicit values let the data helpers run without MPI (one process, or tests).
+    """
+    if rank is None or size is None:
+        from clusterkernel import comm
+
+        if rank is None:
+            rank = comm.rank(group) if group is not None else comm.rank()
+        if size is None:
+            size = comm.size(group) if group is not None else comm.size()
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}.")
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is outside 0..{size - 1}.")
+    return rank, size
