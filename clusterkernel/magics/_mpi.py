@@ -1,0 +1,263 @@
+"""The ``%mpi`` line magic and ``%%mpi`` cell magic (client side).
+
+Each subcommand is a thin parser over one :class:`~clusterkernel.Cluster` call,
+so everything here also works from a script without IPython:
+
+=====================  ==========================================
+magic                  plain Python
+=====================  ==========================================
+``%mpi start -n 4``    ``cluster = Cluster(n=4).start()``
+``%%mpi``              ``cluster.run(code)``
+``%mpi status``        ``cluster.status()``
+``%mpi push x``        ``cluster.push({"x": x})``
+``%mpi pull x``        ``cluster.pull("x")``
+``%mpi restart``       ``cluster.restart()``
+``%mpi stop``          ``cluster.stop()``
+=====================  ==========================================
+"""
+
+from __future__ import annotations
+
+import atexit
+import shlex
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from clusterkernel.cluster import Cluster
+from clusterkernel.errors import ClusterError
+from clusterkernel.mpiexec import HostError, MPINotFoundError
+
+
+def _ranks_arg(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UsageError(f"--ranks takes comma-separated ranks like 0,2; got {text!r}.") from None
+
+
+def _auto_mpi(lines: list[str]) -> list[str]:
+    """Input transformer for ``%mpi on``: run every cell on the ranks."""
+    if not lines or not "".join(lines).strip():
+        return lines
+    first = lines[0].lstrip()
+    if first.startswith(("%mpi", "%%mpi")):
+        return lines  # %mpi off (and explicit %%mpi) run as written
+    return ["%%mpi\n", *lines]
+
+
+@magic_arguments()
+@argument("-n", type=int, default=4, help="number of MPI ranks (default 4)")
+@argument("--hosts", help='hosts and slots for several machines, e.g. "a:2,b:2"')
+@argument("--hostfile", help="an MPI hostfile")
+@argument("--mpiexec", help="path of mpiexec (default: next to python, then PATH)")
+@argument("--timeout", type=float, help="default watchdog for every %%%%mpi cell, seconds")
+def _start_args(line):
+    """%mpi start: start MPI ranks as ipyparallel engines."""
+
+
+@magic_arguments()
+@argument("name", help="variable to pull from the ranks")
+@argument("--rank", type=int, help="pull from this rank only (returns the bare value)")
+def _pull_args(line):
+    """%mpi pull: fetch a variable from the ranks as {rank: value}."""
+
+
+@magic_arguments()
+@argument("--ranks", help="comma-separated ranks to run on, e.g. 0,2 (default: all)")
+@argument("--timeout", type=float, help="watchdog in seconds: report stacks, interrupt, free")
+@argument("--noblock", action="store_true", help="return a CellRun at once; .wait() later")
+def _cell_args(line):
+    """%%mpi: run the cell on every rank (or --ranks), output streamed by rank."""
+
+
+_SUBCOMMANDS = """\
+Subcommands:
+  %mpi start -n 4 [--hosts a:2,b:2 | --hostfile F] [--timeout S]
+  %mpi stop                     stop every rank and the controller
+  %mpi restart                  fresh ranks (frees stuck ones; state is lost)
+  %mpi status                   rank, host, pid, state, CPU, memory
+  %mpi on | %mpi off            run every following cell on the ranks, or stop
+  %mpi push name[=expr] ...     copy variables to every rank
+  %mpi pull name [--rank R]     {rank: value} of a variable
+  %mpi timeout S | off          default watchdog for %%mpi cells
+  %%mpi [--ranks 0,2] [--timeout S] [--noblock]
+"""
+
+
+@magics_class
+class MPIMagics(Magics):
+    """``%mpi`` and ``%%mpi``. See ``%mpi?``."""
+
+    def __init__(self, shell) -> None:
+        super().__init__(shell)
+        self.cluster: Cluster | None = None
+        atexit.register(self._stop_quietly)
+
+    def _stop_quietly(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+
+    def _require_cluster(self) -> Cluster:
+        if self.cluster is None or not self.cluster.running:
+            raise UsageError("No MPI ranks are running. Start them with: %mpi start -n 4")
+        return self.cluster
+
+    @line_cell_magic
+    def mpi(self, line: str = "", cell: str | None = None):
+        if cell is not None:
+            return self._run_cell(line, cell)
+        words = line.strip().split(None, 1)
+        if not words:
+            print(self.mpi.__doc__)
+            return None
+        sub, rest = words[0], (words[1] if len(words) > 1 else "")
+        handler = getattr(self, f"_sub_{sub}", None)
+        if handler is None:
+            raise UsageError(f"Unknown subcommand %mpi {sub}.\n{_SUBCOMMANDS}")
+        return handler(rest)
+
+    # ---------------------------------------------------------------- subcommands
+    def _sub_start(self, rest: str) -> None:
+        args = parse_argstring(_start_args, rest)
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError(
+                f"MPI ranks are already running ({self.cluster.n} ranks). "
+                "Use %mpi restart, or %mpi stop first."
+            )
+        try:
+            cluster = Cluster(
+                n=args.n,
+                hosts=args.hosts,
+                hostfile=args.hostfile,
+                mpiexec=args.mpiexec,
+                timeout=args.timeout,
+            )
+        except (ValueError, FileNotFoundError, HostError, MPINotFoundError) as e:
+            raise UsageError(str(e)) from None
+        cluster.start()
+        self.cluster = cluster
+        print(f"Started {cluster.n} MPI ranks ({cluster.runtime.flavor}).")
+
+    def _sub_stop(self, rest: str) -> None:
+        if self.cluster is None or not self.cluster.running:
+            print("No MPI ranks are running.")
+            return
+        self.cluster.stop()
+        self.cluster = None
+        self._sub_off("")
+        print("Stopped all MPI ranks.")
+
+    def _sub_restart(self, rest: str) -> None:
+        cluster = self._require_cluster()
+        cluster.restart()
+        print(f"Restarted {cluster.n} MPI ranks.")
+
+    def _sub_status(self, rest: str) -> list[dict]:
+        rows = self._require_cluster().status()
+        print(f"{'rank':>4}  {'host':<16} {'pid':>8}  {'state':<6} {'cpu %':>6} {'mem MiB':>8}")
+        for r in rows:
+            cpu = "-" if r["cpu"] is None else f"{r['cpu']:.0f}"
+            mem = "-" if r["memory_mib"] is None else f"{r['memory_mib']:.0f}"
+            print(
+                f"{r['rank']:>4}  {r['host']:<16} {r['pid']:>8}  {r['state']:<6} {cpu:>6} {mem:>8}"
+            )
+        return None
+
+    def _sub_on(self, rest: str) -> None:
+        self._require_cluster()
+        transforms = self.shell.input_transformers_cleanup
+        if _auto_mpi not in transforms:
+            transforms.append(_auto_mpi)
+        print("Every cell now runs on the MPI ranks; %mpi off to stop.")
+
+    def _sub_off(self, rest: str) -> None:
+        transforms = self.shell.input_transformers_cleanup
+        if _auto_mpi in transforms:
+            transforms.remove(_auto_mpi)
+            print("Cells run locally again.")
+
+    def _sub_push(self, rest: str) -> None:
+        cluster = self._require_cluster()
+        if not rest.strip():
+            raise UsageError("Usage: %mpi push name [name ...]  or  %mpi push name=expression")
+        ns = {}
+        if "=" in rest:
+            name, _, expr = rest.partition("=")
+            name = name.strip()
+            if not name.isidentifier():
+                raise UsageError(f"{name!r} is not a variable name.")
+            # The expression is the user's own code in their own namespace, as
+            # typed into a cell; IPython's shell.ev is the documented way to run it.
+            ns[name] = self.shell.ev(expr)
+        else:
+            for name in shlex.split(rest):
+                if name not in self.shell.user_ns:
+                    raise UsageError(f"No variable named {name!r} in this notebook.")
+                ns[name] = self.shell.user_ns[name]
+        cluster.push(ns)
+
+    def _sub_pull(self, rest: str):
+        args = parse_argstring(_pull_args, rest)
+        cluster = self._require_cluster()
+        if args.rank is not None:
+            try:
+                cluster.engine_id(args.rank)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+            return cluster.pull(args.name, ranks=[args.rank])[args.rank]
+        return cluster.pull(args.name)
+
+    def _sub_timeout(self, rest: str) -> None:
+        cluster = self._require_cluster()
+        value = rest.strip()
+        if value in ("", "off", "none", "None"):
+            cluster.timeout = None
+            print("No default watchdog for %%mpi cells.")
+            return
+        try:
+            cluster.timeout = float(value)
+        except ValueError:
+            raise UsageError(f"%mpi timeout takes seconds or 'off', got {value!r}.") from None
+        print(f"%%mpi cells running longer than {cluster.timeout:g}s will be reported and freed.")
+
+    # ---------------------------------------------------------------- cell
+    def _run_cell(self, line: str, cell: str):
+        args = parse_argstring(_cell_args, line)
+        cluster = self._require_cluster()
+        ranks = _ranks_arg(args.ranks)
+        if ranks is not None:
+            bad = [r for r in ranks if r not in cluster.ranks]
+            if bad:
+                raise UsageError(f"No rank {bad}; ranks are 0..{cluster.n - 1}.")
+        try:
+            result = cluster.run(cell, ranks=ranks, timeout=args.timeout, block=not args.noblock)
+        except ClusterError as e:
+            raise UsageError(str(e)) from None
+        return result if args.noblock else None
+
+
+_start_args.parser.prog = "%mpi start"
+_pull_args.parser.prog = "%mpi pull"
+_cell_args.parser.prog = "%%mpi"
+
+
+def _help() -> str:
+    parts = [
+        "Run code on MPI ranks from IPython.",
+        "",
+        _SUBCOMMANDS,
+        "Options of %mpi start:",
+        _start_args.parser.format_help(),
+        "Options of %mpi pull:",
+        _pull_args.parser.format_help(),
+        "Options of %%mpi:",
+        _cell_args.parser.format_help(),
+    ]
+    return "\n".join(parts)
+
+
+MPIMagics.mpi.__doc__ = _help()

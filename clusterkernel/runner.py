@@ -1,0 +1,221 @@
+"""One cell running on the ranks: stream output, watch for faults, report (client side).
+
+:class:`CellRun` is what :meth:`Cluster.run` (and so ``%%mpi``) creates. Its
+:meth:`~CellRun.wait` loop forwards each rank's output to a renderer as it arrives
+and watches for the three ways a cell goes wrong that plain ``%%px`` handles
+badly:
+
+- a kernel interrupt: SIGINT goes to every busy rank; ranks that do not stop
+  (blocked in MPI, where SIGINT cannot reach Python) are named with their stacks
+  and the engines are restarted so the next cell works;
+- a watchdog ``timeout``: stacks of the busy ranks first (this is how a user finds
+  the rank that skipped a collective), then the same as an interrupt;
+- a rank dying: mpiexec ends the whole job; the cell ends naming the rank and how
+  it died, and the cluster is marked lost until ``%mpi restart``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import TYPE_CHECKING
+
+import ipyparallel as ipp
+
+from clusterkernel.errors import (
+    CellInterrupted,
+    RankError,
+    format_ranks,
+    group_failures,
+)
+from clusterkernel.output import RankOutput, Renderer, default_renderer
+
+if TYPE_CHECKING:
+    from clusterkernel.cluster import Cluster
+
+_POLL = 0.05  # seconds; waiting returns early as soon as the cell completes
+_GRACE = 2.0  # seconds for interrupted ranks to stop before they count as stuck
+
+
+class CellRun:
+    """A cell submitted to some ranks. ``wait()`` streams it and raises on failure.
+
+    Example::
+
+        run = cluster.run("import time; time.sleep(5)", block=False)
+        ...            # the notebook is free meanwhile
+        run.wait()     # streams remaining output, raises RankError on failure
+    """
+
+    def __init__(
+        self, cluster: Cluster, code: str, ranks: list[int], renderer: Renderer | None = None
+    ) -> None:
+        self.cluster = cluster
+        self.code = code
+        self.ranks = list(ranks)
+        self.renderer = renderer if renderer is not None else default_renderer(self.ranks)
+        client = cluster.client
+        self._client = client
+        self.ar = cluster.view(self.ranks).execute(code, silent=False, block=False)
+        self._mds = [client.metadata[mid] for mid in self.ar.msg_ids]
+        self.started = time.monotonic()
+        self.done = False
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else ("ready" if self.ar.ready() else "running")
+        return f"<CellRun ranks={format_ranks(self.ranks)} {state}>"
+
+    def ready(self) -> bool:
+        return self.ar.ready()
+
+    def busy_ranks(self) -> list[int]:
+        outstanding = self._client.outstanding
+        return [r for r, mid in zip(self.ranks, self.ar.msg_ids) if mid in outstanding]
+
+    def output(self, rank: int) -> RankOutput:
+        md = self._mds[self.ranks.index(rank)]
+        return RankOutput(
+            stdout=md.get("stdout") or "",
+            stderr=md.get("stderr") or "",
+            outputs=list(md.get("outputs") or []),
+            execute_result=md.get("execute_result") or None,
+        )
+
+    def _pump(self) -> None:
+        for rank in self.ranks:
+            self.renderer.update(rank, self.output(rank))
+
+    def wait(self, timeout: float | None = None) -> CellRun:
+        """Stream output until the cell ends; raise :class:`RankError` on failure."""
+        try:
+            failure = self._wait_loop(timeout)
+        except KeyboardInterrupt:
+            failure = self._free_stuck("interrupted", stacks_first=False)
+        self._pump()
+        self.renderer.finish()
+        self.done = True
+        if failure is None:
+            failure = self._collect_errors()
+        if failure is not None:
+            raise failure
+        return self
+
+    def _wait_loop(self, timeout: float | None) -> RankError | None:
+        while True:
+            finished = self.ar.wait(_POLL)
+            self._pump()
+            if finished:
+                return None
+            dead = self.cluster.dead_ranks()
+            if dead is not None:
+                return self._job_ended(*dead)
+            if timeout is not None and time.monotonic() - self.started > timeout:
+                return self._free_stuck("timeout", stacks_first=True, timeout=timeout)
+
+    # ------------------------------------------------------------------ faults
+    def _job_ended(self, dead: list[int], report: str) -> RankError:
+        why = _death_cause(report)
+        others = [r for r in self.cluster.ranks if r not in dead]
+        head = f"rank {format_ranks(dead)} died" if dead else "the MPI job ended"
+        self.cluster.lost = f"The MPI job ended: {head}{f' ({why})' if why else ''}."
+        items = [(r, "died", why or "process exited", report) for r in dead]
+        items += [(r, "stopped", "stopped by mpiexec when the job ended", "") for r in others]
+        note = "All ranks are gone; run %mpi restart (cluster.restart()) for a fresh set."
+        return RankError(group_failures(items), note=note)
+
+    def _free_stuck(
+        self, kind: str, stacks_first: bool, timeout: float | None = None
+    ) -> CellInterrupted:
+        """Interrupt busy ranks; stacks and a restart for the ones that stay stuck."""
+        busy = self.busy_ranks()
+        stacks = self.cluster.stacks(busy) if (stacks_first and busy) else {}
+        if busy:
+            try:
+                self.cluster.interrupt(busy)
+            except Exception:  # the control channel may be gone with the rank
+                pass
+            self.ar.wait(_GRACE)
+        stuck = self.busy_ranks()
+        if stuck and not stacks_first:
+            stacks = self.cluster.stacks(stuck)
+        stacks = {r: _with_source(s, self.code) for r, s in stacks.items()}
+        what = f"still running after {timeout:g}s" if kind == "timeout" else "interrupted"
+        items = []
+        for r in self.ranks:
+            if r in stuck:
+                summary = f"{what}; did not respond to SIGINT (blocked in an MPI call?)"
+                items.append((r, kind, summary, stacks.get(r, "")))
+            elif r in busy:
+                detail = stacks.get(r, "")
+                items.append((r, kind, f"{what}; stopped by SIGINT", detail))
+        note = ""
+        if stuck:
+            self.cluster.restart()
+            note = (
+                f"Ranks {format_ranks(stuck)} could not be interrupted, so all ranks were "
+                "restarted (their variables are gone; re-run your setup cells)."
+            )
+        if not items:
+            items = [(r, kind, what, "") for r in self.ranks]
+        return CellInterrupted(group_failures(items), note=note)
+
+    def _collect_errors(self) -> RankError | None:
+        results = self.ar.get(return_exceptions=True)
+        items = []
+        lost = False
+        for rank, res in zip(self.ranks, results):
+            if isinstance(res, ipp.error.RemoteError):
+                kind = "interrupted" if res.ename == "KeyboardInterrupt" else "error"
+                tb = res.traceback or ""
+                items.append((rank, kind, f"{res.ename}: {res.evalue}", tb))
+            elif isinstance(res, ipp.error.EngineError):
+                lost = True
+            elif isinstance(res, BaseException):
+                items.append((rank, "error", f"{type(res).__name__}: {res}", ""))
+        if lost:
+            # The engine vanished; mpiexec's report, once it has exited, says why.
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                dead = self.cluster.dead_ranks()
+                if dead is not None:
+                    return self._job_ended(*dead)
+                time.sleep(_POLL)
+            items += [
+                (r, "died", "engine lost", "")
+                for r, res in zip(self.ranks, results)
+                if isinstance(res, ipp.error.EngineError)
+            ]
+        if not items:
+            return None
+        return RankError(group_failures(items))
+
+
+def _death_cause(report: str) -> str:
+    """Pull 'exit code 3' or 'signal 9 (Killed)' out of mpiexec's report."""
+    m = re.search(r"exited on signal (\d+)(?: \(([^)]+)\))?", report)
+    if m:
+        return f"killed by signal {m.group(1)}" + (f" ({m.group(2)})" if m.group(2) else "")
+    m = re.search(r"Exit code:\s*(-?\d+)", report) or re.search(r"exit code[: ]+(-?\d+)", report)
+    if m:
+        return f"exit code {m.group(1)}"
+    return ""
+
+
+# How a frame of the cell looks in a faulthandler dump on an engine.
+_CELL_FRAME = re.compile(r'File "[^"]*ipykernel_\d+/\d+\.py", line (\d+) in (.*)')
+
+
+def _with_source(stack: str, code: str) -> str:
+    """Show the cell's source line under each frame that points into the cell."""
+    src = code.splitlines()
+    out = []
+    for line in stack.splitlines():
+        m = _CELL_FRAME.search(line)
+        if m:
+            lineno = int(m.group(1))
+            out.append(f"  Cell line {lineno}, in {m.group(2)}")
+            if 0 < lineno <= len(src):
+                out.append(f"    {src[lineno - 1].strip()}")
+        else:
+            out.append(line)
+    return "\n".join(out)
