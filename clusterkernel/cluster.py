@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,11 +41,11 @@ from clusterkernel.mpiexec import (
 
 __all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted"]
 
-# Open MPI / PRRTE / PMIx listen on every interface unless told otherwise; a
-# single-machine job has no reason to be reachable from the network.
-_LOOPBACK_ENV = {
-    "OMPI_MCA_btl_tcp_if_include": "lo",
-}
+# A single-machine job has no reason to be reachable from the network: ranks talk
+# through shared memory, so Open MPI's TCP transport (which listens on every
+# interface) is switched off. Open MPI 5's launcher daemon (prterun) still opens
+# an out-of-band port on all interfaces; PRRTE refuses a loopback-only setting.
+_LOCAL_ONLY_ENV = {"OMPI_MCA_btl": "self,sm"}
 
 
 class Cluster:
@@ -127,7 +128,7 @@ class Cluster:
         cfg = Config()
         env = {**self.runtime.env({}), **self.env}
         if not self.multi_node:
-            for key, value in _LOOPBACK_ENV.items():
+            for key, value in _LOCAL_ONLY_ENV.items():
                 env.setdefault(key, value)
         # Figures made on a rank are sent to the notebook when shown.
         env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
@@ -177,12 +178,22 @@ class Cluster:
         return next(iter(self._ipp.engines.values()), None)
 
     def _engine_set_exit(self) -> str | None:
-        """If mpiexec has exited, say how (with its output); else None."""
+        """If mpiexec has exited, say how (with its output); else None.
+
+        Asks the OS rather than the launcher: the launcher learns of the exit only
+        when ipyparallel's event loop next runs, which a blocked notebook never lets it.
+        """
         es = self._engine_set()
-        if es is None or es.state != "after":
+        proc = getattr(es, "process", None)
+        if proc is None:
             return None
-        data = es.stop_data or {}
-        return f"mpiexec exited with code {data.get('exit_code')}.\n{es.get_output()}".rstrip()
+        try:
+            alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            alive = False
+        if alive:
+            return None
+        return _mpi_report(es.get_output())
 
     def _wait_for_new_engines(self, old_pids: set[int]) -> None:
         """Wait until ``n`` engines answer that were not there before, then map ranks.
@@ -485,12 +496,19 @@ def _main_thread_stack(dump: str) -> str:
     return "\n".join(lines)
 
 
-def _parse_dead_ranks(report: str, n: int) -> list[int]:
-    import re
+def _mpi_report(output: str) -> str:
+    """MPI's own message from the launcher's log (its ``----`` boxed blocks)."""
+    blocks = re.findall(r"^-{20,}\n(.*?)^-{20,}$", output, flags=re.S | re.M)
+    if blocks:
+        return "\n".join(b.strip() for b in blocks)
+    lines = [ln for ln in output.splitlines() if "[KernelNanny" not in ln and "[IPEngine" not in ln]
+    return "\n".join(lines[-20:]) or "mpiexec exited without a message."
 
+
+def _parse_dead_ranks(report: str, n: int) -> list[int]:
     found = set()
     for pat in (
-        r"rank (\d+) with PID",  # prterun: "process rank 2 with PID ..."
+        r"rank\s+(\d+)\s+with\s+PID",  # prterun: "process rank 2 with PID ..."
         r"Process name: \[[^,\]]+,(\d+)\]",  # prterun: non-zero exit status
         r"\[proxy:[^\]]*\] .*rank (\d+)",  # hydra
     ):
@@ -502,12 +520,14 @@ def _failures_from_composite(cluster: Cluster, err, ranks):
     from clusterkernel.errors import group_failures
 
     items = []
-    for ename, evalue, tb, engine_info in err.elist:
+    for ename, evalue, _tb, engine_info in err.elist:
         eid = (engine_info or {}).get("engine_id")
         try:
             rank = cluster.rank_of(eid)
         except KeyError:
             rank = -1
-        items.append((rank, "error", f"{ename}: {evalue}", tb or ""))
+        # A failed pull is a missing or unpicklable name: the traceback would
+        # only show ipyparallel's internals.
+        items.append((rank, "error", f"{ename}: {evalue}", ""))
     return group_failures(items)
 

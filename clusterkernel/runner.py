@@ -103,9 +103,13 @@ class CellRun:
     def _wait_loop(self, timeout: float | None) -> RankError | None:
         while True:
             finished = self.ar.wait(_POLL)
-            self._pump()
             if finished:
+                # Replies and output travel on different channels: a reply can
+                # land before the last of its rank's output.
+                self.ar.wait_for_output(timeout=5)
+                self._pump()
                 return None
+            self._pump()
             dead = self.cluster.dead_ranks()
             if dead is not None:
                 return self._job_ended(*dead)
@@ -148,13 +152,21 @@ class CellRun:
             elif r in busy:
                 detail = stacks.get(r, "")
                 items.append((r, kind, f"{what}; stopped by SIGINT", detail))
-        note = ""
+        notes = []
+        finished = [r for r in self.ranks if r not in busy]
+        if finished and busy:
+            notes.append(
+                f"Rank {format_ranks(finished)} had finished the cell while "
+                f"{format_ranks(busy)} were still running: a rank that skipped a "
+                "collective (or sent to nobody) looks like this."
+            )
         if stuck:
             self.cluster.restart()
-            note = (
+            notes.append(
                 f"Ranks {format_ranks(stuck)} could not be interrupted, so all ranks were "
                 "restarted (their variables are gone; re-run your setup cells)."
             )
+        note = "\n".join(notes)
         if not items:
             items = [(r, kind, what, "") for r in self.ranks]
         return CellInterrupted(group_failures(items), note=note)
@@ -164,12 +176,12 @@ class CellRun:
         items = []
         lost = False
         for rank, res in zip(self.ranks, results):
-            if isinstance(res, ipp.error.RemoteError):
+            if isinstance(res, ipp.error.EngineError) or getattr(res, "ename", "") == "EngineError":
+                lost = True
+            elif isinstance(res, ipp.error.RemoteError):
                 kind = "interrupted" if res.ename == "KeyboardInterrupt" else "error"
                 tb = res.traceback or ""
                 items.append((rank, kind, f"{res.ename}: {res.evalue}", tb))
-            elif isinstance(res, ipp.error.EngineError):
-                lost = True
             elif isinstance(res, BaseException):
                 items.append((rank, "error", f"{type(res).__name__}: {res}", ""))
         if lost:
@@ -183,7 +195,8 @@ class CellRun:
             items += [
                 (r, "died", "engine lost", "")
                 for r, res in zip(self.ranks, results)
-                if isinstance(res, ipp.error.EngineError)
+                if getattr(res, "ename", "") == "EngineError"
+                or isinstance(res, ipp.error.EngineError)
             ]
         if not items:
             return None
@@ -192,7 +205,7 @@ class CellRun:
 
 def _death_cause(report: str) -> str:
     """Pull 'exit code 3' or 'signal 9 (Killed)' out of mpiexec's report."""
-    m = re.search(r"exited on signal (\d+)(?: \(([^)]+)\))?", report)
+    m = re.search(r"exited\s+on\s+signal\s+(\d+)(?:\s+\(([^)]+)\))?", report)
     if m:
         return f"killed by signal {m.group(1)}" + (f" ({m.group(2)})" if m.group(2) else "")
     m = re.search(r"Exit code:\s*(-?\d+)", report) or re.search(r"exit code[: ]+(-?\d+)", report)

@@ -1,0 +1,173 @@
+"""The engine set against a real 4-rank MPI cluster: ranks, output, errors, faults."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import time
+
+import psutil
+import pytest
+
+from clusterkernel import Cluster, ClusterError, RankError
+from clusterkernel.errors import CellInterrupted
+from clusterkernel.output import RankOutput, TerminalRenderer
+
+
+class Recorder(TerminalRenderer):
+    """A terminal renderer that also notes when each rank's output arrived."""
+
+    def __init__(self, ranks):
+        super().__init__(ranks, stream=io.StringIO())
+        self.first_seen: dict[tuple[int, str], float] = {}
+
+    def update(self, rank: int, out: RankOutput) -> None:
+        for word in ("early", "late"):
+            if word in out.stdout:
+                self.first_seen.setdefault((rank, word), time.monotonic())
+        super().update(rank, out)
+
+    @property
+    def text(self) -> str:
+        return self.stream.getvalue()
+
+
+def test_rank_map_and_status(cluster: Cluster):
+    assert cluster.ranks == [0, 1, 2, 3]
+    rows = cluster.status()
+    assert [r["rank"] for r in rows] == [0, 1, 2, 3]
+    for row in rows:
+        assert row["state"] == "idle"
+        assert psutil.pid_exists(row["pid"])
+        assert row["memory_mib"] > 10
+    # ranks, not engine ids, decide who is who
+    rec = Recorder(cluster.ranks)
+    cluster.run("from mpi4py import MPI; print('I am', MPI.COMM_WORLD.Get_rank())", renderer=rec)
+    for r in range(4):
+        assert f"[rank {r}] I am {r}" in rec.text
+
+
+def test_output_streams_while_cell_runs(cluster: Cluster):
+    rec = Recorder(cluster.ranks)
+    code = "import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')"
+    cluster.run(code, renderer=rec)
+    done = time.monotonic()
+    for r in range(4):
+        early, late = rec.first_seen[(r, "early")], rec.first_seen[(r, "late")]
+        assert late - early > 1.0, "output was not streamed while the cell ran"
+        assert done - early > 1.0
+    lines = rec.text.splitlines()
+    assert lines.count("[rank 2] early") == 1 and lines.count("[rank 2] late") == 1
+
+
+def test_errors_grouped_by_rank(cluster: Cluster):
+    with pytest.raises(RankError) as info:
+        cluster.run(
+            "from mpi4py import MPI\nr = MPI.COMM_WORLD.Get_rank()\n"
+            "if r % 2: 1/0\nelif r == 2: raise KeyError('two')",
+            renderer=Recorder(cluster.ranks),
+        )
+    failures = {f.summary.split(":")[0]: f.ranks for f in info.value.failures}
+    assert failures == {"ZeroDivisionError": [1, 3], "KeyError": [2]}
+    rendered = "\n".join(info.value.render(color=False))
+    assert rendered.count("ZeroDivisionError: division by zero") >= 1
+    assert "[ranks 1,3]" in rendered
+
+
+def test_subset_of_ranks_push_pull(cluster: Cluster):
+    import torch
+
+    cluster.push({"w": torch.arange(3.0)})
+    rec = Recorder(cluster.ranks)
+    cluster.run("from mpi4py import MPI\nv = w * MPI.COMM_WORLD.Get_rank()\nprint('ran')",
+                ranks=[0, 2], renderer=rec)
+    assert "[rank 0] ran" in rec.text and "[rank 2] ran" in rec.text
+    assert "[rank 1]" not in rec.text
+    pulled = cluster.pull("v", ranks=[0, 2])
+    assert set(pulled) == {0, 2}
+    assert torch.equal(pulled[2], torch.tensor([0.0, 2.0, 4.0]))
+    with pytest.raises(RankError, match="NameError"):
+        cluster.pull("no_such_name")
+    with pytest.raises(ValueError, match="Rank 7 does not exist"):
+        cluster.run("pass", ranks=[7])
+
+
+def test_starting_twice_is_an_error(cluster: Cluster):
+    with pytest.raises(ClusterError, match="already running"):
+        cluster.start()
+
+
+def test_timeout_names_stuck_ranks_with_stacks_and_frees_them(cluster: Cluster):
+    code = (
+        "from mpi4py import MPI\n"
+        "if MPI.COMM_WORLD.Get_rank() != 1:\n"
+        "    MPI.COMM_WORLD.Barrier()\n"
+    )
+    with pytest.raises(CellInterrupted) as info:
+        cluster.run(code, timeout=3, renderer=Recorder(cluster.ranks))
+    err = info.value
+    stuck = [f for f in err.failures if "did not respond" in f.summary]
+    assert len(stuck) == 1 and stuck[0].ranks == [0, 2, 3]
+    assert "MPI.COMM_WORLD.Barrier()" in stuck[0].detail  # the cell line, from the stack
+    assert "Rank 1 had finished" in err.note and "restarted" in err.note
+    rec = Recorder(cluster.ranks)
+    cluster.run("print('usable again')", renderer=rec)
+    assert rec.text.count("usable again") == 4
+
+
+def test_timeout_interrupts_python_without_restart(cluster: Cluster):
+    pids = [r["pid"] for r in cluster.status()]
+    with pytest.raises(CellInterrupted) as info:
+        cluster.run("import time\ntime.sleep(60)", timeout=1.5, renderer=Recorder(cluster.ranks))
+    assert info.value.failures[0].ranks == [0, 1, 2, 3]
+    assert "stopped by SIGINT" in info.value.failures[0].summary
+    assert "time.sleep(60)" in info.value.failures[0].detail
+    assert [r["pid"] for r in cluster.status()] == pids  # same processes, no restart
+
+
+@pytest.mark.parametrize(
+    "how, expect",
+    [("os._exit(3)", "exit code 3"), ("os.kill(os.getpid(), 9)", "signal 9")],
+)
+def test_dead_rank_is_named_and_restart_recovers(cluster: Cluster, how, expect):
+    old = {r["pid"] for r in cluster.status()}
+    code = f"import os, time\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.Get_rank() == 2:\n    {how}\ntime.sleep(30)"
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        cluster.run(code, renderer=Recorder(cluster.ranks))
+    assert time.monotonic() - t0 < 25  # ends on its own, long before the sleep would
+    died = [f for f in info.value.failures if f.kind == "died"]
+    assert died and died[0].ranks == [2]
+    assert expect in died[0].summary
+    assert "restart" in info.value.note
+    with pytest.raises(ClusterError, match="rank 2 died"):
+        cluster.run("pass")
+    cluster.restart()
+    new = {r["pid"] for r in cluster.status()}
+    assert len(new) == 4 and not (new & old)
+    rec = Recorder(cluster.ranks)
+    cluster.run("print('back')", renderer=rec)
+    assert rec.text.count("back") == 4
+
+
+def test_listens_on_loopback_only_and_private_connection_files(cluster: Cluster):
+    # The controller and the engines; prterun is Open MPI's daemon (see cluster.py).
+    listening = []
+    for pid in cluster.processes():
+        try:
+            proc = psutil.Process(pid)
+            if proc.name().startswith(("prterun", "prted", "mpiexec")):
+                continue
+            conns = proc.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        listening += [c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN]
+    assert listening, "found no listening sockets at all; the check would prove nothing"
+    assert all(ip in ("127.0.0.1", "::1") for ip in listening), listening
+    sec = os.path.dirname(cluster._ipp.cluster_file)
+    files = [os.path.join(sec, f) for f in os.listdir(sec) if cluster._ipp.cluster_id in f]
+    assert files
+    for f in files:
+        mode = stat.S_IMODE(os.stat(f).st_mode)
+        assert mode & 0o077 == 0, f"{f} is readable by others: {oct(mode)}"

@@ -1,0 +1,75 @@
+"""Shared fixtures: one real 4-rank MPI cluster per test session, process counting.
+
+Only one cluster runs at a time on these 2-core machines: tests that start their own
+(in a notebook kernel, say) take ``no_shared_cluster``, which stops the shared one;
+the next test that needs it starts it again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from clusterkernel import Cluster
+
+_MARKERS = ("ipyparallel.engine", "ipyparallel.controller", "prterun", "prted", "clusterkernel._guard")
+
+
+def cluster_processes() -> list[psutil.Process]:
+    """Every process on this machine that belongs to some ipyparallel/MPI cluster."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        if any(m in cmd for m in _MARKERS):
+            found.append(proc)
+    return found
+
+
+def wait_no_cluster_processes(timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    left = cluster_processes()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = cluster_processes()
+    return left
+
+
+class _Shared:
+    cluster: Cluster | None = None
+
+
+@pytest.fixture(scope="session")
+def _shared_holder():
+    holder = _Shared()
+    yield holder
+    if holder.cluster is not None:
+        holder.cluster.stop()
+        holder.cluster = None
+
+
+@pytest.fixture
+def cluster(_shared_holder) -> Cluster:
+    """The session's 4-rank cluster, started on first use, restarted if a test lost it."""
+    c = _shared_holder.cluster
+    if c is None or not c.running:
+        c = _shared_holder.cluster = Cluster(n=4).start()
+    elif c.lost:
+        c.restart()
+    return c
+
+
+@pytest.fixture
+def no_shared_cluster(_shared_holder):
+    """Stop the shared cluster so a test can start its own (one cluster at a time)."""
+    if _shared_holder.cluster is not None:
+        _shared_holder.cluster.stop()
+        _shared_holder.cluster = None
+    left = wait_no_cluster_processes(20)
+    assert not left, f"cluster processes still running before the test: {left}"
