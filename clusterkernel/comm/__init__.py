@@ -1,0 +1,145 @@
+"""Communication on torch tensors between MPI ranks, named like ``torch.distributed``.
+
+The PyTorch "Writing Distributed Applications" tutorial ports by renaming ``dist``
+to ``comm``::
+
+    from clusterkernel import comm
+
+    t = torch.ones(4) * comm.rank()
+    comm.all_reduce(t, op=comm.SUM)                      # in place, every rank
+    w = comm.all_reduce(t, op=comm.AVG, async_op=True)   # returns a Work
+    w.wait()
+    comm.all_reduce(t, algorithm="ring")                 # the project's own ring
+    comm.all_reduce_coalesced(grads, bucket_bytes=1 << 20)
+    pair = comm.new_group([0, 1])
+
+- Point-to-point: :func:`send`, :func:`recv`, :func:`isend`, :func:`irecv`,
+  :func:`send_object`, :func:`recv_object`.
+- Collectives: :func:`broadcast`, :func:`reduce`, :func:`all_reduce`,
+  :func:`scatter`, :func:`gather`, :func:`all_gather`, :func:`reduce_scatter`,
+  :func:`all_to_all` (plus ``*_tensor`` / ``*_single`` forms), :func:`barrier`,
+  and object forms (:func:`broadcast_object`, :func:`gather_object`, ...).
+- Every call takes ``group=`` and ``async_op=``, and is timed into
+  ``clusterkernel.metrics.recorder()``.
+- Check mode (:func:`set_check` or ``CLUSTERKERNEL_COMM_CHECK=1``) verifies that all
+  ranks entered the same collective with the same op, shape and dtype.
+
+CPU tensors travel zero-copy through mpi4py's buffer interface; float16 and
+bfloat16 are reduced in float32; non-contiguous and device tensors are staged
+through a contiguous host copy (device tensors go direct when MPI is CUDA-aware).
+"""
+
+from __future__ import annotations
+
+from clusterkernel.comm._check import check_enabled, set_check
+from clusterkernel.comm._collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+)
+from clusterkernel.comm._dtypes import cuda_aware, force_staging
+from clusterkernel.comm._errors import CollectiveMismatchError, CommError
+from clusterkernel.comm._fusion import DEFAULT_BUCKET_BYTES, all_reduce_coalesced
+from clusterkernel.comm._groups import (
+    WORLD,
+    Group,
+    destroy_group,
+    new_group,
+    node_group,
+    rank,
+    size,
+    split,
+)
+from clusterkernel.comm._handle import Work
+from clusterkernel.comm._objects import (
+    all_gather_object,
+    broadcast_object,
+    broadcast_object_list,
+    gather_object,
+    scatter_object_list,
+)
+from clusterkernel.comm._ops import AVG, MAX, MIN, PRODUCT, SUM, ReduceOp
+from clusterkernel.comm._p2p import irecv, isend, recv, recv_object, send, send_object
+
+# torch.distributed spellings, so ported code runs unchanged.
+get_rank = rank
+get_world_size = size
+reduce_op = ReduceOp  # the old name used by the PyTorch tutorial
+
+
+def init_process_group(backend: str | None = None, **kwargs: object) -> None:
+    """Accepted for code ported from ``torch.distributed``; does nothing.
+
+    MPI was initialised when the rank started (under ``mpiexec``), so there is
+    nothing to set up: ``comm.init_process_group("gloo", rank=r, world_size=n)``
+    simply returns.
+    """
+
+
+def is_initialized() -> bool:
+    """Always True: the MPI ranks are running."""
+    return True
+
+
+__all__ = [
+    "AVG",
+    "DEFAULT_BUCKET_BYTES",
+    "MAX",
+    "MIN",
+    "PRODUCT",
+    "SUM",
+    "WORLD",
+    "CollectiveMismatchError",
+    "CommError",
+    "Group",
+    "ReduceOp",
+    "Work",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object",
+    "broadcast_object_list",
+    "check_enabled",
+    "cuda_aware",
+    "destroy_group",
+    "force_staging",
+    "gather",
+    "gather_object",
+    "get_rank",
+    "get_world_size",
+    "init_process_group",
+    "irecv",
+    "is_initialized",
+    "isend",
+    "new_group",
+    "node_group",
+    "rank",
+    "recv",
+    "recv_object",
+    "reduce",
+    "reduce_op",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "send_object",
+    "set_check",
+    "size",
+    "split",
+]

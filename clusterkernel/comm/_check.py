@@ -1,0 +1,176 @@
+"""Check mode: every rank of a group must enter the same collective with the same
+op, shape and dtype. Off by default; on with ``CLUSTERKERNEL_COMM_CHECK=1`` or
+:func:`set_check`.
+
+Before each collective the ranks exchange a small fixed-size signature (one
+``Allgather`` of 16 int64 on a private duplicate communicator, so it never mixes
+with user traffic). If signatures differ, every rank raises
+:class:`CollectiveMismatchError` naming the ranks and what each one called, instead
+of hanging or returning garbage.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+import torch
+
+from clusterkernel.comm._errors import CollectiveMismatchError
+from clusterkernel.comm._ops import ReduceOp
+
+_SIG_LEN = 16
+_MAX_DIMS = 6
+_ALGS = ("mpi", "ring")
+# Every checked call; a rank must be able to name a call it did not make itself.
+CHECKED_CALLS = (
+    "barrier",
+    "broadcast",
+    "reduce",
+    "all_reduce",
+    "scatter",
+    "gather",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "all_reduce_coalesced",
+    "broadcast_object",
+    "broadcast_object_list",
+    "gather_object",
+    "all_gather_object",
+    "scatter_object_list",
+)
+
+
+class _State:
+    on = os.environ.get("CLUSTERKERNEL_COMM_CHECK", "") not in ("", "0")
+
+
+STATE = _State()
+
+
+def set_check(on: bool = True) -> None:
+    """Turn check mode on or off on this rank (turn it on on every rank).
+
+    Example::
+
+        comm.set_check(True)
+        comm.all_reduce(t)   # raises CollectiveMismatchError on every rank if another
+                             # rank called broadcast, or passed another shape/dtype
+    """
+    STATE.on = bool(on)
+
+
+def check_enabled() -> bool:
+    """Whether check mode is on for this rank."""
+    return STATE.on
+
+
+def _code(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+_DTYPE_NAMES = {
+    d: str(d).replace("torch.", "") for d in vars(torch).values() if isinstance(d, torch.dtype)
+}
+_DTYPE_CODES = {name: _code(name) for name in set(_DTYPE_NAMES.values())}
+_DTYPE_BY_CODE = {code: name for name, code in _DTYPE_CODES.items()}
+_OP_BY_CODE = {_code(o.name): o.name for o in ReduceOp}
+_CALL_BY_CODE = {_code(n): n for n in CHECKED_CALLS}
+
+
+def signature(
+    name: str,
+    tensor: object = None,
+    op: object = None,
+    root: object = None,
+    alg: str | None = None,
+    count: int = -1,
+    extra: int = -1,
+) -> np.ndarray:
+    """Encode one call as 16 int64 (unknown fields are -1)."""
+    sig = np.full(_SIG_LEN, -1, dtype=np.int64)
+    sig[0] = _code(name)
+    if op is not None:
+        opname = op.name if isinstance(op, ReduceOp) else str(op).upper()
+        sig[1] = _code(opname)
+    if root is not None:
+        sig[2] = root if isinstance(root, int) else -2
+    if isinstance(tensor, torch.Tensor):
+        sig[3] = _DTYPE_CODES.get(_DTYPE_NAMES.get(tensor.dtype, ""), -2)
+        shape = tuple(tensor.shape)
+        sig[4] = len(shape)
+        sig[5] = tensor.numel()
+        sig[6 : 6 + min(len(shape), _MAX_DIMS)] = shape[:_MAX_DIMS]
+        if len(shape) > _MAX_DIMS:
+            sig[12] = _code(repr(shape[_MAX_DIMS:]))
+    elif tensor is not None:
+        sig[3] = -2  # not a tensor
+    if alg is not None:
+        sig[13] = _ALGS.index(alg) if alg in _ALGS else _code(str(alg))
+    sig[14] = count
+    sig[15] = extra
+    return sig
+
+
+def layout_code(layout: object) -> int:
+    """A code for shapes and dtypes of a list of tensors (``all_reduce_coalesced``)."""
+    return _code(repr(layout))
+
+
+def describe(sig: np.ndarray) -> str:
+    """Human-readable form of a signature, e.g. ``all_reduce(float32[4, 3], op=SUM)``."""
+    name = _CALL_BY_CODE.get(int(sig[0]), "<unknown call>")
+    parts = []
+    if sig[3] == -2:
+        parts.append("<not a tensor>")
+    elif sig[3] != -1:
+        dims = [int(d) for d in sig[6 : 6 + min(int(sig[4]), _MAX_DIMS)]]
+        more = ", ..." if sig[4] > _MAX_DIMS else ""
+        dtype = _DTYPE_BY_CODE.get(int(sig[3]), "?")
+        parts.append(f"{dtype}[{', '.join(map(str, dims))}{more}]")
+    if sig[14] != -1:
+        parts.append(f"count={int(sig[14])}")
+    if sig[15] != -1:
+        parts.append(f"layout#{int(sig[15]):08x}")
+    if sig[1] != -1:
+        parts.append(f"op={_OP_BY_CODE.get(int(sig[1]), '<invalid>')}")
+    if sig[2] != -1:
+        parts.append(f"root={int(sig[2])}" if sig[2] >= 0 else "root=<invalid>")
+    if sig[13] != -1:
+        alg = _ALGS[int(sig[13])] if 0 <= sig[13] < len(_ALGS) else "?"
+        parts.append(f"algorithm={alg}")
+    return f"{name}({', '.join(parts)})"
+
+
+def verify(group, name: str, tensor: object = None, **fields: object) -> None:
+    """Exchange signatures over ``group``; raise on every rank if they differ."""
+    mine = signature(name, tensor, **fields)
+    everyone = np.empty((group.size, _SIG_LEN), dtype=np.int64)
+    group.inner().Allgather(mine, everyone)
+    if (everyone == everyone[0]).all():
+        return
+    raise CollectiveMismatchError(mismatch_message(group, everyone))
+
+
+def mismatch_message(group, everyone: np.ndarray) -> str:
+    variants: dict[bytes, list[int]] = {}
+    for i, row in enumerate(everyone):
+        variants.setdefault(row.tobytes(), []).append(group.ranks[i])
+    # The largest set of agreeing ranks is taken as what was intended.
+    ordered = sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    lines = []
+    for key, ranks in ordered:
+        label = "rank" if len(ranks) == 1 else "ranks"
+        sig = np.frombuffer(key, dtype=np.int64)
+        lines.append(f"  {label} {', '.join(map(str, ranks))}: {describe(sig)}")
+    differ = sorted(r for _, ranks in ordered[1:] for r in ranks)
+    return (
+        f"collective mismatch in {group.name}: ranks {differ} differ from ranks "
+        f"{ordered[0][1]}.\n" + "\n".join(lines) + "\nEvery rank of the group must make the "
+        "same collective call, with the same op, root, shape and dtype, in the same order."
+    )

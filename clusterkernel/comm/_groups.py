@@ -1,0 +1,211 @@
+"""Process groups: which ranks take part in a call (a wrapper around an MPI communicator)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mpi4py import MPI
+
+from clusterkernel.comm._errors import CommError
+
+_WORLD_COMM = MPI.COMM_WORLD
+
+
+class Group:
+    """A set of ranks that communicate together, like a ``torch.distributed`` group.
+
+    ``ranks`` are world ranks in group-rank order; ``rank`` is this process's rank in
+    the group (-1 when it is not a member). Calls on a group this process is not in
+    raise :class:`CommError`. ``src``/``dst`` arguments are always *world* ranks, as in
+    torch; ``comm.rank(group)`` gives the rank inside the group.
+
+    Example::
+
+        evens = comm.new_group([0, 2])      # every rank calls this
+        if comm.rank() in evens.ranks:
+            comm.all_reduce(t, group=evens)
+    """
+
+    __slots__ = ("comm", "ranks", "rank", "size", "name", "_index", "_inner", "_seq")
+
+    def __init__(self, comm: MPI.Intracomm | None, ranks: tuple[int, ...], name: str):
+        self.comm = comm
+        self.ranks = ranks
+        self.size = len(ranks)
+        self.rank = comm.Get_rank() if comm is not None else -1
+        self.name = name
+        self._index = {r: i for i, r in enumerate(ranks)}
+        self._inner: MPI.Intracomm | None = None
+        self._seq = 0
+
+    def __repr__(self) -> str:
+        return f"Group({self.name}, ranks={list(self.ranks)}, rank={self.rank})"
+
+    def member_comm(self) -> MPI.Intracomm:
+        """The communicator, or a clear error when this process is not in the group."""
+        if self.comm is None:
+            me = _WORLD_COMM.Get_rank()
+            raise CommError(
+                f"rank {me} is not a member of {self.name} (ranks {list(self.ranks)}); "
+                "only member ranks may call communication on it, e.g. "
+                "`if comm.rank() in group.ranks: ...`"
+            )
+        return self.comm
+
+    def group_rank(self, world_rank: object, what: str) -> int:
+        """Translate a world rank argument (``src``/``dst``) to a rank in this group."""
+        idx = self._index.get(world_rank) if type(world_rank) is int else None
+        if idx is None:
+            if isinstance(world_rank, bool) or not isinstance(world_rank, int):
+                raise TypeError(f"{what} must be an int rank, got {world_rank!r}")
+            if self is WORLD:
+                raise ValueError(
+                    f"{what}={world_rank} is out of range: ranks are 0..{self.size - 1}"
+                )
+            raise ValueError(
+                f"{what}={world_rank} is not in {self.name} (world ranks {list(self.ranks)}); "
+                "src/dst are world ranks, as in torch.distributed"
+            )
+        return idx
+
+    def inner(self) -> MPI.Intracomm:
+        """A private duplicate communicator for the ring and check mode.
+
+        Created on first use, which is always inside a collective call, so every
+        member reaches the (collective) ``Dup`` together.
+        """
+        if self._inner is None:
+            self._inner = self.member_comm().Dup()
+        return self._inner
+
+    def next_tag(self) -> int:
+        """A tag for one ring call; the same sequence on every member."""
+        self._seq = self._seq % 32767 + 1  # 1..32767 (MPI guarantees 32767); 0 is for objects
+        return self._seq
+
+    def free(self) -> None:
+        """Release the communicators (collective over the group's members)."""
+        for c in (self._inner, self.comm):
+            if c is not None and c != MPI.COMM_NULL and c is not _WORLD_COMM:
+                c.Free()
+        self._inner = None
+        if self is not WORLD:
+            self.comm = None
+
+
+WORLD = Group(_WORLD_COMM, tuple(range(_WORLD_COMM.Get_size())), "world")
+
+
+_WORLD_GROUP = _WORLD_COMM.Get_group()
+
+
+def _world_ranks(comm: MPI.Intracomm) -> tuple[int, ...]:
+    # Local translation of group ranks to world ranks: no communication.
+    ranks = MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())), _WORLD_GROUP)
+    return tuple(int(r) for r in ranks)
+
+
+def new_group(ranks: Iterable[int] | None = None) -> Group:
+    """Create a group of the given world ranks (all of them when ``None``).
+
+    Like ``torch.distributed.new_group``, every rank must call it with the same list,
+    members or not; group ranks follow the sorted world ranks. Non-members get a
+    group object whose calls raise a clear error.
+
+    Example: ``pair = comm.new_group([0, 1])``
+    """
+    size = _WORLD_COMM.Get_size()
+    if ranks is None:
+        wanted = list(range(size))
+    else:
+        try:
+            wanted = sorted(ranks)
+        except TypeError:
+            raise TypeError(f"ranks must be an iterable of ints, got {ranks!r}") from None
+        bad = [r for r in wanted if isinstance(r, bool) or not isinstance(r, int)]
+        if bad:
+            raise TypeError(f"ranks must be ints, got {bad!r}")
+        out = [r for r in wanted if not 0 <= r < size]
+        if out:
+            raise ValueError(f"ranks {out} are out of range: world ranks are 0..{size - 1}")
+        if len(set(wanted)) != len(wanted):
+            raise ValueError(f"ranks {list(ranks)} contain duplicates")
+        if not wanted:
+            raise ValueError("a group needs at least one rank")
+    comm = _WORLD_COMM.Create(_WORLD_GROUP.Incl(wanted))
+    comm = None if comm == MPI.COMM_NULL else comm
+    return Group(comm, tuple(wanted), f"group{wanted}")
+
+
+def split(color: int | None, key: int | None = None, group: Group | None = None) -> Group:
+    """Split ``group`` (default: world) by ``color``, ordering each part by ``key``.
+
+    Every member of ``group`` must call it. Ranks passing the same ``color`` form one
+    new group; ``color=None`` means "in no group". ``key`` (default: current rank)
+    orders the ranks inside each part, as ``MPI_Comm_split`` does.
+
+    Example: ``rows = comm.split(color=comm.rank() // 2)``
+    """
+    parent = resolve(group)
+    pcomm = parent.member_comm()
+    if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
+        raise ValueError(f"color must be a non-negative int or None, got {color!r}")
+    if key is None:
+        key = parent.rank
+    elif isinstance(key, bool) or not isinstance(key, int):
+        raise TypeError(f"key must be an int, got {key!r}")
+    comm = pcomm.Split(MPI.UNDEFINED if color is None else color, key)
+    if comm == MPI.COMM_NULL:
+        return Group(None, (), f"split(color={color})")
+    return Group(comm, _world_ranks(comm), f"split(color={color})")
+
+
+_NODE: Group | None = None
+
+
+def node_group() -> Group:
+    """The ranks on this machine (shared memory); every rank must call it the first time.
+
+    Example: ``local = comm.node_group(); comm.rank(local)`` is the local rank.
+    """
+    global _NODE
+    if _NODE is None:
+        comm = _WORLD_COMM.Split_type(MPI.COMM_TYPE_SHARED, key=_WORLD_COMM.Get_rank())
+        _NODE = Group(comm, _world_ranks(comm), "node")
+    return _NODE
+
+
+def destroy_group(group: Group) -> None:
+    """Free a group's communicators (collective over its members; no-op for non-members)."""
+    if group is WORLD:
+        raise ValueError("the world group cannot be destroyed")
+    if group.comm is not None:
+        group.free()
+
+
+def resolve(group: Group | None) -> Group:
+    """``None`` means the world group; anything else must be a :class:`Group`."""
+    if group is None:
+        return WORLD
+    if type(group) is not Group:
+        raise TypeError(f"group must be a comm.Group (from comm.new_group), got {group!r}")
+    return group
+
+
+def member(group: Group | None) -> tuple[Group, MPI.Intracomm]:
+    """The group (``None``: world) and its communicator; raises if not a member."""
+    g = WORLD if group is None else resolve(group)
+    c = g.comm
+    if c is None:
+        c = g.member_comm()  # raises
+    return g, c
+
+
+def rank(group: Group | None = None) -> int:
+    """This process's rank in ``group`` (default: world), -1 if not a member."""
+    return resolve(group).rank
+
+
+def size(group: Group | None = None) -> int:
+    """Number of ranks in ``group`` (default: world)."""
+    return resolve(group).size

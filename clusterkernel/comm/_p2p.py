@@ -1,0 +1,191 @@
+"""Point-to-point: tensors (zero copy) and Python objects (pickle protocol 5).
+
+``dst``/``src`` are world ranks, as in ``torch.distributed``; ``src=None`` receives
+from any rank and the call tells which one sent. Object messages use tags in a
+range of their own, so a tensor receive never matches an object send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from functools import partial
+from typing import Any
+
+import torch
+from mpi4py import MPI
+from mpi4py.util import pkl5
+
+from clusterkernel.comm._dtypes import buf, unstage, wire
+from clusterkernel.comm._groups import Group, member
+from clusterkernel.comm._handle import Work, _now, drive, note, run
+
+_ANY = MPI.ANY_SOURCE
+# Object messages live at tag + _OBJECT_TAGS; user tags must stay below it.
+_TAG_UB = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767
+_OBJECT_TAGS = (_TAG_UB + 1) // 2
+MAX_TAG = _OBJECT_TAGS - 1
+
+
+def _tag(tag: object) -> int:
+    if type(tag) is int and 0 <= tag <= MAX_TAG:
+        return tag
+    raise ValueError(f"tag must be an int in 0..{MAX_TAG}, got {tag!r}")
+
+
+def _peer(g: Group, rank: object, what: str) -> int:
+    peer = g.group_rank(rank, what)
+    if peer == g.rank:
+        raise ValueError(
+            f"{what}={rank} is this rank itself; point-to-point needs another rank "
+            "(a blocking send to oneself would deadlock)"
+        )
+    return peer
+
+
+def send(
+    tensor: torch.Tensor,
+    dst: int,
+    group: Group | None = None,
+    tag: int = 0,
+    async_op: bool = False,
+) -> Work | None:
+    """Send ``tensor`` to rank ``dst`` (blocking unless ``async_op=True``).
+
+    Example: ``comm.send(torch.ones(3), dst=1)``
+    """
+    g, c = member(group)
+    peer = _peer(g, dst, "dst")
+    tag = _tag(tag)
+    w, info = wire(tensor)
+    return run(
+        "send",
+        tensor.nbytes,
+        "mpi",
+        g.size,
+        c.Send,
+        c.Isend,
+        (buf(w, info), peer, tag),
+        None,
+        async_op,
+        w,
+    )
+
+
+def isend(tensor: torch.Tensor, dst: int, group: Group | None = None, tag: int = 0) -> Work:
+    """Nonblocking :func:`send`; returns a Work. Example: ``w = comm.isend(t, 1); w.wait()``"""
+    return send(tensor, dst, group, tag, async_op=True)
+
+
+def recv(
+    tensor: torch.Tensor,
+    src: int | None = None,
+    group: Group | None = None,
+    tag: int = 0,
+    async_op: bool = False,
+) -> int | Work:
+    """Receive into ``tensor`` from rank ``src`` (any rank if ``None``).
+
+    Returns the sender's world rank; with ``async_op=True`` a Work whose
+    ``result()`` is that rank. The message must have exactly the tensor's size.
+
+    Example::
+
+        t = torch.empty(3)
+        sender = comm.recv(t)          # from whoever sends first
+    """
+    g, c = member(group)
+    peer = _ANY if src is None else _peer(g, src, "src")
+    tag = _tag(tag)
+    w, info = wire(tensor, copy_in=False)
+    nbytes = w.numel() * info.itemsize
+    if async_op:
+        status = MPI.Status()
+        finish = partial(_received, g, tensor, w, status, nbytes)
+        args = (buf(w, info), peer, tag)
+        return run(
+            "recv", tensor.nbytes, "mpi", g.size, None, c.Irecv, args, finish, True, w, [status]
+        )
+    t0 = _now()
+    status = MPI.Status()
+    msg = c.Mprobe(peer, tag, status)
+    got = status.Get_count(MPI.BYTE)
+    if got != nbytes:
+        msg.Recv([bytearray(got), MPI.BYTE])  # take it, so the sender is not left blocked
+        raise ValueError(_size_error(g, status, got, tensor))
+    msg.Recv(buf(w, info))
+    unstage(tensor, w)
+    note("recv", tensor.nbytes, "mpi", g.size, t0, None)
+    return g.ranks[status.Get_source()]
+
+
+def irecv(
+    tensor: torch.Tensor, src: int | None = None, group: Group | None = None, tag: int = 0
+) -> Work:
+    """Nonblocking :func:`recv`; ``work.result()`` is the sender's rank."""
+    return recv(tensor, src, group, tag, async_op=True)
+
+
+def _size_error(g: Group, status: MPI.Status, got: int, tensor: torch.Tensor) -> str:
+    return (
+        f"recv: the message from rank {g.ranks[status.Get_source()]} (tag {status.Get_tag()}) "
+        f"has {got} bytes but the tensor ({tensor.dtype}{list(tensor.shape)}) holds "
+        f"{tensor.nbytes}; receive into a tensor with the sender's shape and dtype"
+    )
+
+
+def _received(g: Group, tensor, w, status: MPI.Status, nbytes: int) -> int:
+    got = status.Get_count(MPI.BYTE)
+    if got != nbytes:
+        raise ValueError(_size_error(g, status, got, tensor))
+    unstage(tensor, w)
+    return g.ranks[status.Get_source()]
+
+
+def send_object(
+    obj: Any, dst: int, group: Group | None = None, tag: int = 0, async_op: bool = False
+) -> Work | None:
+    """Send any picklable object to rank ``dst`` (pickle protocol 5: large numpy
+    arrays and tensors inside go out of band, without an extra copy).
+
+    Example: ``comm.send_object({"step": 3, "lr": 0.1}, dst=1)``
+    """
+    g, c = member(group)
+    peer = _peer(g, dst, "dst")
+    steps = object_send_steps(pkl5.Intracomm(c), obj, [peer], _tag(tag) + _OBJECT_TAGS)
+    return drive("send_object", 0, "pkl5", g.size, steps, async_op)
+
+
+def recv_object(
+    src: int | None = None, group: Group | None = None, tag: int = 0, async_op: bool = False
+) -> Any:
+    """Receive an object sent with :func:`send_object` (from any rank if ``src`` is None).
+
+    Returns the object; with ``async_op=True`` a Work whose ``result()`` is the object.
+
+    Example: ``cfg = comm.recv_object(src=0)``
+    """
+    g, c = member(group)
+    peer = _ANY if src is None else _peer(g, src, "src")
+    steps = object_recv_steps(pkl5.Intracomm(c), peer, _tag(tag) + _OBJECT_TAGS)
+    return drive("recv_object", 0, "pkl5", g.size, steps, async_op)
+
+
+def object_send_steps(pkl: pkl5.Intracomm, obj: Any, peers: list[int], tag: int) -> Generator:
+    """Steps sending ``obj`` to each of ``peers`` (group ranks of ``pkl``)."""
+    reqs: list = []
+    for p in peers:
+        reqs.extend(pkl.isend(obj, p, tag))
+    if reqs:
+        yield reqs
+
+
+def object_recv_steps(pkl: pkl5.Intracomm, peer: int, tag: int) -> Generator:
+    """Steps receiving one object; the generator returns it."""
+    while True:
+        msg = pkl.improbe(peer, tag)
+        if msg:
+            break
+        yield None  # nothing arrived yet: poll again
+    req = msg.irecv()
+    yield list(req)
+    return req.wait()  # all parts are in: this only unpickles

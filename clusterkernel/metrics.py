@@ -1,0 +1,200 @@
+"""Engine-side metric recorder: communication events, logged scalars, compute spans.
+
+Each MPI rank has one :class:`Recorder` (``metrics.recorder()``). The comm layer
+appends one tuple per call (fields in :data:`clusterkernel.records.COMM_FIELDS`
+order), training code logs scalars with :func:`log`, and :meth:`Recorder.span`
+times a block of compute. Readers get plain ``dict`` records (the shapes in
+:mod:`clusterkernel.records`) from :meth:`Recorder.records` (everything kept) or
+:meth:`Recorder.drain` (only what is new since the last drain).
+
+Storage is one append-only list per kind plus a read cursor per kind, so recording
+costs a tuple and a list append, and a publisher can stream by draining.
+
+Example::
+
+    from clusterkernel import metrics
+    with metrics.recorder().span("forward"):
+        loss = model(x)
+    metrics.log(step=3, loss=float(loss))
+    new = metrics.recorder().drain()   # [{"kind": "comm", ...}, {"kind": "scalar", ...}, ...]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from clusterkernel.records import comm_record, scalar_record, span_record
+
+_now = time.perf_counter
+KINDS = ("comm", "scalar", "span")
+DEFAULT_CAPACITY = 1_000_000
+
+
+def _detect_rank() -> int:
+    # Environment first: importing mpi4py here would initialise MPI as a side effect.
+    for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"):
+        value = os.environ.get(var)
+        if value is not None and value.isdigit():
+            return int(value)
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi.COMM_WORLD.Get_rank()
+    return 0
+
+
+class _Span:
+    __slots__ = ("_rec", "_name", "_start")
+
+    def __init__(self, rec: Recorder, name: str):
+        self._rec = rec
+        self._name = name
+
+    def __enter__(self) -> _Span:
+        self._start = _now()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        rec = self._rec
+        if rec.enabled:
+            start = self._start
+            rec._append("span", (self._name, start, _now() - start))
+
+
+class Recorder:
+    """Per-rank store of metric records.
+
+    ``comm``, ``scalars`` and ``spans`` are lists of tuples; the comm layer appends to
+    ``comm`` directly (tuples in ``COMM_FIELDS`` order). When a list grows past
+    ``capacity`` the oldest half is dropped (counted in ``dropped``) so a long run
+    cannot exhaust memory if nobody drains.
+
+    Example::
+
+        rec = Recorder(rank=0)
+        rec.log(step=1, loss=0.5)
+        rec.records()  # [{"kind": "scalar", "rank": 0, "step": 1, ...}]
+    """
+
+    def __init__(self, rank: int | None = None, capacity: int = DEFAULT_CAPACITY):
+        if capacity < 2:
+            raise ValueError(f"capacity must be at least 2, got {capacity}")
+        self.rank = _detect_rank() if rank is None else rank
+        self.capacity = capacity
+        self.enabled = True
+        self.comm: list[tuple] = []
+        self.scalars: list[tuple] = []
+        self.spans: list[tuple] = []
+        self._stores = {"comm": self.comm, "scalar": self.scalars, "span": self.spans}
+        self._cursor = dict.fromkeys(KINDS, 0)
+        self.dropped = dict.fromkeys(KINDS, 0)
+        self._step = 0
+
+    def _append(self, kind: str, item: tuple) -> None:
+        store = self._stores[kind]
+        store.append(item)
+        if len(store) > self.capacity:
+            self.trim(kind)
+
+    def trim(self, kind: str = "comm") -> None:
+        """Drop the oldest half of one kind's records (called when over capacity)."""
+        store = self._stores[kind]
+        half = len(store) // 2
+        del store[:half]
+        self.dropped[kind] += half
+        self._cursor[kind] = max(0, self._cursor[kind] - half)
+
+    def log(self, step: int | None = None, **scalars: float) -> None:
+        """Record scalar values (loss, accuracy, ...) at a training step.
+
+        Without ``step`` the recorder counts calls. Example: ``rec.log(step=5, loss=0.3)``.
+        """
+        if not scalars:
+            raise ValueError("log() needs at least one value, e.g. log(step=1, loss=0.5)")
+        if step is None:
+            step = self._step
+        self._step = step + 1
+        if self.enabled:
+            values = {k: _to_number(k, v) for k, v in scalars.items()}
+            self._append("scalar", (step, _now(), values))
+
+    def span(self, name: str) -> _Span:
+        """Context manager timing a named block of compute: ``with rec.span("backward"):``."""
+        return _Span(self, name)
+
+    def _to_dicts(self, kind: str, items: list[tuple]) -> list[dict]:
+        rank = self.rank
+        if kind == "comm":
+            return [comm_record(rank, t) for t in items]
+        if kind == "scalar":
+            return [scalar_record(rank, s, t, v) for s, t, v in items]
+        return [span_record(rank, n, s, d) for n, s, d in items]
+
+    def records(self, kind: str | None = None) -> list[dict]:
+        """All kept records (of one kind, or all kinds), as dicts; does not move cursors."""
+        out: list[dict] = []
+        for k in _kinds(kind):
+            out.extend(self._to_dicts(k, self._stores[k]))
+        return out
+
+    def drain(self, kind: str | None = None) -> list[dict]:
+        """Records added since the previous drain (of one kind, or all kinds)."""
+        out: list[dict] = []
+        for k in _kinds(kind):
+            store = self._stores[k]
+            end = len(store)
+            out.extend(self._to_dicts(k, store[self._cursor[k] : end]))
+            self._cursor[k] = end
+        return out
+
+    def clear(self) -> None:
+        """Forget every record and reset the cursors."""
+        for k in KINDS:
+            self._stores[k].clear()
+            self._cursor[k] = 0
+            self.dropped[k] = 0
+
+
+def _kinds(kind: str | None) -> tuple[str, ...]:
+    if kind is None:
+        return KINDS
+    if kind not in KINDS:
+        raise ValueError(f"unknown record kind {kind!r}; use one of {KINDS}")
+    return (kind,)
+
+
+def _to_number(name: str, value: Any) -> float:
+    try:
+        return float(value)  # also takes 0-d tensors and numpy scalars
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"log(): value {name}={value!r} is not a number; pass floats, e.g. loss=loss.item()"
+        ) from None
+
+
+_RECORDER: Recorder | None = None
+
+
+def recorder() -> Recorder:
+    """This process's recorder (created on first use)."""
+    global _RECORDER
+    if _RECORDER is None:
+        _RECORDER = Recorder()
+    return _RECORDER
+
+
+def enable(on: bool = True) -> None:
+    """Turn recording on or off for this process: ``metrics.enable(False)``."""
+    recorder().enabled = bool(on)
+
+
+def log(step: int | None = None, **scalars: float) -> None:
+    """Log scalars on this rank: ``clusterkernel.log(step=i, loss=loss.item())``."""
+    recorder().log(step, **scalars)
+
+
+def span(name: str) -> _Span:
+    """Time a block of compute on this rank: ``with metrics.span("forward"): ...``."""
+    return recorder().span(name)
