@@ -240,10 +240,13 @@ class Cluster:
 
     def _start_guard(self) -> None:
         """Start a watcher that stops this cluster if our process dies (even SIGKILL)."""
-        if not self.guard:
-            return
         assert self._ipp is not None
         self._ipp.update_cluster_file()
+        # ipyparallel writes it with the umask's mode; it names every process and
+        # the connection files, so keep it to the user (rewrites keep the mode).
+        os.chmod(self._ipp.cluster_file, 0o600)
+        if not self.guard:
+            return
         # The watcher sees EOF on its stdin when we die, whatever killed us.
         self._guard_proc = subprocess.Popen(
             [sys.executable, "-m", "clusterkernel._guard", self._ipp.cluster_file],
