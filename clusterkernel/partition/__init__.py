@@ -15,7 +15,7 @@ Example::
 
 from clusterkernel.partition._data import DataPartitioner, Partition
 from clusterkernel.partition._model import balance_by_size, split_sequential
-from clusterkernel.partition._sampler import DistributedSampler, distributed_loader
+from clusterkernel.partition._sampler import DistributedSampler, distributed_loader, set_epoch
 
 __all__ = [
     "DataPartitioner",
@@ -23,5 +23,6 @@ __all__ = [
     "Partition",
     "balance_by_size",
     "distributed_loader",
+    "set_epoch",
     "split_sequential",
 ]

@@ -12,9 +12,9 @@ def rank_and_size(rank: int | None, size: int | None, group=None) -> tuple[int, 
         from clusterkernel import comm
 
         if rank is None:
-            rank = comm.rank(group) if group is not None else comm.rank()
+            rank = comm.rank(group)
         if size is None:
-            size = comm.size(group) if group is not None else comm.size()
+            size = comm.size(group)
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}.")
     if not 0 <= rank < size:

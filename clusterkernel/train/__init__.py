@@ -1,0 +1,54 @@
+"""Distributed training (engine side): data parallel, pipeline parallel, Trainer.
+
+- :func:`sync_parameters`, :func:`average_gradients` the tutorial's building blocks;
+- :class:`DataParallel` bucketed, overlapped gradient averaging (synchronous SGD);
+- :class:`PipelineParallel` an ``nn.Sequential`` split into stages, GPipe schedule;
+- :class:`Trainer` ``fit`` / ``evaluate`` / hooks / checkpoints, with a pluggable
+  ``mode`` (:class:`TrainingMode`, :func:`register_mode`).
+
+Example (on every rank)::
+
+    from clusterkernel.train import DataParallel
+    model = DataParallel(net, optimizer=opt)
+    loss_fn(model(x), y).backward()
+    opt.step()
+"""
+
+from clusterkernel.train._ddp import DataParallel
+from clusterkernel.train._modes import (
+    AllReduceMode,
+    LocalMode,
+    PipelineMode,
+    TrainingMode,
+    available_modes,
+    register_mode,
+)
+from clusterkernel.train._pipeline import PipelineError, PipelineParallel
+from clusterkernel.train._prefetch import Prefetcher
+from clusterkernel.train._sync import (
+    ReplicaMismatchError,
+    average_gradients,
+    broadcast_tensors,
+    check_replicas,
+    sync_parameters,
+)
+from clusterkernel.train._trainer import Trainer
+
+__all__ = [
+    "AllReduceMode",
+    "DataParallel",
+    "LocalMode",
+    "PipelineError",
+    "PipelineMode",
+    "PipelineParallel",
+    "Prefetcher",
+    "ReplicaMismatchError",
+    "Trainer",
+    "TrainingMode",
+    "available_modes",
+    "average_gradients",
+    "broadcast_tensors",
+    "check_replicas",
+    "register_mode",
+    "sync_parameters",
+]

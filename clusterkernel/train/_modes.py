@@ -1,0 +1,213 @@
+"""Training modes: how ranks cooperate inside :class:`~clusterkernel.train.Trainer`.
+
+A mode is a small strategy object. The Trainer's loop calls, for every batch::
+
+    loss = mode.forward_backward(module, batch, loss_fn)
+    mode.after_backward()
+    mode.before_step()
+    mode.step(optimizer)
+    mode.after_step(step)
+
+and never needs to know which mode it runs. New modes (parameter server, async
+SGD, EASGD, gossip, ...) subclass :class:`TrainingMode`, override the hooks they
+need, and call :func:`register_mode`; the Trainer picks them up by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from clusterkernel import comm
+
+_MODES: dict[str, type[TrainingMode]] = {}
+
+
+def register_mode(name: str, cls: type[TrainingMode]) -> type[TrainingMode]:
+    """Make ``Trainer(..., mode=name)`` use ``cls`` (a :class:`TrainingMode` subclass).
+
+    Example::
+
+        class EASGD(TrainingMode):
+            replicated = False
+            def after_step(self, step): ...   # elastic averaging every tau steps
+
+        register_mode("easgd", EASGD)
+        Trainer(model, opt, loss_fn, data, mode="easgd", mode_options={"tau": 4})
+    """
+    if not (isinstance(cls, type) and issubclass(cls, TrainingMode)):
+        raise TypeError(f"register_mode needs a TrainingMode subclass, got {cls!r}.")
+    if not name or not isinstance(name, str):
+        raise ValueError(f"mode name must be a non-empty string, got {name!r}.")
+    _MODES[name] = cls
+    return cls
+
+
+def available_modes() -> list[str]:
+    """Names accepted by ``Trainer(mode=...)``."""
+    return sorted(_MODES)
+
+
+def make_mode(mode: str | TrainingMode, options: dict | None = None) -> TrainingMode:
+    """A mode instance from a registered name (with options) or an instance."""
+    if isinstance(mode, TrainingMode):
+        if options:
+            raise ValueError("mode_options only apply when mode is given by name.")
+        return mode
+    cls = _MODES.get(mode) if isinstance(mode, str) else None
+    if cls is None:
+        raise ValueError(f"unknown training mode {mode!r}; available: {available_modes()}.")
+    return cls(**(options or {}))
+
+
+class TrainingMode:
+    """Base class of training modes; every hook has a do-nothing default.
+
+    Class attributes tell the Trainer how to treat the mode:
+
+    - ``shards_data``: each rank trains on its own shard of the data (True), or
+      every rank walks the same batches (False, e.g. pipeline stages);
+    - ``replicated``: every rank holds the same model and optimizer state after
+      each step, so a checkpoint needs only rank 0's (True), or each rank's
+      state is its own and is gathered (False).
+    """
+
+    name: ClassVar[str] = "base"
+    shards_data: ClassVar[bool] = True
+    replicated: ClassVar[bool] = True
+
+    group = None
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
+        """Prepare for training; return the module that forward passes go through."""
+        return model
+
+    def forward_backward(self, module: nn.Module, batch: Any, loss_fn) -> float:
+        """Compute the loss of one batch and its gradients; return the loss."""
+        x, y = batch
+        loss = loss_fn(module(x), y)
+        loss.backward()
+        return loss.item()
+
+    def after_backward(self) -> None:
+        """After gradients are computed, before the optimizer is involved."""
+
+    def before_step(self) -> None:
+        """Right before ``step`` (e.g. wait for averaged gradients)."""
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Apply the update."""
+        optimizer.step()
+
+    def after_step(self, step: int) -> None:
+        """After the update of global step ``step`` (e.g. periodic averaging)."""
+
+    def predict(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """Outputs for evaluation, or ``None`` on ranks that produce none."""
+        return module(x)
+
+    def eval_shard(self) -> tuple[int, int]:
+        """``(index, count)``: which strided share of evaluation data this rank takes."""
+        return comm.rank(self.group), comm.size(self.group)
+
+    def comm_seconds(self) -> float:
+        """Seconds this rank spent communicating in the last step (0 if unknown)."""
+        return 0.0
+
+    def unwrap(self, module: nn.Module) -> nn.Module:
+        """The user's module inside whatever ``setup`` returned (for checkpoints)."""
+        return module
+
+    def state_dict(self) -> dict:
+        """Mode state to checkpoint (e.g. a center variable); default none."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def teardown(self) -> None:
+        """Undo ``setup`` side effects (hooks); called when the Trainer is closed."""
+
+
+class LocalMode(TrainingMode):
+    """No communication: each rank trains its own model on its own shard.
+
+    The baseline for comparisons, and plain single-process training on one rank.
+    """
+
+    name = "local"
+    replicated = False
+
+
+class AllReduceMode(TrainingMode):
+    """Synchronous data parallel SGD through :class:`DataParallel`.
+
+    Options go to ``DataParallel``: ``bucket_bytes``, ``compression``, ``buffers``.
+    """
+
+    name = "allreduce"
+
+    def __init__(self, **dp_options: Any):
+        self.dp_options = dp_options
+        self.dp = None
+
+    def setup(self, model, optimizer):
+        from clusterkernel.train._ddp import DataParallel
+
+        # Passing the optimizer checks it across ranks and makes a bare
+        # optimizer.step() safe too; the synchronize in before_step comes first,
+        # so the step hook then finds nothing left to do.
+        self.dp = DataParallel(model, optimizer=optimizer, group=self.group, **self.dp_options)
+        return self.dp
+
+    def before_step(self) -> None:
+        self.dp.synchronize()
+
+    def comm_seconds(self) -> float:
+        return self.dp.last_comm_seconds
+
+    def unwrap(self, module):
+        return module.module
+
+    def teardown(self) -> None:
+        if self.dp is not None:
+            self.dp.remove_hooks()
+
+
+class PipelineMode(TrainingMode):
+    """Pipeline model parallelism through :class:`PipelineParallel`.
+
+    The model must be an ``nn.Sequential``; options ``balance`` and ``chunks`` go
+    to ``PipelineParallel``. Every rank walks the same batches.
+    """
+
+    name = "pipeline"
+    shards_data = False
+    replicated = False
+
+    def __init__(self, **pipe_options: Any):
+        self.pipe_options = pipe_options
+
+    def setup(self, model, optimizer):
+        from clusterkernel.train._pipeline import PipelineParallel
+
+        return PipelineParallel(model, group=self.group, **self.pipe_options)
+
+    def forward_backward(self, module, batch, loss_fn) -> float:
+        x, y = batch
+        return module.train_step(x, y, loss_fn)
+
+    def predict(self, module, x):
+        return module(x)
+
+    def eval_shard(self) -> tuple[int, int]:
+        return 0, 1
+
+    def unwrap(self, module):
+        return module.stage
+
+
+for _cls in (LocalMode, AllReduceMode, PipelineMode):
+    register_mode(_cls.name, _cls)

@@ -1,0 +1,369 @@
+"""A torchnet-style training engine whose distribution strategy is a pluggable mode."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from clusterkernel import comm, metrics
+from clusterkernel.partition import distributed_loader, set_epoch
+from clusterkernel.train import _checkpoint
+from clusterkernel.train._modes import TrainingMode, make_mode
+from clusterkernel.train._prefetch import Prefetcher
+from clusterkernel.train._sync import all_objects
+
+EVENTS = ("on_start", "on_batch_end", "on_epoch_end", "on_end")
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+class Trainer:
+    """Train a model with ``fit``, measure it with ``evaluate``, on every rank.
+
+    ``mode`` decides how ranks cooperate: ``"allreduce"`` (synchronous data
+    parallel through :class:`DataParallel`), ``"pipeline"`` (stages of an
+    ``nn.Sequential`` through :class:`PipelineParallel`), ``"local"`` (no
+    communication), or any mode added with :func:`register_mode`. Options for the
+    mode go in ``mode_options``.
+
+    Example (on every rank)::
+
+        trainer = Trainer(Net(), opt, nn.functional.cross_entropy, digits(),
+                          batch_size=128, checkpoint_dir="ckpt")
+        trainer.add_hook("on_epoch_end", lambda t: print(t.epoch, t.last_loss))
+        trainer.fit(epochs=5)
+        print(trainer.evaluate(test_set))   # {"loss": ..., "accuracy": ..., "samples": ...}
+
+    Args:
+        model, optimizer, loss_fn: as in a single-process loop; ``loss_fn`` should
+            average over the batch.
+        train_data: a ``Dataset`` (the Trainer builds this rank's loader:
+            ``batch_size`` is the global batch, split over the ranks, reshuffled
+            every epoch from ``seed``) or any iterable of ``(x, y)`` batches that
+            is already this rank's share.
+        hooks: ``{event: fn or [fn, ...]}``; events are ``on_start``,
+            ``on_batch_end``, ``on_epoch_end``, ``on_end``; each ``fn(trainer)``.
+        checkpoint_dir: where rank 0 writes ``checkpoint.pt`` (at the end of every
+            epoch, and every ``checkpoint_every`` steps if set); ``fit(resume=True)``
+            or :meth:`load_checkpoint` continue from it.
+        prefetch: load the next batch in a background thread while the current
+            one computes.
+        log_every: log per-rank ``loss``, ``samples_per_s`` and ``comm_s`` to the
+            metrics recorder every this many steps.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        train_data: Dataset | Iterable,
+        mode: str | TrainingMode = "allreduce",
+        *,
+        mode_options: dict | None = None,
+        batch_size: int = 128,
+        seed: int = 0,
+        hooks: dict[str, Callable | list[Callable]] | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+        prefetch: bool = True,
+        log_every: int = 1,
+        group=None,
+    ):
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.group = group
+        self.batch_size = batch_size
+        self.seed = seed
+        self.prefetch = prefetch
+        self.log_every = max(1, int(log_every))
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        if checkpoint_every is not None and checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1 step, got {checkpoint_every}.")
+        self.checkpoint_every = checkpoint_every
+        self.rank = comm.rank(group)
+        self.world = comm.size(group)
+
+        self.mode = make_mode(mode, mode_options)
+        self.mode.group = group
+        self.module = self.mode.setup(model, optimizer)
+        self.train_loader = self._loader(train_data, shuffle=True)
+
+        self.hooks: dict[str, list[Callable]] = {e: [] for e in EVENTS}
+        for event, fns in (hooks or {}).items():
+            for fn in fns if isinstance(fns, list | tuple) else [fns]:
+                self.add_hook(event, fn)
+
+        self.epoch = 0  # epochs finished
+        self.step_in_epoch = 0  # batches finished in the current epoch
+        self.global_step = 0
+        self.last_loss: float | None = None
+        self.history: list[dict] = []  # one entry per epoch: mean loss, time, samples/s
+        self._recorder = metrics.recorder()
+
+    # -- setup helpers ----------------------------------------------------------
+    def _loader(self, data, shuffle: bool) -> Iterable:
+        if not isinstance(data, Dataset) or isinstance(data, DataLoader):
+            return data  # the caller's own iterable: already this rank's share
+        if self.mode.shards_data:
+            return distributed_loader(
+                data, self.batch_size, shuffle=shuffle, seed=self.seed, group=self.group
+            )
+        # every rank walks the same global batches (e.g. pipeline stages)
+        return distributed_loader(
+            data, self.batch_size, shuffle=shuffle, seed=self.seed, size=1, rank=0
+        )
+
+    def add_hook(self, event: str, fn: Callable[[Trainer], Any]) -> None:
+        """Call ``fn(trainer)`` at ``event`` (one of :data:`EVENTS`)."""
+        if event not in self.hooks:
+            raise ValueError(f"unknown hook event {event!r}; use one of {EVENTS}.")
+        if not callable(fn):
+            raise TypeError(f"hook for {event} must be callable, got {fn!r}.")
+        self.hooks[event].append(fn)
+
+    def _fire(self, event: str) -> None:
+        for fn in self.hooks[event]:
+            fn(self)
+
+    def _check_batches(self) -> int | None:
+        """Every rank must run the same number of steps, and at least one."""
+        try:
+            mine = len(self.train_loader)
+        except TypeError:
+            mine = None
+        counts = all_objects(mine, self.group)
+        if any(c is None for c in counts):
+            return None  # iterables without a length: the caller vouches for them
+        empty = [r for r, c in enumerate(counts) if c == 0]
+        if empty:
+            raise ValueError(
+                f"rank(s) {empty} have no training batches (an empty data shard); batch "
+                f"counts per rank: {counts}. Give every rank data, e.g. with "
+                "distributed_loader() or DistributedSampler, or use fewer ranks."
+            )
+        if self.mode.shards_data and len(set(counts)) > 1:
+            raise ValueError(
+                f"ranks have different numbers of batches per epoch: {counts}; they would "
+                "fall out of step in the collectives. Shard with distributed_loader() or "
+                "DistributedSampler (equal shards by padding or dropping)."
+            )
+        return counts[0]
+
+    # -- training ---------------------------------------------------------------
+    def fit(self, epochs: int, resume: bool = False) -> list[dict]:
+        """Train until ``epochs`` epochs are done in total; returns :attr:`history`.
+
+        With ``resume=True`` first load the checkpoint from ``checkpoint_dir`` (if
+        there is one) and continue from the step it was written at.
+        """
+        if resume:
+            self.load_checkpoint()
+        self._check_batches()
+        self.module.train()
+        self._fire("on_start")
+        while self.epoch < epochs:
+            self._run_epoch()
+            self.epoch += 1
+            self.step_in_epoch = 0
+            self._fire("on_epoch_end")
+            if self.checkpoint_dir is not None:
+                self.save_checkpoint()
+        self._fire("on_end")
+        return self.history
+
+    def _batches(self):
+        set_epoch(self.train_loader, self.epoch)
+        it: Iterable = self.train_loader
+        if self.step_in_epoch:
+            # resumed mid-epoch: the sampler replays this epoch's order, skip what's done
+            it = itertools.islice(it, self.step_in_epoch, None)
+        return Prefetcher(it) if self.prefetch else _Plain(it)
+
+    def _run_epoch(self) -> None:
+        mode, opt, rec = self.mode, self.optimizer, self._recorder
+        loss_sum, samples, t_epoch = 0.0, 0, time.perf_counter()
+        with self._batches() as batches:
+            for batch in batches:
+                t0 = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                loss = mode.forward_backward(self.module, batch, self.loss_fn)
+                mode.after_backward()
+                mode.before_step()
+                mode.step(opt)
+                self.global_step += 1
+                self.step_in_epoch += 1
+                mode.after_step(self.global_step)
+                dt = time.perf_counter() - t0
+                n = len(batch[0])
+                loss_sum += loss * n
+                samples += n
+                self.last_loss = loss
+                if self.global_step % self.log_every == 0:
+                    rec.log(
+                        step=self.global_step,
+                        loss=loss,
+                        samples_per_s=n / dt if dt > 0 else 0.0,
+                        comm_s=mode.comm_seconds(),
+                    )
+                self._fire("on_batch_end")
+                if (
+                    self.checkpoint_dir is not None
+                    and self.checkpoint_every
+                    and self.global_step % self.checkpoint_every == 0
+                ):
+                    self.save_checkpoint()
+        elapsed = time.perf_counter() - t_epoch
+        self.history.append(
+            {
+                "epoch": self.epoch,
+                "loss": loss_sum / samples if samples else float("nan"),
+                "seconds": elapsed,
+                "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+            }
+        )
+
+    # -- evaluation ---------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, data: Dataset | Iterable, batch_size: int | None = None) -> dict:
+        """Loss and accuracy over ``data``, combined over all ranks (collective).
+
+        A ``Dataset`` is split without padding: rank ``r`` of ``n`` takes samples
+        ``r, r + n, ...``, so every sample counts once. Any other iterable is
+        taken as this rank's share. Accuracy is reported when outputs are class
+        scores and targets are class indices.
+        """
+        if isinstance(data, Dataset) and not isinstance(data, DataLoader):
+            index, count = self.mode.eval_shard()
+            share = _Strided(data, index, count)
+            data = DataLoader(share, batch_size=batch_size or self.batch_size)
+        self.module.eval()
+        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, samples
+        try:
+            for x, y in data:
+                out = self.mode.predict(self.module, x)
+                if out is None:
+                    continue
+                totals[0] += float(self.loss_fn(out, y)) * len(y)
+                if out.dim() == 2 and not y.is_floating_point():
+                    totals[1] += (out.argmax(dim=1) == y).sum().item()
+                totals[2] += len(y)
+        finally:
+            self.module.train()
+        comm.all_reduce(totals, op=comm.SUM, group=self.group)
+        loss_sum, correct, n = totals.tolist()
+        if n == 0:
+            raise ValueError("evaluate() got no samples on any rank.")
+        return {"loss": loss_sum / n, "accuracy": correct / n, "samples": int(n)}
+
+    # -- checkpoints --------------------------------------------------------------
+    def _checkpoint_path(self, path) -> Path:
+        if path is not None:
+            return Path(path)
+        if self.checkpoint_dir is None:
+            raise ValueError("no checkpoint path: pass one or set Trainer(checkpoint_dir=...).")
+        return self.checkpoint_dir / CHECKPOINT_NAME
+
+    def _own_state(self) -> dict:
+        return {
+            "model": self.mode.unwrap(self.module).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "mode": self.mode.state_dict(),
+        }
+
+    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
+        """Write model, optimizer, mode and progress; rank 0 writes (collective).
+
+        For replicated modes rank 0's state stands for all; otherwise every
+        rank's state is collected into the file.
+        """
+        path = self._checkpoint_path(path)
+        own = self._own_state()
+        if self.mode.replicated:
+            states = [own]
+        else:
+            states = [None] * self.world if self.rank == 0 else None
+            comm.gather_object(own, states, dst=self._world_rank(0), group=self.group)
+        meta = {
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "global_step": self.global_step,
+            "world": self.world,
+            "mode": self.mode.name,
+            "replicated": self.mode.replicated,
+        }
+        _checkpoint.save(path, states, meta, self.group)
+        return path
+
+    def load_checkpoint(self, path: str | os.PathLike | None = None) -> bool:
+        """Restore from a checkpoint on every rank; False (everywhere) if none exists."""
+        path = self._checkpoint_path(path)
+        ckpt = _checkpoint.load(path, self.group)
+        if ckpt is None:
+            return False
+        meta = ckpt["meta"]
+        if meta["mode"] != self.mode.name:
+            raise ValueError(
+                f"{path} was written by mode {meta['mode']!r}; this Trainer runs "
+                f"{self.mode.name!r}."
+            )
+        if meta["replicated"]:
+            state = ckpt["ranks"][0]
+        else:
+            if meta["world"] != self.world:
+                raise ValueError(
+                    f"{path} holds per-rank state for {meta['world']} ranks; this run has "
+                    f"{self.world}. Resume with the same number of ranks."
+                )
+            state = ckpt["ranks"][self.rank]
+        self.mode.unwrap(self.module).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.mode.load_state_dict(state["mode"])
+        self.epoch = meta["epoch"]
+        self.step_in_epoch = meta["step_in_epoch"]
+        self.global_step = meta["global_step"]
+        return True
+
+    def _world_rank(self, r: int) -> int:
+        # comm's src/dst are world ranks, as in torch.distributed
+        return r if self.group is None else self.group.ranks[r]
+
+    def close(self) -> None:
+        """Remove the mode's hooks from the model (it stays usable alone)."""
+        self.mode.teardown()
+
+
+class _Plain:
+    """The no-prefetch counterpart of :class:`Prefetcher` (same context protocol)."""
+
+    def __init__(self, it: Iterable):
+        self._it = it
+
+    def __iter__(self):
+        return iter(self._it)
+
+    def __enter__(self) -> _Plain:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class _Strided(Dataset):
+    def __init__(self, data: Dataset, index: int, count: int):
+        self.data = data
+        self.indices = range(index, len(data), count)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        return self.data[self.indices[i]]
