@@ -111,6 +111,20 @@ def _describe(ref: list, mine: list, what: str) -> str:
     return f"different {what}"
 
 
+def _optimizer_diff(ref: dict | None, mine: dict | None) -> str:
+    if ref is None or mine is None:
+        return (
+            f"optimizer {'given' if mine else 'missing'} (rank 0: {'given' if ref else 'missing'})"
+        )
+    if mine["type"] != ref["type"]:
+        return f"{mine['type']} (rank 0 has {ref['type']})"
+    if len(mine["groups"]) != len(ref["groups"]):
+        return f"{len(mine['groups'])} parameter groups (rank 0 has {len(ref['groups'])})"
+    flat_mine = [s for g in mine["groups"] for s in g]
+    flat_ref = [s for g in ref["groups"] for s in g]
+    return _describe(flat_ref, flat_mine, "parameter shapes")
+
+
 def check_replicas(
     model: nn.Module, optimizer: torch.optim.Optimizer | None = None, group=None
 ) -> None:
@@ -136,18 +150,15 @@ def check_replicas(
     ref = sigs[0]
     problems = []
     for r, sig in enumerate(sigs[1:], start=1):
+        before = len(problems)
         for key, what in (("params", "parameters"), ("buffers", "buffers")):
             if sig[key] != ref[key]:
                 problems.append((r, "model", _describe(ref[key], sig[key], what)))
-        if sig.get("optimizer") != ref.get("optimizer"):
-            mine, theirs = sig.get("optimizer") or {}, ref.get("optimizer") or {}
-            if mine.get("type") != theirs.get("type"):
-                detail = f"{mine.get('type')} (rank 0 has {theirs.get('type')})"
-            else:
-                detail = (
-                    f"parameter groups {mine.get('groups')} (rank 0 has {theirs.get('groups')})"
-                )
-            problems.append((r, "optimizer", detail))
+        if len(problems) == before and sig.get("optimizer") != ref.get("optimizer"):
+            # (a model mismatch already explains a mismatch in the optimizer's shapes)
+            problems.append(
+                (r, "optimizer", _optimizer_diff(ref.get("optimizer"), sig.get("optimizer")))
+            )
     if problems:
         ranks = sorted({r for r, _, _ in problems})
         lines = "; ".join(f"rank {r} {kind}: {detail}" for r, kind, detail in problems)
