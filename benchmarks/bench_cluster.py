@@ -1,0 +1,95 @@
+"""Issue 2 benchmark: %%mpi vs raw ipyparallel %%px, and cluster start time.
+
+Run: python benchmarks/bench_cluster.py [--cells 200] [--starts 3]
+
+Both sides run in this one process, interleaved, on the same machine:
+- start: clusterkernel.Cluster(n=4).start() vs ipyparallel.Cluster(engines="mpi",
+  n=4).start_and_connect_sync() (with the root/oversubscribe environment the raw one
+  needs set by hand);
+- round trip of an empty cell on the same 4-rank cluster: %%mpi vs %%px.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import ipyparallel as ipp
+from IPython.core.interactiveshell import InteractiveShell
+
+import clusterkernel.magics as ck_magics
+from clusterkernel import Cluster
+from clusterkernel.mpiexec import MPIRuntime
+
+
+def time_start_ck(n: int) -> float:
+    t0 = time.perf_counter()
+    c = Cluster(n=n).start()
+    dt = time.perf_counter() - t0
+    c.stop()
+    return dt
+
+
+def time_start_raw(n: int) -> float:
+    t0 = time.perf_counter()
+    c = ipp.Cluster(engines="mpi", n=n, log_level=40)
+    c.start_and_connect_sync()
+    dt = time.perf_counter() - t0
+    c.stop_cluster_sync()
+    return dt
+
+
+def cell_round_trips(cells: int) -> tuple[list[float], list[float]]:
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "clusterkernel")
+    cluster = Cluster(n=4).start()
+    ck_magics._magics.cluster = cluster
+    view = cluster.client[:]
+    view.block = True  # %%px waits for the cell, as %%mpi does
+    view.activate()  # registers %%px on the same engines
+    mpi, px = [], []
+    for _ in range(10):  # warm-up both paths
+        shell.run_cell_magic("mpi", "", "pass")
+        shell.run_cell_magic("px", "", "pass")
+    for _ in range(cells):
+        t0 = time.perf_counter()
+        shell.run_cell_magic("mpi", "", "pass")
+        mpi.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        shell.run_cell_magic("px", "", "pass")
+        px.append(time.perf_counter() - t0)
+    cluster.stop()
+    return mpi, px
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cells", type=int, default=200)
+    ap.add_argument("--starts", type=int, default=3)
+    ap.add_argument("-n", type=int, default=4)
+    ap.add_argument("--profile", action="store_true", help="cells only (for a profiler)")
+    args = ap.parse_args()
+    # what a user of raw ipyparallel must set by hand here (root, 2 cores < 4 ranks)
+    os.environ.update(MPIRuntime.detect().env({}))
+    os.environ["PATH"] = MPIRuntime.detect().env()["PATH"]
+
+    mpi, px = cell_round_trips(args.cells)
+    if args.profile:
+        return
+    m, p = statistics.median(mpi), statistics.median(px)
+    print(f"empty cell, {args.n} ranks, median of {args.cells} interleaved:")
+    print(f"  %%mpi {m * 1e3:7.2f} ms   %%px {p * 1e3:7.2f} ms   ratio {m / p:.3f}x (target <= 1.15x)")
+
+    ck, raw = [], []
+    for _ in range(args.starts):
+        ck.append(time_start_ck(args.n))
+        raw.append(time_start_raw(args.n))
+    c, r = statistics.median(ck), statistics.median(raw)
+    print(f"cluster start, {args.n} ranks, median of {args.starts} interleaved:")
+    print(f"  clusterkernel {c:6.2f} s   raw ipyparallel {r:6.2f} s   ratio {c / r:.3f}x (target <= 1.1x)")
+
+
+if __name__ == "__main__":
+    main()
