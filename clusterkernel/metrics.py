@@ -8,7 +8,10 @@ times a block of compute. Readers get plain ``dict`` records (the shapes in
 :meth:`Recorder.drain` (only what is new since the last drain).
 
 Storage is one append-only list per kind plus a read cursor per kind, so recording
-costs a tuple and a list append, and a publisher can stream by draining.
+costs a tuple and a list append. :meth:`Recorder.read` reads by absolute index
+(records ever appended), so the live stream to the notebook
+(:func:`clusterkernel.metrics.stream`, running in its own thread) never moves the
+``drain`` cursor and never makes the recording call wait.
 
 Example::
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -69,7 +73,8 @@ class Recorder:
     ``comm``, ``scalars`` and ``spans`` are lists of tuples; the comm layer appends to
     ``comm`` directly (tuples in ``COMM_FIELDS`` order). When a list grows past
     ``capacity`` the oldest half is dropped (counted in ``dropped``) so a long run
-    cannot exhaust memory if nobody drains.
+    cannot exhaust memory; a live stream has normally sent those records on long
+    before, and reports any it had not (see :meth:`read`).
 
     Example::
 
@@ -91,6 +96,11 @@ class Recorder:
         self._cursor = dict.fromkeys(KINDS, 0)
         self.dropped = dict.fromkeys(KINDS, 0)
         self._step = 0
+        # Taken by trim and by readers in other threads (the stream), never by the
+        # append path: appends only grow the lists, which a reader tolerates.
+        self._lock = threading.Lock()
+        # records no longer in the lists (trimmed or cleared): absolute index base
+        self._gone = dict.fromkeys(KINDS, 0)
 
     def _append(self, kind: str, item: tuple) -> None:
         store = self._stores[kind]
@@ -100,11 +110,39 @@ class Recorder:
 
     def trim(self, kind: str = "comm") -> None:
         """Drop the oldest half of one kind's records (called when over capacity)."""
-        store = self._stores[kind]
-        half = len(store) // 2
-        del store[:half]
-        self.dropped[kind] += half
-        self._cursor[kind] = max(0, self._cursor[kind] - half)
+        with self._lock:
+            store = self._stores[kind]
+            half = len(store) // 2
+            del store[:half]
+            self.dropped[kind] += half
+            self._gone[kind] += half
+            self._cursor[kind] = max(0, self._cursor[kind] - half)
+
+    def total(self, kind: str) -> int:
+        """How many records of ``kind`` were ever appended (kept plus dropped)."""
+        with self._lock:
+            return self._gone[kind] + len(self._stores[kind])
+
+    def read(self, kind: str, start: int, limit: int | None = None) -> tuple[list[tuple], int, int]:
+        """Raw tuples of ``kind`` from absolute index ``start``: ``(items, next, lost)``.
+
+        ``next`` is the index to pass next time; ``lost`` counts records between
+        ``start`` and the oldest kept one (trimmed or cleared before this reader
+        got them).
+        Thread-safe against :meth:`trim`; does not touch the :meth:`drain` cursor.
+
+        Example::
+
+            items, nxt, lost = rec.read("scalar", 0)   # everything kept so far
+        """
+        _kinds(kind)
+        with self._lock:
+            store = self._stores[kind]
+            base = self._gone[kind]
+            lo = max(start - base, 0)
+            hi = len(store) if limit is None else min(len(store), lo + limit)
+            items = store[lo:hi]
+        return items, max(base + hi, start), max(base - start, 0)
 
     def log(self, step: int | None = None, **scalars: float) -> None:
         """Record scalar values (loss, accuracy, ...) at a training step.
@@ -143,18 +181,22 @@ class Recorder:
         """Records added since the previous drain (of one kind, or all kinds)."""
         out: list[dict] = []
         for k in _kinds(kind):
-            store = self._stores[k]
-            end = len(store)
-            out.extend(self._to_dicts(k, store[self._cursor[k] : end]))
-            self._cursor[k] = end
+            with self._lock:
+                store = self._stores[k]
+                end = len(store)
+                items = store[self._cursor[k] : end]
+                self._cursor[k] = end
+            out.extend(self._to_dicts(k, items))
         return out
 
     def clear(self) -> None:
         """Forget every record and reset the cursors."""
-        for k in KINDS:
-            self._stores[k].clear()
-            self._cursor[k] = 0
-            self.dropped[k] = 0
+        with self._lock:
+            for k in KINDS:
+                self._gone[k] += len(self._stores[k])
+                self._stores[k].clear()
+                self._cursor[k] = 0
+                self.dropped[k] = 0
 
 
 def _kinds(kind: str | None) -> tuple[str, ...]:
@@ -198,3 +240,33 @@ def log(step: int | None = None, **scalars: float) -> None:
 def span(name: str) -> _Span:
     """Time a block of compute on this rank: ``with metrics.span("forward"): ...``."""
     return recorder().span(name)
+
+
+def stream(address: str, key: bytes, interval: float = 0.1) -> dict:
+    """Stream this rank's records to a notebook listening at ``address`` (a thread).
+
+    Batched every ``interval`` seconds, JSON signed with ``key``; logging never
+    waits for it. :class:`clusterkernel.Dashboard` calls this on every rank; a
+    second call with the same address is a no-op. Returns this rank's identity.
+
+    Example::
+
+        metrics.stream("tcp://127.0.0.1:5555", key=b"secret")
+    """
+    from clusterkernel import _stream
+
+    return _stream.start(address, key, interval)
+
+
+def stop_stream() -> None:
+    """Send what is left and stop this rank's stream (no-op if none runs)."""
+    from clusterkernel import _stream
+
+    _stream.stop()
+
+
+def flush_stream(timeout: float = 10.0) -> int:
+    """Send everything recorded so far now; return the last message's sequence number."""
+    from clusterkernel import _stream
+
+    return _stream.flush(timeout)

@@ -136,7 +136,7 @@ def describe(sig: np.ndarray) -> str:
     if sig[14] != -1:
         parts.append(f"count={int(sig[14])}")
     if sig[15] != -1:
-        parts.append(f"layout#{int(sig[15]):08x}")
+        parts.append(f"shapes/dtypes#{int(sig[15]):08x}")
     if sig[1] != -1:
         parts.append(f"op={_OP_BY_CODE.get(int(sig[1]), '<invalid>')}")
     if sig[2] != -1:

@@ -177,7 +177,7 @@ class Work:
                     self._poll_others()
                 self._reqs = nxt or []
         except MPI.Exception as exc:
-            self._error = _clear_mpi_error(self._info[0], exc)
+            self._error = _clear_mpi_error(self._info[0], exc, self._statuses)
         except BaseException as exc:
             self._error = exc
         self._complete()
@@ -191,8 +191,11 @@ class Work:
         note(name, nbytes, alg, gsize, self._t0, None if self._sync else self._waited)
 
 
-def _clear_mpi_error(name: str, exc: MPI.Exception) -> BaseException:
-    if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+def _clear_mpi_error(name: str, exc: MPI.Exception, statuses: list | None) -> BaseException:
+    codes = {exc.Get_error_class()}
+    if MPI.ERR_IN_STATUS in codes and statuses:
+        codes.update(MPI.Get_error_class(s.Get_error()) for s in statuses)
+    if MPI.ERR_TRUNCATE in codes:
         return ValueError(
             f"{name}: the incoming message is larger than the receive tensor; receive "
             "into a tensor with the sender's shape and dtype"
