@@ -40,6 +40,10 @@ def test_notebook_rank_areas_errors_stop_run_all_and_shutdown_cleans_up(no_share
         # rank 3 prints first, rank 0 last: areas must still be in rank order
         "%%mpi\nimport time\nfrom mpi4py import MPI\nr = MPI.COMM_WORLD.Get_rank()\n"
         "time.sleep(0.3 * (3 - r))\nprint(f'hello {r}')",
+        # rich output lands in its rank's area: a figure from rank 0, HTML from rank 1
+        "%%mpi\nfrom IPython.display import HTML, display\nimport matplotlib.pyplot as plt\n"
+        "if r == 0:\n    plt.plot([1, 2, 3]); plt.show()\n"
+        "elif r == 1:\n    display(HTML('<b>bold from one</b>'))",
         "%%mpi\nif r == 1:\n    raise ValueError('rank one fails')",
         "print('never runs')",
     )
@@ -53,7 +57,16 @@ def test_notebook_rank_areas_errors_stop_run_all_and_shutdown_cleans_up(no_share
         assert f"hello {r}" in area
     html = nb.cells[2].outputs[0]["data"]["text/html"]
     assert "[rank 0]" in html and "hello 0" in html
-    assert nb.cells[4].outputs == []  # "Run all" stopped at the failing cell
+    rich = {
+        o["data"]["text/plain"].splitlines()[0]: o["data"]["text/html"]
+        for o in nb.cells[3].outputs
+        if o["output_type"] == "display_data" and o["data"]["text/plain"]
+    }
+    assert '<img src="data:image/png;base64,' in rich["[rank 0]"]
+    assert "<b>bold from one</b>" in rich["[rank 1]"]
+    assert "<img" not in rich["[rank 1]"]
+    assert set(rich) == {"[rank 0]", "[rank 1]"}  # quiet ranks show nothing
+    assert nb.cells[5].outputs == []  # "Run all" stopped at the failing cell
     # NotebookClient.execute shuts the kernel down cleanly at the end
     left = wait_no_cluster_processes(30)
     assert not left, f"left behind after kernel shutdown: {[p.cmdline() for p in left]}"

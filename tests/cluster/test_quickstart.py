@@ -1,0 +1,27 @@
+"""The README's first command ends in `clusterkernel-quickstart`: run it for real."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests._procs import wait_no_cluster_processes
+
+
+def test_quickstart_runs_in_a_terminal(no_shared_cluster):
+    proc = subprocess.run(
+        [sys.executable, "-m", "clusterkernel.quickstart", "-n", "3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "Started 3 MPI ranks" in out
+    for r in range(3):
+        assert f"[rank {r}] hello from rank {r} of 3" in out
+        assert f"[rank {r}] sum of ranks on every rank: [3.0, 3.0, 3.0]" in out
+    assert "{0: 42, 1: 43, 2: 44}" in out
+    assert "[ranks 1] error: ValueError: odd rank 1 says no" in out
+    assert "Stopped all MPI ranks." in out
+    assert not wait_no_cluster_processes(20)
