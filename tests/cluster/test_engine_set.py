@@ -172,3 +172,21 @@ def test_listens_on_loopback_only_and_private_connection_files(cluster: Cluster)
     for f in files:
         mode = stat.S_IMODE(os.stat(f).st_mode)
         assert mode & 0o077 == 0, f"{f} is readable by others: {oct(mode)}"
+
+
+def test_status_shows_busy_ranks_while_a_cell_runs(cluster: Cluster):
+    run = cluster.run(
+        "import time\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.Get_rank() == 1:\n    time.sleep(3)",
+        block=False,
+        renderer=Recorder(cluster.ranks),
+    )
+    deadline = time.monotonic() + 2.5
+    states = {}
+    while time.monotonic() < deadline:
+        states = {r["rank"]: r["state"] for r in cluster.status()}
+        if states == {0: "idle", 1: "busy", 2: "idle", 3: "idle"}:
+            break
+        time.sleep(0.1)
+    run.wait()
+    assert states == {0: "idle", 1: "busy", 2: "idle", 3: "idle"}
+    assert {r["state"] for r in cluster.status()} == {"idle"}
