@@ -1,0 +1,284 @@
+"""``clusterkernel.Dashboard``: live per-rank metrics in the notebook (or terminal).
+
+Three threads, none of them the notebook's main thread, which a running ``%%mpi``
+cell keeps busy:
+
+- on every rank, ``metrics.stream`` ships new records every 0.1 s;
+- in the notebook, the :class:`Receiver` thread puts them in a :class:`MetricsStore`;
+- the drawing thread here redraws the panels from the store at ``rate`` Hz,
+  sending only what changed.
+
+So the dashboard does not depend on :meth:`Cluster.run`'s wait loop at all; it
+updates the same way for a blocking cell, a ``--noblock`` cell, or code that
+logs between cells.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from clusterkernel import metrics
+from clusterkernel.dashboard import _export
+from clusterkernel.dashboard._receiver import Receiver
+from clusterkernel.dashboard._store import MetricsStore
+from clusterkernel.errors import ClusterError
+
+if TYPE_CHECKING:
+    from clusterkernel.cluster import Cluster
+    from clusterkernel.dashboard._terminal import TerminalProgress
+    from clusterkernel.dashboard._views import DashboardView
+
+
+def _current_cluster() -> Cluster | None:
+    from clusterkernel.magics import current_cluster
+
+    return current_cluster()
+
+
+class Dashboard:
+    """Live loss, communication timings, timeline, throughput and status of every rank.
+
+    Parameters
+    ----------
+    cluster : the :class:`~clusterkernel.Cluster`; default: the one ``%mpi start`` started.
+    rate : redraws per second at most (the view skips a redraw when nothing changed).
+    window : seconds of history in the timeline panel.
+    metric : the scalar the loss panel shows first (any logged name can be picked).
+    max_points : points per line drawn; the store keeps every point.
+    interval : seconds between the ranks' batched sends.
+
+    Example::
+
+        dash = clusterkernel.Dashboard()   # or %mpi dashboard
+        dash                               # shows it; it updates while cells run
+        %%mpi
+        for step in range(100):
+            clusterkernel.log(step=step, loss=train_step())
+        dash.export("run1/")               # CSV, JSON, Chrome trace, PNG
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster | None = None,
+        *,
+        rate: float = 5.0,
+        window: float = 10.0,
+        metric: str = "loss",
+        max_points: int = 1000,
+        interval: float = 0.1,
+    ) -> None:
+        cluster = cluster if cluster is not None else _current_cluster()
+        if cluster is None or not cluster.running:
+            raise ClusterError(
+                "No MPI ranks are running, so there is nothing to watch. Start them "
+                "first with %mpi start -n 4 (or pass Dashboard(cluster=...))."
+            )
+        for name, value in (("rate", rate), ("window", window), ("interval", interval)):
+            if not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if max_points < 4:
+            raise ValueError(f"max_points must be at least 4, got {max_points!r}")
+        self.cluster = cluster
+        self.rate = float(rate)
+        self.window = float(window)
+        self.metric = metric
+        self.max_points = int(max_points)
+        self.interval = float(interval)
+        self.store = MetricsStore()
+        self.receiver = Receiver(self.store, "0.0.0.0" if cluster.multi_node else "127.0.0.1")
+        self.receiver.start()
+        self.updates = 0  # redraws that sent something to the browser
+        self.update_seconds = 0.0  # kernel time spent in them
+        self.error: BaseException | None = None
+        self.closed = False
+        self._view: DashboardView | None = None
+        self._terminal: TerminalProgress | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._drawn_version = -1
+        self._status_at = 0.0
+        self._lock = threading.Lock()
+        try:
+            self.attach()
+        except BaseException:
+            self.receiver.stop()
+            raise
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self.store.ranks())} ranks streaming"
+        return f"<clusterkernel.Dashboard {state}, {self.store.messages} messages>"
+
+    # ------------------------------------------------------------------ ranks
+    def attach(self) -> list[dict]:
+        """Make every rank stream to this dashboard (again after ``%mpi restart``).
+
+        Records logged before are sent too: nothing logged on a rank is missed.
+        """
+        view = self.cluster.view()
+        return view.apply_sync(
+            metrics.stream, self.receiver.address, self.receiver.key, self.interval
+        )
+
+    def sync(self, timeout: float = 10.0) -> None:
+        """Wait until everything the ranks recorded so far is in :attr:`store`.
+
+        Runs on the ranks, so call it between cells (it waits for a running one).
+        """
+        seqs = self.cluster.view().apply_sync(metrics.flush_stream, timeout)
+        want = dict(zip(self.cluster.ranks, seqs))
+        if not self.store.wait_for(want, timeout):
+            have = self.store.status()
+            late = [r for r, s in want.items() if have.get(r, {}).get("seq", 0) < s]
+            raise TimeoutError(f"records of ranks {late} did not arrive within {timeout:g}s")
+        self.refresh()
+
+    # ------------------------------------------------------------------ display
+    @property
+    def widget(self):
+        """The ipywidgets box of all panels (built on first use; starts the redraws)."""
+        if self._view is None:
+            from clusterkernel.dashboard._views import DashboardView
+
+            self._view = DashboardView(self.metric, self.window, self.max_points)
+            self.refresh()
+            self._start_drawing()
+        return self._view.widget
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def show(self) -> None:
+        """Display the panels in a notebook; in a terminal, a progress line per rank."""
+        from clusterkernel.output import in_notebook
+
+        if in_notebook():
+            self._ipython_display_()
+        elif self._terminal is None:
+            from clusterkernel.dashboard._terminal import TerminalProgress
+
+            self._terminal = TerminalProgress(self.store, self.cluster.ranks, self.rate).start()
+
+    def cell_finished(self) -> None:
+        """After a cell: collect its last records; in a terminal print the summary.
+
+        Never raises: it runs after the cell, whose own error must be the one shown.
+        """
+        try:
+            if self.cluster.running and not self.cluster.lost:
+                self.sync(timeout=10)
+        except Exception as exc:  # the cell's outcome is reported by the cell
+            self.error = exc
+        if self._terminal is not None:
+            print(self._terminal.finish())
+            self._terminal = None
+
+    def _start_drawing(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._draw_loop, name="clusterkernel-dashboard", daemon=True
+            )
+            self._thread.start()
+
+    def _draw_loop(self) -> None:
+        period = 1.0 / self.rate
+        while not self._stop.wait(period):
+            if not self.cluster.running:
+                self.refresh()
+                return  # the cluster is gone; the last picture stays
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Redraw what changed now (the drawing thread does this ``rate`` times a second)."""
+        view = self._view
+        if view is None:
+            return
+        with self._lock:  # the drawing thread and sync() may both get here
+            t0 = time.perf_counter()
+            try:
+                sent = self._redraw(view)
+            except Exception as exc:  # keep drawing; say what went wrong in the header
+                self.error = exc
+                view.set_header(f"dashboard error: {type(exc).__name__}: {exc}")
+                return
+            if sent:
+                self.updates += 1
+                self.update_seconds += time.perf_counter() - t0
+
+    def _redraw(self, view: DashboardView) -> bool:
+        store = self.store
+        version = store.version
+        status = store.status()
+        sent = False
+        if version != self._drawn_version:
+            self._drawn_version = version
+            view.loss.update(store)
+            view.throughput.update(store)
+            view.comm.update(store)
+            sent = True
+        if any(s["age_s"] < self.window for s in status.values()):
+            view.timeline.update(store, sorted(status))  # it scrolls even without new data
+            sent = True
+        now = time.monotonic()
+        if now - self._status_at >= 1.0:
+            self._status_at = now
+            view.status.update(store, self._cluster_states())
+            records = sum(sum(s["records"].values()) for s in status.values())
+            lost = sum(s["lost"] + s["gaps"] for s in status.values())
+            note = f"; {lost} records LOST (see status)" if lost else ""
+            view.set_header(
+                f"{len(status)} ranks streaming; {store.messages} messages, {records} records"
+                f"; {self.updates} redraws{note}"
+            )
+        return sent
+
+    def _cluster_states(self) -> dict[int, dict]:
+        try:
+            return {row["rank"]: row for row in self.cluster.status()}
+        except Exception:  # stopped or restarting: show what the stream knows
+            return {}
+
+    # ------------------------------------------------------------------ output
+    def records(self, kind: str | None = None) -> list[dict]:
+        """Every record received, as :mod:`clusterkernel.records` dicts."""
+        return self.store.records(kind)
+
+    def export(self, directory: str) -> dict:
+        """Write scalars.csv, comm.csv, metrics.json, timeline.json (Chrome trace), dashboard.png."""
+        return _export.export(self.store, directory, self.metric)
+
+    def close(self) -> None:
+        """Stop redrawing and receiving, and stop the ranks' streams. Safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        if self._terminal is not None:
+            self._terminal.finish()
+            self._terminal = None
+        if self.cluster.running and not self.cluster.lost:
+            # not waited for: a running cell would hold it up
+            self.cluster.view().apply_async(metrics.stop_stream)
+        self.receiver.stop()
+
+
+_DASHBOARDS: dict[int, Dashboard] = {}
+
+
+def dashboard_for(cluster: Cluster) -> Dashboard:
+    """The dashboard of ``cluster`` (one per cluster), streaming; made on first use.
+
+    This is what ``%mpi dashboard`` and ``%%mpi --dashboard`` use, so every cell
+    that asks for it shows the same live panels.
+    """
+    dash = _DASHBOARDS.get(id(cluster))
+    if dash is None or dash.closed or dash.cluster is not cluster:
+        dash = _DASHBOARDS[id(cluster)] = Dashboard(cluster)
+    else:
+        dash.attach()  # after %mpi restart the new ranks need their streams
+    return dash

@@ -1,0 +1,338 @@
+"""The dashboard's panels: ipywidgets + bqplot, each drawn from a :class:`MetricsStore`.
+
+bqplot rather than matplotlib for the live view: a redraw sends only the changed
+arrays (binary buffers) over the widget comm, the browser draws them, and nothing
+waits on the kernel's main thread, so updates arrive while a ``%%mpi`` cell blocks
+it. (A matplotlib PNG per update costs ~20 ms of kernel time; ipympl stops drawing
+while the cell blocks.) Matplotlib stays for the static PNG export.
+
+Every panel has ``.widget`` and ``.update(store, ...)``; only the dashboard's
+drawing thread calls ``update``.
+"""
+
+from __future__ import annotations
+
+import html
+
+import bqplot as bq
+import ipywidgets as w
+import numpy as np
+
+from clusterkernel.dashboard._store import MetricsStore
+from clusterkernel.dashboard._thin import thin
+
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+)  # fmt: skip
+
+
+def rank_color(rank: int) -> str:
+    return PALETTE[rank % len(PALETTE)]
+
+
+def _figure(title: str, marks, axes, css: str, height: str = "260px") -> bq.Figure:
+    fig = bq.Figure(
+        marks=marks,
+        axes=axes,
+        title=title,
+        animation_duration=0,
+        fig_margin={"top": 40, "bottom": 40, "left": 60, "right": 20},
+        layout=w.Layout(width="100%", height=height),
+    )
+    fig.add_class(css)
+    return fig
+
+
+class ScalarPanel:
+    """One logged scalar against step, one line per rank (the loss panel, throughput)."""
+
+    def __init__(self, metric: str, title: str, css: str, max_points: int = 1000) -> None:
+        self.metric = metric
+        self.max_points = max_points
+        self._sx, self._sy = bq.LinearScale(), bq.LinearScale()
+        self._lines: dict[int, bq.Lines] = {}
+        self._drawn: dict[int, int] = {}
+        axes = [
+            bq.Axis(scale=self._sx, label="step"),
+            bq.Axis(scale=self._sy, orientation="vertical", label=metric, tick_format=".3g"),
+        ]
+        self.figure = _figure(title, [], axes, css)
+        self.widget: w.Widget = self.figure
+
+    def _line(self, rank: int) -> bq.Lines:
+        line = self._lines.get(rank)
+        if line is None:
+            line = bq.Lines(
+                x=np.zeros(0),
+                y=np.zeros(0),
+                scales={"x": self._sx, "y": self._sy},
+                colors=[rank_color(rank)],
+                labels=[f"rank {rank}"],
+                display_legend=True,
+            )
+            self._lines[rank] = line
+            self.figure.marks = [self._lines[r] for r in sorted(self._lines)]
+        return line
+
+    def set_metric(self, metric: str) -> None:
+        self.metric = metric
+        self.figure.axes[1].label = metric
+        self._drawn.clear()
+
+    def update(self, store: MetricsStore) -> int:
+        """Redraw lines whose data grew; return how many points were sent."""
+        sent = 0
+        for rank, (x, y) in store.series(self.metric).items():
+            if self._drawn.get(rank) == len(x):
+                continue
+            x, y = thin(x, y, self.max_points)
+            line = self._line(rank)
+            with line.hold_sync():
+                line.x, line.y = x, y
+            self._drawn[rank] = len(x)
+            sent += len(x)
+        for rank in set(self._lines) - set(store.ranks()):
+            self._lines[rank].x, self._lines[rank].y = np.zeros(0), np.zeros(0)
+        return sent
+
+
+class LossPanel(ScalarPanel):
+    """Loss (or any logged scalar, chosen in the drop-down) against step per rank."""
+
+    def __init__(self, metric: str = "loss", max_points: int = 1000) -> None:
+        super().__init__(metric, "loss per rank", "ck-loss", max_points)
+        self.choice = w.Dropdown(options=[metric], value=metric, description="metric")
+        self.choice.observe(lambda ch: self.set_metric(ch["new"]), names="value")
+        self.widget = w.VBox([self.choice, self.figure])
+
+    def update(self, store: MetricsStore) -> int:
+        names = store.scalar_names()
+        if names and tuple(names) != tuple(self.choice.options):
+            keep = self.choice.value
+            self.choice.options = names
+            self.choice.value = keep if keep in names else names[0]
+        return super().update(store)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class CommPanel:
+    """Seconds in each communication op per rank (grouped bars) and the full table."""
+
+    def __init__(self) -> None:
+        self._sx, self._sy = bq.OrdinalScale(), bq.LinearScale(min=0)
+        self._bars = bq.Bars(
+            x=[],
+            y=[],
+            scales={"x": self._sx, "y": self._sy},
+            type="grouped",
+            colors=list(PALETTE),
+        )
+        axes = [
+            bq.Axis(scale=self._sx, label="op"),
+            bq.Axis(scale=self._sy, orientation="vertical", label="seconds", tick_format=".3g"),
+        ]
+        self.figure = _figure("time per communication op", [self._bars], axes, "ck-comm")
+        self.table = w.HTML()
+        self.widget = w.VBox([self.figure, self.table])
+        self._last: list | None = None
+
+    def update(self, store: MetricsStore) -> None:
+        rows = store.comm_table()
+        if rows == self._last:
+            return
+        self._last = rows
+        ops = sorted({r["op"] for r in rows})
+        ranks = sorted({r["rank"] for r in rows})
+        secs = np.zeros((len(ranks), len(ops)))
+        for r in rows:
+            secs[ranks.index(r["rank"]), ops.index(r["op"])] = r["seconds"]
+        if ops:
+            with self._bars.hold_sync():
+                self._bars.x = ops
+                self._bars.y = secs
+                self._bars.colors = [rank_color(r) for r in ranks]
+                self._bars.labels = [f"rank {r}" for r in ranks]
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in ("rank", "op", "count", "bytes", "total s", "wait s", "mean ms")
+        )
+        body = "".join(
+            f"<tr><td>{r['rank']}</td><td>{html.escape(str(r['op']))}</td><td>{r['count']}</td>"
+            f"<td>{_bytes(r['nbytes'])}</td><td>{r['seconds']:.4f}</td><td>{r['wait_s']:.4f}</td>"
+            f"<td>{1e3 * r['seconds'] / max(r['count'], 1):.3f}</td></tr>"
+            for r in rows
+        )
+        self.table.value = (
+            "<table class='ck-table ck-comm-table'><tr>" + head + "</tr>" + body + "</table>"
+        )
+
+
+class TimelinePanel:
+    """Compute spans and comm ops per rank over the last ``window`` seconds, live.
+
+    One bqplot ``Lines`` mark per op or span name, each holding one thick
+    two-point line per interval: the Horovod timeline's view, redrawn as it moves.
+    """
+
+    max_segments = 400  # per name; older ones fall off the left edge first
+
+    def __init__(self, window: float = 10.0) -> None:
+        self.window = window
+        self._sx = bq.LinearScale(min=-window, max=0.0)
+        self._sy = bq.LinearScale(min=-0.6, max=0.6)
+        self._marks: dict[str, bq.Lines] = {}
+        axes = [
+            bq.Axis(scale=self._sx, label="seconds ago"),
+            bq.Axis(scale=self._sy, orientation="vertical", label="rank", tick_format="d"),
+        ]
+        self.figure = _figure(
+            f"timeline (last {window:g} s): comm above, compute below",
+            [],
+            axes,
+            "ck-timeline",
+            height="220px",
+        )
+        self.legend = w.HTML()
+        self.widget = w.VBox([self.figure, self.legend])
+        self._names: list[str] = []
+        self._shown: set[str] = set()
+
+    def _mark(self, name: str) -> bq.Lines:
+        mark = self._marks.get(name)
+        if mark is None:
+            color = PALETTE[len(self._marks) % len(PALETTE)]
+            mark = bq.Lines(
+                x=np.zeros((1, 2)),
+                y=np.zeros((1, 2)),
+                scales={"x": self._sx, "y": self._sy},
+                colors=[color],
+                stroke_width=9,
+                visible=False,
+            )
+            self._marks[name] = mark
+            self.figure.marks = list(self._marks.values())
+            self.legend.value = " ".join(
+                f"<span style='color:{m.colors[0]}'>&#9632;</span> {html.escape(n)}"
+                for n, m in self._marks.items()
+            )
+        return mark
+
+    def update(self, store: MetricsStore, ranks: list[int]) -> None:
+        if ranks:
+            self._sy.min, self._sy.max = -0.6, max(ranks) + 0.6
+        merge = self.window / 600  # gaps below ~1 px vanish anyway
+        by_name: dict[str, dict[float, list]] = {}
+        for rank, kind, name, start, end in store.timeline(self.window):
+            lane = rank + (0.18 if kind == "comm" else -0.18)
+            key = f"{name}" if kind == "comm" else f"{name} (compute)"
+            by_name.setdefault(key, {}).setdefault(lane, []).append((start, end))
+        drawn = set()
+        for name, lanes in by_name.items():
+            segs = []
+            for lane, spans in lanes.items():
+                spans.sort()
+                cur_s, cur_e = spans[0]
+                for s, e in spans[1:]:
+                    if s - cur_e <= merge:
+                        cur_e = max(cur_e, e)
+                    else:
+                        segs.append((cur_s, cur_e, lane))
+                        cur_s, cur_e = s, e
+                segs.append((cur_s, cur_e, lane))
+            segs = sorted(segs, key=lambda t: t[1])[-self.max_segments :]
+            arr = np.array(segs)
+            mark = self._mark(name)
+            with mark.hold_sync():
+                mark.x = np.clip(arr[:, :2], -self.window, 0.0)
+                mark.y = np.repeat(arr[:, 2:3], 2, axis=1)
+                mark.visible = True
+            drawn.add(name)
+        for name in self._shown - drawn:
+            self._marks[name].visible = False
+        self._shown = drawn
+
+
+class StatusPanel:
+    """Cluster status per rank: host, pid, state, CPU, memory, stream health."""
+
+    def __init__(self) -> None:
+        self.widget = w.HTML()
+        self._last = ""
+
+    def update(self, store: MetricsStore, states: dict[int, dict]) -> None:
+        stream = store.status()
+        ranks = sorted(set(states) | set(stream))
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in ("rank", "host", "pid", "state", "CPU %", "memory MiB", "records", "last msg")
+        )
+        rows = []
+        for r in ranks:
+            s, st = stream.get(r, {}), states.get(r, {})
+            cpu, mem = s.get("cpu", st.get("cpu")), s.get("rss_mib", st.get("memory_mib"))
+            n = sum(s.get("records", {}).values()) if s else 0
+            age = f"{s['age_s']:.1f} s ago" if s else "never"
+            warn = ""
+            if s.get("lost") or s.get("gaps"):
+                warn = (
+                    f" <b style='color:#c00'>lost {s.get('lost', 0)} / gaps {s.get('gaps', 0)}</b>"
+                )
+            rows.append(
+                f"<tr><td>{r}</td><td>{html.escape(str(s.get('host', st.get('host', '?'))))}</td>"
+                f"<td>{s.get('pid', st.get('pid', '?'))}</td><td>{st.get('state', '?')}</td>"
+                f"<td>{'-' if cpu is None else f'{cpu:.0f}'}</td>"
+                f"<td>{'-' if mem is None else f'{mem:.0f}'}</td><td>{n}{warn}</td><td>{age}</td></tr>"
+            )
+        value = (
+            "<table class='ck-table ck-status'><tr>" + head + "</tr>" + "".join(rows) + "</table>"
+        )
+        if value != self._last:
+            self.widget.value = value
+            self._last = value
+
+
+_CSS = (
+    "<style>.ck-table{border-collapse:collapse;font-size:12px;margin:4px 0}"
+    ".ck-table td,.ck-table th{border:1px solid #ddd;padding:2px 6px;text-align:right}"
+    ".ck-head{font-family:monospace;font-size:12px}</style>"
+)
+
+
+class DashboardView:
+    """All panels in one widget: loss and throughput, timeline, comm, status."""
+
+    def __init__(self, metric: str = "loss", window: float = 10.0, max_points: int = 1000):
+        self.loss = LossPanel(metric, max_points)
+        self.throughput = ScalarPanel(
+            "samples_per_s", "throughput (samples/s) per rank", "ck-throughput", max_points
+        )
+        self.timeline = TimelinePanel(window)
+        self.comm = CommPanel()
+        self.status = StatusPanel()
+        self.header = w.HTML(_CSS + "<div class='ck-head'>waiting for the ranks...</div>")
+        self.widget = w.VBox(
+            [
+                self.header,
+                w.HBox(
+                    [self.loss.widget, self.throughput.widget],
+                    layout=w.Layout(width="100%"),
+                ),
+                self.timeline.widget,
+                w.HBox([self.comm.widget, self.status.widget], layout=w.Layout(width="100%")),
+            ],
+            layout=w.Layout(width="100%"),
+        )
+        self.loss.widget.layout.width = self.throughput.widget.layout.width = "50%"
+        self.comm.widget.layout.width = self.status.widget.layout.width = "50%"
+        self.widget.add_class("ck-dashboard")
+
+    def set_header(self, text: str) -> None:
+        self.header.value = _CSS + f"<div class='ck-head'>{html.escape(text)}</div>"
