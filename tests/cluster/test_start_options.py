@@ -1,4 +1,4 @@
-"""Bad input to Cluster fails at once with a message that says what to do."""
+"""Start options: bad input fails at once with a message that says what to do; hostfiles."""
 
 from __future__ import annotations
 
@@ -67,4 +67,27 @@ def test_engines_that_fail_to_start_report_their_stderr_fast(no_shared_cluster):
     assert "failed to start" in msg
     assert "PYTHONHOME" in msg or "encodings" in msg or "Fatal Python error" in msg
     assert not cluster.running
+    assert not wait_no_cluster_processes(20)
+
+
+def test_hostfile_cluster_listens_for_other_machines(no_shared_cluster, tmp_path):
+    """hosts=/hostfile= is how several machines are asked for: then, and only
+    then, the controller accepts connections from the network."""
+    import psutil
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    cluster = Cluster(n=2, hostfile=str(hostfile))
+    assert cluster.multi_node
+    with cluster:
+        run = cluster.run("from mpi4py import MPI; r = MPI.COMM_WORLD.Get_rank()")
+        assert run.done
+        assert cluster.pull("r") == {0: 0, 1: 1}
+        ips = set()
+        for pid in cluster.processes():
+            proc = psutil.Process(pid)
+            if "ipyparallel.controller" in " ".join(proc.cmdline()):
+                conns = proc.net_connections(kind="inet")
+                ips |= {c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN}
+        assert "0.0.0.0" in ips
     assert not wait_no_cluster_processes(20)
