@@ -105,6 +105,12 @@ class Dashboard:
         except BaseException:
             self.receiver.stop()
             raise
+        # The ranks now stream here, so this is the cluster's dashboard from now on
+        # (what %mpi dashboard and %%mpi --dashboard show); an older one goes quiet.
+        old = _DASHBOARDS.get(id(cluster))
+        _DASHBOARDS[id(cluster)] = self
+        if old is not None and old is not self and old.cluster is cluster:
+            old._quiet()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self.store.ranks())} ranks streaming"
@@ -254,6 +260,18 @@ class Dashboard:
         """Stop redrawing and receiving, and stop the ranks' streams. Safe to call twice."""
         if self.closed:
             return
+        if (
+            self.cluster.running
+            and not self.cluster.lost
+            and _DASHBOARDS.get(id(self.cluster)) is self
+        ):
+            # not waited for: a running cell would hold it up
+            self.cluster.view().apply_async(metrics.stop_stream)
+            del _DASHBOARDS[id(self.cluster)]
+        self._quiet()
+
+    def _quiet(self) -> None:
+        """Stop this dashboard's threads and socket (the panels keep their last picture)."""
         self.closed = True
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -261,9 +279,6 @@ class Dashboard:
         if self._terminal is not None:
             self._terminal.finish()
             self._terminal = None
-        if self.cluster.running and not self.cluster.lost:
-            # not waited for: a running cell would hold it up
-            self.cluster.view().apply_async(metrics.stop_stream)
         self.receiver.stop()
 
 
@@ -278,7 +293,7 @@ def dashboard_for(cluster: Cluster) -> Dashboard:
     """
     dash = _DASHBOARDS.get(id(cluster))
     if dash is None or dash.closed or dash.cluster is not cluster:
-        dash = _DASHBOARDS[id(cluster)] = Dashboard(cluster)
+        dash = Dashboard(cluster)  # registers itself
     else:
         dash.attach()  # after %mpi restart the new ranks need their streams
     return dash

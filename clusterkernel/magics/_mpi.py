@@ -70,6 +70,7 @@ def _pull_args(line):
 @argument("--ranks", help="comma-separated ranks to run on, e.g. 0,2 (default: all)")
 @argument("--timeout", type=float, help="watchdog in seconds: report stacks, interrupt, free")
 @argument("--noblock", action="store_true", help="return a CellRun at once; .wait() later")
+@argument("--dashboard", action="store_true", help="show the live dashboard while the cell runs")
 def _cell_args(line):
     """%%mpi: run the cell on every rank (or --ranks), output streamed by rank."""
 
@@ -84,7 +85,8 @@ Subcommands:
   %mpi push name[=expr] ...     copy variables to every rank
   %mpi pull name [--rank R]     {rank: value} of a variable
   %mpi timeout S | off          default watchdog for %%mpi cells
-  %%mpi [--ranks 0,2] [--timeout S] [--noblock]
+  %mpi dashboard                live per-rank loss, comm, timeline, status
+  %%mpi [--ranks 0,2] [--timeout S] [--noblock] [--dashboard]
 """
 
 
@@ -224,6 +226,13 @@ class MPIMagics(Magics):
             raise UsageError(f"%mpi timeout takes seconds or 'off', got {value!r}.") from None
         print(f"%%mpi cells running longer than {cluster.timeout:g}s will be reported and freed.")
 
+    def _sub_dashboard(self, rest: str):
+        from clusterkernel.dashboard import dashboard_for
+
+        dash = dashboard_for(self._require_cluster())
+        dash.show()
+        return None
+
     # ---------------------------------------------------------------- cell
     def _run_cell(self, line: str, cell: str):
         args = parse_argstring(_cell_args, line)
@@ -233,10 +242,19 @@ class MPIMagics(Magics):
             bad = [r for r in ranks if r not in cluster.ranks]
             if bad:
                 raise UsageError(f"No rank {bad}; ranks are 0..{cluster.n - 1}.")
+        dash = None
+        if args.dashboard:
+            from clusterkernel.dashboard import dashboard_for
+
+            dash = dashboard_for(cluster)
+            dash.show()
         try:
             result = cluster.run(cell, ranks=ranks, timeout=args.timeout, block=not args.noblock)
         except ClusterError as e:
             raise UsageError(str(e)) from None
+        finally:
+            if dash is not None and not args.noblock:
+                dash.cell_finished()
         return result if args.noblock else None
 
 
