@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -10,38 +9,11 @@ import torch
 from torch import nn
 
 from clusterkernel import comm
+from clusterkernel.train._reducer import GradReducer
 from clusterkernel.train._sync import broadcast_tensors, check_replicas, world_rank
 
 _COMPRESSION = (None, "fp16")
 _BUFFERS = ("average", "broadcast", "none")
-
-
-class _Bucket:
-    """Gradients of a few parameters laid out in one flat tensor.
-
-    The parameters' ``.grad`` are views into ``flat``, so the allreduce result
-    needs no copy back. After the gradients come one "used" flag per parameter:
-    averaged with the rest, a flag of zero means no rank touched that parameter.
-    """
-
-    def __init__(self, params: list[nn.Parameter]):
-        self.params = params
-        self.numel = sum(p.numel() for p in params)
-        self.flat = torch.zeros(self.numel + len(params), dtype=params[0].dtype)
-        self.views: list[torch.Tensor] = []
-        offset = 0
-        for p in params:
-            self.views.append(self.flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
-        self.used = self.flat[self.numel :]
-        self.wire: torch.Tensor | None = None  # fp16 compression buffers
-        self.inbox: torch.Tensor | None = None
-        self.reset()
-
-    def reset(self) -> None:
-        self.fired = [False] * len(self.params)
-        self.pending = len(self.params)
-        self.handle = None
 
 
 class DataParallel(nn.Module):
@@ -114,107 +86,34 @@ class DataParallel(nn.Module):
         self._root = world_rank(group, 0)
         broadcast_tensors([*module.parameters(), *module.buffers()], self._root, group)
 
-        self._buckets = self._make_buckets(bucket_bytes)
-        self._hooks = []
-        for b in self._buckets:
-            for i, p in enumerate(b.params):
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(b, i)))
-        self._step_hook = None
-        if optimizer is not None:
-            self._step_hook = optimizer.register_step_pre_hook(lambda *_: self.synchronize())
-        self._next = 0  # index of the next bucket to launch, to keep launch order
-        self._sync_enabled = True
-        self._dirty = False  # a training forward or backward ran since the last sync
-        self.comm_seconds = 0.0  # launches and waits so far in the current step
-        self.last_comm_seconds = 0.0  # the same for the last finished step
-        self.total_comm_seconds = 0.0
-
-    # -- construction ----------------------------------------------------------
-    def _make_buckets(self, bucket_bytes: int) -> list[_Bucket]:
         seen: set[int] = set()
         params = []
-        for p in self.module.parameters():
+        for p in module.parameters():
             if p.requires_grad and id(p) not in seen:
                 seen.add(id(p))
                 params.append(p)
-        buckets, cur, cur_bytes = [], [], 0
-        for p in reversed(params):
-            if cur and (p.dtype != cur[0].dtype or cur_bytes >= bucket_bytes):
-                buckets.append(_Bucket(cur))
-                cur, cur_bytes = [], 0
-            cur.append(p)
-            cur_bytes += p.numel() * p.element_size()
-        if cur:
-            buckets.append(_Bucket(cur))
-        return buckets
+        self._reducer = GradReducer(params, bucket_bytes, compression, group)
+        # cached: walking the module tree every step is slow for many small layers
+        self._buffers_list = list(module.buffers())
+        self._step_hook = None
+        if optimizer is not None:
+            self._step_hook = optimizer.register_step_pre_hook(lambda *_: self.synchronize())
 
-    def _make_hook(self, bucket: _Bucket, i: int):
-        view = bucket.views[i]
+    @property
+    def last_comm_seconds(self) -> float:
+        """Seconds this rank spent launching and waiting for the last step's allreduces."""
+        return self._reducer.last_comm_seconds
 
-        def hook(p: torch.Tensor) -> None:
-            if not self._sync_enabled:
-                return
-            g = p.grad
-            if g is not view:
-                # First backward after zero_grad(set_to_none=True): autograd made a
-                # fresh tensor. Move it into the bucket and point .grad at the slot.
-                view.copy_(g)
-                p.grad = view
-            if bucket.fired[i]:
-                raise RuntimeError(
-                    "DataParallel: a parameter received a second gradient in one step "
-                    "while its allreduce was already running. Wrap all but the last "
-                    "backward() of a step in `with model.no_sync():`."
-                )
-            self._dirty = True
-            bucket.fired[i] = True
-            bucket.pending -= 1
-            if bucket.pending == 0:
-                self._launch_ready()
+    @property
+    def total_comm_seconds(self) -> float:
+        """The same, summed over all steps so far."""
+        return self._reducer.total_comm_seconds
 
-        return hook
-
-    # -- communication ---------------------------------------------------------
-    def _launch_ready(self) -> None:
-        # Launch strictly in bucket order, so every rank issues the same
-        # collectives in the same order even if gradients arrive differently.
-        while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
-            self._launch(self._buckets[self._next])
-            self._next += 1
-
-    def _launch(self, b: _Bucket) -> None:
-        t0 = time.perf_counter()
-        if all(b.fired):
-            b.used.fill_(1.0)
-        else:
-            for j, fired in enumerate(b.fired):
-                b.used[j] = 1.0 if fired else 0.0
-                if not fired:
-                    b.views[j].zero_()
-        if self.compression == "fp16":
-            self._launch_fp16(b)
-        else:
-            b.handle = comm.all_reduce(b.flat, op=comm.AVG, async_op=True, group=self.group)
-        self.comm_seconds += time.perf_counter() - t0
-
-    def _launch_fp16(self, b: _Bucket) -> None:
-        # MPI has no half-precision sum, and a reduction through float32 would
-        # send float32. So: an all-to-all of fp16 chunks (each rank receives
-        # every rank's copy of its own chunk), a local float32 sum, and an
-        # all-gather of the summed fp16 chunks. Halves on the wire both ways.
-        n = self.world
-        if b.wire is None:
-            padded = -(-b.flat.numel() // n) * n
-            b.wire = torch.zeros(padded, dtype=torch.float16)
-            b.inbox = torch.empty(padded, dtype=torch.float16)
-        # scale first: the average, not the sum, must fit fp16's range
-        b.wire[: b.flat.numel()].copy_(b.flat.mul_(1.0 / n))
-        b.handle = comm.all_to_all_single(b.inbox, b.wire, group=self.group, async_op=True)
-
-    def _finish_fp16(self, b: _Bucket):
-        b.handle.wait()
-        mine = b.inbox.view(self.world, -1).float().sum(0).to(torch.float16)
-        return comm.all_gather_into_tensor(b.wire, mine, group=self.group, async_op=True)
+    @property
+    def buckets(self) -> list[list[str]]:
+        """Parameter names per bucket, in launch order."""
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        return [[names[id(p)] for p in b.params] for b in self._reducer.buckets]
 
     def synchronize(self) -> None:
         """Finish the gradient averaging of this step (and the buffer sync).
@@ -223,42 +122,13 @@ class DataParallel(nn.Module):
         zeros), waits for all allreduces, and leaves the averaged gradients in
         ``p.grad``. Calling it again before the next forward does nothing.
         """
-        if not self._dirty:
-            return
-        t0 = time.perf_counter()
-        for b in self._buckets[self._next :]:
-            b.pending = 0
-        self._launch_ready()
-        if self.compression == "fp16":
-            gathers = [self._finish_fp16(b) for b in self._buckets]
-            for b, g in zip(self._buckets, gathers):
-                g.wait()
-                b.flat.copy_(b.wire[: b.flat.numel()])
-        for b in self._buckets:
-            b.handle.wait()
-            if not bool(b.used.all()):
-                for p, view, u in zip(b.params, b.views, b.used.tolist()):
-                    p.grad = view if u > 0 else None
-            else:
-                for p, view in zip(b.params, b.views):
-                    if p.grad is not view:
-                        p.grad = view
-            b.reset()
-        self._next = 0
-        self._sync_buffers()
-        self._dirty = False
-        # comm_seconds already holds launch time from the hooks of this step
-        self.comm_seconds += time.perf_counter() - t0
-        self.total_comm_seconds += self.comm_seconds
-        self.last_comm_seconds = self.comm_seconds
-        self.comm_seconds = 0.0
+        if self._reducer.synchronize():
+            self._sync_buffers()
 
     @torch.no_grad()
     def _sync_buffers(self) -> None:
-        if self.buffer_mode == "none":
-            return
-        bufs = list(self.module.buffers())
-        if not bufs:
+        bufs = self._buffers_list
+        if self.buffer_mode == "none" or not bufs:
             return
         if self.buffer_mode == "broadcast":
             broadcast_tensors(bufs, self._root, self.group)
@@ -278,14 +148,15 @@ class DataParallel(nn.Module):
 
     # -- module API ------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        if self._dirty and self._next > 0 and torch.is_grad_enabled():
+        red = self._reducer
+        if red.launched and torch.is_grad_enabled():
             raise RuntimeError(
                 "DataParallel: the previous step's gradients were never synchronized. "
                 "Pass optimizer= to DataParallel or call model.synchronize() before "
                 "optimizer.step()."
             )
-        if self.training and torch.is_grad_enabled() and self._sync_enabled:
-            self._dirty = True
+        if self.training and red.enabled and torch.is_grad_enabled():
+            red.dirty = True
         return self.module(*args, **kwargs)
 
     @contextmanager
@@ -298,18 +169,17 @@ class DataParallel(nn.Module):
                 loss_fn(model(x1), y1).backward()   # local only
             loss_fn(model(x2), y2).backward()       # averages the sum of both
         """
-        prev = self._sync_enabled
-        self._sync_enabled = False
+        red = self._reducer
+        prev = red.enabled
+        red.enabled = False
         try:
             yield
         finally:
-            self._sync_enabled = prev
+            red.enabled = prev
 
     def remove_hooks(self) -> None:
         """Detach from the module and optimizer (the module stays usable alone)."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self._reducer.remove()
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None

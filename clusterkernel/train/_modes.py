@@ -77,6 +77,9 @@ class TrainingMode:
     name: ClassVar[str] = "base"
     shards_data: ClassVar[bool] = True
     replicated: ClassVar[bool] = True
+    #: ``optimizer.zero_grad(set_to_none=...)`` between steps; False keeps
+    #: gradient tensors alive (DataParallel's live in its buckets)
+    zero_grad_to_none: ClassVar[bool] = True
 
     group = None
 
@@ -148,6 +151,7 @@ class AllReduceMode(TrainingMode):
     """
 
     name = "allreduce"
+    zero_grad_to_none = False
 
     def __init__(self, **dp_options: Any):
         self.dp_options = dp_options

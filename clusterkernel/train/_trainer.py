@@ -194,7 +194,7 @@ class Trainer:
         with self._batches() as batches:
             for batch in batches:
                 t0 = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad(set_to_none=mode.zero_grad_to_none)
                 loss = mode.forward_backward(self.module, batch, self.loss_fn)
                 mode.after_backward()
                 mode.before_step()

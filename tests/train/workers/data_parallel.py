@@ -42,7 +42,7 @@ def equivalence(set_to_none: bool) -> None:
         steps=len(identical),
         identical=identical,
         max_diff=max_diff(net, ref),
-        buckets=len(model._buckets),
+        buckets=len(model.buckets),
         comm_seconds=model.total_comm_seconds,
     )
     model.remove_hooks()

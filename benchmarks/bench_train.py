@@ -1,0 +1,354 @@
+"""Issue 4 benchmark: synchronous data-parallel training throughput, side by side.
+
+Run (from the repository root; one MPI job at a time on a shared machine):
+
+    flock /tmp/ck-mpi.lock python benchmarks/bench_train.py [--steps 150] [--rounds 3]
+
+Same data, same models, global batch 128, plain SGD, samples/s of:
+
+- ``clusterkernel``  ``DataParallel`` (bucketed async allreduce from grad hooks), 2 ranks
+- ``ddp_gloo``       ``torch.nn.parallel.DistributedDataParallel`` over gloo, 2 ranks
+- ``mpi4py_flat``    hand-written loop: flatten grads, one ``MPI.Allreduce``, unflatten
+- ``per_param``      the tutorial's ``average_gradients`` (one allreduce per tensor)
+- ``no_comm``        2 ranks that never exchange gradients: the ceiling for 2 ranks
+- ``single``         one process, 2 torch threads, the whole batch
+
+for an MLP 784-256-10 and for a model of many small layers (where fusing the
+gradients into few messages matters). The 2-rank variants run in one ``mpiexec``
+job, interleaved per round with the one-process run, so machine noise hits all
+alike; the figure per variant is the median over rounds. Each rank uses one torch
+thread (2 ranks on 2 cores). Comm time per step is reported per rank where the
+variant exposes it.
+
+A third table runs :class:`~clusterkernel.train.Trainer` on a dataset whose
+samples are decoded one by one (uint8 images -> float), with and without the
+prefetch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GLOBAL_BATCH = 128
+VARIANTS = ("clusterkernel", "ddp_gloo", "mpi4py_flat", "per_param", "no_comm")
+
+
+# --------------------------------------------------------------------------- models
+def make_model(name: str, seed: int = 0):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+    if name == "small_layers":
+        layers = [nn.Linear(784, 64), nn.ReLU()]
+        for _ in range(30):
+            layers += [nn.Linear(64, 64), nn.ReLU()]
+        layers.append(nn.Linear(64, 10))
+        return nn.Sequential(*layers)
+    raise ValueError(name)
+
+
+def make_batches(steps: int, per_rank: int, rank: int):
+    """The global batches of the run (same for every variant), this rank's slice."""
+    from clusterkernel.data import teacher
+
+    ds = teacher(n=GLOBAL_BATCH * 16, in_features=784, classes=10, seed=0)
+    x, y = ds.tensors
+    out = []
+    for s in range(steps):
+        lo = (s % 16) * GLOBAL_BATCH + rank * per_rank
+        out.append((x[lo : lo + per_rank], y[lo : lo + per_rank]))
+    return out
+
+
+# --------------------------------------------------------------------------- loops
+def timed_loop(step, batches, warmup: int) -> float:
+    for b in batches[:warmup]:
+        step(b)
+    t0 = time.perf_counter()
+    for b in batches[warmup:]:
+        step(b)
+    return time.perf_counter() - t0
+
+
+def run_single(model_name: str, steps: int, warmup: int) -> dict:
+    import torch
+    from torch.nn import functional as F
+
+    torch.set_num_threads(2)
+    model = make_model(model_name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = make_batches(steps + warmup, GLOBAL_BATCH, 0)
+
+    def step(b):
+        opt.zero_grad(set_to_none=False)
+        F.cross_entropy(model(b[0]), b[1]).backward()
+        opt.step()
+
+    elapsed = timed_loop(step, batches, warmup)
+    return {"samples_per_s": steps * GLOBAL_BATCH / elapsed}
+
+
+def _make_step(variant: str, model_name: str, world, comm_times: list[float]):
+    """One training step of ``variant`` on its own copy of the model."""
+    import torch
+    from mpi4py import MPI
+    from torch.nn import functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from clusterkernel.train import DataParallel, average_gradients
+
+    size = world.Get_size()
+    model = make_model(model_name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    net = model
+    if variant == "clusterkernel":
+        net = DataParallel(model, optimizer=opt)  # opt.step() waits for the averages
+    elif variant == "ddp_gloo":
+        net = DDP(model)
+    params = list(model.parameters())
+
+    def exchange() -> None:
+        if variant == "clusterkernel":
+            comm_times.append(net.last_comm_seconds)
+        elif variant == "mpi4py_flat":
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            t0 = time.perf_counter()
+            world.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
+            comm_times.append(time.perf_counter() - t0)
+            flat.div_(size)
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+        elif variant == "per_param":
+            t0 = time.perf_counter()
+            average_gradients(model)
+            comm_times.append(time.perf_counter() - t0)
+
+    def step(b) -> None:
+        opt.zero_grad(set_to_none=False)
+        F.cross_entropy(net(b[0]), b[1]).backward()
+        if variant != "clusterkernel":
+            exchange()
+        opt.step()
+        if variant == "clusterkernel":
+            exchange()
+
+    return step
+
+
+def run_variants(model_name: str, steps: int, warmup: int, port: int, rounds: int) -> None:
+    """Worker under mpiexec -n 2: all variants, interleaved for ``rounds`` rounds."""
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    torch.set_num_threads(1)
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+    batches = make_batches(steps + warmup, GLOBAL_BATCH // size, rank)
+    comm_times = {v: [] for v in VARIANTS}
+    steps_fn = {v: _make_step(v, model_name, world, comm_times[v]) for v in VARIANTS}
+    rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for v in VARIANTS:  # warm up every variant before timing any
+        for b in batches[:warmup]:
+            steps_fn[v](b)
+        comm_times[v].clear()
+    for r in range(rounds):
+        order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
+        for v in order:
+            world.Barrier()
+            t0 = time.perf_counter()
+            for b in batches[warmup:]:
+                steps_fn[v](b)
+            slowest = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            rates[v].append(steps * GLOBAL_BATCH / slowest)
+    results = {}
+    for v in VARIANTS:
+        mine = statistics.median(comm_times[v]) * 1e3 if comm_times[v] else None
+        per_rank = world.gather(mine, root=0)
+        results[v] = {
+            "rounds": rates[v],
+            "comm_ms_per_rank": None if rank or per_rank[0] is None else per_rank,
+        }
+    if rank == 0:
+        print("RESULT " + json.dumps(results), flush=True)
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- Trainer prefetch
+def run_trainer(steps_epochs: int) -> None:
+    """Worker under mpiexec -n 2: Trainer with and without the prefetch thread."""
+    import numpy as np
+    import torch
+    from torch.nn import functional as F
+    from torch.utils.data import Dataset
+
+    from clusterkernel import comm
+    from clusterkernel.train import Trainer
+
+    torch.set_num_threads(1)
+
+    class Images(Dataset):
+        """uint8 images decoded to float one sample at a time (like an image folder)."""
+
+        def __init__(self, n=4096):
+            rng = np.random.default_rng(0)
+            self.raw = rng.integers(0, 256, size=(n, 784), dtype=np.uint8)
+            self.labels = rng.integers(0, 10, size=n)
+
+        def __len__(self):
+            return len(self.raw)
+
+        def __getitem__(self, i):
+            x = torch.from_numpy(self.raw[i].astype(np.float32) / 255.0)
+            return (x - 0.5) / 0.25, int(self.labels[i])
+
+    data = Images()
+    out = {}
+    for _ in range(2):
+        for prefetch in (False, True):
+            model = make_model("mlp")
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            t = Trainer(
+                model, opt, F.cross_entropy, data, batch_size=GLOBAL_BATCH, prefetch=prefetch
+            )
+            comm.barrier()
+            t0 = time.perf_counter()
+            t.fit(steps_epochs)
+            elapsed = time.perf_counter() - t0
+            t.close()
+            slowest = [None] * comm.size()
+            comm.all_gather_object(slowest, elapsed)
+            key = "prefetch" if prefetch else "no_prefetch"
+            rate = steps_epochs * len(data) / max(slowest)
+            out[key] = max(out.get(key, 0.0), rate)
+    if comm.rank() == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+
+
+# --------------------------------------------------------------------------- driver
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd: list[str], env: dict) -> dict:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd} failed:\n{proc.stdout}\n{proc.stderr}")
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"no RESULT from {cmd}:\n{proc.stdout}\n{proc.stderr}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per variant per job")
+    ap.add_argument("--jobs", type=int, default=2, help="mpiexec jobs per model")
+    ap.add_argument("--models", default="mlp,small_layers")
+    ap.add_argument("--json", help="also write all figures to this file")
+    ap.add_argument("--worker", choices=["single", "variants", "trainer"], help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.worker == "single":
+        print("RESULT " + json.dumps(run_single(args.model, args.steps, args.warmup)))
+        return
+    if args.worker == "variants":
+        run_variants(args.model, args.steps, args.warmup, args.port, args.rounds)
+        return
+    if args.worker == "trainer":
+        run_trainer(args.steps)
+        return
+
+    sys.path.insert(0, str(REPO))
+    from clusterkernel.mpiexec import MPIRuntime
+
+    rt = MPIRuntime.detect()
+    env = rt.env()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    me = [sys.executable, str(Path(__file__).resolve())]
+    common = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    report: dict = {"global_batch": GLOBAL_BATCH, "ranks": 2, "models": {}}
+    for model in args.models.split(","):
+        rounds: dict[str, list[float]] = {v: [] for v in ("single", *VARIANTS)}
+        comm_ms: dict[str, list[list[float]]] = {v: [] for v in VARIANTS}
+        for _ in range(args.jobs):
+            single_env = dict(env, OMP_NUM_THREADS="2")
+            for _ in range(args.rounds):
+                out = _run([*me, "--worker", "single", "--model", model, *common], single_env)
+                rounds["single"].append(out["samples_per_s"])
+            multi = _run(
+                [*rt.command(2), *me, "--worker", "variants", "--model", model,
+                 "--port", str(_free_port()), "--rounds", str(args.rounds), *common],
+                env,
+            )  # fmt: skip
+            for v in VARIANTS:
+                rounds[v] += multi[v]["rounds"]
+                if multi[v]["comm_ms_per_rank"]:
+                    comm_ms[v].append(multi[v]["comm_ms_per_rank"])
+        summary = {}
+        for v, rs in rounds.items():
+            cm = comm_ms.get(v)
+            summary[v] = {
+                "samples_per_s": statistics.median(rs),
+                "rounds": [round(r) for r in rs],
+                "comm_ms_per_rank": [
+                    round(statistics.median(c[i] for c in cm), 3) for i in range(2)
+                ]
+                if cm
+                else None,
+            }
+        report["models"][model] = summary
+        _print_table(model, summary)
+
+    trainer = _run([*rt.command(2), *me, "--worker", "trainer", "--steps", "2"], env)
+    report["trainer_prefetch"] = trainer
+    print("\nTrainer on per-sample-decoded images, 2 ranks, 2 epochs (samples/s, best of 2):")
+    print(f"  no prefetch {trainer['no_prefetch']:9.0f}")
+    print(
+        f"  prefetch    {trainer['prefetch']:9.0f}  "
+        f"({trainer['prefetch'] / trainer['no_prefetch']:.2f}x)"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+def _print_table(model: str, summary: dict) -> None:
+    ck = summary["clusterkernel"]["samples_per_s"]
+    single = summary["single"]["samples_per_s"]
+    print(f"\n{model}: global batch {GLOBAL_BATCH}, 2 ranks (median of rounds)")
+    print(
+        f"  {'variant':14s} {'samples/s':>10s} {'vs single':>10s} {'ck / this':>10s}  comm ms/step per rank"
+    )
+    for v, s in summary.items():
+        rate = s["samples_per_s"]
+        comm_ms = s["comm_ms_per_rank"]
+        comm_txt = ", ".join(f"{c:.3f}" for c in comm_ms) if comm_ms else "-"
+        print(f"  {v:14s} {rate:10.0f} {rate / single:9.2f}x {ck / rate:9.2f}x  {comm_txt}")
+
+
+if __name__ == "__main__":
+    main()
