@@ -242,6 +242,8 @@ class Dashboard:
         return sent
 
     def _cluster_states(self) -> dict[int, dict]:
+        if not self.cluster.running:
+            return {r: {"state": "stopped"} for r in self.store.ranks()}
         try:
             return {row["rank"]: row for row in self.cluster.status()}
         except Exception:  # stopped or restarting: show what the stream knows

@@ -198,8 +198,9 @@ class MetricsStore:
     def timeline(self, window: float, now: float | None = None) -> list[tuple]:
         """Intervals that end within the last ``window`` seconds of wall time.
 
-        Returns ``(rank, kind, name, start, end)`` with times in seconds relative
-        to ``now`` (negative: in the past); ``kind`` is ``"comm"`` or ``"span"``.
+        Returns ``(rank, kind, name, start, end, wait)`` with times in seconds
+        relative to ``now`` (negative: in the past); ``kind`` is ``"comm"`` or
+        ``"span"``; ``wait`` is the seconds blocked at the end of a comm call (0 for spans).
         """
         now = time.time() if now is None else now
         since = now - window
@@ -219,7 +220,8 @@ class MetricsStore:
                         end = start + rec[dur_i]
                         if end < since:
                             break
-                        out.append((rank, kind, rec[name_i], start - now, end - now))
+                        wait = min(rec[_WAIT], rec[dur_i]) if kind == "comm" else 0.0
+                        out.append((rank, kind, rec[name_i], start - now, end - now, wait))
         return out
 
     def status(self) -> dict[int, dict]:

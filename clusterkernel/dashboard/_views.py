@@ -55,7 +55,7 @@ class ScalarPanel:
         self._drawn: dict[int, int] = {}
         axes = [
             bq.Axis(scale=self._sx, label="step"),
-            bq.Axis(scale=self._sy, orientation="vertical", label=metric, tick_format=".3g"),
+            bq.Axis(scale=self._sy, side="left", label=metric, tick_format=".3g"),
         ]
         self.figure = _figure(title, [], axes, css)
         self.widget: w.Widget = self.figure
@@ -124,62 +124,48 @@ def _bytes(n: float) -> str:
 
 
 class CommPanel:
-    """Seconds in each communication op per rank (grouped bars) and the full table."""
+    """Time in each communication op per rank: a table with bars (count, bytes, wait).
+
+    Plain HTML: a table is what this panel is; the bar in each row is the op's
+    share of the busiest row, so the slow op and the rank that waits stand out.
+    """
 
     def __init__(self) -> None:
-        self._sx, self._sy = bq.OrdinalScale(), bq.LinearScale(min=0)
-        self._bars = bq.Bars(
-            x=[],
-            y=[],
-            scales={"x": self._sx, "y": self._sy},
-            type="grouped",
-            colors=list(PALETTE),
-        )
-        axes = [
-            bq.Axis(scale=self._sx, label="op"),
-            bq.Axis(scale=self._sy, orientation="vertical", label="seconds", tick_format=".3g"),
-        ]
-        self.figure = _figure("time per communication op", [self._bars], axes, "ck-comm")
-        self.table = w.HTML()
-        self.widget = w.VBox([self.figure, self.table])
+        self.widget = w.HTML("<div class='ck-comm'><i>no communication yet</i></div>")
         self._last: list | None = None
 
     def update(self, store: MetricsStore) -> None:
         rows = store.comm_table()
-        if rows == self._last:
+        if rows == self._last or not rows:
             return
         self._last = rows
-        ops = sorted({r["op"] for r in rows})
-        ranks = sorted({r["rank"] for r in rows})
-        secs = np.zeros((len(ranks), len(ops)))
-        for r in rows:
-            secs[ranks.index(r["rank"]), ops.index(r["op"])] = r["seconds"]
-        if ops:
-            with self._bars.hold_sync():
-                self._bars.x = ops
-                self._bars.y = secs
-                self._bars.colors = [rank_color(r) for r in ranks]
-                self._bars.labels = [f"rank {r}" for r in ranks]
+        top = max(r["seconds"] for r in rows) or 1.0
         head = "".join(
             f"<th>{h}</th>"
-            for h in ("rank", "op", "count", "bytes", "total s", "wait s", "mean ms")
+            for h in ("rank", "op", "count", "bytes", "total s", "wait s", "mean ms", "")
         )
         body = "".join(
             f"<tr><td>{r['rank']}</td><td>{html.escape(str(r['op']))}</td><td>{r['count']}</td>"
             f"<td>{_bytes(r['nbytes'])}</td><td>{r['seconds']:.4f}</td><td>{r['wait_s']:.4f}</td>"
-            f"<td>{1e3 * r['seconds'] / max(r['count'], 1):.3f}</td></tr>"
+            f"<td>{1e3 * r['seconds'] / max(r['count'], 1):.3f}</td>"
+            f"<td style='width:120px;text-align:left'><div style='background:{rank_color(r['rank'])};"
+            f"height:9px;width:{100 * r['seconds'] / top:.1f}%'></div></td></tr>"
             for r in rows
         )
-        self.table.value = (
-            "<table class='ck-table ck-comm-table'><tr>" + head + "</tr>" + body + "</table>"
+        self.widget.value = (
+            "<div class='ck-comm'><b>time per communication op</b>"
+            "<table class='ck-table ck-comm-table'><tr>" + head + "</tr>" + body + "</table></div>"
         )
 
 
 class TimelinePanel:
-    """Compute spans and comm ops per rank over the last ``window`` seconds, live.
+    """Compute and comm ops per rank over the last ``window`` seconds, live.
 
     One bqplot ``Lines`` mark per op or span name, each holding one thick
     two-point line per interval: the Horovod timeline's view, redrawn as it moves.
+    Comm ops are drawn from issue to completion (above each rank's axis);
+    "compute" is the time a rank was not blocked in a comm call (below), plus
+    any named ``metrics.span`` blocks.
     """
 
     max_segments = 400  # per name; older ones fall off the left edge first
@@ -191,7 +177,7 @@ class TimelinePanel:
         self._marks: dict[str, bq.Lines] = {}
         axes = [
             bq.Axis(scale=self._sx, label="seconds ago"),
-            bq.Axis(scale=self._sy, orientation="vertical", label="rank", tick_format="d"),
+            bq.Axis(scale=self._sy, side="left", label="rank", tick_format="d"),
         ]
         self.figure = _figure(
             f"timeline (last {window:g} s): comm above, compute below",
@@ -226,14 +212,22 @@ class TimelinePanel:
         return mark
 
     def update(self, store: MetricsStore, ranks: list[int]) -> None:
-        if ranks:
+        if ranks and self._sy.max != max(ranks) + 0.6:
             self._sy.min, self._sy.max = -0.6, max(ranks) + 0.6
+            self.figure.axes[1].tick_values = np.array(ranks, dtype=float)
         merge = self.window / 600  # gaps below ~1 px vanish anyway
         by_name: dict[str, dict[float, list]] = {}
-        for rank, kind, name, start, end in store.timeline(self.window):
+        blocked: dict[int, list] = {}
+        for rank, kind, name, start, end, wait in store.timeline(self.window):
             lane = rank + (0.18 if kind == "comm" else -0.18)
-            key = f"{name}" if kind == "comm" else f"{name} (compute)"
+            key = f"{name}" if kind == "comm" else f"{name} (span)"
             by_name.setdefault(key, {}).setdefault(lane, []).append((start, end))
+            if kind == "comm":
+                blocked.setdefault(rank, []).append((end - wait, end))
+        for rank, spans in blocked.items():
+            gaps = _gaps(spans, longest=1.0)
+            if gaps:
+                by_name.setdefault("compute", {})[rank - 0.18] = gaps
         drawn = set()
         for name, lanes in by_name.items():
             segs = []
@@ -260,6 +254,18 @@ class TimelinePanel:
         self._shown = drawn
 
 
+def _gaps(spans: list[tuple[float, float]], longest: float) -> list[tuple[float, float]]:
+    """The gaps between intervals, skipping gaps longer than ``longest`` (idle, not compute)."""
+    spans = sorted(spans)
+    out = []
+    reach = spans[0][1]
+    for s, e in spans[1:]:
+        if s > reach and s - reach <= longest:
+            out.append((reach, s))
+        reach = max(reach, e)
+    return out
+
+
 class StatusPanel:
     """Cluster status per rank: host, pid, state, CPU, memory, stream health."""
 
@@ -272,7 +278,7 @@ class StatusPanel:
         ranks = sorted(set(states) | set(stream))
         head = "".join(
             f"<th>{h}</th>"
-            for h in ("rank", "host", "pid", "state", "CPU %", "memory MiB", "records", "last msg")
+            for h in ("rank", "host", "pid", "state", "CPU %", "mem MiB", "records", "last msg")
         )
         rows = []
         for r in ranks:

@@ -37,6 +37,9 @@ for rank, recs in zip(cluster.ranks, cluster.view().apply_sync(_records)):
                             if row["rank"] == rank and row["op"] == "all_reduce"],
         "timeline": len([t for t in dash.store.timeline(1e9) if t[0] == rank]),
     }
+report["dashboard_error"] = repr(dash.error)
+report["header"] = dash._view.header.value
+report["timeline_marks"] = sorted(dash._view.timeline._marks)
 report["metric_options"] = list(dash._view.loss.choice.options)
 report["status_html"] = dash._view.status.widget.value
 paths = dash.export(EXPORT_DIR)
@@ -83,6 +86,8 @@ def test_widgets_hold_exactly_what_every_rank_logged(no_shared_cluster, tmp_path
     for rank in range(4):
         assert f"<tr><td>{rank}</td>" in report["status_html"]
     assert report["same_dashboard"]
+    assert report["dashboard_error"] == "None" and "error" not in report["header"]
+    assert {"all_reduce", "compute"} <= set(report["timeline_marks"])
 
     # the dashboard was shown three times: its own cell, the --dashboard cell, %mpi dashboard
     for i in (2, 4, 7):

@@ -1,0 +1,165 @@
+"""Real-browser helpers: a Jupyter server (Lab or Voila) on loopback and headless Chromium.
+
+Chromium is Debian's package (``apt-get install chromium``), driven by Playwright
+through ``executable_path``; Playwright's own browser download is never used.
+Also used by ``benchmarks/bench_dashboard.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+BIN = Path(sys.executable).parent
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+# Points drawn in each loss line of the dashboard (bqplot draws a line as one
+# SVG path "M x,y L x,y L ..."), in rank order of the legend.
+LOSS_POINTS_JS = """() => Array.from(document.querySelectorAll('.ck-loss g.curve path.line'))
+    .map(p => p.getAttribute('d') || '')
+    .filter(d => d.length > 0)
+    .map(d => (d.match(/[ML]/g) || []).length)"""
+# The whole loss picture as one string: changes exactly when the browser redrew it.
+LOSS_STATE_JS = """() => Array.from(document.querySelectorAll('.ck-loss g.curve path.line'))
+    .map(p => p.getAttribute('d') || '').join('|')"""
+
+
+def chromium_missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    if not os.path.exists(CHROMIUM):
+        return "chromium is not installed (apt-get install chromium)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install playwright)"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"server at {url} did not answer within {timeout}s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGINT twice (Jupyter's clean shutdown: kernels too), then SIGKILL the group."""
+    if proc.poll() is None:
+        for _ in range(2):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@contextmanager
+def jupyter_lab(root: Path, timeout: float = 60):
+    """Run JupyterLab on loopback in ``root``; yield ``(base_url, token)``."""
+    port, token = free_port(), secrets.token_hex(16)
+    # a fresh settings dir that turns off the "official Jupyter news?" pop-up
+    settings = root / ".settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    cmd = [
+        str(BIN / "jupyter"), "lab", "--no-browser", "--allow-root",
+        "--ip=127.0.0.1", f"--port={port}", f"--ServerApp.token={token}",
+        f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={root / '.ws'}",
+        "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "JUPYTERLAB_SETTINGS_DIR": str(root / ".settings"),
+        },
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_http(f"{base}/api/status?token={token}", proc, timeout)
+        yield base, token
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def voila(notebook: Path, env: dict | None = None, timeout: float = 60):
+    """Serve ``notebook`` with Voila on loopback; yield its URL."""
+    port = free_port()
+    cmd = [
+        str(BIN / "voila"), str(notebook), "--no-browser", f"--port={port}",
+        "--Voila.ip=127.0.0.1", "--show_tracebacks=True",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=notebook.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={
+            **os.environ,
+            **(env or {}),
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        },
+    )
+    try:
+        base = f"http://127.0.0.1:{port}/"
+        _wait_http(f"{base}api/status", proc, timeout)
+        yield base
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def browser_page(width: int = 1400, height: int = 1100):
+    """A headless Chromium page (Debian's chromium through Playwright)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            yield page
+        finally:
+            browser.close()

@@ -1,0 +1,123 @@
+"""Real browser: JupyterLab and Voila on loopback, driven by headless Chromium.
+
+Needs Debian's ``chromium`` and the ``playwright`` Python package (CI installs
+both); the tests skip, saying so, only when one of them is missing. Screenshots
+land in ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import nbformat
+import pytest
+
+from tests._procs import wait_no_cluster_processes
+from tests.dashboard._browser import (
+    ARTIFACTS,
+    LOSS_POINTS_JS,
+    LOSS_STATE_JS,
+    browser_page,
+    chromium_missing,
+    jupyter_lab,
+    voila,
+)
+from tests.dashboard._cells import notebook, train_cell
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing())),
+]
+
+EPOCHS = 25  # 32 steps each: 800 points per rank, below the drawn max of 1000
+RUNNING_JS = """() => Array.from(document.querySelectorAll('.jp-CodeCell'))
+    .map(c => (c.querySelector('.jp-InputPrompt') || {}).textContent || '')"""
+
+
+def _run_all(page) -> None:
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+
+def _wait_kernel_idle(page, timeout_ms: int = 90_000) -> None:
+    page.wait_for_selector(
+        ".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached", timeout=timeout_ms
+    )
+
+
+def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster, tmp_path):
+    nb = notebook(
+        "%load_ext clusterkernel",
+        "%mpi start -n 4",
+        "import clusterkernel\ndash = clusterkernel.Dashboard()\ndash",
+        train_cell(EPOCHS, magic="%%mpi"),
+        "dash.sync()\nprint('steps', sorted(len(s) for s, _ in dash.store.series('loss').values()))",
+        "%mpi stop",
+    )
+    nbformat.write(nb, tmp_path / "x.ipynb")
+    ARTIFACTS.mkdir(exist_ok=True)
+    samples = []  # (time, points per line, prompts) while the training cell runs
+    with jupyter_lab(tmp_path) as (base, token), browser_page() as page:
+        page.goto(f"{base}/lab/tree/x.ipynb?token={token}")
+        page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
+        _wait_kernel_idle(page)
+        _run_all(page)
+        page.wait_for_selector(".ck-loss", state="attached", timeout=120_000)
+        deadline = time.monotonic() + 120
+        states = set()
+        while time.monotonic() < deadline:
+            prompts = page.evaluate(RUNNING_JS)
+            points = page.evaluate(LOSS_POINTS_JS)
+            states.add(page.evaluate(LOSS_STATE_JS))
+            training = len(prompts) > 3 and "*" in prompts[3]
+            samples.append((time.monotonic(), points, training))
+            if len(prompts) > 5 and prompts[5].strip() not in ("[ ]:", "[*]:", "[]:"):
+                break  # the last cell ran
+            time.sleep(0.1)
+        page.screenshot(path=str(ARTIFACTS / "dashboard_lab.png"), full_page=True)
+        final = page.evaluate(LOSS_POINTS_JS)
+        text = page.inner_text(".jp-Notebook")
+        html = page.content()
+    (ARTIFACTS / "dashboard_lab.html").write_text(html)
+
+    during = [(t, p) for t, p, running in samples if running and len(p) == 4 and min(p) >= 2]
+    assert during, f"no moment with 4 loss lines while the cell ran: {samples[-5:]}"
+    first_t, first = during[0]
+    last_t, last = during[-1]
+    assert all(b > a for a, b in zip(first, last)), (
+        f"lines did not grow while the cell ran: {first} -> {last}"
+    )
+    assert len(during) >= 3 and last_t > first_t
+    steps = 32 * EPOCHS
+    assert "dashboard error" not in text
+    assert "steps [800, 800, 800, 800]".replace("800", str(steps)) in text
+    assert final == [steps] * 4, final  # every step of every rank is drawn at the end
+    assert len(states) > 3  # the browser saw the picture change several times
+    print(f"browser saw {len(states)} pictures; {len(during)} samples while training")
+    left = wait_no_cluster_processes(30)
+    assert not left, f"left behind: {[p.cmdline() for p in left]}"
+
+
+def test_voila_serves_the_dashboard_app(no_shared_cluster):
+    from pathlib import Path
+
+    app = Path(__file__).resolve().parents[2] / "notebooks" / "dashboard_app.ipynb"
+    env = {"CK_DASHBOARD_RANKS": "2", "CK_DASHBOARD_EPOCHS": "40"}
+    with voila(app, env=env) as url, browser_page() as page:
+        page.goto(url, timeout=120_000)
+        page.wait_for_selector(".ck-dashboard", state="attached", timeout=120_000)
+        deadline = time.monotonic() + 60
+        points: list[int] = []
+        while time.monotonic() < deadline:
+            points = page.evaluate(LOSS_POINTS_JS)
+            if len(points) == 2 and min(points) >= 2:
+                break
+            time.sleep(0.2)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard_voila.png"), full_page=True)
+        body = page.inner_text("body")
+    assert len(points) == 2 and min(points) >= 2, points
+    assert "loss per rank" in body and "timeline" in body
+    assert "Traceback" not in body and "Error" not in body and "error" not in body
+    left = wait_no_cluster_processes(30)
+    assert not left, f"left behind: {[p.cmdline() for p in left]}"

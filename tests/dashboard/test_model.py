@@ -1,0 +1,178 @@
+"""The dashboard's model, thinning, exports and panels on hand-made messages (no MPI)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+from clusterkernel import Dashboard, metrics
+from clusterkernel.dashboard import MetricsStore, chrome_trace, summary, thin, to_csv
+from clusterkernel.dashboard._views import DashboardView, _gaps
+from clusterkernel.errors import ClusterError
+
+
+def _msg(rank, seq, scalars=(), comm=(), spans=(), pc=100.0, wall=1000.0, lost=None):
+    return {
+        "v": 1,
+        "rank": rank,
+        "seq": seq,
+        "pc": pc,
+        "wall": wall,
+        "scalar": [list(s) for s in scalars],
+        "comm": [list(c) for c in comm],
+        "span": [list(s) for s in spans],
+        "lost": lost or {},
+        "proc": {"host": "h", "pid": 10 + rank, "cpu": 50.0, "rss_mib": 100.0},
+    }
+
+
+def test_thin_keeps_extremes_order_and_ignores_nan():
+    x = np.arange(10_000, dtype=float)
+    y = np.sin(x / 300)
+    y[5_000] = 50.0  # a spike must survive
+    y[7_000] = np.nan
+    tx, ty = thin(x, y, 500)
+    assert len(tx) <= 502 and np.all(np.diff(tx) > 0)
+    assert 50.0 in ty and tx[0] == 0
+    assert np.nanmin(ty) == pytest.approx(np.nanmin(y))
+    short = np.arange(10.0)
+    assert thin(short, short, 500)[0] is short  # nothing to thin
+    with pytest.raises(ValueError, match="at least 4"):
+        thin(x, y, 2)
+
+
+def test_store_series_comm_totals_gaps_and_records():
+    s = MetricsStore()
+    s.ingest(_msg(1, 1, scalars=[(0, 100.0, {"loss": 2.0})]))
+    s.ingest(_msg(0, 1, scalars=[(0, 100.0, {"loss": 1.0, "samples_per_s": 9.0})]))
+    comm = [("all_reduce", 400, "mpi", 2, 100.5, 0.1, 0.05)] * 3
+    s.ingest(_msg(0, 3, scalars=[(1, 101.0, {"loss": 0.5})], comm=comm))  # seq 2 missing
+    assert s.ranks() == [0, 1]
+    steps, loss = s.series("loss")[0]
+    assert steps.tolist() == [0, 1] and loss.tolist() == [1.0, 0.5]
+    assert s.last("loss") == {0: (1.0, 0.5), 1: (0.0, 2.0)}
+    assert s.scalar_names() == ["loss", "samples_per_s"]
+    (row,) = s.comm_table()
+    assert row == {
+        "rank": 0,
+        "op": "all_reduce",
+        "count": 3,
+        "nbytes": 1200,
+        "seconds": pytest.approx(0.3),
+        "wait_s": pytest.approx(0.15),
+    }
+    st = s.status()
+    assert st[0]["gaps"] == 1 and st[1]["gaps"] == 0 and st[0]["pid"] == 10
+    recs = s.records(ranks=[0])
+    assert [r["kind"] for r in recs] == ["comm"] * 3 + ["scalar"] * 2
+    assert recs[0]["op"] == "all_reduce" and recs[0]["rank"] == 0
+    assert s.wait_for({0: 3, 1: 1}, timeout=0.1)
+    assert not s.wait_for({0: 4}, timeout=0.1)
+    with pytest.raises(ValueError, match="bad rank"):
+        s.ingest(_msg(-1, 1))
+    with pytest.raises(ValueError, match="unknown record kind"):
+        s.records("nope")
+
+
+def test_timeline_is_wall_clock_aligned_across_ranks():
+    s = MetricsStore()
+    now = time.time()
+    # rank 0's perf_counter is 100 at wall `now`; rank 1's is 5000 at the same moment
+    s.ingest(_msg(0, 1, comm=[("send", 8, "mpi", 2, 99.0, 0.5, 0.1)], pc=100.0, wall=now))
+    s.ingest(_msg(1, 1, spans=[("forward", 4999.0, 0.25)], pc=5000.0, wall=now))
+    got = sorted(s.timeline(window=10, now=now))
+    assert got[0][:5] == (0, "comm", "send", pytest.approx(-1.0), pytest.approx(-0.5))
+    assert got[0][5] == pytest.approx(0.1)
+    assert got[1][:5] == (1, "span", "forward", pytest.approx(-1.0), pytest.approx(-0.75))
+    assert s.timeline(window=0.2, now=now) == []
+    assert _gaps([(0, 1), (1.5, 2), (5, 6), (0.2, 0.4)], longest=1.0) == [(1, 1.5)]
+
+
+def test_exports_round_trip(tmp_path):
+    s = MetricsStore()
+    s.ingest(_msg(0, 1, scalars=[(0, 100.0, {"loss": 1.0})], pc=100.0, wall=1000.0))
+    s.ingest(
+        _msg(
+            1,
+            1,
+            scalars=[(0, 50.0, {"loss": 3.0, "acc": 0.5})],
+            comm=[("broadcast", 16, "mpi", 2, 50.0, 0.002, 0.0)],
+            spans=[("backward", 49.0, 0.5)],
+            pc=50.0,
+            wall=1000.0,
+        )
+    )
+    path = to_csv(s, tmp_path / "s.csv")
+    lines = path.read_text().splitlines()
+    assert lines[0] == "rank,step,time,acc,loss"
+    assert lines[1:] == ["0,0,100.0,,1.0", "1,0,50.0,0.5,3.0"]
+    trace = chrome_trace(s)
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {(e["pid"], e["tid"], e["name"]) for e in xs} == {
+        (1, 1, "broadcast"),
+        (1, 0, "backward"),
+    }
+    back = next(e for e in xs if e["name"] == "backward")
+    assert back["ts"] == 0 and back["dur"] == pytest.approx(5e5)
+    json.dumps(trace)  # serialisable as is
+    text = summary(s)
+    assert "broadcast" in text and text.splitlines()[1].split()[:2] == ["0", "1"]
+
+
+def test_panels_draw_what_the_store_holds():
+    s = MetricsStore()
+    now = time.time()
+    for rank in range(3):
+        scal = [
+            (i, 100.0 + i, {"loss": rank + 1 / (i + 1), "samples_per_s": 10.0}) for i in range(50)
+        ]
+        comm = [("all_reduce", 64, "mpi", 3, 100.0 + i * 0.01, 0.004, 0.004) for i in range(20)]
+        s.ingest(_msg(rank, 1, scalars=scal, comm=comm, pc=100.3, wall=now))
+    view = DashboardView(window=10.0, max_points=1000)
+    view.loss.update(s)
+    view.throughput.update(s)
+    view.comm.update(s)
+    view.timeline.update(s, s.ranks())
+    view.status.update(s, {r: {"state": "busy"} for r in range(3)})
+    for rank in range(3):
+        line = view.loss._lines[rank]
+        assert line.x.tolist() == list(range(50))
+        assert line.y[0] == pytest.approx(rank + 1.0)
+    assert set(view.loss.choice.options) == {"loss", "samples_per_s"}
+    assert "all_reduce" in view.comm.widget.value and view.comm.widget.value.count("<tr>") == 4
+    assert {"all_reduce", "compute"} <= set(view.timeline._marks)
+    assert view.timeline._marks["all_reduce"].visible
+    assert view.status.widget.value.count("busy") == 3
+    view.loss.choice.value = "samples_per_s"
+    view.loss.update(s)
+    assert view.loss._lines[0].y.tolist() == [10.0] * 50
+    assert not math.isnan(float(view.loss._lines[0].y[0]))
+
+
+def test_dashboard_without_ranks_says_how_to_start_them():
+    with pytest.raises(ClusterError, match="%mpi start -n 4"):
+        Dashboard()
+
+
+def test_recorder_read_is_by_absolute_index_and_reports_trimmed_records():
+    rec = metrics.Recorder(rank=0, capacity=4)
+    for i in range(3):
+        rec.log(step=i, loss=float(i))
+    items, nxt, lost = rec.read("scalar", 0)
+    assert [t[0] for t in items] == [0, 1, 2] and nxt == 3 and lost == 0
+    for i in range(3, 6):
+        rec.log(step=i, loss=float(i))  # passes capacity 4: the oldest half goes
+    assert rec.total("scalar") == 6
+    items, nxt, lost = rec.read("scalar", 3)
+    assert [t[0] for t in items] == [3, 4, 5] and nxt == 6 and lost == 0
+    items, nxt, lost = rec.read("scalar", 0, limit=1)
+    assert lost == 2 and [t[0] for t in items] == [2] and nxt == 3  # steps 0-1 were trimmed
+    assert [r["step"] for r in rec.drain("scalar")] == [2, 3, 4, 5]  # drain is independent
+    rec.clear()
+    rec.log(step=9, loss=1.0)
+    items, nxt, lost = rec.read("scalar", 6)
+    assert [t[0] for t in items] == [9] and nxt == 7
