@@ -74,6 +74,20 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> None:
     raise TimeoutError(f"server at {url} did not answer within {timeout}s")
 
 
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float) -> None:
+    """Wait until ``port`` accepts connections (Voila has no status URL that runs nothing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"nothing listens on port {port} after {timeout}s")
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """SIGINT twice (Jupyter's clean shutdown: kernels too), then SIGKILL the group."""
     if proc.poll() is None:
@@ -145,7 +159,7 @@ def voila(notebook: Path, env: dict | None = None, timeout: float = 60):
     )
     try:
         base = f"http://127.0.0.1:{port}/"
-        _wait_http(f"{base}api/status", proc, timeout)
+        _wait_port(port, proc, timeout)
         yield base
     finally:
         _stop(proc)
