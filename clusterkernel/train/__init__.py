@@ -24,7 +24,7 @@ from clusterkernel.train._modes import (
     register_mode,
 )
 from clusterkernel.train._pipeline import PipelineError, PipelineParallel
-from clusterkernel.train._prefetch import Prefetcher
+from clusterkernel.train._prefetch import Prefetcher, spare_core
 from clusterkernel.train._sync import (
     ReplicaMismatchError,
     average_gradients,
@@ -50,5 +50,6 @@ __all__ = [
     "broadcast_tensors",
     "check_replicas",
     "register_mode",
+    "spare_core",
     "sync_parameters",
 ]

@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 _END = object()
+_LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE")
+
+
+def spare_core(ranks_fallback: int = 1) -> bool:
+    """Whether a loader thread would get a core of its own on this machine.
+
+    True when the cores this process may use cover every rank on the node with
+    its torch threads plus one. Without a spare core the thread only competes
+    with compute (measured: slower, see BENCHMARKS.md, issue 4). The ranks per
+    node come from the MPI launcher's environment, else ``ranks_fallback``.
+
+    Example: ``Trainer(..., prefetch="auto")`` uses this.
+    """
+    import torch
+
+    local = ranks_fallback
+    for var in _LOCAL_SIZE_VARS:
+        if os.environ.get(var, "").isdigit():
+            local = int(os.environ[var])
+            break
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return cores >= local * (torch.get_num_threads() + 1)
 
 
 class Prefetcher:

@@ -17,7 +17,7 @@ from clusterkernel import comm, metrics
 from clusterkernel.partition import distributed_loader, set_epoch
 from clusterkernel.train import _checkpoint
 from clusterkernel.train._modes import TrainingMode, make_mode
-from clusterkernel.train._prefetch import Prefetcher
+from clusterkernel.train._prefetch import Prefetcher, spare_core
 from clusterkernel.train._sync import all_objects
 
 EVENTS = ("on_start", "on_batch_end", "on_epoch_end", "on_end")
@@ -54,7 +54,8 @@ class Trainer:
             epoch, and every ``checkpoint_every`` steps if set); ``fit(resume=True)``
             or :meth:`load_checkpoint` continue from it.
         prefetch: load the next batch in a background thread while the current
-            one computes.
+            one computes: ``True``, ``False``, or ``"auto"`` (only when the thread
+            gets a core of its own, see :func:`spare_core`).
         log_every: log per-rank ``loss``, ``samples_per_s`` and ``comm_s`` to the
             metrics recorder every this many steps.
     """
@@ -73,7 +74,7 @@ class Trainer:
         hooks: dict[str, Callable | list[Callable]] | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_every: int | None = None,
-        prefetch: bool = True,
+        prefetch: bool | str = "auto",
         log_every: int = 1,
         group=None,
     ):
@@ -83,7 +84,9 @@ class Trainer:
         self.group = group
         self.batch_size = batch_size
         self.seed = seed
-        self.prefetch = prefetch
+        if prefetch not in (True, False, "auto"):
+            raise ValueError(f"prefetch must be True, False or 'auto', got {prefetch!r}.")
+        self.prefetch = spare_core(comm.size(group)) if prefetch == "auto" else prefetch
         self.log_every = max(1, int(log_every))
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         if checkpoint_every is not None and checkpoint_every < 1:

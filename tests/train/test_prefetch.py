@@ -62,3 +62,22 @@ def test_close_stops_thread_of_endless_source():
     assert threading.active_count() == before
     with pytest.raises(ValueError, match="depth"):
         Prefetcher([], depth=0)
+
+
+def test_spare_core_counts_ranks_and_threads(monkeypatch):
+    import os
+
+    from clusterkernel.train import spare_core
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        cores = len(os.sched_getaffinity(0))
+        monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1")
+        assert spare_core() == (cores >= 2)
+        monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", str(cores))
+        assert not spare_core()  # every core already runs a rank
+        monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_SIZE")
+        assert not spare_core(ranks_fallback=cores)
+    finally:
+        torch.set_num_threads(threads)
