@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from clusterkernel.comm._errors import CollectiveMismatchError
-from clusterkernel.comm._ops import ReduceOp
+from clusterkernel.comm._ops import ALL_OPS, ReduceOp
 
 _SIG_LEN = 16
 _MAX_DIMS = 6
@@ -79,7 +79,7 @@ _DTYPE_NAMES = {
 }
 _DTYPE_CODES = {name: _code(name) for name in set(_DTYPE_NAMES.values())}
 _DTYPE_BY_CODE = {code: name for name, code in _DTYPE_CODES.items()}
-_OP_BY_CODE = {_code(o.name): o.name for o in ReduceOp}
+_OP_BY_CODE = {_code(o.name): o.name for o in ALL_OPS}
 _CALL_BY_CODE = {_code(n): n for n in CHECKED_CALLS}
 
 

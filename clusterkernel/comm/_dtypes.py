@@ -18,6 +18,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from clusterkernel.comm._hugepages import THRESHOLD as HUGE_THRESHOLD
+from clusterkernel.comm._hugepages import note_buffer
+
 _fromaddress = MPI.buffer.fromaddress
 
 
@@ -158,12 +161,21 @@ def unstage(tensor: torch.Tensor, w: torch.Tensor) -> None:
 def buf(w: torch.Tensor, info: DType) -> list:
     """The mpi4py buffer spec ``[memory, count, datatype]`` for a wire tensor."""
     count = w.numel()
-    if count > _INT_MAX:
-        raise ValueError(
-            f"tensor has {count} elements; this MPI (version {MPI.Get_version()}) takes at "
-            f"most {_INT_MAX} per call: split it, e.g. with all_reduce_coalesced"
-        )
-    return [_fromaddress(w.data_ptr(), count * info.itemsize), count, info.mpi]
+    nbytes = count * info.itemsize
+    address = w.data_ptr()
+    if nbytes >= HUGE_THRESHOLD:
+        if count > _INT_MAX:
+            raise ValueError(_too_large(count))
+        if w.is_cpu:
+            note_buffer(address, nbytes)
+    return [_fromaddress(address, nbytes), count, info.mpi]
+
+
+def _too_large(count: int) -> str:
+    return (
+        f"tensor has {count} elements; this MPI (version {MPI.Get_version()}) takes at "
+        f"most {_INT_MAX} per call: split it, e.g. with all_reduce_coalesced"
+    )
 
 
 def bbuf(w: torch.Tensor, info: DType) -> list:

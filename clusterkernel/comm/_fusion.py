@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm import _check, _ring
+from clusterkernel.comm import _check, _hugepages, _ring
 from clusterkernel.comm._dtypes import DTYPES, F32, as_numpy, buf, dtype_of
 from clusterkernel.comm._groups import Group, member
 from clusterkernel.comm._handle import Work, _now, drive, note
@@ -38,12 +38,14 @@ else:  # pragma: no cover - torch < 2.1
 class _Bucket:
     """One flat buffer and, per member tensor, a view of it with that tensor's shape."""
 
-    __slots__ = ("index", "flat", "views", "info", "busy")
+    __slots__ = ("index", "flat", "views", "info", "busy", "nbytes")
 
-    def __init__(self, index: list[int], shapes: list, wire_dtype: torch.dtype, info):
+    def __init__(self, index: list[int], shapes: list, wire_dtype: torch.dtype, info, nbytes):
         numels = [_numel(s) for s in shapes]
         self.index = index
-        self.flat = torch.empty(sum(numels), dtype=wire_dtype)
+        self.nbytes = nbytes  # of the user's tensors (halves count 2 bytes)
+        # Huge-page backed when large (see _hugepages); reused while the layout is.
+        self.flat = torch.from_numpy(_hugepages.empty(sum(numels), DTYPES[wire_dtype].np))
         self.views = [v.view(s) for v, s in zip(self.flat.split(numels), shapes)]
         self.info = info
         self.busy = False
@@ -68,9 +70,11 @@ def _plan(key: tuple, bucket_bytes: int) -> list[_Bucket]:
         if index:
             info = DTYPES[dtype]
             wire_dtype = torch.float32 if info.kind == "h" else dtype
-            buckets.append(_Bucket(index, shapes, wire_dtype, F32 if info.kind == "h" else info))
+            winfo = F32 if info.kind == "h" else info
+            buckets.append(_Bucket(index, shapes, wire_dtype, winfo, size))
 
-    for i, (shape, tdtype, nbytes) in enumerate(key):
+    for i, (shape, tdtype) in enumerate(key):
+        nbytes = _numel(shape) * DTYPES[tdtype].itemsize
         if index and (tdtype != dtype or size + nbytes > bucket_bytes):
             close()
             index, shapes, size = [], [], 0
@@ -85,9 +89,15 @@ def _plan(key: tuple, bucket_bytes: int) -> list[_Bucket]:
 _PLANS: OrderedDict[tuple, list[_Bucket]] = OrderedDict()
 
 
-def _buckets_for(key: tuple, bucket_bytes: int) -> list[_Bucket]:
-    cache_key = (bucket_bytes, key)
+def _buckets_for(key: tuple, bucket_bytes: int, tensors, op: ReduceOp) -> list[_Bucket]:
+    cache_key = (bucket_bytes, op, key)
     plan = _PLANS.get(cache_key)
+    if plan is None:
+        # First sight of this layout: validate every dtype against the op once.
+        for i, (_, dtype) in enumerate(key):
+            if dtype not in DTYPES:
+                dtype_of(tensors[i], f"tensors[{i}]")  # raises
+            op_for(op, DTYPES[dtype].kind, dtype)
     if plan is None or any(b.busy for b in plan):
         # A busy plan belongs to an outstanding async call: never share its buffers.
         plan = _plan(key, bucket_bytes)
@@ -122,7 +132,7 @@ def all_reduce_coalesced(
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"tensors must be a list of tensors, got {type(tensors).__name__}")
     try:
-        key = tuple((t.shape, t.dtype, t.nbytes) for t in tensors)
+        key = tuple([(t.shape, t.dtype) for t in tensors])
     except AttributeError:
         for i, t in enumerate(tensors):
             dtype_of(t, f"tensors[{i}]")
@@ -141,12 +151,8 @@ def all_reduce_coalesced(
     check_algorithm(algorithm)
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
-    for i, (_, dtype, _) in enumerate(key):
-        if dtype not in DTYPES:
-            dtype_of(tensors[i], f"tensors[{i}]")  # raises
-        op_for(op, DTYPES[dtype].kind, dtype)
-    nbytes = sum(k[2] for k in key)
-    buckets = _buckets_for(key, bucket_bytes)
+    buckets = _buckets_for(key, bucket_bytes, tensors, op)
+    nbytes = sum(b.nbytes for b in buckets)
     for b in buckets:
         _copy_all(b.views, [tensors[i] for i in b.index] if len(buckets) > 1 else list(tensors))
         b.busy = True

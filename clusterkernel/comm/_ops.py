@@ -2,81 +2,78 @@
 
 from __future__ import annotations
 
-import enum
-
 import numpy as np
 from mpi4py import MPI
 
 
-class ReduceOp(enum.Enum):
+class ReduceOp:
     """Reduction operators, as in ``torch.distributed.ReduceOp``.
 
-    Example: ``comm.all_reduce(t, op=comm.ReduceOp.MAX)`` (or ``op=comm.MAX``).
+    Example: ``comm.all_reduce(t, op=comm.ReduceOp.MAX)`` (or ``op=comm.MAX``, or
+    ``op="max"``).
 
     On ``bool`` tensors SUM and MAX are logical OR, PRODUCT and MIN logical AND (as
     torch's NCCL backend does). AVG needs a floating-point or complex tensor; MIN and
     MAX are not defined for complex numbers.
+
+    Each operator carries its MPI op and numpy ufunc per element kind (``mpi`` and
+    ``ufunc``, keyed by "f" float, "h" half, "i" integer, "b" bool, "c" complex), so
+    a call finds them with one small dict lookup.
     """
 
-    SUM = "sum"
-    PRODUCT = "product"
-    MIN = "min"
-    MAX = "max"
-    AVG = "avg"
+    __slots__ = ("name", "mpi", "ufunc")
+    SUM: ReduceOp
+    PRODUCT: ReduceOp
+    MIN: ReduceOp
+    MAX: ReduceOp
+    AVG: ReduceOp
+
+    def __init__(self, name: str, mpi: dict[str, MPI.Op], ufunc: dict[str, np.ufunc]):
+        self.name = name
+        self.mpi = mpi
+        self.ufunc = ufunc
+
+    def __repr__(self) -> str:
+        return f"ReduceOp.{self.name}"
+
+    def __reduce__(self) -> tuple:
+        return (parse_op, (self.name,))
 
 
-SUM, PRODUCT, MIN, MAX, AVG = (
-    ReduceOp.SUM,
-    ReduceOp.PRODUCT,
-    ReduceOp.MIN,
-    ReduceOp.MAX,
-    ReduceOp.AVG,
-)
+def _table(mpi_op, ufunc, bool_pair=None, kinds: str = "fhic") -> tuple[dict, dict]:
+    mpi = dict.fromkeys(kinds, mpi_op)
+    ufuncs = dict.fromkeys(kinds, ufunc)
+    if bool_pair is not None:
+        mpi["b"], ufuncs["b"] = bool_pair
+    return mpi, ufuncs
 
-# Element kinds (see _dtypes): f float, h half (reduced in float32), i int, b bool, c complex.
-_MPI_OP = {
-    SUM: MPI.SUM,
-    PRODUCT: MPI.PROD,
-    MIN: MPI.MIN,
-    MAX: MPI.MAX,
-    AVG: MPI.SUM,  # then divide by the group size
-}
-_BOOL_OP = {SUM: MPI.LOR, MAX: MPI.LOR, PRODUCT: MPI.LAND, MIN: MPI.LAND}
-_UFUNC = {SUM: np.add, PRODUCT: np.multiply, MIN: np.minimum, MAX: np.maximum, AVG: np.add}
-_BOOL_UFUNC = {SUM: np.logical_or, MAX: np.logical_or, PRODUCT: np.logical_and, MIN: np.logical_and}
 
-# (op, kind) -> MPI op, for every valid pair; filled below so lookups are one dict get.
-MPI_OPS: dict[tuple[ReduceOp, str], MPI.Op] = {}
-UFUNCS: dict[tuple[ReduceOp, str], np.ufunc] = {}
-for _op in ReduceOp:
-    for _kind in "fhic":
-        if _kind == "c" and _op in (MIN, MAX):
-            continue
-        if _kind == "i" and _op is AVG:
-            continue
-        MPI_OPS[(_op, _kind)] = _MPI_OP[_op]
-        UFUNCS[(_op, _kind)] = _UFUNC[_op]
-    if _op in _BOOL_OP:
-        MPI_OPS[(_op, "b")] = _BOOL_OP[_op]
-        UFUNCS[(_op, "b")] = _BOOL_UFUNC[_op]
+_OR = (MPI.LOR, np.logical_or)
+_AND = (MPI.LAND, np.logical_and)
+SUM = ReduceOp("SUM", *_table(MPI.SUM, np.add, _OR))
+PRODUCT = ReduceOp("PRODUCT", *_table(MPI.PROD, np.multiply, _AND))
+MIN = ReduceOp("MIN", *_table(MPI.MIN, np.minimum, _AND, kinds="fhi"))
+MAX = ReduceOp("MAX", *_table(MPI.MAX, np.maximum, _OR, kinds="fhi"))
+AVG = ReduceOp("AVG", *_table(MPI.SUM, np.add, kinds="fhc"))  # then divide by the group size
+ALL_OPS = (SUM, PRODUCT, MIN, MAX, AVG)
+for _op in ALL_OPS:
+    setattr(ReduceOp, _op.name, _op)
+_BY_NAME = {o.name: o for o in ALL_OPS}
 
 
 def parse_op(op: object) -> ReduceOp:
     """Accept a :class:`ReduceOp` or its name (``"sum"``, ``"MAX"``, ...)."""
-    if isinstance(op, ReduceOp):
+    if type(op) is ReduceOp:
         return op
-    if isinstance(op, str):
-        try:
-            return ReduceOp(op.lower())
-        except ValueError:
-            pass
-    names = ", ".join(o.name for o in ReduceOp)
-    raise ValueError(f"unknown reduce op {op!r}; use one of comm.{names.replace(', ', ', comm.')}")
+    if isinstance(op, str) and op.upper() in _BY_NAME:
+        return _BY_NAME[op.upper()]
+    names = ", ".join("comm." + o.name for o in ALL_OPS)
+    raise ValueError(f"unknown reduce op {op!r}; use one of {names}")
 
 
 def op_for(op: ReduceOp, kind: str, dtype: object) -> MPI.Op:
     """The MPI op for ``op`` on elements of ``kind``, or a clear error if undefined."""
-    mpi_op = MPI_OPS.get((op, kind))
+    mpi_op = op.mpi.get(kind)
     if mpi_op is None:
         raise ValueError(_undefined(op, kind, dtype))
     return mpi_op

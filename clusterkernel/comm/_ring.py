@@ -23,9 +23,10 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from clusterkernel.comm import _hugepages
 from clusterkernel.comm._dtypes import DType, as_numpy, unstage
 from clusterkernel.comm._handle import Work, drive
-from clusterkernel.comm._ops import AVG, UFUNCS, ReduceOp
+from clusterkernel.comm._ops import AVG, ReduceOp
 
 # Segment size: large enough that per-segment Python work is small against the
 # copy, small enough that reduction overlaps the transfer (tuned in bench_comm).
@@ -37,6 +38,8 @@ def all_reduce(
 ) -> Work | None:
     """Ring allreduce of ``tensor`` (already on the wire as ``w``) over ``group``."""
     data = as_numpy(w, info)
+    if data.nbytes >= _hugepages.THRESHOLD and w.is_cpu:
+        _hugepages.note_buffer(w.data_ptr(), data.nbytes)
     steps = _steps_then_unstage(group, data, info, op, tensor, w)
     return drive("all_reduce", tensor.nbytes, "ring", group.size, steps, async_op)
 
@@ -51,7 +54,7 @@ def ring_steps(group, data: np.ndarray, info: DType, op: ReduceOp) -> Generator:
     n = group.size
     if n == 1 or data.size == 0:
         return
-    ufunc = UFUNCS[(op, info.kind)]
+    ufunc = op.ufunc[info.kind]
     divisor = n if op is AVG else 1
     yield from _ring(group.inner(), group.next_tag(), data, info.mpi, ufunc, divisor)
 
@@ -81,7 +84,7 @@ def _ring(
         for c in range(n)
     ]
     seglen = -(-maxchunk // nseg)
-    scratch = np.empty((nseg, seglen), dtype=data.dtype)
+    scratch = _take_scratch(nseg * seglen, data.dtype).reshape(nseg, seglen)
     last_rs = n - 2  # last reduce-scatter step
     nsteps = 2 * (n - 1)
     sends: list[list] = [[] for _ in range(nseg)]  # pending (step, request) per segment
@@ -119,6 +122,23 @@ def _ring(
     rest = [q for pending in sends for _, q in pending]
     if rest:
         yield rest
+    _give_scratch(scratch)
+
+
+# Free scratch buffers by (dtype, size): a fresh one per call would cost page
+# faults and zeroing on every call. In use by one ring at a time.
+_SCRATCH: dict[tuple[str, int], list[np.ndarray]] = {}
+
+
+def _take_scratch(count: int, dtype: np.dtype) -> np.ndarray:
+    free = _SCRATCH.get((np.dtype(dtype).str, count))
+    return free.pop() if free else _hugepages.empty(count, dtype)
+
+
+def _give_scratch(arr: np.ndarray) -> None:
+    free = _SCRATCH.setdefault((arr.dtype.str, arr.size), [])
+    if len(free) < 2:
+        free.append(arr.reshape(-1))
 
 
 def _pairs(bounds: list[int]) -> list[tuple[int, int]]:

@@ -1,0 +1,107 @@
+"""Back hot, large host buffers with transparent huge pages (Linux).
+
+Open MPI moves large shared-memory messages with single-copy kernel calls whose
+cost grows with the number of pages touched. numpy asks the kernel for huge pages
+on arrays of 4 MB and more; torch's CPU allocator does not, and a 4 MB allreduce
+on torch memory measured ~1.3x slower than on numpy memory here (2 ranks), and
+~1.8x slower than on memory fully backed by huge pages.
+
+So a buffer that keeps coming back (gradients, every step) is collapsed into huge
+pages once, with ``madvise(MADV_COLLAPSE)`` (Linux 6.1+), the third time it is
+communicated; one-off buffers pay nothing. The range is widened to whole 2 MB
+pages: that only changes how the neighbouring bytes of the same mapping are
+backed, never their contents. Buffers the comm layer allocates itself (ring
+scratch, fusion buckets) are 2 MB aligned and advised before first touch
+(:func:`empty`). Where the calls are unsupported they are tried once and then left
+alone. ``CLUSTERKERNEL_HUGEPAGES=0`` turns all of this off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+import numpy as np
+
+HUGE = 2 * 1024 * 1024
+THRESHOLD = HUGE  # smaller buffers are left as they are
+HOT = 3  # collapse when a buffer is seen for the third time
+_MADV_HUGEPAGE = 14
+_MADV_COLLAPSE = 25
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_MAX_TRACKED = 4096
+
+
+class _State:
+    enabled = sys.platform.startswith("linux") and os.environ.get(
+        "CLUSTERKERNEL_HUGEPAGES", "1"
+    ) not in ("0", "")
+    madvise = None
+    seen: dict[tuple[int, int], int] = {}
+
+
+STATE = _State()
+
+
+def _madvise():
+    if STATE.madvise is None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        fn = libc.madvise
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        fn.restype = ctypes.c_int
+        STATE.madvise = fn
+    return STATE.madvise
+
+
+def note_buffer(address: int, nbytes: int) -> None:
+    """Count a use of a host buffer of ``nbytes`` (>= THRESHOLD); collapse it when hot."""
+    if not STATE.enabled:
+        return
+    seen = STATE.seen
+    key = (address, nbytes)
+    count = seen.get(key, 0) + 1
+    if count > HOT:
+        return
+    if len(seen) >= _MAX_TRACKED:
+        seen.clear()  # addresses get reused; forgetting only costs a recount
+    seen[key] = count
+    if count == HOT:
+        collapse(address, nbytes)
+
+
+def _advise(start: int, end: int, advice: int) -> bool:
+    try:
+        ok = _madvise()(start, end - start, advice) == 0
+    except (OSError, AttributeError, TypeError):
+        ok = False
+    if not ok and ctypes.get_errno() in (22, 38):  # EINVAL/ENOSYS: not supported here
+        STATE.enabled = False
+    return ok
+
+
+def collapse(address: int, nbytes: int) -> bool:
+    """Back the whole 2 MB pages around ``[address, address + nbytes)`` with huge pages."""
+    start = address // HUGE * HUGE
+    end = -(-(address + nbytes) // HUGE) * HUGE
+    if _advise(start, end, _MADV_COLLAPSE):
+        return True
+    if ctypes.get_errno() == 12 and STATE.enabled:  # ENOMEM: widened past the mapping
+        start, end = -(-address // HUGE) * HUGE, (address + nbytes) // HUGE * HUGE
+        return end > start and _advise(start, end, _MADV_COLLAPSE)
+    return False
+
+
+def empty(count: int, dtype: np.dtype) -> np.ndarray:
+    """A fresh 1-D array, 2 MB aligned and advised for huge pages when large."""
+    itemsize = np.dtype(dtype).itemsize
+    nbytes = count * itemsize
+    if nbytes < THRESHOLD or not STATE.enabled:
+        return np.empty(count, dtype=dtype)
+    raw = np.empty(nbytes + HUGE, dtype=np.uint8)
+    offset = -raw.ctypes.data % HUGE
+    out = raw[offset : offset + nbytes].view(dtype)
+    # Before the first touch, so page faults hand out huge pages directly.
+    _advise(out.ctypes.data, out.ctypes.data + nbytes // HUGE * HUGE, _MADV_HUGEPAGE)
+    return out
