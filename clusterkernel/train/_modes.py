@@ -15,6 +15,8 @@ need, and call :func:`register_mode`; the Trainer picks them up by name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -71,21 +73,41 @@ class TrainingMode:
       every rank walks the same batches (False, e.g. pipeline stages);
     - ``replicated``: every rank holds the same model and optimizer state after
       each step, so a checkpoint needs only rank 0's (True), or each rank's
-      state is its own and is gathered (False).
+      state is its own and is gathered (False);
+    - ``lockstep``: every step is collective, so all ranks must run the same
+      number of steps per epoch (checked before training starts).
     """
 
     name: ClassVar[str] = "base"
     shards_data: ClassVar[bool] = True
     replicated: ClassVar[bool] = True
+    lockstep: ClassVar[bool] = True
     #: ``optimizer.zero_grad(set_to_none=...)`` between steps; False keeps
     #: gradient tensors alive (DataParallel's live in its buckets)
     zero_grad_to_none: ClassVar[bool] = True
+    #: the mode writes and reads checkpoints itself (:meth:`save_checkpoint`),
+    #: e.g. parameter servers, whose ranks never meet in a collective mid-run
+    own_checkpoints: bool = False
 
     group = None
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         """Prepare for training; return the module that forward passes go through."""
         return model
+
+    def train_shard(self) -> tuple[int, int] | None:
+        """``(index, count)``: which share of the training data this rank trains on,
+        or ``None`` on ranks that train on none (e.g. parameter servers)."""
+        return comm.rank(self.group), comm.size(self.group)
+
+    def run(self, trainer: Any, train: Callable[[], None]) -> None:
+        """Run ``train()``, the Trainer's epoch loop, on this rank.
+
+        Modes whose ranks have other jobs override it: a parameter server serves
+        the workers here instead of training; a worker fetches parameters first
+        and says it is done after.
+        """
+        train()
 
     def forward_backward(self, module: nn.Module, batch: Any, loss_fn) -> float:
         """Compute the loss of one batch and its gradients; return the loss."""
@@ -130,6 +152,14 @@ class TrainingMode:
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
 
+    def save_checkpoint(self, trainer: Any, path: Path) -> None:
+        """Write a checkpoint this mode's own way (called when ``own_checkpoints``)."""
+        raise NotImplementedError(f"mode {self.name!r} does not write its own checkpoints")
+
+    def load_checkpoint(self, trainer: Any, path: Path) -> bool:
+        """Restore from :meth:`save_checkpoint`'s files; False if there are none."""
+        raise NotImplementedError(f"mode {self.name!r} does not read its own checkpoints")
+
     def teardown(self) -> None:
         """Undo ``setup`` side effects (hooks); called when the Trainer is closed."""
 
@@ -142,6 +172,7 @@ class LocalMode(TrainingMode):
 
     name = "local"
     replicated = False
+    lockstep = False
 
 
 class AllReduceMode(TrainingMode):

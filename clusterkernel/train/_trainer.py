@@ -22,6 +22,7 @@ from clusterkernel.train._sync import all_objects
 
 EVENTS = ("on_start", "on_batch_end", "on_epoch_end", "on_end")
 CHECKPOINT_NAME = "checkpoint.pt"
+_SERVES = "serves"
 
 
 class Trainer:
@@ -117,8 +118,12 @@ class Trainer:
         if not isinstance(data, Dataset) or isinstance(data, DataLoader):
             return data  # the caller's own iterable: already this rank's share
         if self.mode.shards_data:
+            shard = self.mode.train_shard()
+            if shard is None:
+                return ()  # this rank serves others and trains on nothing
+            index, count = shard
             return distributed_loader(
-                data, self.batch_size, shuffle=shuffle, seed=self.seed, group=self.group
+                data, self.batch_size, shuffle=shuffle, seed=self.seed, size=count, rank=index
             )
         # every rank walks the same global batches (e.g. pipeline stages)
         return distributed_loader(
@@ -143,17 +148,22 @@ class Trainer:
             mine = len(self.train_loader)
         except TypeError:
             mine = None
+        if self.mode.train_shard() is None:
+            mine = _SERVES
         counts = all_objects(mine, self.group)
+        # ranks that serve others (parameter servers) train on nothing: not checked
+        ranks = [r for r, c in enumerate(counts) if c != _SERVES]
+        counts = [counts[r] for r in ranks]
         if any(c is None for c in counts):
             return None  # iterables without a length: the caller vouches for them
-        empty = [r for r, c in enumerate(counts) if c == 0]
+        empty = [r for r, c in zip(ranks, counts) if c == 0]
         if empty:
             raise ValueError(
                 f"rank(s) {empty} have no training batches (an empty data shard); batch "
                 f"counts per rank: {counts}. Give every rank data, e.g. with "
                 "distributed_loader() or DistributedSampler, or use fewer ranks."
             )
-        if self.mode.shards_data and len(set(counts)) > 1:
+        if self.mode.lockstep and len(set(counts)) > 1:
             raise ValueError(
                 f"ranks have different numbers of batches per epoch: {counts}; they would "
                 "fall out of step in the collectives. Shard with distributed_loader() or "
@@ -173,6 +183,11 @@ class Trainer:
         self._check_batches()
         self.module.train()
         self._fire("on_start")
+        self.mode.run(self, lambda: self._train_epochs(epochs))
+        self._fire("on_end")
+        return self.history
+
+    def _train_epochs(self, epochs: int) -> None:
         while self.epoch < epochs:
             self._run_epoch()
             self.epoch += 1
@@ -180,8 +195,6 @@ class Trainer:
             self._fire("on_epoch_end")
             if self.checkpoint_dir is not None:
                 self.save_checkpoint()
-        self._fire("on_end")
-        return self.history
 
     def _batches(self):
         set_epoch(self.train_loader, self.epoch)
@@ -198,10 +211,12 @@ class Trainer:
             for batch in batches:
                 t0 = time.perf_counter()
                 opt.zero_grad(set_to_none=mode.zero_grad_to_none)
-                loss = mode.forward_backward(self.module, batch, self.loss_fn)
-                mode.after_backward()
+                with rec.span("forward_backward"):
+                    loss = mode.forward_backward(self.module, batch, self.loss_fn)
+                    mode.after_backward()
                 mode.before_step()
-                mode.step(opt)
+                with rec.span("optimizer_step"):
+                    mode.step(opt)
                 self.global_step += 1
                 self.step_in_epoch += 1
                 mode.after_step(self.global_step)
@@ -289,6 +304,9 @@ class Trainer:
         rank's state is collected into the file.
         """
         path = self._checkpoint_path(path)
+        if self.mode.own_checkpoints:
+            self.mode.save_checkpoint(self, path)
+            return path
         own = self._own_state()
         if self.mode.replicated:
             states = [own]
@@ -309,6 +327,8 @@ class Trainer:
     def load_checkpoint(self, path: str | os.PathLike | None = None) -> bool:
         """Restore from a checkpoint on every rank; False (everywhere) if none exists."""
         path = self._checkpoint_path(path)
+        if self.mode.own_checkpoints:
+            return self.mode.load_checkpoint(self, path)
         ckpt = _checkpoint.load(path, self.group)
         if ckpt is None:
             return False

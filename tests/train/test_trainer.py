@@ -34,6 +34,7 @@ def test_fit_evaluate_hooks_metrics(trainer_run):
         assert rec["logged_steps"] == list(range(1, steps + 1))
         assert rec["logged_keys"] == ["comm_s", "loss", "samples_per_s"]
         assert rec["logged_rank"] == rank and rec["positive_throughput"]
+        assert rec["spans"] == {"forward_backward": steps, "optimizer_step": steps}
         # evaluation counts every test sample once, across ranks, same answer everywhere
         assert rec["eval"]["samples"] == rec["test_size"] == 357
         assert rec["eval"] == recs[0]["eval"]

@@ -56,6 +56,7 @@ def fit_and_evaluate() -> None:
 
     rec = metrics.recorder()
     before = len(rec.records("scalar"))
+    spans_before = len(rec.records("span"))
     trainer = Trainer(
         model, opt, F.cross_entropy, TRAIN, batch_size=BATCH,
         hooks={e: count(e) for e in calls},
@@ -64,6 +65,7 @@ def fit_and_evaluate() -> None:
     ev = trainer.evaluate(TEST)
     ref, _ = reference(3, seed=1)
     logged = [r for r in rec.records("scalar")[before:] if "samples_per_s" in r["values"]]
+    spans = [r["name"] for r in rec.records("span")[spans_before:]]
     report(
         scenario="fit",
         calls=calls,
@@ -77,6 +79,7 @@ def fit_and_evaluate() -> None:
         logged_keys=sorted(logged[0]["values"]) if logged else [],
         logged_rank=logged[0]["rank"] if logged else None,
         positive_throughput=all(r["values"]["samples_per_s"] > 0 for r in logged),
+        spans={name: spans.count(name) for name in set(spans)},
     )
     trainer.close()
 
