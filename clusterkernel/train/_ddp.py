@@ -26,7 +26,14 @@ class DataParallel(nn.Module):
     averaging allreduce starts asynchronously, so communication overlaps the rest
     of backward. :meth:`synchronize` waits for all buckets; it runs by itself
     before ``optimizer.step()`` when the optimizer is passed in, otherwise call it
-    yourself. After every step all ranks hold bit-identical parameters.
+    yourself. After every step all ranks hold bit-identical parameters. The
+    bucket that completes last (at the end of backward) is reduced with a
+    blocking call, which MPI runs faster than a nonblocking one.
+
+    ``p.grad`` of every parameter is a view into its bucket. With
+    ``zero_grad(set_to_none=True)`` (torch's default) each step's fresh
+    gradients are copied into the bucket once; ``set_to_none=False`` avoids that.
+    Save ``model.module.state_dict()`` to get the plain model's keys.
 
     Example::
 
@@ -34,7 +41,7 @@ class DataParallel(nn.Module):
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
         model = DataParallel(net, optimizer=opt)
         for x, y in loader:                  # this rank's shard
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=False) # keeps .grad in the buckets: no copies
             loss_fn(model(x), y).backward()  # allreduce runs during backward
             opt.step()                       # waits for the averaged gradients first
 
@@ -86,12 +93,7 @@ class DataParallel(nn.Module):
         self._root = world_rank(group, 0)
         broadcast_tensors([*module.parameters(), *module.buffers()], self._root, group)
 
-        seen: set[int] = set()
-        params = []
-        for p in module.parameters():
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                params.append(p)
+        params = [p for p in module.parameters() if p.requires_grad]  # shared ones once
         self._reducer = GradReducer(params, bucket_bytes, compression, group)
         # cached: walking the module tree every step is slow for many small layers
         self._buffers_list = list(module.buffers())
