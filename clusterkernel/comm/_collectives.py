@@ -74,7 +74,10 @@ def all_reduce(
         _check.verify(g, "all_reduce", tensor, op=op, alg=algorithm)
     if type(op) is not ReduceOp:
         op = parse_op(op)
-    info = _DTYPES.get(getattr(tensor, "dtype", None))
+    try:
+        info = _DTYPES.get(tensor.dtype)
+    except AttributeError:
+        info = None  # not a tensor: wire() below says so
     if (
         info is not None
         and info.kind in "fib"  # halves reduce staged in float32; complex may be conj
