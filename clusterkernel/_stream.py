@@ -74,6 +74,8 @@ class Publisher:
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)  # the first reading is meaningless
         self._ident = {"host": socket.gethostname(), "pid": os.getpid()}
+        self._stats: dict = {**self._ident, "cpu": None, "rss_mib": None}
+        self._stats_at = 0.0
         self._wake = threading.Event()
         self._stopping = False
         self._cond = threading.Condition()
@@ -151,13 +153,17 @@ class Publisher:
                 return
 
     def _proc_stats(self) -> dict:
-        try:
-            with self._proc.oneshot():
-                cpu = self._proc.cpu_percent(None)
-                rss = self._proc.memory_info().rss / 2**20
-        except psutil.Error:
-            cpu = rss = None
-        return {**self._ident, "cpu": cpu, "rss_mib": rss}
+        now = time.perf_counter()
+        if now - self._stats_at >= _BEAT:  # /proc reads once a second are plenty
+            self._stats_at = now
+            try:
+                with self._proc.oneshot():
+                    cpu = self._proc.cpu_percent(None)
+                    rss = self._proc.memory_info().rss / 2**20
+            except psutil.Error:
+                cpu = rss = None
+            self._stats = {**self._ident, "cpu": cpu, "rss_mib": rss}
+        return self._stats
 
     def flush(self, timeout: float = 10.0) -> int:
         """Block until every record appended so far is sent; return the last ``seq``."""

@@ -66,7 +66,7 @@ class Dashboard:
         rate: float = 5.0,
         window: float = 10.0,
         metric: str = "loss",
-        max_points: int = 1000,
+        max_points: int = 500,
         interval: float = 0.1,
     ) -> None:
         cluster = cluster if cluster is not None else _current_cluster()
@@ -223,14 +223,14 @@ class Dashboard:
             self._drawn_version = version
             view.loss.update(store)
             view.throughput.update(store)
-            view.comm.update(store)
             sent = True
         if any(s["age_s"] < self.window for s in status.values()):
             view.timeline.update(store, sorted(status))  # it scrolls even without new data
             sent = True
         now = time.monotonic()
-        if now - self._status_at >= 1.0:
+        if now - self._status_at >= 1.0:  # tables: once a second is enough to read
             self._status_at = now
+            view.comm.update(store)
             view.status.update(store, self._cluster_states())
             records = sum(sum(s["records"].values()) for s in status.values())
             lost = sum(s["lost"] + s["gaps"] for s in status.values())

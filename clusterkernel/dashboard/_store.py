@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
@@ -24,6 +25,8 @@ import numpy as np
 from clusterkernel.records import COMM_FIELDS, comm_record, scalar_record, span_record
 
 KINDS = ("comm", "scalar", "span")
+MERGE_GAP = 0.001  # s: timeline intervals closer than this become one (drawing only)
+MAX_SEGMENTS = 20_000  # per rank, for the timeline (the records themselves are all kept)
 _OP, _NBYTES, _START, _DUR, _WAIT = (
     COMM_FIELDS.index(f) for f in ("op", "nbytes", "start", "duration", "wait")
 )
@@ -62,6 +65,19 @@ class _Rank:
         self.lost = dict.fromkeys(KINDS, 0)
         self.proc: dict = {}
         self.last_seen = 0.0
+        # timeline intervals in wall time, merged as they arrive, so a redraw only
+        # walks the few hundred in its window: [kind, name, start, end]
+        self.segments: deque[list] = deque(maxlen=MAX_SEGMENTS)
+        self._open: dict[tuple[str, str], list] = {}
+
+    def add_interval(self, kind: str, name: str, start: float, end: float) -> None:
+        seg = self._open.get((kind, name))
+        if seg is not None and seg[2] <= start <= seg[3] + MERGE_GAP:
+            seg[3] = max(seg[3], end)
+            return
+        seg = [kind, name, start, end]
+        self.segments.append(seg)
+        self._open[(kind, name)] = seg
 
 
 class MetricsStore:
@@ -106,12 +122,20 @@ class MetricsStore:
             r.records["span"].extend(tuple(s) for s in spans)
             r.records["scalar"].extend((s[0], s[1], s[2]) for s in scalars)
             self._add_series(r, scalars)
+            off = r.offset
             for c in comm:
                 tot = r.comm_totals.setdefault(c[_OP], [0, 0, 0.0, 0.0])
                 tot[0] += 1
                 tot[1] += c[_NBYTES]
                 tot[2] += c[_DUR]
                 tot[3] += c[_WAIT]
+                start = c[_START] + off
+                end = start + c[_DUR]
+                r.add_interval("comm", c[_OP], start, end)
+                # blocked: the tail of the call spent waiting (all of it for sync calls)
+                r.add_interval("blocked", "", end - min(c[_WAIT], c[_DUR]), end)
+            for name, start, dur in spans:
+                r.add_interval("span", name, start + off, start + off + dur)
             self.version += 1
             self.messages += 1
             self._lock.notify_all()
@@ -198,30 +222,22 @@ class MetricsStore:
     def timeline(self, window: float, now: float | None = None) -> list[tuple]:
         """Intervals that end within the last ``window`` seconds of wall time.
 
-        Returns ``(rank, kind, name, start, end, wait)`` with times in seconds
-        relative to ``now`` (negative: in the past); ``kind`` is ``"comm"`` or
-        ``"span"``; ``wait`` is the seconds blocked at the end of a comm call (0 for spans).
+        Returns ``(rank, kind, name, start, end)`` with times in seconds relative
+        to ``now`` (negative: in the past). ``kind`` is ``"comm"`` (a call, from
+        issue to completion), ``"span"`` (a named ``metrics.span``) or
+        ``"blocked"`` (the rank waited in a comm call). Intervals less than
+        ``MERGE_GAP`` apart are merged: this is for drawing; :meth:`records` is exact.
         """
         now = time.time() if now is None else now
         since = now - window
         out = []
         with self._lock:
             for rank, r in sorted(self._ranks.items()):
-                off = r.offset
-                for kind, name_i, start_i, dur_i in (
-                    ("comm", _OP, _START, _DUR),
-                    ("span", 0, 1, 2),
-                ):
-                    recs = r.records[kind]
-                    # newest last; stop at the first interval that ended before the window
-                    for i in range(len(recs) - 1, -1, -1):
-                        rec = recs[i]
-                        start = rec[start_i] + off
-                        end = start + rec[dur_i]
-                        if end < since:
-                            break
-                        wait = min(rec[_WAIT], rec[dur_i]) if kind == "comm" else 0.0
-                        out.append((rank, kind, rec[name_i], start - now, end - now, wait))
+                for i in range(len(r.segments) - 1, -1, -1):
+                    kind, name, start, end = r.segments[i]
+                    if end < since:
+                        break  # newest last: everything before ended earlier
+                    out.append((rank, kind, name, start - now, end - now))
         return out
 
     def status(self) -> dict[int, dict]:

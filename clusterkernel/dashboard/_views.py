@@ -159,16 +159,18 @@ class CommPanel:
 
 
 class TimelinePanel:
-    """Compute and comm ops per rank over the last ``window`` seconds, live.
+    """Compute and comm per rank over the last ``window`` seconds, live.
 
-    One bqplot ``Lines`` mark per op or span name, each holding one thick
-    two-point line per interval: the Horovod timeline's view, redrawn as it moves.
-    Comm ops are drawn from issue to completion (above each rank's axis);
-    "compute" is the time a rank was not blocked in a comm call (below), plus
-    any named ``metrics.span`` blocks.
+    The Horovod timeline's view at a glance: the window is cut into ``columns``
+    time slots (about a pixel each); per rank, a comm op's bar covers the slots
+    where that op was in flight at least half the time (above the rank's axis),
+    and "compute" covers the slots where the rank was not blocked in a comm call
+    (below). Named ``metrics.span`` blocks get their own bars below too. Drawing
+    costs the same however many calls a rank makes; the exact intervals are in
+    the store and in the Chrome-trace export.
     """
 
-    max_segments = 400  # per name; older ones fall off the left edge first
+    columns = 400
 
     def __init__(self, window: float = 10.0) -> None:
         self.window = window
@@ -188,7 +190,6 @@ class TimelinePanel:
         )
         self.legend = w.HTML()
         self.widget = w.VBox([self.figure, self.legend])
-        self._names: list[str] = []
         self._shown: set[str] = set()
 
     def _mark(self, name: str) -> bq.Lines:
@@ -215,37 +216,40 @@ class TimelinePanel:
         if ranks and self._sy.max != max(ranks) + 0.6:
             self._sy.min, self._sy.max = -0.6, max(ranks) + 0.6
             self.figure.axes[1].tick_values = np.array(ranks, dtype=float)
-        merge = self.window / 600  # gaps below ~1 px vanish anyway
-        by_name: dict[str, dict[float, list]] = {}
-        blocked: dict[int, list] = {}
-        for rank, kind, name, start, end, wait in store.timeline(self.window):
-            lane = rank + (0.18 if kind == "comm" else -0.18)
-            key = f"{name}" if kind == "comm" else f"{name} (span)"
-            by_name.setdefault(key, {}).setdefault(lane, []).append((start, end))
-            if kind == "comm":
-                blocked.setdefault(rank, []).append((end - wait, end))
-        for rank, spans in blocked.items():
-            gaps = _gaps(spans, longest=1.0)
-            if gaps:
-                by_name.setdefault("compute", {})[rank - 0.18] = gaps
+        slot = self.window / self.columns
+        edges = np.linspace(-self.window, 0.0, self.columns + 1)
+        by_rank: dict[tuple[int, str, str], list] = {}
+        for rank, kind, name, start, end in store.timeline(self.window):
+            by_rank.setdefault((rank, kind, name), []).append((start, end))
+        segs: dict[str, list] = {}
+        busy: dict[int, np.ndarray] = {}  # rank -> slots with any activity
+        blocked: dict[int, np.ndarray] = {}
+        for (rank, kind, name), spans in by_rank.items():
+            occ = _occupancy(np.array(spans), -self.window, slot, self.columns)
+            busy[rank] = np.maximum(busy.get(rank, 0), occ > 0)
+            if kind == "blocked":
+                blocked[rank] = occ
+                continue
+            lane, key = (rank + 0.18, name) if kind == "comm" else (rank - 0.18, f"{name} (span)")
+            segs.setdefault(key, []).extend(
+                (edges[a], edges[b], lane) for a, b in _runs(occ >= 0.5)
+            )
+        for rank, active in busy.items():
+            # active: within a second of any recorded interval; compute: active, not blocked
+            near = np.convolve(active.astype(float), np.ones(int(1 / slot) * 2 + 1), "same") > 0
+            idle_block = blocked.get(rank, np.zeros(self.columns))
+            runs = _runs(near & (idle_block < 0.5))
+            segs.setdefault("compute", []).extend(
+                (edges[a], edges[b], rank - 0.18) for a, b in runs
+            )
         drawn = set()
-        for name, lanes in by_name.items():
-            segs = []
-            for lane, spans in lanes.items():
-                spans.sort()
-                cur_s, cur_e = spans[0]
-                for s, e in spans[1:]:
-                    if s - cur_e <= merge:
-                        cur_e = max(cur_e, e)
-                    else:
-                        segs.append((cur_s, cur_e, lane))
-                        cur_s, cur_e = s, e
-                segs.append((cur_s, cur_e, lane))
-            segs = sorted(segs, key=lambda t: t[1])[-self.max_segments :]
-            arr = np.array(segs)
+        for name, items in segs.items():
+            if not items:
+                continue
+            arr = np.array(items)
             mark = self._mark(name)
             with mark.hold_sync():
-                mark.x = np.clip(arr[:, :2], -self.window, 0.0)
+                mark.x = arr[:, :2]
                 mark.y = np.repeat(arr[:, 2:3], 2, axis=1)
                 mark.visible = True
             drawn.add(name)
@@ -254,16 +258,27 @@ class TimelinePanel:
         self._shown = drawn
 
 
-def _gaps(spans: list[tuple[float, float]], longest: float) -> list[tuple[float, float]]:
-    """The gaps between intervals, skipping gaps longer than ``longest`` (idle, not compute)."""
-    spans = sorted(spans)
-    out = []
-    reach = spans[0][1]
-    for s, e in spans[1:]:
-        if s > reach and s - reach <= longest:
-            out.append((reach, s))
-        reach = max(reach, e)
-    return out
+def _occupancy(spans: np.ndarray, t0: float, slot: float, n: int) -> np.ndarray:
+    """Fraction of each of ``n`` slots of width ``slot`` from ``t0`` covered by ``spans``."""
+    start = np.clip(spans[:, 0], t0, t0 + n * slot)
+    end = np.clip(spans[:, 1], t0, t0 + n * slot)
+    occ = np.zeros(n)
+    first = np.minimum(((start - t0) // slot).astype(int), n - 1)
+    last = np.minimum(((end - t0) // slot).astype(int), n - 1)
+    short = first == last  # most calls: inside one slot
+    np.add.at(occ, first[short], (end - start)[short])
+    for s, e, a, b in zip(start[~short], end[~short], first[~short], last[~short]):
+        occ[a] += t0 + (a + 1) * slot - s
+        occ[a + 1 : b] += slot
+        occ[b] += e - (t0 + b * slot)
+    return np.minimum(occ / slot, 1.0)
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` index ranges where ``mask`` is true."""
+    padded = np.concatenate([[False], mask, [False]]).astype(int)
+    change = np.flatnonzero(np.diff(padded))
+    return list(zip(change[::2], change[1::2]))
 
 
 class StatusPanel:

@@ -165,6 +165,33 @@ def voila(notebook: Path, env: dict | None = None, timeout: float = 60):
         _stop(proc)
 
 
+PROMPTS_JS = """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
+    .map(p => p.textContent.trim())"""
+
+
+def lab_run_all(page, timeout: float = 90) -> None:
+    """Wait for the kernel, then Run > Run All Cells until the first cell starts.
+
+    The menu item does nothing while the notebook is still settling, so the click
+    is repeated until a prompt shows that a cell ran or runs.
+    """
+    page.wait_for_selector(
+        ".jp-Notebook-ExecutionIndicator[data-status='idle']",
+        state="attached",
+        timeout=timeout * 1000,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        for _ in range(50):
+            if any(p not in ("[ ]:", "[]:") for p in page.evaluate(PROMPTS_JS)):
+                return
+            time.sleep(0.1)
+        page.keyboard.press("Escape")
+    raise TimeoutError("Run All Cells did not start the notebook")
+
+
 @contextmanager
 def browser_page(width: int = 1400, height: int = 1100):
     """A headless Chromium page (Debian's chromium through Playwright)."""

@@ -20,6 +20,7 @@ from tests.dashboard._browser import (
     browser_page,
     chromium_missing,
     jupyter_lab,
+    lab_run_all,
     voila,
 )
 from tests.dashboard._cells import notebook, train_cell
@@ -34,22 +35,11 @@ RUNNING_JS = """() => Array.from(document.querySelectorAll('.jp-CodeCell'))
     .map(c => (c.querySelector('.jp-InputPrompt') || {}).textContent || '')"""
 
 
-def _run_all(page) -> None:
-    page.get_by_role("menuitem", name="Run", exact=True).click()
-    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-
-
-def _wait_kernel_idle(page, timeout_ms: int = 90_000) -> None:
-    page.wait_for_selector(
-        ".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached", timeout=timeout_ms
-    )
-
-
 def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster, tmp_path):
     nb = notebook(
         "%load_ext clusterkernel",
         "%mpi start -n 4",
-        "import clusterkernel\ndash = clusterkernel.Dashboard()\ndash",
+        "import clusterkernel\ndash = clusterkernel.Dashboard(max_points=1000)\ndash",
         train_cell(EPOCHS, magic="%%mpi"),
         "dash.sync()\nprint('steps', sorted(len(s) for s, _ in dash.store.series('loss').values()))",
         "%mpi stop",
@@ -60,8 +50,7 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
     with jupyter_lab(tmp_path) as (base, token), browser_page() as page:
         page.goto(f"{base}/lab/tree/x.ipynb?token={token}")
         page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
-        _wait_kernel_idle(page)
-        _run_all(page)
+        lab_run_all(page)
         page.wait_for_selector(".ck-loss", state="attached", timeout=120_000)
         deadline = time.monotonic() + 120
         states = set()

@@ -11,7 +11,7 @@ import pytest
 
 from clusterkernel import Dashboard, metrics
 from clusterkernel.dashboard import MetricsStore, chrome_trace, summary, thin, to_csv
-from clusterkernel.dashboard._views import DashboardView, _gaps
+from clusterkernel.dashboard._views import DashboardView, _occupancy, _runs
 from clusterkernel.errors import ClusterError
 
 
@@ -85,11 +85,23 @@ def test_timeline_is_wall_clock_aligned_across_ranks():
     s.ingest(_msg(0, 1, comm=[("send", 8, "mpi", 2, 99.0, 0.5, 0.1)], pc=100.0, wall=now))
     s.ingest(_msg(1, 1, spans=[("forward", 4999.0, 0.25)], pc=5000.0, wall=now))
     got = sorted(s.timeline(window=10, now=now))
-    assert got[0][:5] == (0, "comm", "send", pytest.approx(-1.0), pytest.approx(-0.5))
-    assert got[0][5] == pytest.approx(0.1)
-    assert got[1][:5] == (1, "span", "forward", pytest.approx(-1.0), pytest.approx(-0.75))
+    assert got == [
+        (0, "blocked", "", pytest.approx(-0.6), pytest.approx(-0.5)),  # the last 0.1 s waited
+        (0, "comm", "send", pytest.approx(-1.0), pytest.approx(-0.5)),
+        (1, "span", "forward", pytest.approx(-1.0), pytest.approx(-0.75)),
+    ]
     assert s.timeline(window=0.2, now=now) == []
-    assert _gaps([(0, 1), (1.5, 2), (5, 6), (0.2, 0.4)], longest=1.0) == [(1, 1.5)]
+    # back-to-back calls become one interval to draw; the records stay apart
+    calls = [("send", 8, "mpi", 2, 100.0 + 0.002 * i, 0.002, 0.001) for i in range(100)]
+    s.ingest(_msg(2, 1, comm=calls, pc=100.2, wall=now))
+    drawn = [t for t in s.timeline(window=10, now=now) if t[:2] == (2, "comm")]
+    assert drawn == [
+        (2, "comm", "send", pytest.approx(-0.2, abs=1e-6), pytest.approx(0, abs=1e-6))
+    ]
+    assert len(s.records("comm", ranks=[2])) == 100
+    occ = _occupancy(np.array([(0.1, 0.15), (0.5, 2.25), (3.9, 5.0)]), 0.0, 1.0, 4)
+    assert occ.tolist() == pytest.approx([0.55, 1.0, 0.25, 0.1])
+    assert _runs(occ >= 0.5) == [(0, 2)]
 
 
 def test_exports_round_trip(tmp_path):
@@ -130,7 +142,8 @@ def test_panels_draw_what_the_store_holds():
         scal = [
             (i, 100.0 + i, {"loss": rank + 1 / (i + 1), "samples_per_s": 10.0}) for i in range(50)
         ]
-        comm = [("all_reduce", 64, "mpi", 3, 100.0 + i * 0.01, 0.004, 0.004) for i in range(20)]
+        # 4 ms in all_reduce, then 46 ms of compute, for the last 2 s
+        comm = [("all_reduce", 64, "mpi", 3, 98.3 + i * 0.05, 0.004, 0.004) for i in range(40)]
         s.ingest(_msg(rank, 1, scalars=scal, comm=comm, pc=100.3, wall=now))
     view = DashboardView(window=10.0, max_points=1000)
     view.loss.update(s)
@@ -144,8 +157,13 @@ def test_panels_draw_what_the_store_holds():
         assert line.y[0] == pytest.approx(rank + 1.0)
     assert set(view.loss.choice.options) == {"loss", "samples_per_s"}
     assert "all_reduce" in view.comm.widget.value and view.comm.widget.value.count("<tr>") == 4
-    assert {"all_reduce", "compute"} <= set(view.timeline._marks)
-    assert view.timeline._marks["all_reduce"].visible
+    assert "compute" in view.timeline._marks
+    # 4 ms calls are narrower than a slot (25 ms): the comm lane stays empty,
+    # compute covers the 2 s of calls, plus a second of margin each side
+    assert "all_reduce" not in view.timeline._shown
+    compute = view.timeline._marks["compute"]
+    assert compute.visible and len(compute.x) == 3  # one bar per rank
+    assert (compute.x[:, 1] - compute.x[:, 0]).tolist() == pytest.approx([3.0] * 3, abs=0.06)
     assert view.status.widget.value.count("busy") == 3
     view.loss.choice.value = "samples_per_s"
     view.loss.update(s)

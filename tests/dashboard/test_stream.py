@@ -123,5 +123,25 @@ def test_receiver_refuses_messages_not_signed_with_its_key():
 def test_wire_decode_errors_say_what_is_wrong():
     with pytest.raises(_wire.WireError, match="bad signature"):
         _wire.decode(b"k", [b"x" * 32, b"{}"])
-    with pytest.raises(_wire.WireError, match="2 frames"):
+    with pytest.raises(_wire.WireError, match="a signature and a header"):
         _wire.decode(b"k", [b"{}"])
+    frames = _wire.encode(b"k", {"v": 1, "rank": 0, "scalar": [(0, 1.0, {"loss": 1.0})]})
+    frames[-1] = frames[-1][:-1] + b"\x00"  # one byte of a column changed
+    with pytest.raises(_wire.WireError, match="bad signature"):
+        _wire.decode(b"k", frames)
+
+
+def test_wire_round_trip_is_exact_for_every_record_shape():
+    msg = {
+        "v": 1,
+        "rank": 3,
+        "seq": 2,
+        "lost": {"comm": 1},
+        "scalar": [(0, 0.1, {"loss": 0.1 + 0.2}), (1, 0.2, {"loss": float("inf"), "acc": 0.5})],
+        "comm": [("all_reduce", 2**40, "ring", 4, 1.5, 1e-9, 0.0)],
+        "span": [("forward", 3.25, 0.001)],
+    }
+    back = _wire.decode(b"k", _wire.encode(b"k", msg))
+    assert back == {**msg, "seq": 2}
+    floaty = {"v": 1, "rank": 0, "scalar": [(2.5, 0.0, {"x": 1.0}), (3, 0.0, {"x": 2.0})]}
+    assert _wire.decode(b"k", _wire.encode(b"k", floaty))["scalar"] == floaty["scalar"]

@@ -1,0 +1,341 @@
+"""Issue 6 benchmark: the live dashboard's channel and its cost to training.
+
+Run (from the repository root; one MPI job at a time on a shared machine):
+
+    flock /tmp/ck-mpi.lock python benchmarks/bench_dashboard.py [--part channel|browser|all]
+
+Part ``channel`` (4 ranks, no browser): every rank logs ``--steps`` scalars in a
+tight loop (the worst case for a stream) while the notebook side collects them,
+side by side in one cluster:
+
+- ``none``     no stream: the loop's own speed;
+- ``zmq``      clusterkernel's channel (``metrics.stream``: signed JSON batches over a
+               ZMQ PUSH socket per rank, sent from a thread; the recorder is the buffer);
+- ``datapub``  ipyparallel's ``publish_data`` from a thread on each rank, 10 times a
+               second, each message a window of the last ``--window`` records with a
+               sequence number; the notebook reads ``ar.data`` 5 times a second
+               (``data_message`` keeps only the latest value per key).
+
+Reported: loop steps/s per rank, the share of (rank, step) points the notebook had
+when the cell ended ("live") and after waiting ("final").
+
+Part ``browser``: JupyterLab on loopback with headless Chromium; a notebook trains
+the same model on 4 ranks with the Trainer, alternately without a dashboard and
+with one live on the page (2 rounds each, interleaved). Reported per run: global
+samples/s, the kernel's CPU use (its process time / wall time during the cell),
+redraws sent by the kernel, and how many distinct loss pictures per second the
+browser drew (sampled every 50 ms in the page).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+# --------------------------------------------------------------------------- channel
+class _Quiet:
+    """A renderer that shows nothing (the benchmark reads results itself)."""
+
+    def update(self, rank, out):
+        pass
+
+    def notice(self, text):
+        pass
+
+    def finish(self):
+        pass
+
+
+LOOP = """
+import time
+from clusterkernel import metrics
+rec = metrics.recorder()
+rec.clear()
+_t0 = time.perf_counter()
+for _i in range({steps}):
+    _end = time.perf_counter() + {work}
+    while time.perf_counter() < _end:  # the step's own work (0: log only)
+        pass
+    metrics.log(step=_i, loss=1.0 / (_i + 1), samples_per_s=float(_i))
+bench_loop_s = time.perf_counter() - _t0
+"""
+
+DATAPUB_START = """
+import threading, time
+from ipyparallel.datapub import publish_data
+from clusterkernel import metrics
+
+def _datapub(stop, window):
+    rec, seq = metrics.recorder(), 0
+    while not stop.wait(0.1):
+        items, nxt, _ = rec.read("scalar", max(rec.total("scalar") - window, 0))
+        seq += 1
+        publish_data({{"ck": {{"seq": seq, "steps": [s for s, _t, _v in items]}}}})
+
+bench_stop = threading.Event()
+bench_thread = threading.Thread(target=_datapub, args=(bench_stop, {window}), daemon=True)
+bench_thread.start()
+"""
+
+DATAPUB_STOP = "bench_stop.set(); bench_thread.join()"
+
+
+def _collect_datapub(run, seen: set, stop: threading.Event, ranks: list[int]) -> None:
+    """The notebook side of datapub: read the latest window per rank, 5 times a second."""
+    while not stop.wait(0.2):
+        for rank, data in zip(ranks, run.ar.data):
+            window = (data or {}).get("ck")
+            if window:
+                seen.update((rank, s) for s in window["steps"])
+
+
+def bench_channel(steps: int, window: int, rounds: int, work: float) -> dict:
+    from clusterkernel import Cluster, metrics
+    from clusterkernel.dashboard import MetricsStore, Receiver
+
+    out: dict[str, list[dict]] = {"none": [], "zmq": [], "datapub": []}
+    with Cluster(n=4, env={"OMP_NUM_THREADS": "1"}) as cluster:
+        ranks = cluster.ranks
+        total = steps * len(ranks)
+        cluster.run("pass", renderer=_Quiet())
+        for _ in range(rounds):
+            # none
+            cluster.run(LOOP.format(steps=steps, work=work), renderer=_Quiet())
+            loop = cluster.pull("bench_loop_s")
+            out["none"].append({"steps_per_s": statistics.median(steps / t for t in loop.values())})
+
+            # zmq: clusterkernel's stream
+            store = MetricsStore()
+            rx = Receiver(store).start()
+            cluster.view().apply_sync(metrics.stream, rx.address, rx.key, 0.1)
+            cluster.run(LOOP.format(steps=steps, work=work), renderer=_Quiet())
+            live = sum(len(store.series("loss").get(r, ([],))[0]) for r in ranks)
+            seqs = cluster.view().apply_sync(metrics.flush_stream, 30)
+            store.wait_for(dict(zip(ranks, seqs)), 30)
+            final = sum(len(store.series("loss").get(r, ([],))[0]) for r in ranks)
+            loop = cluster.pull("bench_loop_s")
+            cluster.view().apply_sync(metrics.stop_stream)
+            rx.stop()
+            out["zmq"].append(
+                {
+                    "steps_per_s": statistics.median(steps / t for t in loop.values()),
+                    "live": live / total,
+                    "final": final / total,
+                }
+            )
+
+            # datapub: windows of history through ipyparallel's data_message
+            seen: set = set()
+            stop = threading.Event()
+            code = DATAPUB_START.format(window=window) + LOOP.format(steps=steps, work=work)
+            code += "time.sleep(0.3)\n" + DATAPUB_STOP  # let the last window go out
+            run = cluster.run(code, renderer=_Quiet(), block=False)
+            reader = threading.Thread(target=_collect_datapub, args=(run, seen, stop, ranks))
+            reader.start()
+            run.wait()
+            live = len(seen)
+            time.sleep(1.0)
+            stop.set()
+            reader.join()
+            _collect_datapub_once(run, seen, ranks)
+            loop = cluster.pull("bench_loop_s")
+            out["datapub"].append(
+                {
+                    "steps_per_s": statistics.median(steps / t for t in loop.values()),
+                    "live": live / total,
+                    "final": len(seen) / total,
+                }
+            )
+    return out
+
+
+def _collect_datapub_once(run, seen: set, ranks: list[int]) -> None:
+    for rank, data in zip(ranks, run.ar.data):
+        window = (data or {}).get("ck")
+        if window:
+            seen.update((rank, s) for s in window["steps"])
+
+
+def print_channel(res: dict, steps: int, window: int) -> None:
+    print(
+        f"\nchannel: 4 ranks, {steps} log() calls per rank in a tight loop; datapub window {window}"
+    )
+    print(f"{'variant':<9} {'loop steps/s':>13} {'vs none':>8} {'live':>7} {'final':>7}")
+    base = statistics.median(r["steps_per_s"] for r in res["none"])
+    for name, runs in res.items():
+        sps = statistics.median(r["steps_per_s"] for r in runs)
+        live = statistics.median(r.get("live", float("nan")) for r in runs)
+        final = statistics.median(r.get("final", float("nan")) for r in runs)
+        print(f"{name:<9} {sps:>13.0f} {sps / base:>7.2f}x {live:>7.1%} {final:>7.1%}")
+
+
+# --------------------------------------------------------------------------- browser
+TRAIN_DEF = """%%mpi
+import time
+import torch
+from torch import nn
+from clusterkernel.data import teacher
+from clusterkernel.train import Trainer
+torch.set_num_threads(1)
+DATA = teacher(n=2048, in_features=20, classes=4, hidden=16)
+
+def bench_run(epochs):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    trainer = Trainer(model, opt, nn.functional.cross_entropy, DATA, batch_size=64,
+                      prefetch=False)
+    t0 = time.perf_counter()
+    trainer.fit(epochs=epochs)
+    return len(DATA) * epochs / (time.perf_counter() - t0)
+"""
+
+MEASURE = """import time, json
+_c0, _w0 = time.process_time(), time.perf_counter()
+_u0 = dash.updates if dash is not None else 0
+get_ipython().run_cell_magic("mpi", "", "bench_sps = bench_run({epochs})")
+_wall = time.perf_counter() - _w0
+results.append({{
+    "variant": {variant!r},
+    "samples_per_s": cluster.pull("bench_sps")[0],
+    "kernel_cpu": (time.process_time() - _c0) / _wall,
+    "redraws_per_s": ((dash.updates if dash is not None else 0) - _u0) / _wall,
+    "wall_s": _wall,
+}})
+print("DONE {variant}")"""
+
+
+def bench_browser(epochs: int, rounds: int) -> list[dict]:
+    import tempfile
+
+    import nbformat
+
+    from tests.dashboard._browser import (
+        LOSS_STATE_JS,
+        PROMPTS_JS,
+        browser_page,
+        jupyter_lab,
+        lab_run_all,
+    )
+
+    cells = [
+        "%load_ext clusterkernel\nimport clusterkernel\nfrom clusterkernel.magics import current_cluster",
+        "%mpi start -n 4\ncluster = current_cluster()\nresults = []\ndash = None",
+        TRAIN_DEF,
+        "%%mpi\nbench_run(1)",  # warm-up
+    ]
+    order = []
+    for _ in range(rounds):
+        order += ["without", "with"]
+    for variant in order:
+        if variant == "with":
+            cells.append("dash = clusterkernel.Dashboard()\ndash")
+        cells.append(MEASURE.format(epochs=epochs, variant=variant))
+        if variant == "with":
+            cells.append("dash.close()\ndash = None")
+    cells.append("print('RESULTS ' + json.dumps(results))")
+    cells.append("%mpi stop")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+
+    pictures: dict[int, list[float]] = {}  # cell index -> times the loss picture changed
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        nbformat.write(nb, root / "bench.ipynb")
+        with jupyter_lab(root) as (base, token), browser_page() as page:
+            page.goto(f"{base}/lab/tree/bench.ipynb?token={token}")
+            page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
+            lab_run_all(page)
+            last_state = None
+            deadline = time.monotonic() + 60 + 40 * len(order) * max(1, epochs // 20)
+            text = ""
+            while time.monotonic() < deadline:
+                prompts = page.evaluate(PROMPTS_JS)
+                running = [i for i, p in enumerate(prompts) if "*" in p]
+                state = page.evaluate(LOSS_STATE_JS)
+                if running and state != last_state:
+                    pictures.setdefault(running[0], []).append(time.monotonic())
+                last_state = state
+                if prompts and not running and prompts[-1] not in ("[ ]:", "[]:"):
+                    text = page.inner_text(".jp-Notebook")
+                    break
+                time.sleep(0.05)
+            page.screenshot(
+                path=str(REPO / "test-artifacts" / "bench_dashboard.png"), full_page=True
+            )
+    line = next((ln for ln in text.splitlines() if ln.startswith("RESULTS ")), None)
+    if line is None:
+        raise RuntimeError(f"the benchmark notebook did not finish:\n{text[-3000:]}")
+    results = json.loads(line[len("RESULTS ") :])
+    measure_cells = [i for i, c in enumerate(cells) if c.startswith("import time, json")]
+    for res, idx in zip(results, measure_cells):
+        times = pictures.get(idx, [])
+        res["browser_pictures_per_s"] = (
+            (len(times) - 1) / (times[-1] - times[0]) if len(times) > 2 else 0.0
+        )
+    return results
+
+
+def print_browser(results: list[dict], epochs: int) -> None:
+    print(
+        f"\nbrowser: 4 ranks, Trainer, {epochs} epochs of 2048 samples per run, JupyterLab + Chromium"
+    )
+    print(
+        f"{'run':<8} {'samples/s':>10} {'kernel CPU':>11} {'redraws/s':>10} {'browser pictures/s':>19}"
+    )
+    for r in results:
+        print(
+            f"{r['variant']:<8} {r['samples_per_s']:>10.0f} {r['kernel_cpu']:>10.1%} "
+            f"{r['redraws_per_s']:>10.1f} {r['browser_pictures_per_s']:>19.1f}"
+        )
+    med = {
+        v: statistics.median(r["samples_per_s"] for r in results if r["variant"] == v)
+        for v in ("without", "with")
+    }
+    print(f"median samples/s with / without dashboard: {med['with'] / med['without']:.3f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("channel", "browser", "all"), default="all")
+    ap.add_argument("--steps", type=int, default=100_000, help="log() calls per rank (channel)")
+    ap.add_argument(
+        "--work-us",
+        type=float,
+        nargs="+",
+        default=[0.0, 200.0],
+        help="busy work per logged step, microseconds (channel; one table each)",
+    )
+    ap.add_argument("--window", type=int, default=5_000, help="records per datapub window")
+    ap.add_argument("--epochs", type=int, default=40, help="epochs per training run (browser)")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    if args.part in ("channel", "all"):
+        for work_us in args.work_us:
+            steps = args.steps if not work_us else min(args.steps, int(3e6 / work_us))
+            res = bench_channel(steps, args.window, args.rounds, work_us * 1e-6)
+            print("RESULT channel " + json.dumps({"work_us": work_us, **res}))
+            print_channel(res, steps, args.window, work_us * 1e-6)
+    if args.part in ("browser", "all"):
+        (REPO / "test-artifacts").mkdir(exist_ok=True)
+        res = bench_browser(args.epochs, args.rounds)
+        print("RESULT browser " + json.dumps(res))
+        print_browser(res, args.epochs)
+
+
+if __name__ == "__main__":
+    main()
