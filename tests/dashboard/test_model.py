@@ -95,9 +95,7 @@ def test_timeline_is_wall_clock_aligned_across_ranks():
     calls = [("send", 8, "mpi", 2, 100.0 + 0.002 * i, 0.002, 0.001) for i in range(100)]
     s.ingest(_msg(2, 1, comm=calls, pc=100.2, wall=now))
     drawn = [t for t in s.timeline(window=10, now=now) if t[:2] == (2, "comm")]
-    assert drawn == [
-        (2, "comm", "send", pytest.approx(-0.2, abs=1e-6), pytest.approx(0, abs=1e-6))
-    ]
+    assert drawn == [(2, "comm", "send", pytest.approx(-0.2, abs=1e-6), pytest.approx(0, abs=1e-6))]
     assert len(s.records("comm", ranks=[2])) == 100
     occ = _occupancy(np.array([(0.1, 0.15), (0.5, 2.25), (3.9, 5.0)]), 0.0, 1.0, 4)
     assert occ.tolist() == pytest.approx([0.55, 1.0, 0.25, 0.1])
