@@ -129,7 +129,11 @@ def test_timeout_interrupts_python_without_restart(cluster: Cluster):
 
 @pytest.mark.parametrize(
     "how, expect",
-    [("os._exit(3)", "exit code 3"), ("os.kill(os.getpid(), 9)", "signal 9")],
+    [
+        ("os._exit(3)", "exit code 3"),
+        ("os.kill(os.getpid(), 9)", "signal 9"),
+        ("import ctypes; ctypes.string_at(0)", "signal 11"),  # a segfault
+    ],
 )
 def test_dead_rank_is_named_and_restart_recovers(cluster: Cluster, how, expect):
     old = {r["pid"] for r in cluster.status()}
