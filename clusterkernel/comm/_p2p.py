@@ -161,6 +161,9 @@ def recv_object(
     """Receive an object sent with :func:`send_object` (from any rank if ``src`` is None).
 
     Returns the object; with ``async_op=True`` a Work whose ``result()`` is the object.
+    An async object receive claims its message by probing, when it is made and
+    then whenever it is polled (``wait()``/``is_completed()``): several outstanding
+    ones with the same source and tag get the messages in the order they find them.
 
     Example: ``cfg = comm.recv_object(src=0)``
     """

@@ -37,6 +37,10 @@ def all_reduce(
     group, tensor: torch.Tensor, w: torch.Tensor, info: DType, op: ReduceOp, async_op: bool
 ) -> Work | None:
     """Ring allreduce of ``tensor`` (already on the wire as ``w``) over ``group``."""
+    if not w.is_cpu:
+        # Device memory reached MPI directly (CUDA-aware), but the ring reduces
+        # with numpy: it works on a host copy, copied back at the end.
+        w = w.detach().to("cpu")
     data = as_numpy(w, info)
     if data.nbytes >= _hugepages.THRESHOLD and w.is_cpu:
         _hugepages.note_buffer(w.data_ptr(), data.nbytes)
