@@ -6,7 +6,9 @@ Before each collective the ranks exchange a small fixed-size signature (one
 ``Allgather`` of 16 int64 on a private duplicate communicator, so it never mixes
 with user traffic). If signatures differ, every rank raises
 :class:`CollectiveMismatchError` naming the ranks and what each one called, instead
-of hanging or returning garbage.
+of hanging or returning garbage. Point-to-point calls are not checked (they have
+no group-wide call to compare), nor can a rank that never enters any collective be
+named: the others wait for it in the signature exchange.
 """
 
 from __future__ import annotations

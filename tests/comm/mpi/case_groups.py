@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from _helpers import RANK, SIZE, agree, expect_error
@@ -11,6 +13,16 @@ from clusterkernel import comm
 
 def test_world_rank_and_size():
     agree(comm.rank() == RANK and comm.size() == SIZE and comm.get_world_size() == SIZE)
+
+
+def test_torch_distributed_spellings_port_unchanged():
+    # The PyTorch tutorial's calls, with `dist` renamed to `comm`.
+    comm.init_process_group("gloo", rank=RANK, world_size=SIZE)
+    t = torch.ones(1)
+    comm.all_reduce(t, op=comm.reduce_op.SUM)
+    ok = comm.is_initialized() and comm.get_rank() == RANK and t.item() == SIZE
+    ok = ok and comm.ReduceOp.MAX is comm.MAX and pickle.loads(pickle.dumps(comm.AVG)) is comm.AVG
+    agree(ok)
 
 
 def test_new_group_of_even_ranks():
