@@ -9,9 +9,15 @@ from torch.utils.data import Dataset
 
 
 class Partition(Dataset):
-    """A view of ``data`` restricted to ``indices`` (no copy)."""
+    """A view of ``data`` restricted to ``indices`` (no copy of the samples).
 
-    def __init__(self, data, indices: Sequence[int]):
+    Example::
+
+        evens = Partition(dataset, range(0, len(dataset), 2))
+        x, y = evens[1]                  # dataset[2]
+    """
+
+    def __init__(self, data: Dataset, indices: Sequence[int]):
         self.data = data
         self.indices = list(indices)
 
@@ -60,7 +66,9 @@ class DataPartitioner:
     rank with no data would leave the others waiting in a collective.
     """
 
-    def __init__(self, data, sizes: Sequence[float | int] = (0.7, 0.2, 0.1), seed: int = 1234):
+    def __init__(
+        self, data: Dataset, sizes: Sequence[float | int] = (0.7, 0.2, 0.1), seed: int = 1234
+    ):
         self.data = data
         n = len(data)
         self.lengths = _lengths(n, sizes)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, TensorDataset
 
 from clusterkernel.partition._world import rank_and_size
+
+if TYPE_CHECKING:  # importing comm starts MPI; the data helpers work without it
+    from clusterkernel import comm
 
 _UNEVEN = ("pad", "drop")
 
@@ -40,14 +44,14 @@ class DistributedSampler(Sampler[int]):
 
     def __init__(
         self,
-        data,
+        data: Dataset | int,
         size: int | None = None,
         rank: int | None = None,
         *,
         shuffle: bool = True,
         seed: int = 0,
         uneven: str = "pad",
-        group=None,
+        group: comm.Group | None = None,
     ):
         if uneven not in _UNEVEN:
             raise ValueError(f"uneven must be one of {_UNEVEN}, got {uneven!r}.")
@@ -97,7 +101,7 @@ class DistributedSampler(Sampler[int]):
 
 
 def distributed_loader(
-    data,
+    data: Dataset,
     global_batch: int,
     *,
     shuffle: bool = True,
@@ -106,8 +110,8 @@ def distributed_loader(
     drop_last: bool = False,
     size: int | None = None,
     rank: int | None = None,
-    group=None,
-    **loader_kwargs,
+    group: comm.Group | None = None,
+    **loader_kwargs: Any,
 ) -> DataLoader:
     """This rank's :class:`~torch.utils.data.DataLoader` for a global batch size.
 
@@ -143,11 +147,17 @@ def distributed_loader(
     )
 
 
-def set_epoch(loader, epoch: int) -> bool:
+def set_epoch(loader: Iterable, epoch: int) -> bool:
     """Call ``set_epoch`` on the sampler behind ``loader`` (if it has one).
 
     Finds it whether it is the loader's sampler, its batch sampler's, or wrapped
     in a ``BatchSampler``. Returns whether one was found.
+
+    Example::
+
+        for epoch in range(3):
+            set_epoch(loader, epoch)     # a new shuffle, the same on every rank
+            for x, y in loader: ...
     """
     candidates = [
         getattr(loader, "sampler", None),

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def rank_and_size(rank: int | None, size: int | None, group=None) -> tuple[int, int]:
+if TYPE_CHECKING:  # importing comm starts MPI; the data helpers work without it
+    from clusterkernel import comm
+
+
+def rank_and_size(
+    rank: int | None, size: int | None, group: comm.Group | None = None
+) -> tuple[int, int]:
     """Return ``(rank, size)``, asking :mod:`clusterkernel.comm` only for what is missing.
 
     Explicit values let the data helpers run without MPI (one process, or tests).

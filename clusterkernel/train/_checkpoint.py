@@ -13,7 +13,7 @@ from clusterkernel.train._sync import all_objects
 FORMAT = 1
 
 
-def _agree(ok: bool, message: str, group) -> None:
+def _agree(ok: bool, message: str, group: comm.Group | None) -> None:
     """Raise on every rank if ``ok`` is false on any; ``message`` names the first."""
     flags = all_objects(None if ok else message, group)
     bad = [(r, m) for r, m in enumerate(flags) if m is not None]
@@ -21,7 +21,9 @@ def _agree(ok: bool, message: str, group) -> None:
         raise RuntimeError("; ".join(f"rank {r}: {m}" for r, m in bad))
 
 
-def save(path: str | os.PathLike, states: list[dict], meta: dict, group=None) -> None:
+def save(
+    path: str | os.PathLike, states: list[dict], meta: dict, group: comm.Group | None = None
+) -> None:
     """Write ``{"meta": meta, "ranks": states}`` on rank 0, atomically; collective.
 
     Every rank returns only after the file is complete, or raises if rank 0
@@ -40,7 +42,7 @@ def save(path: str | os.PathLike, states: list[dict], meta: dict, group=None) ->
     _agree(not error, error, group)
 
 
-def load(path: str | os.PathLike, group=None) -> dict | None:
+def load(path: str | os.PathLike, group: comm.Group | None = None) -> dict | None:
     """Read a checkpoint on every rank; ``None`` on all ranks if rank 0 has none.
 
     Every rank reads the file itself, so it must be on a filesystem all ranks

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,7 +75,7 @@ class DataParallel(nn.Module):
         bucket_bytes: int = 1 << 20,
         compression: str | None = None,
         buffers: str = "average",
-        group=None,
+        group: comm.Group | None = None,
     ):
         super().__init__()
         if compression not in _COMPRESSION:
@@ -149,7 +150,12 @@ class DataParallel(nn.Module):
             broadcast_tensors(others, self._root, self.group)
 
     # -- module API ------------------------------------------------------------
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the wrapped module; in training, arm this step's gradient averaging.
+
+        Raises if the previous step's gradients were never synchronized, since
+        mixing two steps' allreduces would hang or corrupt the average.
+        """
         red = self._reducer
         if red.launched and torch.is_grad_enabled():
             raise RuntimeError(

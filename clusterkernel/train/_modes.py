@@ -23,6 +23,11 @@ import torch
 from torch import nn
 
 from clusterkernel import comm
+from clusterkernel.train._ddp import DataParallel
+from clusterkernel.train._pipeline import PipelineParallel
+
+#: ``loss_fn(outputs, targets) -> loss``, e.g. ``torch.nn.functional.cross_entropy``
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 _MODES: dict[str, type[TrainingMode]] = {}
 
@@ -48,7 +53,12 @@ def register_mode(name: str, cls: type[TrainingMode]) -> type[TrainingMode]:
 
 
 def available_modes() -> list[str]:
-    """Names accepted by ``Trainer(mode=...)``."""
+    """Names accepted by ``Trainer(mode=...)``.
+
+    Example::
+
+        available_modes()   # ['allreduce', 'local', 'pipeline', ...]
+    """
     return sorted(_MODES)
 
 
@@ -76,6 +86,21 @@ class TrainingMode:
       state is its own and is gathered (False);
     - ``lockstep``: every step is collective, so all ranks must run the same
       number of steps per epoch (checked before training starts).
+
+    Example (a mode that averages parameters every ``k`` steps)::
+
+        class PeriodicAverage(TrainingMode):
+            name = "periodic"
+            replicated = False      # replicas drift between averagings
+
+            def __init__(self, k: int = 8):
+                self.k = k
+
+            def after_step(self, step: int) -> None:
+                if step % self.k == 0:
+                    average_parameters(self.model)   # your collective here
+
+        register_mode("periodic", PeriodicAverage)
     """
 
     name: ClassVar[str] = "base"
@@ -89,7 +114,8 @@ class TrainingMode:
     #: e.g. parameter servers, whose ranks never meet in a collective mid-run
     own_checkpoints: bool = False
 
-    group = None
+    #: the ranks taking part (a ``comm.new_group`` group); None: all ranks
+    group: comm.Group | None = None
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
         """Prepare for training; return the module that forward passes go through."""
@@ -109,7 +135,7 @@ class TrainingMode:
         """
         train()
 
-    def forward_backward(self, module: nn.Module, batch: Any, loss_fn) -> float:
+    def forward_backward(self, module: nn.Module, batch: Any, loss_fn: LossFn) -> float:
         """Compute the loss of one batch and its gradients; return the loss."""
         x, y = batch
         loss = loss_fn(module(x), y)
@@ -168,6 +194,10 @@ class LocalMode(TrainingMode):
     """No communication: each rank trains its own model on its own shard.
 
     The baseline for comparisons, and plain single-process training on one rank.
+
+    Example::
+
+        Trainer(model, opt, F.cross_entropy, data, mode="local").fit(3)
     """
 
     name = "local"
@@ -179,6 +209,12 @@ class AllReduceMode(TrainingMode):
     """Synchronous data parallel SGD through :class:`DataParallel`.
 
     Options go to ``DataParallel``: ``bucket_bytes``, ``compression``, ``buffers``.
+    It is the Trainer's default mode.
+
+    Example::
+
+        Trainer(model, opt, F.cross_entropy, data, mode="allreduce",
+                mode_options={"compression": "fp16"}).fit(3)
     """
 
     name = "allreduce"
@@ -186,11 +222,9 @@ class AllReduceMode(TrainingMode):
 
     def __init__(self, **dp_options: Any):
         self.dp_options = dp_options
-        self.dp = None
+        self.dp: DataParallel | None = None
 
-    def setup(self, model, optimizer):
-        from clusterkernel.train._ddp import DataParallel
-
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> DataParallel:
         # Passing the optimizer checks it across ranks and makes a bare
         # optimizer.step() safe too; the synchronize in before_step comes first,
         # so the step hook then finds nothing left to do.
@@ -203,7 +237,7 @@ class AllReduceMode(TrainingMode):
     def comm_seconds(self) -> float:
         return self.dp.last_comm_seconds
 
-    def unwrap(self, module):
+    def unwrap(self, module: DataParallel) -> nn.Module:
         return module.module
 
     def teardown(self) -> None:
@@ -216,6 +250,11 @@ class PipelineMode(TrainingMode):
 
     The model must be an ``nn.Sequential``; options ``balance`` and ``chunks`` go
     to ``PipelineParallel``. Every rank walks the same batches.
+
+    Example (the loss is known on the last stage only)::
+
+        Trainer(nn.Sequential(...), opt, F.cross_entropy, data, mode="pipeline",
+                mode_options={"chunks": 4}).fit(3)
     """
 
     name = "pipeline"
@@ -225,22 +264,17 @@ class PipelineMode(TrainingMode):
     def __init__(self, **pipe_options: Any):
         self.pipe_options = pipe_options
 
-    def setup(self, model, optimizer):
-        from clusterkernel.train._pipeline import PipelineParallel
-
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> PipelineParallel:
         return PipelineParallel(model, group=self.group, **self.pipe_options)
 
-    def forward_backward(self, module, batch, loss_fn) -> float:
+    def forward_backward(self, module: PipelineParallel, batch: Any, loss_fn: LossFn) -> float:
         x, y = batch
         return module.train_step(x, y, loss_fn)
-
-    def predict(self, module, x):
-        return module(x)
 
     def eval_shard(self) -> tuple[int, int]:
         return 0, 1
 
-    def unwrap(self, module):
+    def unwrap(self, module: PipelineParallel) -> nn.Module:
         return module.stage
 
 

@@ -30,7 +30,18 @@ _UPSTREAM = object()  # "an earlier stage failed", as opposed to a failure here
 
 
 class PipelineError(RuntimeError):
-    """A pipeline stage failed; raised on every rank of the pipeline."""
+    """A pipeline stage failed; raised on every rank of the pipeline.
+
+    The message names the stage and rank that failed and the original error, so
+    any rank's traceback explains it. The pipeline is usable again afterwards.
+
+    Example::
+
+        try:
+            loss = pipe.train_step(x, y, F.cross_entropy)
+        except PipelineError as exc:   # e.g. "stage 0 (rank 0): ... mat1 and mat2 ..."
+            print(exc)
+    """
 
 
 class PipelineParallel(nn.Module):
@@ -64,7 +75,7 @@ class PipelineParallel(nn.Module):
         model: nn.Sequential,
         balance: Sequence[int] | None = None,
         chunks: int = 4,
-        group=None,
+        group: comm.Group | None = None,
     ):
         super().__init__()
         self.group = group

@@ -75,7 +75,13 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[Bucket]:
 class GradReducer:
     """Average gradients over a group bucket by bucket, started from grad hooks."""
 
-    def __init__(self, params: list[nn.Parameter], bucket_bytes: int, compression, group):
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        bucket_bytes: int,
+        compression: str | None,
+        group: comm.Group | None,
+    ):
         self.group = group
         self.world = comm.size(group)
         self.compression = compression

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -12,17 +13,22 @@ from clusterkernel import comm
 
 
 class ReplicaMismatchError(ValueError):
-    """The model or optimizer is not the same on every rank."""
+    """The model or optimizer is not the same on every rank.
+
+    Raised on every rank alike (see :func:`check_replicas`), naming the ranks that
+    differ from rank 0 and the first difference: a parameter's name, shape and
+    dtype, a parameter count, or the optimizer's type or shapes.
+    """
 
 
-def all_objects(obj, group=None) -> list:
+def all_objects(obj: Any, group: comm.Group | None = None) -> list:
     """Every rank's ``obj``, in group rank order, on every rank."""
     out = [None] * comm.size(group)
     comm.all_gather_object(out, obj, group=group)
     return out
 
 
-def world_rank(group, r: int) -> int:
+def world_rank(group: comm.Group | None, r: int) -> int:
     """World rank of rank ``r`` of ``group``: comm's ``src``/``dst`` are world ranks."""
     return r if group is None else group.ranks[r]
 
@@ -35,11 +41,17 @@ def _flat_groups(tensors: Iterable[torch.Tensor]) -> dict[torch.dtype, list[torc
 
 
 @torch.no_grad()
-def broadcast_tensors(tensors: Iterable[torch.Tensor], src: int = 0, group=None) -> None:
+def broadcast_tensors(
+    tensors: Iterable[torch.Tensor], src: int = 0, group: comm.Group | None = None
+) -> None:
     """Overwrite ``tensors`` with ``src``'s values, one broadcast per dtype.
 
     Flattening first turns many small broadcasts into one, which matters for
     models with many small layers.
+
+    Example::
+
+        broadcast_tensors([*model.parameters(), *model.buffers()], src=0)
     """
     for ts in _flat_groups(tensors).values():
         flat = torch.cat([t.detach().reshape(-1) for t in ts])
@@ -51,7 +63,7 @@ def broadcast_tensors(tensors: Iterable[torch.Tensor], src: int = 0, group=None)
             offset += n
 
 
-def sync_parameters(model: nn.Module, src: int = 0, group=None) -> None:
+def sync_parameters(model: nn.Module, src: int = 0, group: comm.Group | None = None) -> None:
     """Give every rank ``src``'s parameters and buffers (a broadcast).
 
     Example::
@@ -64,7 +76,7 @@ def sync_parameters(model: nn.Module, src: int = 0, group=None) -> None:
 
 
 @torch.no_grad()
-def average_gradients(model: nn.Module, group=None) -> None:
+def average_gradients(model: nn.Module, group: comm.Group | None = None) -> None:
     """Average ``.grad`` over ranks, one ``all_reduce`` per parameter (for teaching).
 
     This is the PyTorch tutorial's version: simple and correct, but it sends one
@@ -126,7 +138,9 @@ def _optimizer_diff(ref: dict | None, mine: dict | None) -> str:
 
 
 def check_replicas(
-    model: nn.Module, optimizer: torch.optim.Optimizer | None = None, group=None
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    group: comm.Group | None = None,
 ) -> None:
     """Raise :class:`ReplicaMismatchError` on every rank unless all ranks agree.
 

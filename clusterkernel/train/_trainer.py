@@ -14,11 +14,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from clusterkernel import comm, metrics
-from clusterkernel.partition import distributed_loader, set_epoch
+from clusterkernel.partition import Partition, distributed_loader, set_epoch
 from clusterkernel.train import _checkpoint
 from clusterkernel.train._modes import TrainingMode, make_mode
 from clusterkernel.train._prefetch import Prefetcher, spare_core
-from clusterkernel.train._sync import all_objects
+from clusterkernel.train._sync import all_objects, world_rank
 
 EVENTS = ("on_start", "on_batch_end", "on_epoch_end", "on_end")
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -77,7 +77,7 @@ class Trainer:
         checkpoint_every: int | None = None,
         prefetch: bool | str = "auto",
         log_every: int = 1,
-        group=None,
+        group: comm.Group | None = None,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -117,17 +117,14 @@ class Trainer:
     def _loader(self, data, shuffle: bool) -> Iterable:
         if not isinstance(data, Dataset) or isinstance(data, DataLoader):
             return data  # the caller's own iterable: already this rank's share
-        if self.mode.shards_data:
-            shard = self.mode.train_shard()
-            if shard is None:
-                return ()  # this rank serves others and trains on nothing
-            index, count = shard
-            return distributed_loader(
-                data, self.batch_size, shuffle=shuffle, seed=self.seed, size=count, rank=index
-            )
-        # every rank walks the same global batches (e.g. pipeline stages)
+        # A mode that does not shard has every rank walk the same global batches
+        # (e.g. pipeline stages): the loader of a one-rank world.
+        shard = self.mode.train_shard() if self.mode.shards_data else (0, 1)
+        if shard is None:
+            return ()  # this rank serves others and trains on nothing
+        index, count = shard
         return distributed_loader(
-            data, self.batch_size, shuffle=shuffle, seed=self.seed, size=1, rank=0
+            data, self.batch_size, shuffle=shuffle, seed=self.seed, size=count, rank=index
         )
 
     def add_hook(self, event: str, fn: Callable[[Trainer], Any]) -> None:
@@ -261,7 +258,7 @@ class Trainer:
         """
         if isinstance(data, Dataset) and not isinstance(data, DataLoader):
             index, count = self.mode.eval_shard()
-            share = _Strided(data, index, count)
+            share = Partition(data, range(index, len(data), count))
             data = DataLoader(share, batch_size=batch_size or self.batch_size)
         self.module.eval()
         totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, samples
@@ -312,7 +309,7 @@ class Trainer:
             states = [own]
         else:
             states = [None] * self.world if self.rank == 0 else None
-            comm.gather_object(own, states, dst=self._world_rank(0), group=self.group)
+            comm.gather_object(own, states, dst=world_rank(self.group, 0), group=self.group)
         meta = {
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
@@ -355,10 +352,6 @@ class Trainer:
         self.global_step = meta["global_step"]
         return True
 
-    def _world_rank(self, r: int) -> int:
-        # comm's src/dst are world ranks, as in torch.distributed
-        return r if self.group is None else self.group.ranks[r]
-
     def close(self) -> None:
         """Remove the mode's hooks from the model (it stays usable alone)."""
         self.mode.teardown()
@@ -378,15 +371,3 @@ class _Plain:
 
     def __exit__(self, *exc: object) -> None:
         pass
-
-
-class _Strided(Dataset):
-    def __init__(self, data: Dataset, index: int, count: int):
-        self.data = data
-        self.indices = range(index, len(data), count)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int):
-        return self.data[self.indices[i]]

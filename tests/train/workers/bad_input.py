@@ -38,6 +38,12 @@ def attempt(fn):
         return f"{type(exc).__name__}: {exc}"
 
 
+def fit_one_epoch(dataset) -> None:
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    Trainer(model, opt, F.cross_entropy, DataLoader(dataset, batch_size=10)).fit(1)
+
+
 errors = {}
 errors["shape"] = attempt(lambda: DataParallel(net(hidden=17 if RANK == LAST else 16)))
 errors["count"] = attempt(lambda: DataParallel(net(extra=RANK == 1)))
@@ -63,12 +69,7 @@ errors["foreign"] = attempt(foreign_optimizer)
 def empty_shard():
     ds = teacher(n=60, in_features=8, classes=2)
     mine = ds if RANK != 1 else TensorDataset(torch.empty(0, 8), torch.empty(0, dtype=torch.long))
-    model = net()
-    trainer = Trainer(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy,
-        DataLoader(mine, batch_size=10),
-    )  # fmt: skip
-    trainer.fit(1)
+    fit_one_epoch(mine)
 
 
 errors["empty_shard"] = attempt(empty_shard)
@@ -76,12 +77,7 @@ errors["empty_shard"] = attempt(empty_shard)
 
 def uneven_shards():
     ds = teacher(n=60 if RANK == 0 else 40, in_features=8, classes=2)
-    model = net()
-    trainer = Trainer(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy,
-        DataLoader(ds, batch_size=10),
-    )  # fmt: skip
-    trainer.fit(1)
+    fit_one_epoch(ds)
 
 
 errors["uneven"] = attempt(uneven_shards)

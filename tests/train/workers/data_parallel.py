@@ -22,21 +22,30 @@ def batches(size, rank, epoch=0):
     return list(loader)
 
 
+def sgd_step(model, opt, x, y, set_to_none: bool = True) -> None:
+    opt.zero_grad(set_to_none=set_to_none)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def beside_one_process(model, opt, ref, ref_opt, set_to_none: bool = True) -> list[bool]:
+    """Train ``model`` on this rank's shards and ``ref`` on the whole batches, step by
+    step; return, per step, whether all ranks hold identical parameters."""
+    identical = []
+    for (x, y), (gx, gy) in zip(batches(WORLD, RANK), batches(1, 0)):
+        sgd_step(model, opt, x, y, set_to_none)
+        sgd_step(ref, ref_opt, gx, gy)
+        identical.append(all_same(params_hash(model)))
+    return identical
+
+
 def equivalence(set_to_none: bool) -> None:
     net = mlp(seed=100 + RANK)  # ranks start different: DataParallel must fix that
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model = DataParallel(net, optimizer=opt, bucket_bytes=1500)
     ref = mlp(seed=100)  # rank 0's initial model, trained in one process below
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    identical = []
-    for (x, y), (gx, gy) in zip(batches(WORLD, RANK), batches(1, 0)):
-        opt.zero_grad(set_to_none=set_to_none)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        F.cross_entropy(ref(gx), gy).backward()
-        ref_opt.step()
-        identical.append(all_same(params_hash(net)))
+    identical = beside_one_process(model, opt, ref, ref_opt, set_to_none=set_to_none)
     report(
         scenario=f"equivalence_set_to_none={set_to_none}",
         steps=len(identical),
@@ -61,9 +70,7 @@ def accumulation() -> None:
             (F.cross_entropy(model(x[:half]), y[:half]) / 2).backward()
         (F.cross_entropy(model(x[half:]), y[half:]) / 2).backward()
         opt.step()
-        ref_opt.zero_grad()
-        F.cross_entropy(ref(gx), gy).backward()
-        ref_opt.step()
+        sgd_step(ref, ref_opt, gx, gy)
     report(scenario="no_sync", max_diff=max_diff(net, ref), identical=all_same(params_hash(net)))
     model.remove_hooks()
 
@@ -170,15 +177,7 @@ def fp16() -> None:
     model = DataParallel(net, optimizer=opt, compression="fp16", bucket_bytes=1500)
     ref = mlp(seed=9)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    identical = []
-    for (x, y), (gx, gy) in zip(batches(WORLD, RANK), batches(1, 0)):
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        F.cross_entropy(ref(gx), gy).backward()
-        ref_opt.step()
-        identical.append(all_same(params_hash(net)))
+    identical = beside_one_process(model, opt, ref, ref_opt)
     report(scenario="fp16", max_diff=max_diff(net, ref), identical=all(identical))
     model.remove_hooks()
 
