@@ -80,7 +80,9 @@ def main() -> None:
         return
     m, p = statistics.median(mpi), statistics.median(px)
     print(f"empty cell, {args.n} ranks, median of {args.cells} interleaved:")
-    print(f"  %%mpi {m * 1e3:7.2f} ms   %%px {p * 1e3:7.2f} ms   ratio {m / p:.3f}x (target <= 1.15x)")
+    print(
+        f"  %%mpi {m * 1e3:7.2f} ms   %%px {p * 1e3:7.2f} ms   ratio {m / p:.3f}x (target <= 1.15x)"
+    )
 
     ck, raw = [], []
     for _ in range(args.starts):
@@ -88,7 +90,9 @@ def main() -> None:
         raw.append(time_start_raw(args.n))
     c, r = statistics.median(ck), statistics.median(raw)
     print(f"cluster start, {args.n} ranks, median of {args.starts} interleaved:")
-    print(f"  clusterkernel {c:6.2f} s   raw ipyparallel {r:6.2f} s   ratio {c / r:.3f}x (target <= 1.1x)")
+    print(
+        f"  clusterkernel {c:6.2f} s   raw ipyparallel {r:6.2f} s   ratio {c / r:.3f}x (target <= 1.1x)"
+    )
 
 
 if __name__ == "__main__":
