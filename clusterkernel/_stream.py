@@ -55,7 +55,7 @@ class Publisher:
         key: bytes,
         recorder: metrics.Recorder,
         interval: float = 0.1,
-        max_batch: int = 20_000,
+        max_batch: int = 1_000,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval}")
@@ -149,6 +149,10 @@ class Publisher:
                 self._cond.notify_all()
             if final:
                 final = False  # one closing message is enough; loop for any backlog
+            # Hand the GIL back between messages: the rank's main thread, back from
+            # an MPI call, must not wait for a whole backlog to be packed (the other
+            # ranks would wait for it in the next collective).
+            time.sleep(0)
             if all(self.recorder.total(k) <= self.sent[k] for k in KINDS):
                 return
 
