@@ -179,6 +179,33 @@ def print_channel(res: dict, steps: int, window: int, work: float) -> None:
         print(f"{name:<9} {sps:>13.0f} {sps / base:>7.2f}x {live:>7.1%} {final:>7.1%}")
 
 
+# --------------------------------------------------------------------------- encode
+def bench_encode(n: int = 20_000, repeat: int = 5) -> dict:
+    """Microseconds per record to pack a batch: JSON of the tuples vs the column frames."""
+    from clusterkernel import _wire
+
+    items = [
+        (i, time.perf_counter(), {"loss": 1.0 / (i + 1), "samples_per_s": float(i)})
+        for i in range(n)
+    ]
+    msg = {"v": 1, "rank": 0, "seq": 1, "scalar": items}
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times) / n * 1e6
+
+    frames = _wire.encode(b"k", msg)
+    return {
+        "json_us": best(lambda: json.dumps(items, separators=(",", ":"))),
+        "columns_us": best(lambda: _wire.encode(b"k", msg)),
+        "decode_us": best(lambda: _wire.decode(b"k", frames)),
+    }
+
+
 # --------------------------------------------------------------------------- browser
 TRAIN_DEF = """%%mpi
 import time
@@ -313,7 +340,7 @@ def print_browser(results: list[dict], epochs: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("channel", "browser", "all"), default="all")
+    ap.add_argument("--part", choices=("encode", "channel", "browser", "all"), default="all")
     ap.add_argument("--steps", type=int, default=100_000, help="log() calls per rank (channel)")
     ap.add_argument(
         "--work-us",
@@ -326,6 +353,13 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=40, help="epochs per training run (browser)")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
+    if args.part in ("encode", "all"):
+        res = bench_encode()
+        print("RESULT encode " + json.dumps(res))
+        print(
+            f"\nencode, per scalar record: JSON {res['json_us']:.2f} us, "
+            f"column frames {res['columns_us']:.2f} us (decode {res['decode_us']:.2f} us)"
+        )
     if args.part in ("channel", "all"):
         for work_us in args.work_us:
             steps = args.steps if not work_us else min(args.steps, int(3e6 / work_us))
