@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from clusterkernel import metrics
 from clusterkernel.dashboard import _export
-from clusterkernel.dashboard._receiver import Receiver
+from clusterkernel.dashboard._receiver import Receiver, lower_thread_priority
 from clusterkernel.dashboard._store import MetricsStore
 from clusterkernel.errors import ClusterError
 
@@ -190,6 +190,7 @@ class Dashboard:
             self._thread.start()
 
     def _draw_loop(self) -> None:
+        lower_thread_priority()
         period = 1.0 / self.rate
         while not self._stop.wait(period):
             if not self.cluster.running:
