@@ -4,7 +4,9 @@
 - :class:`DataParallel` bucketed, overlapped gradient averaging (synchronous SGD);
 - :class:`PipelineParallel` an ``nn.Sequential`` split into stages, GPipe schedule;
 - :class:`Trainer` ``fit`` / ``evaluate`` / hooks / checkpoints, with a pluggable
-  ``mode`` (:class:`TrainingMode`, :func:`register_mode`).
+  ``mode`` (:class:`TrainingMode`, :func:`register_mode`);
+- asynchronous modes: :class:`ParameterServerMode` (``"ps"``), :class:`AsyncMode`
+  (``"async"``), :class:`EASGDMode` (``"easgd"``), :class:`GossipMode` (``"gossip"``).
 
 Example (on every rank)::
 
@@ -15,6 +17,11 @@ Example (on every rank)::
 """
 
 from clusterkernel.train._ddp import DataParallel
+
+# importing a mode's module registers it ("ps", "async", "easgd", "gossip")
+from clusterkernel.train._easgd import EASGDMode
+from clusterkernel.train._gossip import GossipMode
+from clusterkernel.train._link import PeerFailedError
 from clusterkernel.train._modes import (
     AllReduceMode,
     LocalMode,
@@ -25,6 +32,7 @@ from clusterkernel.train._modes import (
 )
 from clusterkernel.train._pipeline import PipelineError, PipelineParallel
 from clusterkernel.train._prefetch import Prefetcher, spare_core
+from clusterkernel.train._ps import AsyncMode, ParameterServerMode
 from clusterkernel.train._sync import (
     ReplicaMismatchError,
     average_gradients,
@@ -36,8 +44,13 @@ from clusterkernel.train._trainer import Trainer
 
 __all__ = [
     "AllReduceMode",
+    "AsyncMode",
     "DataParallel",
+    "EASGDMode",
+    "GossipMode",
     "LocalMode",
+    "ParameterServerMode",
+    "PeerFailedError",
     "PipelineError",
     "PipelineMode",
     "PipelineParallel",

@@ -147,7 +147,7 @@ class ParameterServerMode(ServedMode):
 
     def forward_backward(self, module, batch, loss_fn) -> float:
         if self.inconsistent:
-            self.client.poll()  # whatever parameters have landed since the last step
+            self.client.poll_answers()  # whatever parameters have landed since the last step
         return super().forward_backward(module, batch, loss_fn)
 
     def step(self, optimizer) -> None:

@@ -30,17 +30,15 @@ from clusterkernel.train._codec import GradientCodec
 from clusterkernel.train._flat import FlatParams
 from clusterkernel.train._serverloop import (
     CLOCK,
-    EPOCH,
     FLAGS,
-    GLOBAL_STEP,
     KIND,
     PULL,
     PUSH,
     REPLY,
     SAVE,
-    STEP_IN_EPOCH,
     VERSION,
     WANT_REPLY,
+    header_progress,
 )
 
 UPDATES = ("sgd", "adam")
@@ -143,7 +141,7 @@ class ShardServer:
         self.rule.step()
         self.version += 1
         self.pushes[w] += 1
-        self.progress[w] = (int(header[EPOCH]), int(header[STEP_IN_EPOCH]), int(header[GLOBAL_STEP]))
+        self.progress[w] = header_progress(header)
         self.max_staleness = max(self.max_staleness, staleness)
         self.max_delay = max(self.max_delay, delay)
         self._rec.log(step=self.version, staleness=staleness, delay=delay, worker=w)

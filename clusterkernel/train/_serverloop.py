@@ -41,6 +41,11 @@ WANT_REPLY = 1  # flag on a push: answer with parameters
 log = logging.getLogger("clusterkernel.train")
 
 
+def header_progress(header: np.ndarray) -> tuple[int, int, int]:
+    """``(epoch, step_in_epoch, global_step)`` a worker sent in a header."""
+    return int(header[EPOCH]), int(header[STEP_IN_EPOCH]), int(header[GLOBAL_STEP])
+
+
 class Handler(Protocol):
     """What a server does with messages (the parameter server, the EASGD center)."""
 

@@ -1,0 +1,33 @@
+"""Run a worker script of ``workers/`` on real ranks and collect its RESULT lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests._mpirun import MPIRun, run_mpi
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+# Open MPI's fault tolerance (what ``mpiexec --with-ft ulfm`` turns on), as environment:
+# the runtime keeps the job alive when a rank dies and tells the others.
+FAULT_TOLERANT_ENV = {
+    "OMPI_MCA_mpi_ft_enable": "1",
+    "PRTE_MCA_state_base_recoverable": "1",
+    "PRTE_MCA_state_base_notify_errors": "1",
+}
+
+
+def results(run: MPIRun) -> dict[str, dict[int, dict]]:
+    """``{scenario: {rank: result}}`` from a job's output."""
+    out: dict[str, dict[int, dict]] = {}
+    for line in run.stdout.splitlines():
+        if line.startswith("RESULT "):
+            rec = json.loads(line[len("RESULT ") :])
+            out.setdefault(rec["scenario"], {})[rec["rank"]] = rec
+    return out
+
+
+def run_worker(n: int, worker: str, *args: str, timeout: float = 180, **kw) -> MPIRun:
+    """``workers/<worker>.py`` on ``n`` ranks (see :func:`tests._mpirun.run_mpi`)."""
+    return run_mpi(n, str(WORKERS / f"{worker}.py"), *args, timeout=timeout, **kw)
