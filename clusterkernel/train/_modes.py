@@ -113,6 +113,8 @@ class TrainingMode:
     #: the mode writes and reads checkpoints itself (:meth:`save_checkpoint`),
     #: e.g. parameter servers, whose ranks never meet in a collective mid-run
     own_checkpoints: bool = False
+    #: this rank serves the others (a parameter server): it trains on no data
+    serves: bool = False
 
     #: the ranks taking part (a ``comm.new_group`` group); None: all ranks
     group: comm.Group | None = None
@@ -121,9 +123,8 @@ class TrainingMode:
         """Prepare for training; return the module that forward passes go through."""
         return model
 
-    def train_shard(self) -> tuple[int, int] | None:
-        """``(index, count)``: which share of the training data this rank trains on,
-        or ``None`` on ranks that train on none (e.g. parameter servers)."""
+    def train_shard(self) -> tuple[int, int]:
+        """``(index, count)``: which share of the training data this rank trains on."""
         return comm.rank(self.group), comm.size(self.group)
 
     def run(self, trainer: Any, train: Callable[[], None]) -> None:

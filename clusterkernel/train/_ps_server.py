@@ -69,7 +69,9 @@ def make_rule(optimizer: torch.optim.Optimizer, update: str | None, options: dic
         cls = torch.optim.SGD if update == "sgd" else torch.optim.Adam
         hyper = {"lr": first.get("lr", 0.01), **(options or {})}
     else:
-        raise ValueError(f"update must be None (the workers' optimizer) or one of {UPDATES}")
+        raise ValueError(
+            f"update must be None (the workers' optimizer) or one of {UPDATES}, got {update!r}"
+        )
     try:
         cls([torch.nn.Parameter(torch.zeros(1))], **hyper)
     except (TypeError, ValueError) as exc:

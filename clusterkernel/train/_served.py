@@ -69,7 +69,7 @@ class ServedMode(TrainingMode):
             )
         self.server_ranks = list(range(self.servers))
         self.worker_ranks = list(range(self.servers, n))
-        self.is_server = me < self.servers
+        self.is_server = self.serves = me < self.servers
         self.index = me if self.is_server else me - self.servers
         self.model, self.optimizer = model, optimizer
         self.link = private_comm(self.group)
@@ -83,14 +83,13 @@ class ServedMode(TrainingMode):
             self._setup_worker()
         return model
 
-    def train_shard(self) -> tuple[int, int] | None:
-        if self.is_server:
-            return None
-        return self.index, len(self.worker_ranks)
+    def train_shard(self) -> tuple[int, int]:
+        # A server never iterates its loader; worker 0's share makes the loader's
+        # checks (batch size, data size) run, and fail, on every rank alike.
+        return (0 if self.is_server else self.index), len(self.worker_ranks)
 
     def eval_shard(self) -> tuple[int, int]:
-        # servers predict nothing; they walk worker 0's share and skip it
-        return (0 if self.is_server else self.index), len(self.worker_ranks)
+        return self.train_shard()  # servers predict nothing: they skip their share
 
     def predict(self, module, x):
         return None if self.is_server else module(x)

@@ -119,10 +119,7 @@ class Trainer:
             return data  # the caller's own iterable: already this rank's share
         # A mode that does not shard has every rank walk the same global batches
         # (e.g. pipeline stages): the loader of a one-rank world.
-        shard = self.mode.train_shard() if self.mode.shards_data else (0, 1)
-        if shard is None:
-            return ()  # this rank serves others and trains on nothing
-        index, count = shard
+        index, count = self.mode.train_shard() if self.mode.shards_data else (0, 1)
         return distributed_loader(
             data, self.batch_size, shuffle=shuffle, seed=self.seed, size=count, rank=index
         )
@@ -145,7 +142,7 @@ class Trainer:
             mine = len(self.train_loader)
         except TypeError:
             mine = None
-        if self.mode.train_shard() is None:
+        if self.mode.serves:
             mine = _SERVES
         counts = all_objects(mine, self.group)
         # ranks that serve others (parameter servers) train on nothing: not checked

@@ -48,7 +48,7 @@ def run(name: str, mode: str, options: dict) -> None:
     ev = trainer.evaluate(TEST)
     logged = new_records("scalar", scalars)
     staleness = [r["values"]["staleness"] for r in logged if "staleness" in r["values"]]
-    serves = trainer.mode.train_shard() is None
+    serves = trainer.mode.serves
     report(
         scenario=name,
         serves=serves,
