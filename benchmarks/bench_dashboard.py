@@ -21,7 +21,9 @@ when the cell ended ("live") and after waiting ("final").
 
 Part ``browser``: JupyterLab on loopback with headless Chromium; a notebook trains
 the same model on 4 ranks with the Trainer, alternately without a dashboard and
-with one live on the page (2 rounds each, interleaved). A new dashboard first sends
+with one live on the page (2 rounds each, interleaved), plus two runs that split
+the cost: ``stream`` (a Dashboard receiving, no widgets) and ``hidden`` (widgets
+redrawn but not shown, so the browser gets the data and draws nothing). A new dashboard first sends
 the ranks' whole earlier history; that happens before the timed run (``sync()``),
 so the figure is the cost of a live dashboard, not of the catch-up. Reported per run: global
 samples/s, the kernel's CPU use (its process time / wall time during the cell),
@@ -242,6 +244,16 @@ results.append({{
 print("DONE {variant}")"""
 
 
+# What each run has besides the training: nothing; the stream only; the widgets
+# redrawn but not on the page (the browser gets the data, draws nothing); all of it.
+VARIANTS = {
+    "without": "",
+    "stream": "",
+    "hidden": "_w = dash.widget",
+    "with": "dash",
+}
+
+
 def bench_browser(epochs: int, rounds: int) -> list[dict]:
     import tempfile
 
@@ -263,13 +275,13 @@ def bench_browser(epochs: int, rounds: int) -> list[dict]:
     ]
     order = []
     for _ in range(rounds):
-        order += ["without", "with"]
+        order += list(VARIANTS)
     for variant in order:
-        if variant == "with":
+        if variant != "without":
             # sync(): the ranks' earlier history goes out now, not inside the timed run
-            cells.append("dash = clusterkernel.Dashboard()\ndash.sync()\ndash")
+            cells.append("dash = clusterkernel.Dashboard()\ndash.sync()\n" + VARIANTS[variant])
         cells.append(MEASURE.format(epochs=epochs, variant=variant))
-        if variant == "with":
+        if variant != "without":
             cells.append("dash.close()\ndash = None")
     cells.append("print('RESULTS ' + json.dumps(results))")
     cells.append("%mpi stop")
@@ -333,9 +345,10 @@ def print_browser(results: list[dict], epochs: int) -> None:
         )
     med = {
         v: statistics.median(r["samples_per_s"] for r in results if r["variant"] == v)
-        for v in ("without", "with")
+        for v in VARIANTS
     }
-    print(f"median samples/s with / without dashboard: {med['with'] / med['without']:.3f}x")
+    for v in VARIANTS:
+        print(f"median samples/s {v} / without: {med[v] / med['without']:.3f}x")
 
 
 def main() -> None:
