@@ -105,6 +105,7 @@ class Cluster:
         self._client: ipp.Client | None = None
         self._rank_info: dict[int, dict] = {}  # rank -> {rank, host, pid, engine}
         self._engine_of: dict[int, int] = {}  # rank -> engine id
+        self._procs: dict[int, psutil.Process] = {}  # pid -> process, for CPU %
         self._stack_dir: str | None = None
         self._guard_proc: subprocess.Popen | None = None
         self.lost: str | None = None  # why the engine set is gone, if it is
@@ -377,7 +378,10 @@ class Cluster:
             if q is not None:
                 state = "busy" if q.get("tasks", 0) or q.get("queue", 0) else "idle"
             try:
-                proc = psutil.Process(info["pid"])
+                # Kept between calls: cpu_percent() measures since the previous call
+                # on the same object (a fresh one always says 0).
+                proc = self._procs.get(info["pid"]) or psutil.Process(info["pid"])
+                self._procs[info["pid"]] = proc
                 with proc.oneshot():
                     mem = proc.memory_info().rss / 2**20
                     cpu = proc.cpu_percent(interval=None)
