@@ -8,7 +8,9 @@ import sys
 
 
 def _loaded(imports: str, modules: list[str]) -> dict[str, bool]:
-    code = f"{imports}\nimport json, sys\nprint(json.dumps([m in sys.modules for m in {modules!r}]))"
+    code = (
+        f"{imports}\nimport json, sys\nprint(json.dumps([m in sys.modules for m in {modules!r}]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return dict(zip(modules, json.loads(out.stdout.strip().splitlines()[-1])))
