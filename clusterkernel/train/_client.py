@@ -17,6 +17,7 @@ from clusterkernel.train._link import (
     HEADER_BYTES,
     TO_SERVER,
     TO_WORKER,
+    TO_WORKER_ABORT,
     PeerFailedError,
     Poller,
     is_failure,
@@ -37,9 +38,11 @@ class ServerPeer:
         self.data_buf, self.data_head = message_buffer(send_bytes)
         self.ctrl_buf, self.ctrl_head = message_buffer(0)
         self.recv_buf, self.recv_head = message_buffer((hi - lo) * itemsize)
+        self.abort_buf, _ = message_buffer(0)
         self.data_req: MPI.Request | None = None
         self.ctrl_req: MPI.Request | None = None
         self.recv_req: MPI.Request | None = None
+        self.abort_req: MPI.Request | None = None  # completes if the server fails
         self.asked_at = 0.0
         self.clock = 0  # of the values this worker last read from this server
         self.version = 0
@@ -79,7 +82,7 @@ class ServerClient:
         if req is None:
             return 0.0
         t0 = _now()
-        wait_all([req], what, [s.rank], self.poller)
+        wait_all([req], what, [s.rank], self.poller, abort=s.abort_req)
         return _now() - t0
 
     def _isend(self, s: ServerPeer, buf) -> MPI.Request:
@@ -147,11 +150,15 @@ class ServerClient:
                 raise
             if arrived:
                 self._arrived(s, 0.0, REPLY)
+            elif s.abort_req is not None and s.abort_req.Test():
+                self._wait(s.recv_req, s, "waiting for a server's answer")  # raises
 
     # -- the common protocol ----------------------------------------------------
     def fetch(self, progress) -> None:
-        """Ask every server for its values and wait (a worker's first read)."""
+        """Ask every server for its values and wait (a worker's first read of a fit)."""
         for s in self.peers:
+            if s.abort_req is None:
+                s.abort_req = self.comm.Irecv([s.abort_buf, MPI.BYTE], s.rank, TO_WORKER_ABORT)
             self.ask(s)
             self.send_ctrl(s, PULL, progress)
         self.wait_answers()
@@ -172,3 +179,6 @@ class ServerClient:
             self._wait(s.data_req, s, "sending to a server")
             self._wait(s.ctrl_req, s, "sending to a server")
             s.data_req = s.ctrl_req = None
+            s.abort_req.Cancel()  # the server finished well: no abort is coming
+            s.abort_req.Wait()
+            s.abort_req = None

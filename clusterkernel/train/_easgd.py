@@ -113,6 +113,7 @@ class _ElasticClient(ServerClient):
         self._exchanging = False
 
     def exchange(self, progress) -> None:
+        self.blocked = 0.0
         s = self.peers[0]
         x = self.flat.read(self.x)
 

@@ -28,6 +28,7 @@ from clusterkernel.train._flat import FlatParams
 from clusterkernel.train._link import (
     HEADER_BYTES,
     Poller,
+    check_same_model,
     message_buffer,
     note,
     private_comm,
@@ -58,7 +59,11 @@ class GossipMode(TrainingMode):
     replicated = False
 
     def __init__(
-        self, rate: float = 0.1, average_at_end: bool = True, seed: int = 0, poll_spin=2e-4
+        self,
+        rate: float = 0.1,
+        average_at_end: bool = True,
+        seed: int = 0,
+        poll_spin: float = 2e-4,
     ):
         if not (isinstance(rate, float | int) and 0 < rate <= 1):
             raise ValueError(f"rate must be in (0, 1], got {rate!r}")
@@ -77,8 +82,9 @@ class GossipMode(TrainingMode):
         self.n, self.me = n, me
         self.peers = [r for r in range(n) if r != me]
         self.link = private_comm(self.group)
-        sync_parameters(model, src=world_rank(self.group, 0), group=self.group)
         self.flat = FlatParams(model)
+        check_same_model(self.flat.numel, self.flat.dtype, self.group)
+        sync_parameters(model, src=world_rank(self.group, 0), group=self.group)
         self.weight = 1.0 / n
         self.rng = random.Random(f"{self.seed}/{me}")
         nbytes = self.flat.numel * self.flat.empty().element_size()
@@ -131,6 +137,8 @@ class GossipMode(TrainingMode):
             msg.Recv([self.inbox, MPI.BYTE])
             if self.inbox_head[0] == _DONE:
                 self._done_from.add(status.Get_source())
+                if self.inbox_head[1]:
+                    self._failed_peers.append(status.Get_source())
                 continue
             w = float(self.inbox_head.view(np.float64)[1])
             theirs = torch.from_numpy(self.inbox[HEADER_BYTES:]).view(self.flat.dtype)
@@ -144,15 +152,26 @@ class GossipMode(TrainingMode):
     # -- fit ------------------------------------------------------------------------
     def run(self, trainer, train) -> None:
         self._done_from: set[int] = set()
-        train()
-        self._drain()
+        self._failed_peers: list[int] = []
+        try:
+            train()
+        except BaseException:
+            self._drain(failed=True)  # the others must not wait for this rank
+            raise
+        self._drain(failed=False)
+        if self._failed_peers:
+            raise RuntimeError(
+                f"gossip: rank(s) {sorted(self._failed_peers)} failed during training (see "
+                "their output); the final average was skipped"
+            )
         if self.average_at_end:
             self._average()
 
-    def _drain(self) -> None:
+    def _drain(self, failed: bool) -> None:
         """Tell every peer we are done; take what still comes until they all are."""
         done, head = message_buffer(0)
         head[0] = _DONE
+        head[1] = int(failed)
         reqs = [self.link.Isend([done, MPI.BYTE], p, _TAG) for p in self.peers]
         pending = [r for r in self.pool_req if r is not None] + reqs
         self.poller.busy()

@@ -18,11 +18,13 @@ import numpy as np
 from mpi4py import MPI
 
 from clusterkernel import comm, metrics
+from clusterkernel.train._sync import all_objects
 
 HEADER_BYTES = 64
 HEADER_FIELDS = HEADER_BYTES // 8
 TO_SERVER = 1  # worker -> server; one tag keeps each worker's messages in order
 TO_WORKER = 2  # server -> worker
+TO_WORKER_ABORT = 4  # server -> worker: the server failed, stop waiting for it
 _FAILURE_CLASSES = {MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED}
 _now = time.perf_counter
 
@@ -42,6 +44,22 @@ def private_comm(group=None) -> MPI.Intracomm:
     dup = base.Dup()
     dup.Set_errhandler(MPI.ERRORS_RETURN)
     return dup
+
+
+def check_same_model(numel: int, dtype, group=None) -> None:
+    """Raise on every rank unless all ranks hold models of the same size and dtype.
+
+    Collective. The messages of these modes are sized from the local model, so a
+    rank with another model would otherwise break (or hang) the exchange.
+    """
+    mine = (numel, str(dtype).removeprefix("torch."))
+    everyone = all_objects(mine, group)
+    if len(set(everyone)) > 1:
+        shapes = ", ".join(f"rank {r}: {n} {d}" for r, (n, d) in enumerate(everyone))
+        raise ValueError(
+            f"ranks hold different models (trainable parameters: {shapes}); build the "
+            "same model on every rank"
+        )
 
 
 def message_buffer(payload_bytes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -77,14 +95,26 @@ class Poller:
         self._sleep = min(self._sleep * 2, self.max_sleep)
 
 
-def wait_all(reqs: Sequence[MPI.Request], what: str, peers: Sequence[int], poller: Poller) -> None:
+def wait_all(
+    reqs: Sequence[MPI.Request],
+    what: str,
+    peers: Sequence[int],
+    poller: Poller,
+    abort: MPI.Request | None = None,
+) -> None:
     """Wait for every request; a dead peer raises :class:`PeerFailedError`.
 
-    ``peers`` are the ranks the requests talk to (for the error message).
+    ``peers`` are the ranks the requests talk to (for the error message). If the
+    request ``abort`` completes first, the peer gave up: raise instead of waiting.
     """
     poller.busy()
     try:
         while not MPI.Request.Testall(list(reqs)):
+            if abort is not None and abort.Test():
+                raise RuntimeError(
+                    f"{what}: server rank(s) {list(peers)} stopped with an error (see that "
+                    "rank's output); this rank cannot go on without it"
+                )
             poller.idle()
     except MPI.Exception as exc:
         if is_failure(exc):

@@ -25,7 +25,7 @@ import torch
 
 from clusterkernel import comm, metrics
 from clusterkernel.train._flat import FlatParams
-from clusterkernel.train._link import Poller, private_comm
+from clusterkernel.train._link import Poller, check_same_model, private_comm
 from clusterkernel.train._modes import TrainingMode
 from clusterkernel.train._serverloop import ServerLoop, log
 from clusterkernel.train._sync import all_objects, sync_parameters, world_rank
@@ -74,9 +74,10 @@ class ServedMode(TrainingMode):
         self.model, self.optimizer = model, optimizer
         self.link = private_comm(self.group)
         self.poller = Poller(spin=self.poll_spin)
+        self.flat = FlatParams(model)
+        check_same_model(self.flat.numel, self.flat.dtype, self.group)
         # every rank starts from group rank 0's weights
         sync_parameters(model, src=world_rank(self.group, 0), group=self.group)
-        self.flat = FlatParams(model)
         if self.is_server:
             self.handler = self._make_handler()
         else:

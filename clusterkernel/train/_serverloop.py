@@ -27,13 +27,14 @@ from clusterkernel.train._link import (
     HEADER_BYTES,
     TO_SERVER,
     TO_WORKER,
+    TO_WORKER_ABORT,
     Poller,
     is_failure,
     message_buffer,
 )
 
 # message kinds
-PUSH, PULL, DONE, SAVE, EXCHANGE, REPLY, FINAL = 1, 2, 3, 4, 5, 10, 11
+PUSH, PULL, DONE, SAVE, EXCHANGE, REPLY, FINAL, ABORT = 1, 2, 3, 4, 5, 10, 11, 12
 # header field positions
 KIND, FLAGS, CLOCK, VERSION, EPOCH, STEP_IN_EPOCH, GLOBAL_STEP, EXTRA = range(8)
 WANT_REPLY = 1  # flag on a push: answer with parameters
@@ -101,6 +102,14 @@ class ServerLoop:
         """Run until every worker has sent DONE or died, then send each live one FINAL."""
         self._active = list(self.workers)
         reqs = {w: self._post(w) for w in self._active}
+        try:
+            self._loop(reqs)
+        except BaseException:
+            self._abort()
+            raise
+        self._finish()
+
+    def _loop(self, reqs: dict[int, MPI.Request]) -> None:
         status = MPI.Status()
         turn = 0
         while self._active:
@@ -133,7 +142,33 @@ class ServerLoop:
                 self.poller.busy()
             else:
                 self.poller.idle()
-        self._finish()
+
+    def _abort(self) -> None:
+        """This server failed: tell every live worker, so none waits for it forever.
+
+        The workers' posted receives stay matched by ours (left posted), so a
+        worker's send in flight completes and it then sees the abort.
+        """
+        buf, header = message_buffer(0)
+        header[KIND] = ABORT
+        reqs = []
+        for w in self.workers:
+            if w not in self.failed:
+                try:
+                    reqs.append(self.comm.Isend([buf, MPI.BYTE], w, TO_WORKER_ABORT))
+                except MPI.Exception:
+                    continue  # best effort: that worker is gone too
+        deadline = time.monotonic() + 1.0  # a header goes out eagerly; do not hang here
+        try:
+            while not MPI.Request.Testall(reqs) and time.monotonic() < deadline:
+                time.sleep(1e-3)
+        except MPI.Exception:
+            pass
+        log.error(
+            "server rank %d failed; told workers %s to stop",
+            self.comm.Get_rank(),
+            [w for w in self.workers if w not in self.failed],
+        )
 
     def _finish(self) -> None:
         final = self.handler.final_payload()

@@ -16,6 +16,7 @@ EXPECTED = {
     "easgd_alpha": "alpha must be in (0, 1)",
     "batch": "not a multiple of the 2 ranks",
     "resume_other_servers": "this run has 2 servers",
+    "other_models": "different models (trainable parameters: rank 0: 2410 float32, rank 1: 2080",
 }
 
 
@@ -36,3 +37,17 @@ def test_a_failing_worker_raises_there_and_the_rest_finish(res):
     recs = res["worker_raises"]
     assert recs[1]["error"] == "Boom: a bug in rank 1's hook"
     assert recs[0]["error"] is None and recs[2]["error"] is None
+
+
+def test_a_failing_server_stops_every_worker(res):
+    recs = res["server_raises"]
+    assert recs[0]["error"] == "RuntimeError: a bug in the server's update"
+    for w in (1, 2):
+        assert "server rank(s) [0] stopped with an error" in recs[w]["error"], recs[w]
+
+
+def test_a_failing_gossip_rank_is_reported_to_the_others(res):
+    recs = res["gossip_raises"]
+    assert recs[1]["error"] == "Boom: a bug in rank 1's hook"
+    for r in (0, 2):
+        assert "gossip: rank(s) [1] failed during training" in recs[r]["error"], recs[r]

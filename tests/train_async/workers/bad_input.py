@@ -9,7 +9,7 @@ from _common import BATCH, TRAIN, mlp, report, sgd
 from torch.nn import functional as F
 
 from clusterkernel import comm
-from clusterkernel.train import Trainer
+from clusterkernel.train import ParameterServerMode, Trainer, register_mode
 
 TMP = Path(sys.argv[1])
 
@@ -45,6 +45,32 @@ def worker_raises():
     assert t.global_step == (0 if t.mode.serves else 60)
 
 
+class FaultyServerMode(ParameterServerMode):
+    """A parameter server whose update raises at its 20th gradient (a server bug)."""
+
+    name = "ps_faulty"
+
+    def _make_handler(self):
+        handler = super()._make_handler()
+        apply = handler.on_message
+
+        def on_message(w, header, payload):
+            if handler.version == 20:
+                raise RuntimeError("a bug in the server's update")
+            apply(w, header, payload)
+
+        handler.on_message = on_message
+        return handler
+
+
+register_mode(FaultyServerMode.name, FaultyServerMode)
+
+
+def other_models():
+    model = mlp(seed=7) if comm.rank() != 1 else mlp(seed=7)[:1]  # rank 1: first layer only
+    Trainer(model, sgd(model), F.cross_entropy, TRAIN, mode="gossip", batch_size=BATCH)
+
+
 def resume_with_other_servers():
     trainer(checkpoint_dir=TMP).fit(1)
     trainer(options={"servers": 2}, checkpoint_dir=TMP).load_checkpoint()
@@ -60,4 +86,7 @@ attempt("gossip_rate", lambda: trainer("gossip", {"rate": 0}))
 attempt("easgd_alpha", lambda: trainer("easgd", {"alpha": 1.5}))
 attempt("batch", lambda: trainer(batch=45))  # 2 workers
 attempt("worker_raises", worker_raises)
+attempt("server_raises", lambda: trainer("ps_faulty").fit(2))
+attempt("gossip_raises", lambda: trainer("gossip", hooks={"on_batch_end": raise_on_rank_1}).fit(2))
+attempt("other_models", other_models)
 attempt("resume_other_servers", resume_with_other_servers)
