@@ -9,6 +9,7 @@ fit no rank touches the dead one: every report is local.
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from _common import BATCH, TRAIN, local_eval, mark, mlp, new_records, params_hash, report, sgd
@@ -22,7 +23,7 @@ VICTIM, KILL_AT, EPOCHS = 2, 40, 6
 
 def die(trainer):
     if comm.rank() == VICTIM and trainer.global_step == KILL_AT:
-        report(scenario="victim", step=trainer.global_step)
+        report(scenario="victim", step=trainer.global_step, killed_at=time.time())
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -33,14 +34,14 @@ trainer = Trainer(
     batch_size=BATCH, hooks={"on_batch_end": die}, checkpoint_dir=Path(sys.argv[1]),
 )  # fmt: skip
 trainer.fit(EPOCHS)
-failures = [r["values"]["worker_failed"] for r in new_records("scalar", scalars)
-            if "worker_failed" in r["values"]]  # fmt: skip
+logged = [r["values"] for r in new_records("scalar", scalars) if "worker_failed" in r["values"]]
 report(
     scenario="survivor",
     serves=trainer.mode.serves,
     steps=trainer.global_step,
     stats=trainer.mode.stats or None,
-    failures_logged=failures,
+    failures_logged=[v["worker_failed"] for v in logged],
+    noticed_at=[v["at_time"] for v in logged],
     local_eval=local_eval(model),
     hash=params_hash(model),
 )
