@@ -29,6 +29,7 @@ from clusterkernel.train._link import (
     HEADER_BYTES,
     Poller,
     check_same_model,
+    free_comm,
     message_buffer,
     note,
     private_comm,
@@ -194,6 +195,10 @@ class GossipMode(TrainingMode):
 
     def comm_seconds(self) -> float:
         return self.blocked
+
+    def teardown(self) -> None:
+        free_comm(getattr(self, "link", None))
+        self.link = None
 
     def state_dict(self) -> dict:
         return {"weight": self.weight}

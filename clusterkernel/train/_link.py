@@ -46,6 +46,15 @@ def private_comm(group=None) -> MPI.Intracomm:
     return dup
 
 
+def free_comm(link: MPI.Intracomm | None) -> None:
+    """Release a communicator from :func:`private_comm` (local; a dead peer is fine)."""
+    if link is not None and link != MPI.COMM_NULL:
+        try:
+            link.Free()
+        except MPI.Exception:
+            pass  # a communicator with failed ranks may refuse; nothing else to do
+
+
 def check_same_model(numel: int, dtype, group=None) -> None:
     """Raise on every rank unless all ranks hold models of the same size and dtype.
 

@@ -25,7 +25,7 @@ import torch
 
 from clusterkernel import comm, metrics
 from clusterkernel.train._flat import FlatParams
-from clusterkernel.train._link import Poller, check_same_model, private_comm
+from clusterkernel.train._link import Poller, check_same_model, free_comm, private_comm
 from clusterkernel.train._modes import TrainingMode
 from clusterkernel.train._serverloop import ServerLoop, log
 from clusterkernel.train._sync import all_objects, sync_parameters, world_rank
@@ -137,6 +137,10 @@ class ServedMode(TrainingMode):
         self.handler.install(self.flat)
         if trainer.checkpoint_dir is not None:
             self._save_server(trainer)
+
+    def teardown(self) -> None:
+        free_comm(getattr(self, "link", None))
+        self.link = None
 
     # -- checkpoints ----------------------------------------------------------
     def server_file(self, path: Path, k: int) -> Path:

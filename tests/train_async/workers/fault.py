@@ -6,6 +6,7 @@ Needs Open MPI's fault tolerance (see FAULT_TOLERANT_ENV in the test). After
 fit no rank touches the dead one: every report is local.
 """
 
+import faulthandler
 import os
 import signal
 import sys
@@ -19,6 +20,8 @@ from clusterkernel import comm
 from clusterkernel.train import Trainer
 
 VICTIM, KILL_AT, EPOCHS = 2, 40, 6
+# If the job ever hangs (the test's timeout is 120 s), every rank shows where it was.
+faulthandler.dump_traceback_later(60)
 
 
 def die(trainer):
@@ -45,3 +48,4 @@ report(
     local_eval=local_eval(model),
     hash=params_hash(model),
 )
+faulthandler.cancel_dump_traceback_later()
