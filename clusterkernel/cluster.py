@@ -48,6 +48,19 @@ __all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted"]
 _LOCAL_ONLY_ENV = {"OMPI_MCA_btl": "self,sm"}
 
 
+def _ipp_log(level: int) -> logging.Logger:
+    """ipyparallel's logger for our clusters, kept out of the notebook.
+
+    In a kernel ipyparallel logs to the cell's stdout, so ``%mpi stop`` would print
+    every engine's start-up log and "exit_code 1" (mpiexec's normal exit when its
+    ranks are stopped). What matters (failed starts, dead ranks) this module reports
+    itself; the log is still there for ``logging`` configured by the user.
+    """
+    log = logging.getLogger("clusterkernel.ipyparallel")
+    log.setLevel(level)
+    return log
+
+
 class Cluster:
     """Start, watch and stop ``n`` MPI ranks as ipyparallel engines.
 
@@ -160,6 +173,7 @@ class Cluster:
             n=self.n,
             config=self._config(),
             log_level=self.log_level,
+            log=_ipp_log(self.log_level),
             **kwargs,
         )
         self._stack_dir = tempfile.mkdtemp(prefix="clusterkernel-stacks-")
@@ -367,7 +381,7 @@ class Cluster:
         """One dict per rank: rank, host, pid, state, cpu %, memory (MiB)."""
         self._require_running()
         assert self._client is not None
-        queue = self._client.queue_status()
+        queue = self._settled_queue()
         rows = []
         for rank in self.ranks:
             info = self._rank_info[rank]
@@ -399,6 +413,29 @@ class Cluster:
                 }
             )
         return rows
+
+    def _settled_queue(self) -> dict:
+        """The controller's queue status, with its lag behind our own replies removed.
+
+        A reply reaches this client before the controller books the task as done,
+        so right after ``run().wait()`` it can still call a rank busy. Engines it
+        calls busy while this client waits on nothing there get a short settle.
+        """
+        assert self._client is not None
+        queue = self._client.queue_status()
+        ours: set = set()
+        for mid in self._client.outstanding:
+            eid = self._client.metadata[mid].get("engine_id")
+            ours.update(eid if isinstance(eid, list) else [eid])
+        lagging = [
+            eid
+            for eid, q in queue.items()
+            if isinstance(q, dict) and (q.get("tasks") or q.get("queue")) and eid not in ours
+        ]
+        if lagging:
+            self._settle_queues(lagging, timeout=1.0)
+            queue = self._client.queue_status()
+        return queue
 
     def processes(self) -> list[int]:
         """Pids of every local process of this cluster (controller, mpiexec, ranks...)."""

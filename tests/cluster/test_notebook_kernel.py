@@ -126,6 +126,9 @@ def test_interrupt_frees_ranks_and_killed_kernel_leaves_nothing(no_shared_cluste
         # the cluster works again for the very next cell
         again = _run(kc, "%%mpi\nprint('ok again')")
         assert again.count("ok again") == 4
+        # stopping prints one line, not ipyparallel's engine logs and exit codes
+        assert _run(kc, "%mpi stop").strip() == "Stopped all MPI ranks."
+        assert "Started 2 MPI ranks" in _run(kc, "%mpi start -n 2")
     finally:
         kc.stop_channels()
     # kill the kernel outright: the guard must stop the cluster within 20 s
