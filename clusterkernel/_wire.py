@@ -16,7 +16,7 @@ GIL from the training loop. Packing a batch into arrays is done in C by
 
 :func:`encode` takes and :func:`decode` returns the same message dict::
 
-    {"v": 1, "rank": 0, "seq": 7, "pc": <perf_counter>, "wall": <time.time>,
+    {"v": 2, "rank": 0, "seq": 7, "pc": <perf_counter>, "wall": <time.time>,
      "lost": {"comm": 0, "scalar": 0, "span": 0},
      "comm": [(op, nbytes, algorithm, group_size, start, duration, wait), ...],
      "scalar": [(step, time, {"loss": 0.4}), ...],
@@ -25,6 +25,20 @@ GIL from the training loop. Packing a batch into arrays is done in C by
 
 ``pc``/``wall`` are read together on the rank, so ``wall - pc`` turns that
 rank's ``perf_counter`` times into wall-clock times for a common timeline.
+
+``decode(..., columns=True)`` gives each kind as columns instead of tuples (what
+the notebook's store keeps, so receiving costs no Python object per record)::
+
+    "comm":   {"n": 3, "op": Cat(["all_reduce"], array("q", [0, 0, 0])), "alg": Cat(...),
+               "nbytes": array("q", ...), "group_size": array("q", ...),
+               "start": array("d", ...), "duration": ..., "wait": ...}
+    "scalar": {"n": 3, "step": array("q", ...), "time": array("d", ...),
+               "values": {"loss": array("d", ...)}}   # or "dicts": [{...}, ...]
+    "span":   {"n": 3, "name": Cat(...), "start": ..., "duration": ...}
+
+Integer columns are a plain list instead when a value does not fit int64 (a float
+step); ``"dicts"`` replaces ``"values"`` when the records of a batch do not all
+log the same names. :func:`to_columns` and :func:`to_rows` convert between forms.
 """
 
 from __future__ import annotations
@@ -35,13 +49,25 @@ import json
 import sys
 from array import array
 from operator import itemgetter
+from typing import NamedTuple
 
-VERSION = 1
+VERSION = 2
 KINDS = ("comm", "scalar", "span")
+_TYPECODES = ("q", "d")  # the only array types a header may name
 
 
 class WireError(ValueError):
     """A message that is not signed with our key, or not ours at all."""
+
+
+class Cat(NamedTuple):
+    """A column of strings as its distinct values and one index per record."""
+
+    names: list
+    codes: array
+
+    def tolist(self) -> list:
+        return list(map(self.names.__getitem__, _seq(self.codes)))
 
 
 def sign(key: bytes, frames: list[bytes]) -> bytes:
@@ -52,113 +78,123 @@ def sign(key: bytes, frames: list[bytes]) -> bytes:
     return mac.digest()
 
 
-class _Buffers:
-    def __init__(self) -> None:
-        self.frames: list[bytes] = []
-
-    def add(self, typecode: str, values) -> int:
-        self.frames.append(array(typecode, values).tobytes())
-        return len(self.frames) - 1
-
-
-def _ints(bufs: _Buffers, values: tuple) -> dict:
+def _ints(values) -> array | list:
     try:
-        return {"q": bufs.add("q", values)}
+        return array("q", values)
     except (TypeError, OverflowError):  # a float or huge step: rare, keep it exact
-        return {"json": list(values)}
+        return list(values)
 
 
-def _pack_scalar(bufs: _Buffers, items: list[tuple]) -> dict:
-    steps, times, values = zip(*items)
-    spec = {"n": len(items), "step": _ints(bufs, steps), "time": bufs.add("d", times)}
-    names = list(values[0])
-    if all(v.keys() == values[0].keys() for v in values):
-        spec["names"] = names
-        spec["values"] = [bufs.add("d", map(itemgetter(n), values)) for n in names]
+def _cat(values) -> Cat:
+    names = list(dict.fromkeys(values))
+    index = {n: i for i, n in enumerate(names)}
+    return Cat(names, array("q", map(index.__getitem__, values)))
+
+
+def to_columns(kind: str, rows: list) -> dict:
+    """Records of one kind (tuples as in the module docstring) as columns."""
+    if kind == "scalar":
+        steps, times, values = zip(*rows)
+        cols = {"n": len(rows), "step": _ints(steps), "time": array("d", times)}
+        first = values[0].keys()
+        if all(v.keys() == first for v in values):
+            cols["values"] = {n: array("d", map(itemgetter(n), values)) for n in first}
+        else:
+            cols["dicts"] = [dict(v) for v in values]
+        return cols
+    if kind == "comm":
+        op, nbytes, alg, gsize, start, dur, wait = zip(*rows)
+        return {
+            "n": len(rows),
+            "op": _cat(op),
+            "alg": _cat(alg),
+            "nbytes": _ints(nbytes),
+            "group_size": _ints(gsize),
+            "start": array("d", start),
+            "duration": array("d", dur),
+            "wait": array("d", wait),
+        }
+    if kind == "span":
+        name, start, dur = zip(*rows)
+        return {
+            "n": len(rows),
+            "name": _cat(name),
+            "start": array("d", start),
+            "duration": array("d", dur),
+        }
+    raise ValueError(f"unknown record kind {kind!r}; use one of {KINDS}")
+
+
+def _seq(column) -> list:
+    return column.tolist() if hasattr(column, "tolist") else list(column)
+
+
+def to_rows(kind: str, cols: dict) -> list[tuple]:
+    """The inverse of :func:`to_columns` (also takes numpy arrays as columns)."""
+    if kind == "scalar":
+        if "dicts" in cols:
+            values = cols["dicts"]
+        else:
+            names = list(cols["values"])
+            values = [dict(zip(names, row)) for row in zip(*map(_seq, cols["values"].values()))]
+            if not names:
+                values = [{} for _ in range(cols["n"])]
+        return list(zip(_seq(cols["step"]), _seq(cols["time"]), values))
+    if kind == "comm":
+        names = ("op", "nbytes", "alg", "group_size", "start", "duration", "wait")
     else:
-        spec["dicts"] = list(values)
-    return spec
+        names = ("name", "start", "duration")
+    return list(zip(*(_seq(cols[n]) for n in names)))
 
 
-def _pack_comm(bufs: _Buffers, items: list[tuple]) -> dict:
-    op, nbytes, alg, gsize, start, dur, wait = zip(*items)
-    return {
-        "n": len(items),
-        "op": list(op),
-        "alg": list(alg),
-        "nbytes": _ints(bufs, nbytes),
-        "group_size": _ints(bufs, gsize),
-        "start": bufs.add("d", start),
-        "duration": bufs.add("d", dur),
-        "wait": bufs.add("d", wait),
-    }
-
-
-def _pack_span(bufs: _Buffers, items: list[tuple]) -> dict:
-    name, start, dur = zip(*items)
-    return {
-        "n": len(items),
-        "name": list(name),
-        "start": bufs.add("d", start),
-        "duration": bufs.add("d", dur),
-    }
-
-
-_PACK = {"comm": _pack_comm, "scalar": _pack_scalar, "span": _pack_span}
+def _spec(value, frames: list[bytes]):
+    """JSON for one column value; arrays go to ``frames`` and are named by index."""
+    if isinstance(value, Cat):
+        return {"cat": value.names, "codes": _spec(value.codes, frames)}
+    if isinstance(value, array):
+        frames.append(value.tobytes())
+        return {"a": value.typecode, "f": len(frames) - 1}
+    if isinstance(value, dict):
+        return {"d": {k: _spec(v, frames) for k, v in value.items()}}
+    return {"j": value}
 
 
 def encode(key: bytes, message: dict) -> list[bytes]:
-    """``[signature, header, *columns]`` frames for one message."""
-    bufs = _Buffers()
+    """``[signature, header, *columns]`` frames for one message (rows or columns)."""
+    frames: list[bytes] = []
     header = {k: v for k, v in message.items() if k not in KINDS}
     header["byteorder"] = sys.byteorder
-    header["columns"] = {k: _PACK[k](bufs, message[k]) for k in KINDS if message.get(k)}
-    frames = [json.dumps(header, separators=(",", ":")).encode(), *bufs.frames]
+    header["columns"] = {}
+    for kind in KINDS:
+        items = message.get(kind)
+        if items:
+            cols = items if isinstance(items, dict) else to_columns(kind, items)
+            header["columns"][kind] = {k: _spec(v, frames) for k, v in cols.items()}
+    frames.insert(0, json.dumps(header, separators=(",", ":")).encode())
     return [sign(key, frames), *frames]
 
 
-def _column(spec, frames: list[bytes], swap: bool, typecode: str = "d") -> list:
-    if isinstance(spec, dict):
-        if "json" in spec:
-            return list(spec["json"])
-        spec = spec["q"]
-        typecode = "q"
-    a = array(typecode)
-    a.frombytes(frames[spec])
-    if swap:
-        a.byteswap()
-    return a.tolist()
+def _value(spec, frames: list[bytes], swap: bool):
+    if "a" in spec:
+        if spec["a"] not in _TYPECODES:
+            raise WireError(f"unknown column type {spec['a']!r}")
+        a = array(spec["a"])
+        a.frombytes(frames[spec["f"]])
+        if swap:
+            a.byteswap()
+        return a
+    if "cat" in spec:
+        return Cat(list(spec["cat"]), _value(spec["codes"], frames, swap))
+    if "d" in spec:
+        return {k: _value(v, frames, swap) for k, v in spec["d"].items()}
+    return spec["j"]
 
 
-def _unpack(kind: str, spec: dict, frames: list[bytes], swap: bool) -> list[tuple]:
-    def col(name: str) -> list:
-        return _column(spec[name], frames, swap)
+def decode(key: bytes, frames: list[bytes], columns: bool = False) -> dict:
+    """The message in ``frames``; :class:`WireError` if it is not signed with ``key``.
 
-    if kind == "scalar":
-        if "dicts" in spec:
-            values = spec["dicts"]
-        else:
-            cols = [_column(i, frames, swap) for i in spec["values"]]
-            names = spec["names"]
-            values = [dict(zip(names, row)) for row in zip(*cols)]
-        return list(zip(col("step"), col("time"), values))
-    if kind == "comm":
-        return list(
-            zip(
-                spec["op"],
-                col("nbytes"),
-                spec["alg"],
-                col("group_size"),
-                col("start"),
-                col("duration"),
-                col("wait"),
-            )
-        )
-    return list(zip(spec["name"], col("start"), col("duration")))
-
-
-def decode(key: bytes, frames: list[bytes]) -> dict:
-    """The message in ``frames``; :class:`WireError` if it is not signed with ``key``."""
+    ``columns=True`` leaves each kind as columns (see the module docstring).
+    """
     if len(frames) < 2:
         raise WireError(f"expected a signature and a header, got {len(frames)} frame(s)")
     signature, rest = frames[0], [bytes(f) for f in frames[1:]]
@@ -168,8 +204,15 @@ def decode(key: bytes, frames: list[bytes]) -> dict:
     if not isinstance(header, dict) or header.get("v") != VERSION:
         raise WireError(f"not a version-{VERSION} metric message")
     swap = header.pop("byteorder", sys.byteorder) != sys.byteorder
-    columns = header.pop("columns", {})
+    specs = header.pop("columns", {})
     buffers = rest[1:]
-    for kind in KINDS:
-        header[kind] = _unpack(kind, columns[kind], buffers, swap) if kind in columns else []
+    try:
+        for kind in KINDS:
+            if kind not in specs:
+                header[kind] = {"n": 0} if columns else []
+                continue
+            cols = {k: _value(v, buffers, swap) for k, v in specs[kind].items()}
+            header[kind] = cols if columns else to_rows(kind, cols)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise WireError(f"malformed metric message: {exc!r}") from exc
     return header

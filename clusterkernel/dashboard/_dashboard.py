@@ -25,6 +25,9 @@ from clusterkernel.dashboard._receiver import Receiver, lower_thread_priority
 from clusterkernel.dashboard._store import MetricsStore
 from clusterkernel.errors import ClusterError
 
+TIMELINE_RATE = 2.0  # timeline redraws per second (it scrolls; more is not readable)
+SLOW_RATE = 1.0  # throughput, comm and status tables, header: once a second
+
 if TYPE_CHECKING:
     from clusterkernel.cluster import Cluster
     from clusterkernel.dashboard._terminal import TerminalProgress
@@ -99,6 +102,7 @@ class Dashboard:
         self._thread: threading.Thread | None = None
         self._drawn_version = -1
         self._status_at = 0.0
+        self._timeline_at = 0.0
         self._lock = threading.Lock()
         try:
             self.attach()
@@ -138,7 +142,7 @@ class Dashboard:
             have = self.store.status()
             late = [r for r, s in want.items() if have.get(r, {}).get("seq", 0) < s]
             raise TimeoutError(f"records of ranks {late} did not arrive within {timeout:g}s")
-        self.refresh()
+        self.refresh(everything=True)
 
     # ------------------------------------------------------------------ display
     @property
@@ -148,7 +152,7 @@ class Dashboard:
             from clusterkernel.dashboard._views import DashboardView
 
             self._view = DashboardView(self.metric, self.window, self.max_points)
-            self.refresh()
+            self.refresh(everything=True)
             self._start_drawing()
         return self._view.widget
 
@@ -194,16 +198,21 @@ class Dashboard:
         period = 1.0 / self.rate
         while not self._stop.wait(period):
             if not self.cluster.running:
-                self.refresh()
+                self.refresh(everything=True)
                 return  # the cluster is gone; the last picture stays
             self.refresh()
 
-    def refresh(self) -> None:
-        """Redraw what changed now (the drawing thread does this ``rate`` times a second)."""
+    def refresh(self, everything: bool = False) -> None:
+        """Redraw what changed (the drawing thread does this ``rate`` times a second).
+
+        ``everything=True`` also redraws the panels that update less often now.
+        """
         view = self._view
         if view is None:
             return
         with self._lock:  # the drawing thread and sync() may both get here
+            if everything:
+                self._timeline_at = self._status_at = 0.0
             t0 = time.perf_counter()
             try:
                 sent = self._redraw(view)
@@ -216,21 +225,27 @@ class Dashboard:
                 self.update_seconds += time.perf_counter() - t0
 
     def _redraw(self, view: DashboardView) -> bool:
+        # Each panel at the rate it is read at: the loss at ``rate`` (and only when
+        # new data came), the timeline at TIMELINE_RATE, throughput and tables once a
+        # second. Every update is a message through the Jupyter server and a redraw
+        # in the browser, which on a busy machine take CPU from the ranks.
         store = self.store
         version = store.version
-        status = store.status()
         sent = False
         if version != self._drawn_version:
             self._drawn_version = version
-            view.loss.update(store)
-            view.throughput.update(store)
-            sent = True
-        if any(s["age_s"] < self.window for s in status.values()):
-            view.timeline.update(store, sorted(status))  # it scrolls even without new data
-            sent = True
+            sent = view.loss.update(store) > 0
         now = time.monotonic()
-        if now - self._status_at >= 1.0:  # tables: once a second is enough to read
+        if now - self._timeline_at >= 1.0 / TIMELINE_RATE:
+            self._timeline_at = now
+            status = store.status()
+            if any(s["age_s"] < self.window for s in status.values()):
+                view.timeline.update(store, sorted(status))  # it scrolls without new data
+                sent = True
+        if now - self._status_at >= 1.0 / SLOW_RATE:
             self._status_at = now
+            status = store.status()
+            sent = view.throughput.update(store) > 0 or sent
             view.comm.update(store)
             view.status.update(store, self._cluster_states())
             records = sum(sum(s["records"].values()) for s in status.values())

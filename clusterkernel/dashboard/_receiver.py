@@ -107,7 +107,7 @@ class Receiver:
 
     def _handle(self, frames: list[bytes]) -> None:
         try:
-            msg = _wire.decode(self.key, frames)
+            msg = _wire.decode(self.key, frames, columns=True)
         except (_wire.WireError, ValueError):
             self.rejected += 1
             return

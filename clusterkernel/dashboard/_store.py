@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
 
-from clusterkernel.records import COMM_FIELDS, comm_record, scalar_record, span_record
+from clusterkernel import _wire
+from clusterkernel.records import comm_record, scalar_record, span_record
 
 KINDS = ("comm", "scalar", "span")
 MERGE_GAP = 0.001  # s: timeline intervals closer than this become one (drawing only)
-MAX_SEGMENTS = 20_000  # per rank, for the timeline (the records themselves are all kept)
-_OP, _NBYTES, _START, _DUR, _WAIT = (
-    COMM_FIELDS.index(f) for f in ("op", "nbytes", "start", "duration", "wait")
-)
+MAX_SEGMENTS = 20_000  # per rank and interval kind/name kept for the timeline (records: all)
 
 
 class _Column:
@@ -41,7 +38,7 @@ class _Column:
         self._a = np.empty(64)
         self.n = 0
 
-    def extend(self, values: list[float]) -> None:
+    def extend(self, values) -> None:
         need = self.n + len(values)
         if need > len(self._a):
             grown = np.empty(max(need, 2 * len(self._a)))
@@ -50,13 +47,63 @@ class _Column:
         self._a[self.n : need] = values
         self.n = need
 
+    def view(self) -> np.ndarray:
+        return self._a[: self.n]
+
     def copy(self) -> np.ndarray:
         return self._a[: self.n].copy()
+
+    def keep_last(self, k: int) -> None:
+        if self.n > k:
+            self._a[:k] = self._a[self.n - k : self.n]
+            self.n = k
+
+
+class _Segments:
+    """One kind of interval on one rank (say, its all_reduce calls), merged and sorted.
+
+    Kept as two growing columns so the timeline's query is a binary search and the
+    panel gets arrays, not one Python object per interval.
+    """
+
+    __slots__ = ("start", "end")
+
+    def __init__(self) -> None:
+        self.start, self.end = _Column(), _Column()
+
+    def add(self, s: np.ndarray, e: np.ndarray) -> None:
+        n = self.start.n
+        if n:  # the last interval may grow: merge it again with the new ones
+            s = np.concatenate([self.start._a[n - 1 : n], s])
+            e = np.concatenate([self.end._a[n - 1 : n], e])
+            self.start.n = self.end.n = n - 1
+        if len(s) > 1 and np.any(s[1:] < s[:-1]):  # async calls complete out of order
+            order = np.argsort(s, kind="stable")
+            s, e = s[order], e[order]
+        reach = np.maximum.accumulate(e)
+        first = np.flatnonzero(np.concatenate([[True], s[1:] > reach[:-1] + MERGE_GAP]))
+        self.start.extend(s[first])
+        self.end.extend(np.maximum.reduceat(e, first))
+        if self.start.n > 2 * MAX_SEGMENTS:
+            self.start.keep_last(MAX_SEGMENTS)
+            self.end.keep_last(MAX_SEGMENTS)
+
+    def since(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        """The intervals that end at ``t`` or later."""
+        i = int(np.searchsorted(self.end.view(), t, side="left"))
+        return self.start.view()[i:], self.end.view()[i:]
+
+
+def _numeric(column) -> np.ndarray | list:
+    """An int64/float64 view of a wire array; a list column (a float step) stays a list."""
+    return np.frombuffer(column, dtype=column.typecode) if hasattr(column, "typecode") else column
 
 
 class _Rank:
     def __init__(self) -> None:
-        self.records: dict[str, list] = {k: [] for k in KINDS}
+        # every record, as the column batches they arrived in (see clusterkernel._wire)
+        self.chunks: dict[str, list[dict]] = {k: [] for k in KINDS}
+        self.count = dict.fromkeys(KINDS, 0)
         self.series: dict[str, tuple[_Column, _Column]] = {}
         self.comm_totals: dict[str, list[float]] = {}  # op -> [count, bytes, secs, wait]
         self.offset = 0.0  # wall - perf_counter on that rank
@@ -65,23 +112,32 @@ class _Rank:
         self.lost = dict.fromkeys(KINDS, 0)
         self.proc: dict = {}
         self.last_seen = 0.0
-        # timeline intervals in wall time, merged as they arrive, so a redraw only
-        # walks the few hundred in its window: [kind, name, start, end]
-        self.segments: deque[list] = deque(maxlen=MAX_SEGMENTS)
-        self._open: dict[tuple[str, str], list] = {}
+        # timeline intervals in wall time, merged as they arrive: (kind, name) -> _Segments
+        self.segments: dict[tuple[str, str], _Segments] = {}
 
-    def add_interval(self, kind: str, name: str, start: float, end: float) -> None:
-        seg = self._open.get((kind, name))
-        if seg is not None and seg[2] <= start <= seg[3] + MERGE_GAP:
-            seg[3] = max(seg[3], end)
-            return
-        seg = [kind, name, start, end]
-        self.segments.append(seg)
-        self._open[(kind, name)] = seg
+    def add_intervals(self, kind: str, name: str, start: np.ndarray, end: np.ndarray) -> None:
+        if len(start):
+            seg = self.segments.get((kind, name))
+            if seg is None:
+                seg = self.segments[(kind, name)] = _Segments()
+            seg.add(start, end)
+
+
+def _by_code(cat: _wire.Cat):
+    """``(name, index)`` per distinct value of a string column (index: mask or ``:``)."""
+    if len(cat.names) == 1:
+        yield cat.names[0], slice(None)
+        return
+    codes = np.frombuffer(cat.codes, dtype=np.int64)
+    for i, name in enumerate(cat.names):
+        yield name, codes == i
 
 
 class MetricsStore:
     """Every record streamed from the ranks, with the queries the panels draw from.
+
+    Records are kept as the column batches they arrive in (numpy arrays, no Python
+    object per record); :meth:`records` rebuilds the record dicts when asked.
 
     Example::
 
@@ -99,13 +155,17 @@ class MetricsStore:
 
     # ------------------------------------------------------------------ input
     def ingest(self, msg: dict) -> None:
-        """Add one stream message (see :mod:`clusterkernel._wire`)."""
+        """Add one stream message (see :mod:`clusterkernel._wire`; rows or columns)."""
         rank = msg["rank"]
         if not isinstance(rank, int) or rank < 0:
             raise ValueError(f"bad rank {rank!r} in metric message")
-        comm = msg.get("comm") or []
-        scalars = msg.get("scalar") or []
-        spans = msg.get("span") or []
+        cols = {}
+        for kind in KINDS:
+            items = msg.get(kind) or {}
+            if not isinstance(items, dict):
+                items = _wire.to_columns(kind, items) if items else {}
+            if items.get("n"):
+                cols[kind] = items
         with self._lock:
             r = self._ranks.get(rank)
             if r is None:
@@ -118,42 +178,58 @@ class MetricsStore:
             r.lost = {k: int(msg.get("lost", {}).get(k, 0)) for k in KINDS}
             r.proc = dict(msg.get("proc") or {})
             r.last_seen = time.time()
-            r.records["comm"].extend(tuple(c) for c in comm)
-            r.records["span"].extend(tuple(s) for s in spans)
-            r.records["scalar"].extend((s[0], s[1], s[2]) for s in scalars)
-            self._add_series(r, scalars)
-            off = r.offset
-            for c in comm:
-                tot = r.comm_totals.setdefault(c[_OP], [0, 0, 0.0, 0.0])
-                tot[0] += 1
-                tot[1] += c[_NBYTES]
-                tot[2] += c[_DUR]
-                tot[3] += c[_WAIT]
-                start = c[_START] + off
-                end = start + c[_DUR]
-                r.add_interval("comm", c[_OP], start, end)
-                # blocked: the tail of the call spent waiting (all of it for sync calls)
-                r.add_interval("blocked", "", end - min(c[_WAIT], c[_DUR]), end)
-            for name, start, dur in spans:
-                r.add_interval("span", name, start + off, start + off + dur)
+            for kind, c in cols.items():
+                r.chunks[kind].append(c)
+                r.count[kind] += c["n"]
+            if "scalar" in cols:
+                self._add_series(r, cols["scalar"])
+            if "comm" in cols:
+                self._add_comm(r, cols["comm"])
+            if "span" in cols:
+                span = cols["span"]
+                start = _numeric(span["start"]) + r.offset
+                end = start + _numeric(span["duration"])
+                for name, part in _by_code(span["name"]):
+                    r.add_intervals("span", name, start[part], end[part])
             self.version += 1
             self.messages += 1
             self._lock.notify_all()
 
     @staticmethod
-    def _add_series(r: _Rank, scalars: list) -> None:
-        by_name: dict[str, tuple[list, list]] = {}
-        for step, _t, values in scalars:
-            for name, v in values.items():
-                steps, vals = by_name.setdefault(name, ([], []))
-                steps.append(step)
-                vals.append(v)
+    def _add_series(r: _Rank, cols: dict) -> None:
+        if "values" in cols:
+            steps = np.asarray(_numeric(cols["step"]), dtype=float)
+            by_name = {n: (steps, _numeric(v)) for n, v in cols["values"].items()}
+        else:  # records of this batch logged different names: one by one
+            by_name: dict[str, tuple[list, list]] = {}
+            for step, values in zip(_wire._seq(cols["step"]), cols["dicts"]):
+                for name, v in values.items():
+                    steps, vals = by_name.setdefault(name, ([], []))
+                    steps.append(step)
+                    vals.append(v)
         for name, (steps, vals) in by_name.items():
-            cols = r.series.get(name)
-            if cols is None:
-                cols = r.series[name] = (_Column(), _Column())
-            cols[0].extend(steps)
-            cols[1].extend(vals)
+            series = r.series.get(name)
+            if series is None:
+                series = r.series[name] = (_Column(), _Column())
+            series[0].extend(steps)
+            series[1].extend(vals)
+
+    @staticmethod
+    def _add_comm(r: _Rank, cols: dict) -> None:
+        nbytes = np.asarray(_numeric(cols["nbytes"]))
+        start = _numeric(cols["start"]) + r.offset
+        dur = _numeric(cols["duration"])
+        wait = _numeric(cols["wait"])
+        end = start + dur
+        for op, part in _by_code(cols["op"]):
+            tot = r.comm_totals.setdefault(op, [0, 0, 0.0, 0.0])
+            tot[0] += len(dur[part])
+            tot[1] += int(nbytes[part].sum())
+            tot[2] += float(dur[part].sum())
+            tot[3] += float(wait[part].sum())
+            r.add_intervals("comm", op, start[part], end[part])
+        # blocked: the tail of the call spent waiting (all of it for sync calls)
+        r.add_intervals("blocked", "", end - np.minimum(wait, dur), end)
 
     def wait_for(self, seqs: dict[int, int], timeout: float = 10.0) -> bool:
         """Wait until each ``rank`` has delivered message ``seq``; False on timeout."""
@@ -198,7 +274,7 @@ class MetricsStore:
             for rank, r in sorted(self._ranks.items()):
                 cols = r.series.get(name)
                 if cols is not None and cols[0].n:
-                    out[rank] = (cols[0]._a[cols[0].n - 1], cols[1]._a[cols[1].n - 1])
+                    out[rank] = (float(cols[0].view()[-1]), float(cols[1].view()[-1]))
             return out
 
     def comm_table(self) -> list[dict]:
@@ -219,6 +295,20 @@ class MetricsStore:
                     )
             return rows
 
+    def timeline_arrays(
+        self, window: float, now: float | None = None
+    ) -> dict[tuple[int, str, str], tuple[np.ndarray, np.ndarray]]:
+        """:meth:`timeline` as ``{(rank, kind, name): (starts, ends)}`` arrays."""
+        now = time.time() if now is None else now
+        out = {}
+        with self._lock:
+            for rank, r in sorted(self._ranks.items()):
+                for (kind, name), seg in r.segments.items():
+                    start, end = seg.since(now - window)
+                    if len(start):
+                        out[(rank, kind, name)] = (start - now, end - now)
+        return out
+
     def timeline(self, window: float, now: float | None = None) -> list[tuple]:
         """Intervals that end within the last ``window`` seconds of wall time.
 
@@ -228,17 +318,11 @@ class MetricsStore:
         ``"blocked"`` (the rank waited in a comm call). Intervals less than
         ``MERGE_GAP`` apart are merged: this is for drawing; :meth:`records` is exact.
         """
-        now = time.time() if now is None else now
-        since = now - window
-        out = []
-        with self._lock:
-            for rank, r in sorted(self._ranks.items()):
-                for i in range(len(r.segments) - 1, -1, -1):
-                    kind, name, start, end = r.segments[i]
-                    if end < since:
-                        break  # newest last: everything before ended earlier
-                    out.append((rank, kind, name, start - now, end - now))
-        return out
+        return [
+            (rank, kind, name, s, e)
+            for (rank, kind, name), (start, end) in self.timeline_arrays(window, now).items()
+            for s, e in zip(start.tolist(), end.tolist())
+        ]
 
     def status(self) -> dict[int, dict]:
         """Per rank: host, pid, cpu, rss_mib (from the rank), messages, records, age."""
@@ -250,7 +334,7 @@ class MetricsStore:
                     "seq": r.seq,
                     "gaps": r.gaps,
                     "lost": sum(r.lost.values()),
-                    "records": {k: len(v) for k, v in r.records.items()},
+                    "records": dict(r.count),
                     "age_s": now - r.last_seen,
                 }
                 for rank, r in sorted(self._ranks.items())
@@ -267,14 +351,16 @@ class MetricsStore:
             raise ValueError(f"unknown record kind {kind!r}; use one of {KINDS}")
         with self._lock:
             chosen = sorted(self._ranks) if ranks is None else list(ranks)
-            raw = {r: {k: list(self._ranks[r].records[k]) for k in kinds} for r in chosen}
+            raw = {r: {k: list(self._ranks[r].chunks[k]) for k in kinds} for r in chosen}
         out: list[dict] = []
         for rank, by_kind in raw.items():
-            for k, items in by_kind.items():
-                if k == "comm":
-                    out.extend(comm_record(rank, t) for t in items)
-                elif k == "scalar":
-                    out.extend(scalar_record(rank, s, t, v) for s, t, v in items)
-                else:
-                    out.extend(span_record(rank, n, s, d) for n, s, d in items)
+            for k, chunks in by_kind.items():
+                for c in chunks:
+                    rows = _wire.to_rows(k, c)
+                    if k == "comm":
+                        out.extend(comm_record(rank, t) for t in rows)
+                    elif k == "scalar":
+                        out.extend(scalar_record(rank, s, t, v) for s, t, v in rows)
+                    else:
+                        out.extend(span_record(rank, n, s, d) for n, s, d in rows)
         return out

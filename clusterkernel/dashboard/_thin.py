@@ -12,6 +12,8 @@ import numpy as np
 def thin(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
     """At most about ``max_points`` points of ``(x, y)``: each bucket's min and max, in order.
 
+    The first and the last point are always kept.
+
     Example::
 
         x, y = thin(np.arange(10_000), loss, 500)   # ~500 points, extremes kept
@@ -29,6 +31,7 @@ def thin(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.
     lo = np.where(np.isnan(block), np.inf, block).argmin(axis=1)
     hi = np.where(np.isnan(block), -np.inf, block).argmax(axis=1)
     base = np.arange(buckets) * size
-    idx = np.concatenate([base + lo, base + hi, np.arange(used, n)])
+    # the first and the latest point always: the line must end where the run is now
+    idx = np.concatenate([[0], base + lo, base + hi, np.arange(used, n), [n - 1]])
     idx = np.unique(idx)  # sorted, and a bucket whose min is its max counts once
     return x[idx], y[idx]

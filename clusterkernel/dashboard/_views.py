@@ -85,15 +85,17 @@ class ScalarPanel:
         sent = 0
         for rank, (x, y) in store.series(self.metric).items():
             if self._drawn.get(rank) == len(x):
-                continue
+                continue  # unchanged: send nothing
+            self._drawn[rank] = len(x)
             x, y = thin(x, y, self.max_points)
             line = self._line(rank)
             with line.hold_sync():
                 line.x, line.y = x, y
-            self._drawn[rank] = len(x)
             sent += len(x)
-        for rank in set(self._lines) - set(store.ranks()):
-            self._lines[rank].x, self._lines[rank].y = np.zeros(0), np.zeros(0)
+        for rank in set(self._drawn) - set(store.ranks()):  # the store was cleared
+            del self._drawn[rank]
+            with self._lines[rank].hold_sync():
+                self._lines[rank].x, self._lines[rank].y = np.zeros(0), np.zeros(0)
         return sent
 
 
@@ -218,14 +220,11 @@ class TimelinePanel:
             self.figure.axes[1].tick_values = np.array(ranks, dtype=float)
         slot = self.window / self.columns
         edges = np.linspace(-self.window, 0.0, self.columns + 1)
-        by_rank: dict[tuple[int, str, str], list] = {}
-        for rank, kind, name, start, end in store.timeline(self.window):
-            by_rank.setdefault((rank, kind, name), []).append((start, end))
         segs: dict[str, list] = {}
         busy: dict[int, np.ndarray] = {}  # rank -> slots with any activity
         blocked: dict[int, np.ndarray] = {}
-        for (rank, kind, name), spans in by_rank.items():
-            occ = _occupancy(np.array(spans), -self.window, slot, self.columns)
+        for (rank, kind, name), (start, end) in store.timeline_arrays(self.window).items():
+            occ = _occupancy(start, end, -self.window, slot, self.columns)
             busy[rank] = np.maximum(busy.get(rank, 0), occ > 0)
             if kind == "blocked":
                 blocked[rank] = occ
@@ -258,10 +257,10 @@ class TimelinePanel:
         self._shown = drawn
 
 
-def _occupancy(spans: np.ndarray, t0: float, slot: float, n: int) -> np.ndarray:
-    """Fraction of each of ``n`` slots of width ``slot`` from ``t0`` covered by ``spans``."""
-    start = np.clip(spans[:, 0], t0, t0 + n * slot)
-    end = np.clip(spans[:, 1], t0, t0 + n * slot)
+def _occupancy(start: np.ndarray, end: np.ndarray, t0: float, slot: float, n: int) -> np.ndarray:
+    """Fraction of each of ``n`` slots of width ``slot`` from ``t0`` covered by intervals."""
+    start = np.clip(start, t0, t0 + n * slot)
+    end = np.clip(end, t0, t0 + n * slot)
     occ = np.zeros(n)
     first = np.minimum(((start - t0) // slot).astype(int), n - 1)
     last = np.minimum(((end - t0) // slot).astype(int), n - 1)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from clusterkernel import Dashboard, metrics
+from clusterkernel import Dashboard, _wire, metrics
 from clusterkernel.dashboard import MetricsStore, chrome_trace, summary, thin, to_csv
 from clusterkernel.dashboard._views import DashboardView, _occupancy, _runs
 from clusterkernel.errors import ClusterError
@@ -17,7 +17,7 @@ from clusterkernel.errors import ClusterError
 
 def _msg(rank, seq, scalars=(), comm=(), spans=(), pc=100.0, wall=1000.0, lost=None):
     return {
-        "v": 1,
+        "v": _wire.VERSION,
         "rank": rank,
         "seq": seq,
         "pc": pc,
@@ -97,7 +97,7 @@ def test_timeline_is_wall_clock_aligned_across_ranks():
     drawn = [t for t in s.timeline(window=10, now=now) if t[:2] == (2, "comm")]
     assert drawn == [(2, "comm", "send", pytest.approx(-0.2, abs=1e-6), pytest.approx(0, abs=1e-6))]
     assert len(s.records("comm", ranks=[2])) == 100
-    occ = _occupancy(np.array([(0.1, 0.15), (0.5, 2.25), (3.9, 5.0)]), 0.0, 1.0, 4)
+    occ = _occupancy(np.array([0.1, 0.5, 3.9]), np.array([0.15, 2.25, 5.0]), 0.0, 1.0, 4)
     assert occ.tolist() == pytest.approx([0.55, 1.0, 0.25, 0.1])
     assert _runs(occ >= 0.5) == [(0, 2)]
 
@@ -167,6 +167,63 @@ def test_panels_draw_what_the_store_holds():
     view.loss.update(s)
     assert view.loss._lines[0].y.tolist() == [10.0] * 50
     assert not math.isnan(float(view.loss._lines[0].y[0]))
+
+
+def test_thin_always_keeps_the_latest_point():
+    x = np.arange(10_000, dtype=float)  # 250 buckets of 40 exactly: no tail
+    y = np.cos(x)  # the last point is neither its bucket's min nor its max
+    tx, ty = thin(x, y, 500)
+    assert tx[0] == 0 and tx[-1] == x[-1] and ty[-1] == y[-1]
+    assert len(tx) <= 502 and np.all(np.diff(tx) > 0)
+
+
+def test_column_messages_keep_every_record_while_lines_are_thinned():
+    """What the receiver does: columns in, the full record out, thin lines drawn."""
+    s = MetricsStore()
+    n, per_msg = 6_000, 1_000
+    sent: dict[str, list] = {"scalar": [], "comm": [], "span": []}
+    for seq in range(1, n // per_msg + 1):
+        steps = range((seq - 1) * per_msg, seq * per_msg)
+        msg = _msg(
+            0,
+            seq,
+            scalars=[(i, 100.0 + i, {"loss": 1.0 / (i + 1)}) for i in steps],
+            comm=[
+                ("all_reduce" if i % 3 else "broadcast", 8, "mpi", 2, 50.0 + i, 0.5, 0.1)
+                for i in steps
+            ],  # fmt: skip
+            spans=[("forward", 49.0 + i, 0.25) for i in steps],
+        )
+        for kind in sent:
+            sent[kind] += [tuple(r) for r in msg[kind]]
+        cols = _wire.decode(b"k", _wire.encode(b"k", msg), columns=True)
+        assert cols["scalar"]["n"] == per_msg  # columns: one string per distinct op
+        assert sorted(cols["comm"]["op"].names) == ["all_reduce", "broadcast"]
+        s.ingest(cols)
+    got = s.records(ranks=[0])
+    for kind in sent:
+        mine = [r for r in got if r["kind"] == kind]
+        assert len(mine) == n
+    assert [(r["step"], r["time"], r["values"]) for r in got if r["kind"] == "scalar"] == [
+        (st, t, v) for st, t, v in sent["scalar"]
+    ]
+    assert [tuple(r[f] for f in ("op", "nbytes", "algorithm", "group_size", "start", "duration", "wait"))
+            for r in got if r["kind"] == "comm"] == sent["comm"]  # fmt: skip
+    table = {row["op"]: row for row in s.comm_table()}
+    assert table["broadcast"]["count"] == n // 3 and table["all_reduce"]["count"] == n - n // 3
+    assert table["all_reduce"]["seconds"] == pytest.approx(0.5 * (n - n // 3))
+    assert s.status()[0]["records"] == {"comm": n, "scalar": n, "span": n}
+    steps, loss = s.series("loss")[0]
+    assert steps.tolist() == list(range(n)) and loss[-1] == 1.0 / n
+
+    view = DashboardView(max_points=500)
+    assert view.loss.update(s) > 0
+    line = view.loss._lines[0]
+    assert len(line.x) <= 502 and line.x[-1] == n - 1 and line.y[-1] == 1.0 / n
+    assert view.loss.update(s) == 0  # nothing new: nothing sent
+    s.ingest(_msg(0, 7, scalars=[(n, 200.0, {"loss": 0.5})]))
+    assert view.loss.update(s) > 0 and line.x[-1] == n and line.y[-1] == 0.5
+    assert len(s.series("loss")[0][0]) == n + 1  # the record is never thinned
 
 
 def test_dashboard_without_ranks_says_how_to_start_them():

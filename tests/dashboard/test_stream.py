@@ -100,7 +100,14 @@ def test_receiver_refuses_messages_not_signed_with_its_key():
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 1000)
     push.connect(rx.address)
-    good = {"v": 1, "rank": 0, "seq": 1, "pc": 1.0, "wall": 2.0, "scalar": [[0, 1.0, {"loss": 1}]]}
+    good = {
+        "v": _wire.VERSION,
+        "rank": 0,
+        "seq": 1,
+        "pc": 1.0,
+        "wall": 2.0,
+        "scalar": [[0, 1.0, {"loss": 1}]],
+    }
     try:
         push.send_multipart(_wire.encode(b"wrong key", good))
         push.send_multipart([b"no signature"])
@@ -125,7 +132,9 @@ def test_wire_decode_errors_say_what_is_wrong():
         _wire.decode(b"k", [b"x" * 32, b"{}"])
     with pytest.raises(_wire.WireError, match="a signature and a header"):
         _wire.decode(b"k", [b"{}"])
-    frames = _wire.encode(b"k", {"v": 1, "rank": 0, "scalar": [(0, 1.0, {"loss": 1.0})]})
+    frames = _wire.encode(
+        b"k", {"v": _wire.VERSION, "rank": 0, "scalar": [(0, 1.0, {"loss": 1.0})]}
+    )
     frames[-1] = frames[-1][:-1] + b"\x00"  # one byte of a column changed
     with pytest.raises(_wire.WireError, match="bad signature"):
         _wire.decode(b"k", frames)
@@ -133,7 +142,7 @@ def test_wire_decode_errors_say_what_is_wrong():
 
 def test_wire_round_trip_is_exact_for_every_record_shape():
     msg = {
-        "v": 1,
+        "v": _wire.VERSION,
         "rank": 3,
         "seq": 2,
         "lost": {"comm": 1},
@@ -143,5 +152,9 @@ def test_wire_round_trip_is_exact_for_every_record_shape():
     }
     back = _wire.decode(b"k", _wire.encode(b"k", msg))
     assert back == {**msg, "seq": 2}
-    floaty = {"v": 1, "rank": 0, "scalar": [(2.5, 0.0, {"x": 1.0}), (3, 0.0, {"x": 2.0})]}
+    floaty = {
+        "v": _wire.VERSION,
+        "rank": 0,
+        "scalar": [(2.5, 0.0, {"x": 1.0}), (3, 0.0, {"x": 2.0})],
+    }
     assert _wire.decode(b"k", _wire.encode(b"k", floaty))["scalar"] == floaty["scalar"]
