@@ -31,7 +31,7 @@ import psutil
 from traitlets.config import Config
 
 from clusterkernel import _engine_setup
-from clusterkernel.errors import CellInterrupted, ClusterError, RankError
+from clusterkernel.errors import CellInterrupted, ClusterError, RankError, format_ranks
 from clusterkernel.mpiexec import (
     MPIRuntime,
     check_hosts_resolve,
@@ -75,6 +75,9 @@ class Cluster:
     env : extra environment variables for the ranks (e.g. ``OMP_NUM_THREADS``).
     timeout : default watchdog for :meth:`run` in seconds (None: no watchdog).
     start_timeout : seconds to wait for all engines to register.
+    fault_tolerant : keep the job running when a rank dies (Open MPI's ULFM):
+        the cell reports the dead rank, later cells run on the others, and
+        :meth:`restart` brings back a full set. Default: a dead rank ends the job.
 
     Example::
 
@@ -95,6 +98,7 @@ class Cluster:
         start_timeout: float = 90.0,
         guard: bool = True,
         log_level: int = logging.WARNING,
+        fault_tolerant: bool = False,
     ) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"n must be a positive integer number of ranks, got {n!r}.")
@@ -113,6 +117,7 @@ class Cluster:
         self.start_timeout = start_timeout
         self.guard = guard
         self.log_level = log_level
+        self.fault_tolerant = fault_tolerant
 
         self._ipp: ipp.Cluster | None = None
         self._client: ipp.Client | None = None
@@ -122,6 +127,7 @@ class Cluster:
         self._stack_dir: str | None = None
         self._guard_proc: subprocess.Popen | None = None
         self.lost: str | None = None  # why the engine set is gone, if it is
+        self.dead: dict[int, str] = {}  # rank -> how it died (fault-tolerant jobs)
 
     # ------------------------------------------------------------------ lifecycle
     def __repr__(self) -> str:
@@ -140,7 +146,7 @@ class Cluster:
 
     def _config(self) -> Config:
         cfg = Config()
-        env = {**self.runtime.env({}), **self.env}
+        env = {**self.runtime.env({}, fault_tolerant=self.fault_tolerant), **self.env}
         if not self.multi_node:
             for key, value in _LOCAL_ONLY_ENV.items():
                 env.setdefault(key, value)
@@ -148,7 +154,9 @@ class Cluster:
         env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
         launcher = cfg.MPIEngineSetLauncher
         launcher.mpi_cmd = [self.runtime.mpiexec]
-        launcher.mpi_args = self.runtime.args(self.n, hosts=self.hosts, hostfile=self.hostfile)
+        launcher.mpi_args = self.runtime.args(
+            self.n, hosts=self.hosts, hostfile=self.hostfile, fault_tolerant=self.fault_tolerant
+        )
         launcher.environment = env
         launcher.engine_args = ["--log-level=WARN"]
         cfg.LocalControllerLauncher.controller_args = ["--log-level=WARN"]
@@ -325,6 +333,7 @@ class Cluster:
         self._stop_guard()
         self._rank_info = {}
         self._engine_of = {}
+        self.dead = {}
 
     def restart(self) -> None:
         """Stop all ranks (stuck ones included) and start a full set again.
@@ -339,6 +348,7 @@ class Cluster:
         self._ipp.start_engines_sync(self.n)
         self._wait_for_new_engines(old_pids)
         self.lost = None
+        self.dead = {}
 
     # ------------------------------------------------------------------ ranks
     @property
@@ -350,10 +360,37 @@ class Cluster:
 
     @property
     def ranks(self) -> list[int]:
+        """Every rank of the job, dead ones (fault-tolerant jobs) included."""
         return sorted(self._engine_of)
+
+    @property
+    def live_ranks(self) -> list[int]:
+        """The ranks cells run on by default: all but those that died."""
+        self._note_lost_engines()
+        return [r for r in self.ranks if r not in self.dead]
+
+    def mark_dead(self, ranks: list[int], why: str) -> None:
+        """Record ranks of a fault-tolerant job as dead (the job carries on)."""
+        for r in ranks:
+            self.dead.setdefault(r, why)
+
+    def _note_lost_engines(self) -> None:
+        # A rank that died between cells: its nanny has told the controller, which
+        # unregistered the engine; the job itself lives on (fault-tolerant only).
+        if not self.fault_tolerant or self._client is None:
+            return
+        ids = set(self._client.ids)
+        gone = [r for r, eid in self._engine_of.items() if eid not in ids and r not in self.dead]
+        self.mark_dead(gone, "its process exited between cells")
 
     def engine_id(self, rank: int) -> int:
         self._require_running()
+        if rank in self.dead:
+            raise ClusterError(
+                f"Rank {rank} died ({self.dead[rank]}); ranks "
+                f"{format_ranks(self.live_ranks)} still run. %mpi restart "
+                "(cluster.restart()) brings back a full set."
+            )
         try:
             return self._engine_of[rank]
         except KeyError:
@@ -366,8 +403,8 @@ class Cluster:
         raise KeyError(engine_id)
 
     def view(self, ranks: list[int] | None = None) -> ipp.DirectView:
-        """A DirectView of the engines for ``ranks`` (default: all), in rank order."""
-        ranks = self.ranks if ranks is None else list(ranks)
+        """A DirectView of the engines for ``ranks`` (default: live ones), in rank order."""
+        ranks = self.live_ranks if ranks is None else list(ranks)
         return self.client[[self.engine_id(r) for r in ranks]]
 
     def _require_running(self) -> None:
@@ -381,7 +418,8 @@ class Cluster:
         """One dict per rank: rank, host, pid, state, cpu %, memory (MiB)."""
         self._require_running()
         assert self._client is not None
-        queue = self._settled_queue()
+        queue = self._client.queue_status(verbose=True)
+        busy = _busy_engines(queue, self._client.results)
         rows = []
         for rank in self.ranks:
             info = self._rank_info[rank]
@@ -390,7 +428,7 @@ class Cluster:
             state = "dead"
             cpu = mem = None
             if q is not None:
-                state = "busy" if q.get("tasks", 0) or q.get("queue", 0) else "idle"
+                state = "busy" if eid in busy else "idle"
             try:
                 # Kept between calls: cpu_percent() measures since the previous call
                 # on the same object (a fresh one always says 0).
@@ -413,29 +451,6 @@ class Cluster:
                 }
             )
         return rows
-
-    def _settled_queue(self) -> dict:
-        """The controller's queue status, with its lag behind our own replies removed.
-
-        A reply reaches this client before the controller books the task as done,
-        so right after ``run().wait()`` it can still call a rank busy. Engines it
-        calls busy while this client waits on nothing there get a short settle.
-        """
-        assert self._client is not None
-        queue = self._client.queue_status()
-        ours: set = set()
-        for mid in self._client.outstanding:
-            eid = self._client.metadata[mid].get("engine_id")
-            ours.update(eid if isinstance(eid, list) else [eid])
-        lagging = [
-            eid
-            for eid, q in queue.items()
-            if isinstance(q, dict) and (q.get("tasks") or q.get("queue")) and eid not in ours
-        ]
-        if lagging:
-            self._settle_queues(lagging, timeout=1.0)
-            queue = self._client.queue_status()
-        return queue
 
     def processes(self) -> list[int]:
         """Pids of every local process of this cluster (controller, mpiexec, ranks...)."""
@@ -463,8 +478,8 @@ class Cluster:
         self.view(ranks).push(namespace, block=True)
 
     def pull(self, name: str, ranks: list[int] | None = None) -> dict[int, Any]:
-        """``{rank: value}`` of the global ``name`` on each rank."""
-        ranks = self.ranks if ranks is None else list(ranks)
+        """``{rank: value}`` of the global ``name`` on each (live) rank."""
+        ranks = self.live_ranks if ranks is None else list(ranks)
         try:
             values = self.view(ranks).pull(name, block=True)
         except ipp.error.CompositeError as e:
@@ -493,7 +508,7 @@ class Cluster:
         from clusterkernel.runner import CellRun
 
         self._require_running()
-        ranks = self.ranks if ranks is None else sorted(set(ranks))
+        ranks = self.live_ranks if ranks is None else sorted(set(ranks))
         for r in ranks:
             self.engine_id(r)  # clear error for a rank that does not exist
         run = CellRun(self, code, ranks, renderer=renderer)
@@ -527,7 +542,7 @@ class Cluster:
 
     def signal(self, sig: int, ranks: list[int] | None = None) -> None:
         """Send ``sig`` to the given ranks only (through each engine's nanny)."""
-        ranks = self.ranks if ranks is None else ranks
+        ranks = self.live_ranks if ranks is None else ranks
         self.client.send_signal(int(sig), targets=[self.engine_id(r) for r in ranks], block=True)
 
     def interrupt(self, ranks: list[int]) -> None:
@@ -539,6 +554,23 @@ class Cluster:
             return None
         report = _mpi_report(self._engine_output(lines=200))
         return _parse_dead_ranks(report, self.n), report
+
+
+def _busy_engines(queue: dict, results: dict) -> set[int]:
+    """Engines with a task still running or queued, from a verbose queue status.
+
+    The controller books a task as done only after its reply has reached the
+    client, so right after ``run().wait()`` it can still list it. Tasks whose
+    results the client already holds are therefore not counted; tasks of other
+    clients (and our own outstanding ones) are.
+    """
+    busy = set()
+    for eid, q in queue.items():
+        if isinstance(q, dict) and any(
+            m not in results for m in (*q.get("queue", ()), *q.get("tasks", ()))
+        ):
+            busy.add(eid)
+    return busy
 
 
 def _main_thread_stack(dump: str) -> str:

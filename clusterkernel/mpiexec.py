@@ -118,6 +118,15 @@ def is_local_only(hosts: list[tuple[str, int | None]]) -> bool:
     return all(name in local for name, _ in hosts)
 
 
+# Open MPI 5's fault tolerance as environment: the MPI library reports failed
+# peers (ULFM) and PRRTE keeps the job running and notifies the survivors.
+_OPENMPI_FT_ENV = {
+    "OMPI_MCA_mpi_ft_enable": "1",
+    "PRTE_MCA_state_base_recoverable": "1",
+    "PRTE_MCA_state_base_notify_errors": "1",
+}
+
+
 @dataclass(frozen=True)
 class MPIRuntime:
     """An ``mpiexec`` and its MPI flavour, with the flags this machine needs."""
@@ -130,9 +139,17 @@ class MPIRuntime:
         exe = find_mpiexec(mpiexec)
         return cls(exe, mpi_flavor(exe))
 
-    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """Environment for mpiexec: root allowed, oversubscription allowed, bin/ on PATH."""
+    def env(
+        self, base: dict[str, str] | None = None, fault_tolerant: bool = False
+    ) -> dict[str, str]:
+        """Environment for mpiexec: root allowed, oversubscription allowed, bin/ on PATH.
+
+        ``fault_tolerant=True`` keeps the job alive when a rank dies (Open MPI's
+        ULFM, what ``mpiexec --with-ft ulfm`` turns on) and tells the others.
+        """
         env = dict(os.environ if base is None else base)
+        if fault_tolerant and self.flavor in ("openmpi", "unknown"):
+            env.update(_OPENMPI_FT_ENV)
         if self.flavor in ("openmpi", "unknown"):
             if hasattr(os, "geteuid") and os.geteuid() == 0:
                 # Open MPI refuses to run as root without both of these.
@@ -150,9 +167,12 @@ class MPIRuntime:
         n: int,
         hosts: list[tuple[str, int | None]] | None = None,
         hostfile: str | None = None,
+        fault_tolerant: bool = False,
     ) -> list[str]:
         """Flags (without the ``mpiexec`` itself and without the program)."""
         args: list[str] = []
+        if fault_tolerant and self.flavor == "mpich":
+            args += ["-disable-auto-cleanup"]  # Hydra's way to outlive a dead rank
         hostlist = ",".join(f"{h}:{s}" if s else h for h, s in (hosts or []))
         if self.flavor in ("openmpi", "unknown"):
             args += ["--oversubscribe"]

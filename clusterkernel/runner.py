@@ -184,23 +184,34 @@ class CellRun:
                 items.append((rank, kind, f"{res.ename}: {res.evalue}", tb))
             elif isinstance(res, BaseException):
                 items.append((rank, "error", f"{type(res).__name__}: {res}", ""))
+        note = ""
         if lost:
             # The engine vanished; mpiexec's report, once it has exited, says why.
-            deadline = time.monotonic() + 5
+            # A fault-tolerant job does not exit, so do not wait long for it.
+            deadline = time.monotonic() + (0.5 if self.cluster.fault_tolerant else 5)
             while time.monotonic() < deadline:
                 dead = self.cluster.dead_ranks()
                 if dead is not None:
                     return self._job_ended(*dead)
                 time.sleep(_POLL)
-            items += [
-                (r, "died", "engine lost", "")
+            gone = [
+                r
                 for r, res in zip(self.ranks, results)
                 if getattr(res, "ename", "") == "EngineError"
                 or isinstance(res, ipp.error.EngineError)
             ]
+            why = "engine lost"
+            if self.cluster.fault_tolerant:
+                why = "its process exited; the fault-tolerant job carries on without it"
+                self.cluster.mark_dead(gone, "its process exited")
+                note = (
+                    f"Later cells run on ranks {format_ranks(self.cluster.live_ranks)}; "
+                    "%mpi restart (cluster.restart()) brings back a full set."
+                )
+            items += [(r, "died", why, "") for r in gone]
         if not items:
             return None
-        return RankError(group_failures(items))
+        return RankError(group_failures(items), note=note)
 
 
 def _death_cause(report: str) -> str:

@@ -55,6 +55,11 @@ def _auto_mpi(lines: list[str]) -> list[str]:
 @argument("--hostfile", help="an MPI hostfile")
 @argument("--mpiexec", help="path of mpiexec (default: next to python, then PATH)")
 @argument("--timeout", type=float, help="default watchdog for every %%%%mpi cell, seconds")
+@argument(
+    "--fault-tolerant",
+    action="store_true",
+    help="keep the job running when a rank dies (Open MPI ULFM); later cells use the others",
+)
 def _start_args(line):
     """%mpi start: start MPI ranks as ipyparallel engines."""
 
@@ -137,6 +142,7 @@ class MPIMagics(Magics):
                 hostfile=args.hostfile,
                 mpiexec=args.mpiexec,
                 timeout=args.timeout,
+                fault_tolerant=args.fault_tolerant,
             )
         except (ValueError, FileNotFoundError, HostError, MPINotFoundError) as e:
             raise UsageError(str(e)) from None
@@ -208,7 +214,7 @@ class MPIMagics(Magics):
         if args.rank is not None:
             try:
                 cluster.engine_id(args.rank)
-            except ValueError as e:
+            except (ValueError, ClusterError) as e:
                 raise UsageError(str(e)) from None
             return cluster.pull(args.name, ranks=[args.rank])[args.rank]
         return cluster.pull(args.name)
