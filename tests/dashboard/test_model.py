@@ -221,9 +221,16 @@ def test_column_messages_keep_every_record_while_lines_are_thinned():
     line = view.loss._lines[0]
     assert len(line.x) <= 502 and line.x[-1] == n - 1 and line.y[-1] == 1.0 / n
     assert view.loss.update(s) == 0  # nothing new: nothing sent
+    sx, sy = view.loss._sx, view.loss._sy
+    assert sx.min <= 0 and sx.max >= n - 1 and sy.min < 1.0 / n and sy.max > 1.0
+    ranges = (sx.min, sx.max, sy.min, sy.max)
     s.ingest(_msg(0, 7, scalars=[(n, 200.0, {"loss": 0.5})]))
     assert view.loss.update(s) > 0 and line.x[-1] == n and line.y[-1] == 0.5
-    assert len(s.series("loss")[0][0]) == n + 1  # the record is never thinned
+    assert (sx.min, sx.max, sy.min, sy.max) == ranges  # inside them: the axes stay put
+    s.ingest(_msg(0, 8, scalars=[(10 * n, 300.0, {"loss": -3.0})]))
+    view.loss.update(s)
+    assert sx.max >= 10 * n and sy.min < -3.0  # outside: they grow
+    assert len(s.series("loss")[0][0]) == n + 2  # the record is never thinned
 
 
 def test_dashboard_without_ranks_says_how_to_start_them():
