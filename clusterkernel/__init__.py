@@ -19,11 +19,7 @@ notebook never loads mpi4py.
 from __future__ import annotations
 
 import importlib
-import logging
 from typing import TYPE_CHECKING, Any
-
-# A library logs; the application decides what is shown (no "last resort" prints).
-logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 

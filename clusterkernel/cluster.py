@@ -58,6 +58,8 @@ def _ipp_log(level: int) -> logging.Logger:
     """
     log = logging.getLogger("clusterkernel.ipyparallel")
     log.setLevel(level)
+    if not log.handlers:  # no "last resort" printing to stderr either
+        log.addHandler(logging.NullHandler())
     return log
 
 

@@ -144,6 +144,30 @@ class Recorder:
             items = store[lo:hi]
         return items, max(base + hi, start), max(base - start, 0)
 
+    def timing(
+        self,
+        op: str,
+        nbytes: int,
+        start: float,
+        duration: float,
+        wait: float = 0.0,
+        algorithm: str = "mpi",
+        group_size: int = 1,
+    ) -> None:
+        """Record one communication event of your own (the comm layer's record shape).
+
+        ``start`` is a ``time.perf_counter()`` reading; the dashboard's panels and
+        the Chrome trace show the event next to the comm layer's own.
+
+        Example::
+
+            t0 = time.perf_counter()
+            req.wait()                   # e.g. a raw mpi4py exchange
+            metrics.recorder().timing("halo", 8192, t0, time.perf_counter() - t0)
+        """
+        if self.enabled:
+            self._append("comm", (op, nbytes, algorithm, group_size, start, duration, wait))
+
     def log(self, step: int | None = None, **scalars: float) -> None:
         """Record scalar values (loss, accuracy, ...) at a training step.
 

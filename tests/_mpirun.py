@@ -58,24 +58,26 @@ def run_mpi(
     env: dict[str, str] | None = None,
     cwd: str | Path | None = None,
     tag_output: bool = False,
+    fault_tolerant: bool = False,
 ) -> MPIRun:
     """Run ``python <python_args>`` on ``n`` ranks under ``mpiexec``; return its output.
 
     ``python_args`` is what follows the interpreter: ``"script.py", "arg"`` or
     ``"-m", "pytest", "case.py"``. ``env`` adds to (and overrides) the runtime's
     environment. ``tag_output`` prefixes every line with its rank (Open MPI's
-    ``--tag-output``), which helps read a failure of many ranks.
+    ``--tag-output``), which helps read a failure of many ranks. ``fault_tolerant``
+    keeps the job alive when a rank dies (see :meth:`MPIRuntime.env`).
 
     Fails the calling test, showing stdout and stderr, if the job exits non-zero or
     outlives ``timeout`` seconds (then every process of the job is killed first).
     """
     rt = MPIRuntime.detect()
-    full_env = rt.env()
+    full_env = rt.env(fault_tolerant=fault_tolerant)
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
     full_env["OMP_NUM_THREADS"] = "1"  # ranks share 2 cores; more threads only contend
     full_env.update(env or {})
     tag = ["--tag-output"] if tag_output else []
-    cmd = [*rt.command(n), *tag, sys.executable, *python_args]
+    cmd = [*rt.command(n, fault_tolerant=fault_tolerant), *tag, sys.executable, *python_args]
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,

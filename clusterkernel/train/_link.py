@@ -136,8 +136,4 @@ def wait_all(
 
 def note(op: str, nbytes: int, peers: int, t0: float, wait: float) -> None:
     """One timing record in the metrics recorder (the comm layer's record shape)."""
-    rec = metrics.recorder()
-    if rec.enabled:
-        rec.comm.append((op, nbytes, "mpi", peers, t0, _now() - t0, wait))
-        if len(rec.comm) > rec.capacity:
-            rec.trim("comm")
+    metrics.recorder().timing(op, nbytes, t0, _now() - t0, wait, group_size=peers)

@@ -16,7 +16,7 @@ def test_log_span_and_records_shapes():
     rec.log(loss=0.25)  # step counts on from the last one
     with rec.span("forward"):
         time.sleep(0.001)
-    rec.comm.append(("all_reduce", 4096, "mpi", 4, 1.0, 2e-5, 2e-5))
+    rec.timing("all_reduce", 4096, start=1.0, duration=2e-5, wait=2e-5, group_size=4)
     out = rec.records()
     assert [r["kind"] for r in out] == ["comm", "scalar", "scalar", "span"]
     assert out[0] == {
@@ -63,6 +63,7 @@ def test_disabled_recorder_records_nothing():
     rec.log(step=0, loss=1.0)
     with rec.span("x"):
         pass
+    rec.timing("push", 64, start=0.0, duration=1e-6)
     assert rec.records() == []
 
 

@@ -9,14 +9,6 @@ from tests._mpirun import MPIRun, run_mpi
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
-# Open MPI's fault tolerance (what ``mpiexec --with-ft ulfm`` turns on), as environment:
-# the runtime keeps the job alive when a rank dies and tells the others.
-FAULT_TOLERANT_ENV = {
-    "OMPI_MCA_mpi_ft_enable": "1",
-    "PRTE_MCA_state_base_recoverable": "1",
-    "PRTE_MCA_state_base_notify_errors": "1",
-}
-
 
 def results(run: MPIRun) -> dict[str, dict[int, dict]]:
     """``{scenario: {rank: result}}`` from a job's output."""

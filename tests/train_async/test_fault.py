@@ -4,13 +4,13 @@ The job runs with Open MPI's ULFM fault tolerance switched on (the environment
 equivalent of ``mpiexec --with-ft ulfm``); one worker SIGKILLs itself mid-run.
 """
 
-from tests.train_async._results import FAULT_TOLERANT_ENV, results, run_worker
+from tests.train_async._results import results, run_worker
 
 STEPS = 6 * 30
 
 
 def test_killed_worker_does_not_stop_the_parameter_server(tmp_path):
-    run = run_worker(4, "fault", str(tmp_path), env=FAULT_TOLERANT_ENV, timeout=120)
+    run = run_worker(4, "fault", str(tmp_path), fault_tolerant=True, timeout=120)
     res = results(run)
     assert res["victim"][2]["step"] == 40  # it really was killed mid-run...
     survivors = res["survivor"]

@@ -2,8 +2,8 @@
 
 Rank 0 serves, ranks 1-3 train with a staleness bound of 1 (so a dead worker
 that still counted would block the others). Rank 2 kills itself at step 40.
-Needs Open MPI's fault tolerance (see FAULT_TOLERANT_ENV in the test). After
-fit no rank touches the dead one: every report is local.
+Needs Open MPI's fault tolerance (the test runs it with ``fault_tolerant=True``).
+After fit no rank touches the dead one: every report is local.
 """
 
 import faulthandler
