@@ -25,8 +25,8 @@ from clusterkernel.dashboard._receiver import Receiver, lower_thread_priority
 from clusterkernel.dashboard._store import MetricsStore
 from clusterkernel.errors import ClusterError
 
-TIMELINE_RATE = 2.0  # timeline redraws per second (it scrolls; more is not readable)
-SLOW_RATE = 1.0  # throughput, comm and status tables, header: once a second
+TIMELINE_RATE = 1.0  # timeline redraws per second (it scrolls; faster is not readable)
+SLOW_RATE = 0.5  # throughput, comm and status tables, header: every 2 s
 
 if TYPE_CHECKING:
     from clusterkernel.cluster import Cluster
@@ -226,9 +226,10 @@ class Dashboard:
 
     def _redraw(self, view: DashboardView) -> bool:
         # Each panel at the rate it is read at: the loss at ``rate`` (and only when
-        # new data came), the timeline at TIMELINE_RATE, throughput and tables once a
-        # second. Every update is a message through the Jupyter server and a redraw
-        # in the browser, which on a busy machine take CPU from the ranks.
+        # new data came), the timeline at TIMELINE_RATE, throughput and tables at
+        # SLOW_RATE. Every update is a message through the Jupyter server and a
+        # redraw in the browser (tens of ms of browser CPU each, whatever its size,
+        # measured), which on a busy machine is CPU taken from the ranks.
         store = self.store
         version = store.version
         sent = False
