@@ -455,9 +455,130 @@ def print_browser(results: list[dict], name: str, epochs: int) -> None:
     )
 
 
+# --------------------------------------------------------------------------- draw
+# The browser's share alone, without MPI: the real panels in JupyterLab fed with made-up
+# records at the primary run's pace (2 ranks, 500 steps/s each, one all_reduce per step),
+# one cell per drawing pattern, Chromium's CPU measured over each cell.
+DRAW_SETUP = r"""
+import time
+from IPython.display import display
+from clusterkernel.dashboard import MetricsStore
+from clusterkernel.dashboard._dashboard import SLOW_RATE, TIMELINE_RATE
+from clusterkernel.dashboard._views import DashboardView
+
+def feed(store, seq, now):
+    for rank in (0, 1):
+        b = seq * 50
+        store.ingest({"rank": rank, "seq": seq, "pc": now, "wall": now,
+            "scalar": [(b + i, now, {"loss": 1 / (b + i + 1) + rank, "samples_per_s": 3e4})
+                       for i in range(50)],
+            "comm": [("all_reduce", 813_000, "mpi", 2, now - 0.1 + i * 0.002, 3e-4, 2e-4)
+                     for i in range(50)],
+            "proc": {"host": "h", "pid": rank, "cpu": 99.0, "rss_mib": 300.0}})
+
+def draw(panels, secs, auto_axes=False):
+    store, view = MetricsStore(), DashboardView(max_points=500)
+    if auto_axes:  # as before: no ranges set, bqplot's follow the data on every redraw
+        view.loss._fit = lambda: None
+    for seq in range(1, 20):
+        feed(store, seq, time.time())
+    display(view.widget)
+    due = dict.fromkeys(("timeline", "slow"), 0.0)
+    t0, seq = time.monotonic(), 20
+    while time.monotonic() - t0 < secs:
+        time.sleep(0.1)
+        seq += 1
+        feed(store, seq, time.time())
+        now = time.monotonic()
+        if "loss" in panels and seq % 2 == 0:  # 5 Hz, as Dashboard(rate=5)
+            view.loss.update(store)
+        if "timeline" in panels and now >= due["timeline"]:
+            due["timeline"] = now + 1 / TIMELINE_RATE
+            view.timeline.update(store, [0, 1])
+        if "slow" in panels and now >= due["slow"]:
+            due["slow"] = now + 1 / SLOW_RATE
+            view.throughput.update(store)
+            view.comm.update(store)
+            view.status.update(store, {0: {"state": "busy"}, 1: {"state": "busy"}})
+            view.set_header(f"{seq} messages")
+"""
+
+DRAW_PATTERNS = {
+    "nothing drawn (page idle)": "time.sleep({secs})",
+    "loss panel, 5 Hz": "draw({{'loss'}}, {secs})",
+    "loss panel, 5 Hz, bqplot's automatic axis ranges": "draw({{'loss'}}, {secs}, auto_axes=True)",
+    "timeline alone": "draw({{'timeline'}}, {secs})",
+    "throughput + tables alone": "draw({{'slow'}}, {secs})",
+    "whole dashboard at its rates": "draw({{'loss', 'timeline', 'slow'}}, {secs})",
+}
+
+
+def bench_draw(secs: float, rounds: int) -> dict[str, list[float]]:
+    """Chromium CPU share per drawing pattern, ``rounds`` cells each, interleaved."""
+    import tempfile
+
+    import nbformat
+
+    from tests.dashboard._browser import PROMPTS_JS, browser_page, jupyter_lab, lab_run_all
+
+    names = list(DRAW_PATTERNS) * rounds
+    cells = ["%load_ext clusterkernel", DRAW_SETUP]
+    cells += [DRAW_PATTERNS[n].format(secs=secs) for n in names]
+    cells.append("print('END')")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    used: dict[int, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        nbformat.write(nb, root / "draw.ipynb")
+        with jupyter_lab(root) as (base, token), browser_page() as page:
+            page.goto(f"{base}/lab/tree/draw.ipynb?token={token}")
+            page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
+            lab_run_all(page)
+            cell, cell_t, cell_cpu = None, 0.0, 0.0
+            deadline = time.monotonic() + 120 + len(names) * (secs + 10)
+            while time.monotonic() < deadline:
+                prompts = page.evaluate(PROMPTS_JS)
+                running = [i for i, p in enumerate(prompts) if "*" in p]
+                now_cell = running[0] if running else None
+                if now_cell != cell:
+                    now, cpu = time.monotonic(), _tree_cpu()["browser"]
+                    if cell is not None:
+                        used[cell] = (cpu - cell_cpu) / (now - cell_t)
+                    cell, cell_t, cell_cpu = now_cell, now, cpu
+                if prompts and not running and prompts[-1] not in ("[ ]:", "[]:"):
+                    break
+                time.sleep(0.1)
+            else:
+                raise RuntimeError("the drawing notebook did not finish")
+    out: dict[str, list[float]] = {n: [] for n in DRAW_PATTERNS}
+    for i, name in enumerate(names):
+        out[name].append(used.get(i + 2, float("nan")))
+    return out
+
+
+def print_draw(res: dict[str, list[float]], secs: float) -> None:
+    print(
+        f"\ndraw: Chromium CPU per drawing pattern, JupyterLab, no MPI, {secs:g} s cells, "
+        "made-up records for 2 ranks at 500 steps/s each"
+    )
+    print("| pattern | browser CPU (median) | each cell |")
+    print("|---|---|---|")
+    for name, values in res.items():
+        each = ", ".join(f"{100 * v:.1f}" for v in values)
+        print(f"| {name} | {100 * statistics.median(values):.1f} % | {each} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("encode", "channel", "browser", "all"), default="all")
+    ap.add_argument(
+        "--part", choices=("encode", "channel", "browser", "draw", "all"), default="all"
+    )
     ap.add_argument("--steps", type=int, default=100_000, help="log() calls per rank (channel)")
     ap.add_argument(
         "--work-us",
@@ -495,6 +616,10 @@ def main() -> None:
             res = bench_channel(steps, args.window, args.rounds, work_us * 1e-6)
             print("RESULT channel " + json.dumps({"work_us": work_us, **res}))
             print_channel(res, steps, args.window, work_us * 1e-6)
+    if args.part in ("draw", "all"):
+        res = bench_draw(12.0, args.rounds)
+        print("RESULT draw " + json.dumps(res))
+        print_draw(res, 12.0)
     if args.part in ("browser", "all"):
         (REPO / "test-artifacts").mkdir(exist_ok=True)
         configs = list(CONFIGS) if args.config == "both" else [args.config]
