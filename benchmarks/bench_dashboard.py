@@ -466,8 +466,8 @@ from clusterkernel.dashboard import MetricsStore
 from clusterkernel.dashboard._dashboard import SLOW_RATE, TIMELINE_RATE
 from clusterkernel.dashboard._views import DashboardView
 
-def feed(store, seq, now):
-    for rank in (0, 1):
+def feed(store, seq, now, ranks=(0, 1)):
+    for rank in ranks:
         b = seq * 50
         store.ingest({"rank": rank, "seq": seq, "pc": now, "wall": now,
             "scalar": [(b + i, now, {"loss": 1 / (b + i + 1) + rank, "samples_per_s": 3e4})
@@ -476,19 +476,19 @@ def feed(store, seq, now):
                      for i in range(50)],
             "proc": {"host": "h", "pid": rank, "cpu": 99.0, "rss_mib": 300.0}})
 
-def draw(panels, secs, auto_axes=False):
-    store, view = MetricsStore(), DashboardView(max_points=500)
+def draw(panels, secs, auto_axes=False, ranks=(0, 1), max_points=500):
+    store, view = MetricsStore(), DashboardView(max_points=max_points)
     if auto_axes:  # as before: no ranges set, bqplot's follow the data on every redraw
         view.loss._fit = lambda: None
     for seq in range(1, 20):
-        feed(store, seq, time.time())
+        feed(store, seq, time.time(), ranks)
     display(view.widget)
     due = dict.fromkeys(("timeline", "slow"), 0.0)
     t0, seq = time.monotonic(), 20
     while time.monotonic() - t0 < secs:
         time.sleep(0.1)
         seq += 1
-        feed(store, seq, time.time())
+        feed(store, seq, time.time(), ranks)
         now = time.monotonic()
         if "loss" in panels and seq % 2 == 0:  # 5 Hz, as Dashboard(rate=5)
             view.loss.update(store)
@@ -507,6 +507,8 @@ DRAW_PATTERNS = {
     "nothing drawn (page idle)": "time.sleep({secs})",
     "loss panel, 5 Hz": "draw({{'loss'}}, {secs})",
     "loss panel, 5 Hz, bqplot's automatic axis ranges": "draw({{'loss'}}, {secs}, auto_axes=True)",
+    "loss panel, 5 Hz, one rank's line": "draw({{'loss'}}, {secs}, ranks=(0,))",
+    "loss panel, 5 Hz, 150 points per line": "draw({{'loss'}}, {secs}, max_points=150)",
     "timeline alone": "draw({{'timeline'}}, {secs})",
     "throughput + tables alone": "draw({{'slow'}}, {secs})",
     "whole dashboard at its rates": "draw({{'loss', 'timeline', 'slow'}}, {secs})",
