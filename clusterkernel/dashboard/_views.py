@@ -45,36 +45,41 @@ def _figure(title: str, marks, axes, css: str, height: str = "260px") -> bq.Figu
 
 
 class ScalarPanel:
-    """One logged scalar against step, one line per rank (the loss panel, throughput)."""
+    """One logged scalar against step, one line per rank (the loss panel, throughput).
+
+    All ranks' lines are one bqplot mark (rows of a 2-D array, shorter rows padded
+    with NaN, which bqplot leaves undrawn): the browser's cost is per mark updated,
+    not per point (measured in benchmarks/bench_dashboard.py --part draw), so one
+    update per picture instead of one per rank.
+    """
 
     def __init__(self, metric: str, title: str, css: str, max_points: int = 1000) -> None:
         self.metric = metric
         self.max_points = max_points
         self._sx, self._sy = bq.LinearScale(), bq.LinearScale()
-        self._lines: dict[int, bq.Lines] = {}
-        self._drawn: dict[int, int] = {}
+        self._mark = bq.Lines(
+            x=np.zeros(0),
+            y=np.zeros(0),
+            scales={"x": self._sx, "y": self._sy},
+            colors=[rank_color(0)],
+            display_legend=True,
+        )
+        self._ranks: list[int] = []  # the mark's rows
+        self._shown: dict[int, int] = {}  # rank -> points drawn (the rest of its row: NaN)
+        self._drawn: dict[int, int] = {}  # rank -> series length when last drawn
         self._extent: dict[int, tuple] = {}  # rank -> x min, x max, y min, y max drawn
         axes = [
             bq.Axis(scale=self._sx, label="step"),
             bq.Axis(scale=self._sy, side="left", label=metric, tick_format=".3g"),
         ]
-        self.figure = _figure(title, [], axes, css)
+        self.figure = _figure(title, [self._mark], axes, css)
         self.widget: w.Widget = self.figure
 
-    def _line(self, rank: int) -> bq.Lines:
-        line = self._lines.get(rank)
-        if line is None:
-            line = bq.Lines(
-                x=np.zeros(0),
-                y=np.zeros(0),
-                scales={"x": self._sx, "y": self._sy},
-                colors=[rank_color(rank)],
-                labels=[f"rank {rank}"],
-                display_legend=True,
-            )
-            self._lines[rank] = line
-            self.figure.marks = [self._lines[r] for r in sorted(self._lines)]
-        return line
+    def line(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` drawn for ``rank`` (thinned), as the browser has it."""
+        row, n = self._ranks.index(rank), self._shown[rank]
+        x, y = np.atleast_2d(self._mark.x), np.atleast_2d(self._mark.y)
+        return x[row, :n], y[row, :n]
 
     def set_metric(self, metric: str) -> None:
         self.metric = metric
@@ -84,36 +89,40 @@ class ScalarPanel:
         self._sx.min = self._sx.max = self._sy.min = self._sy.max = None
 
     def update(self, store: MetricsStore) -> int:
-        """Redraw lines whose data grew; return how many points were sent."""
-        sent = 0
-        for rank, (x, y) in store.series(self.metric).items():
-            if self._drawn.get(rank) == len(x):
-                continue  # unchanged: send nothing
-            self._drawn[rank] = len(x)
-            x, y = thin(x, y, self.max_points)
-            line = self._line(rank)
-            with line.hold_sync():
-                line.x, line.y = x, y
+        """Redraw if any rank's data grew; return how many points were sent."""
+        series = {r: xy for r, xy in store.series(self.metric).items() if len(xy[0])}
+        lengths = {r: len(x) for r, (x, _) in series.items()}
+        if lengths == self._drawn:
+            return 0  # unchanged: send nothing
+        self._drawn = lengths
+        lines = {r: thin(x, y, self.max_points) for r, (x, y) in series.items()}
+        ranks = sorted(lines)
+        width = max((len(x) for x, _ in lines.values()), default=0)
+        xs, ys = np.full((len(ranks), width), np.nan), np.full((len(ranks), width), np.nan)
+        self._extent.clear()
+        for row, rank in enumerate(ranks):
+            x, y = lines[rank]
+            xs[row, : len(x)], ys[row, : len(y)] = x, y
             finite = y[np.isfinite(y)]
             if len(finite):
                 self._extent[rank] = (x[0], x[-1], finite.min(), finite.max())
-            sent += len(x)
-        for rank in set(self._drawn) - set(store.ranks()):  # the store was cleared
-            del self._drawn[rank]
-            self._extent.pop(rank, None)
-            with self._lines[rank].hold_sync():
-                self._lines[rank].x, self._lines[rank].y = np.zeros(0), np.zeros(0)
-        if sent:
-            self._fit()
-        return sent
+        self._shown = {r: len(lines[r][0]) for r in ranks}
+        with self._mark.hold_sync():
+            if ranks != self._ranks:
+                self._mark.colors = [rank_color(r) for r in ranks] or [rank_color(0)]
+                self._mark.labels = [f"rank {r}" for r in ranks]
+            self._ranks = ranks
+            self._mark.x, self._mark.y = (xs, ys) if ranks else (np.zeros(0), np.zeros(0))
+        self._fit()
+        return int(xs.size)
 
     def _fit(self) -> None:
         """Set the axes' ranges only when the data leaves them, with room to grow.
 
-        With bqplot's automatic ranges every redraw moves both axes, and the browser
-        then redraws ticks and labels as well as the lines (about a third of its work
-        per redraw, measured). Here the step axis grows by half again when reached
-        and the value axis by a tenth of its span, so most redraws move lines only.
+        With bqplot's automatic ranges every redraw also moves both axes, so the
+        browser redraws ticks and labels too. Here the step axis grows by half again
+        when reached and the value axis by a tenth of its span, so most redraws move
+        the lines only.
         """
         if not self._extent:
             return

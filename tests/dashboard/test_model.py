@@ -150,9 +150,15 @@ def test_panels_draw_what_the_store_holds():
     view.timeline.update(s, s.ranks())
     view.status.update(s, {r: {"state": "busy"} for r in range(3)})
     for rank in range(3):
-        line = view.loss._lines[rank]
-        assert line.x.tolist() == list(range(50))
-        assert line.y[0] == pytest.approx(rank + 1.0)
+        x, y = view.loss.line(rank)
+        assert x.tolist() == list(range(50))
+        assert y[0] == pytest.approx(rank + 1.0)
+    assert view.loss._mark.labels == ["rank 0", "rank 1", "rank 2"]  # one mark, a row per rank
+    s.ingest(_msg(1, 2, scalars=[(50, 150.0, {"loss": 0.25})], pc=100.3, wall=now))
+    assert view.loss.update(s) > 0
+    assert view.loss.line(1)[0].tolist() == list(range(51)) and view.loss.line(1)[1][-1] == 0.25
+    assert len(view.loss.line(0)[0]) == 50  # a shorter row: its tail is NaN, not drawn
+    assert np.isnan(view.loss._mark.y[0, 50]) and not np.isnan(view.loss._mark.y[1, 50])
     assert set(view.loss.choice.options) == {"loss", "samples_per_s"}
     assert "all_reduce" in view.comm.widget.value and view.comm.widget.value.count("<tr>") == 4
     assert "compute" in view.timeline._marks
@@ -165,8 +171,8 @@ def test_panels_draw_what_the_store_holds():
     assert view.status.widget.value.count("busy") == 3
     view.loss.choice.value = "samples_per_s"
     view.loss.update(s)
-    assert view.loss._lines[0].y.tolist() == [10.0] * 50
-    assert not math.isnan(float(view.loss._lines[0].y[0]))
+    assert view.loss.line(0)[1].tolist() == [10.0] * 50
+    assert not math.isnan(float(view.loss.line(0)[1][0]))
 
 
 def test_thin_always_keeps_the_latest_point():
@@ -218,14 +224,16 @@ def test_column_messages_keep_every_record_while_lines_are_thinned():
 
     view = DashboardView(max_points=500)
     assert view.loss.update(s) > 0
-    line = view.loss._lines[0]
-    assert len(line.x) <= 502 and line.x[-1] == n - 1 and line.y[-1] == 1.0 / n
+    x, y = view.loss.line(0)
+    assert len(x) <= 502 and x[-1] == n - 1 and y[-1] == 1.0 / n
     assert view.loss.update(s) == 0  # nothing new: nothing sent
     sx, sy = view.loss._sx, view.loss._sy
     assert sx.min <= 0 and sx.max >= n - 1 and sy.min < 1.0 / n and sy.max > 1.0
     ranges = (sx.min, sx.max, sy.min, sy.max)
     s.ingest(_msg(0, 7, scalars=[(n, 200.0, {"loss": 0.5})]))
-    assert view.loss.update(s) > 0 and line.x[-1] == n and line.y[-1] == 0.5
+    assert view.loss.update(s) > 0
+    x, y = view.loss.line(0)
+    assert x[-1] == n and y[-1] == 0.5
     assert (sx.min, sx.max, sy.min, sy.max) == ranges  # inside them: the axes stay put
     s.ingest(_msg(0, 8, scalars=[(10 * n, 300.0, {"loss": -3.0})]))
     view.loss.update(s)

@@ -26,13 +26,13 @@ report = {"updates_during_cell": updates_after - updates_before, "ranks": {}}
 for rank, recs in zip(cluster.ranks, cluster.view().apply_sync(_records)):
     mine = dash.store.records(ranks=[rank])
     loss = [r for r in recs if r["kind"] == "scalar" and "loss" in r["values"]]
-    line = dash._view.loss._lines[rank]
+    line_x, line_y = dash._view.loss.line(rank)
     report["ranks"][rank] = {
         "store_equals_rank": mine == recs,
         "n_records": len(recs),
         "loss_steps": [r["step"] for r in loss],
-        "line_x_is_steps": [float(v) for v in line.x] == [float(r["step"]) for r in loss],
-        "line_y_is_loss": [float(v) for v in line.y] == [r["values"]["loss"] for r in loss],
+        "line_x_is_steps": [float(v) for v in line_x] == [float(r["step"]) for r in loss],
+        "line_y_is_loss": [float(v) for v in line_y] == [r["values"]["loss"] for r in loss],
         "all_reduce_rows": [row["count"] for row in dash.store.comm_table()
                             if row["rank"] == rank and row["op"] == "all_reduce"],
         "timeline": len([t for t in dash.store.timeline(1e9) if t[0] == rank]),
