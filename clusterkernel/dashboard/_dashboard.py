@@ -49,7 +49,8 @@ class Dashboard:
     rate : redraws per second at most (the view skips a redraw when nothing changed).
     window : seconds of history in the timeline panel.
     metric : the scalar the loss panel shows first (any logged name can be picked).
-    max_points : points per line drawn; the store keeps every point.
+    max_points : points per line drawn (the browser's cost grows with them: see
+        ``benchmarks/bench_dashboard.py --part draw``); the store keeps every point.
     interval : seconds between the ranks' batched sends.
 
     Example::
@@ -69,7 +70,7 @@ class Dashboard:
         rate: float = 5.0,
         window: float = 10.0,
         metric: str = "loss",
-        max_points: int = 500,
+        max_points: int = 300,
         interval: float = 0.1,
     ) -> None:
         cluster = cluster if cluster is not None else _current_cluster()
