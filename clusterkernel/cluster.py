@@ -148,7 +148,10 @@ class Cluster:
 
     def _config(self) -> Config:
         cfg = Config()
-        env = {**self.runtime.env({}, fault_tolerant=self.fault_tolerant), **self.env}
+        # Only what we add: ipyparallel lays it over our own environment. PATH is
+        # extended, not replaced, or the ranks (and mpiexec's ssh) lose /usr/bin.
+        base = {"PATH": os.environ.get("PATH", "")}
+        env = {**self.runtime.env(base, fault_tolerant=self.fault_tolerant), **self.env}
         if not self.multi_node:
             for key, value in _LOCAL_ONLY_ENV.items():
                 env.setdefault(key, value)
@@ -421,7 +424,7 @@ class Cluster:
         self._require_running()
         assert self._client is not None
         queue = self._client.queue_status(verbose=True)
-        busy = _busy_engines(queue, self._client.results)
+        busy = _busy_engines(queue, self._client.session.session + "_", self._client.outstanding)
         rows = []
         for rank in self.ranks:
             info = self._rank_info[rank]
@@ -558,18 +561,20 @@ class Cluster:
         return _parse_dead_ranks(report, self.n), report
 
 
-def _busy_engines(queue: dict, results: dict) -> set[int]:
+def _busy_engines(queue: dict, ours: str, outstanding: set[str]) -> set[int]:
     """Engines with a task still running or queued, from a verbose queue status.
 
-    The controller books a task as done only after its reply has reached the
-    client, so right after ``run().wait()`` it can still list it. Tasks whose
-    results the client already holds are therefore not counted; tasks of other
-    clients (and our own outstanding ones) are.
+    The controller books a task as done some time after its reply has reached
+    the client (seconds, on a loaded machine), so for this client's own tasks
+    (message ids starting with its session id, ``ours``) the client's own
+    ``outstanding`` set decides; tasks of other clients count as the
+    controller says.
     """
     busy = set()
     for eid, q in queue.items():
         if isinstance(q, dict) and any(
-            m not in results for m in (*q.get("queue", ()), *q.get("tasks", ()))
+            m in outstanding or not m.startswith(ours)
+            for m in (*q.get("queue", ()), *q.get("tasks", ()))
         ):
             busy.add(eid)
     return busy
