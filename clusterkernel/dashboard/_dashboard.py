@@ -197,7 +197,14 @@ class Dashboard:
     def _draw_loop(self) -> None:
         lower_thread_priority()
         period = 1.0 / self.rate
-        while not self._stop.wait(period):
+        due = time.monotonic()
+        while True:
+            # On a fixed cadence: waiting a whole period after each redraw would add
+            # the redraw's own time every turn (4.7 redraws a second at rate 5); and
+            # if late, redraw now rather than in a burst to catch up.
+            due = max(due + period, time.monotonic())
+            if self._stop.wait(due - time.monotonic()):
+                return
             if not self.cluster.running:
                 self.refresh(everything=True)
                 return  # the cluster is gone; the last picture stays
