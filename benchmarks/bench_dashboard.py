@@ -321,15 +321,9 @@ def _drive(page, base: str, token: str, root: Path, name: str, cells: list[str])
     import nbformat
 
     from tests.dashboard._browser import LOSS_STATE_JS, PROMPTS_JS, lab_run_all
+    from tests.dashboard._cells import notebook
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, root / f"{name}.ipynb")
+    nbformat.write(notebook(*cells), root / f"{name}.ipynb")
     pictures: dict[int, list[float]] = {}  # cell index -> times the loss picture changed
     page.goto(f"{base}/lab/tree/{name}.ipynb?token={token}")
     page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
@@ -522,18 +516,13 @@ def bench_draw(secs: float, rounds: int) -> dict[str, list[float]]:
     import nbformat
 
     from tests.dashboard._browser import PROMPTS_JS, browser_page, jupyter_lab, lab_run_all
+    from tests.dashboard._cells import notebook
 
     names = list(DRAW_PATTERNS) * rounds
     cells = ["%load_ext clusterkernel", DRAW_SETUP]
     cells += [DRAW_PATTERNS[n].format(secs=secs) for n in names]
     cells.append("print('END')")
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
+    nb = notebook(*cells)
     used: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

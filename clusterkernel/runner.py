@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 _POLL = 0.05  # seconds; waiting returns early as soon as the cell completes
 _GRACE = 2.0  # seconds for interrupted ranks to stop before they count as stuck
+_OUTPUT_GRACE = 30.0  # seconds a finished cell's output may trail its reply
 
 
 class CellRun:
@@ -105,8 +106,14 @@ class CellRun:
             finished = self.ar.wait(_POLL)
             if finished:
                 # Replies and output travel on different channels: a reply can
-                # land before the last of its rank's output.
-                self.ar.wait_for_output(timeout=5)
+                # land before the last of its rank's output, by seconds when the
+                # controller is loaded. Keep streaming until every rank's output
+                # is complete (its "idle" has come), within a grace period.
+                deadline = time.monotonic() + _OUTPUT_GRACE
+                while not self.ar.wait_for_output(timeout=_POLL):
+                    self._pump()
+                    if time.monotonic() > deadline:
+                        break
                 self._pump()
                 return None
             self._pump()

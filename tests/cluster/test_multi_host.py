@@ -11,13 +11,16 @@ sshd on the CI machine). Everything else is the real thing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from clusterkernel import Cluster
@@ -93,6 +96,9 @@ def netns_host():
         )
         yield host
     finally:
+        for pid in host.pids():  # whatever a failed test left running in there
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
         _ip("netns", "del", host.ns, check=False)  # deletes the veth pair with it
         _ip("link", "del", host.veth, check=False)
         shutil.rmtree(etc, ignore_errors=True)
@@ -162,4 +168,16 @@ def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
         assert {r["state"] for r in rows} == {"idle"}
         assert all(r["memory_mib"] > 0 for r in rows)
     assert not wait_no_cluster_processes(20)
-    assert netns_host.pids() == []
+    left = netns_host.pids()
+    deadline = time.monotonic() + 20  # the launcher's shell exits after its daemon
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = netns_host.pids()
+    assert not left, f"left in the other host: {[_cmdline(p) for p in left]}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return f"{pid} (gone)"
