@@ -247,27 +247,8 @@ class Cluster:
                 infos = self._query_setup(ids)
                 if infos and all(i["pid"] not in old_pids for i in infos.values()):
                     self._set_rank_map(infos)
-                    self._settle_queues(ids)
                     return
             time.sleep(0.05)
-
-    def _settle_queues(self, ids: list[int], timeout: float = 2.0) -> None:
-        """Wait until the controller has booked the setup tasks as done.
-
-        Results reach this client before the controller's bookkeeping catches up;
-        without this, ``status()`` right after a start can say "busy".
-        """
-        assert self._client is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            queue = self._client.queue_status(targets=ids)
-            if not any(
-                q.get("tasks", 0) or q.get("queue", 0)
-                for q in queue.values()
-                if isinstance(q, dict)
-            ):
-                return
-            time.sleep(0.02)
 
     def _query_setup(self, ids: list[int]) -> dict[int, dict] | None:
         assert self._client is not None

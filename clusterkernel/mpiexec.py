@@ -148,9 +148,9 @@ class MPIRuntime:
         ULFM, what ``mpiexec --with-ft ulfm`` turns on) and tells the others.
         """
         env = dict(os.environ if base is None else base)
-        if fault_tolerant and self.flavor in ("openmpi", "unknown"):
-            env.update(_OPENMPI_FT_ENV)
         if self.flavor in ("openmpi", "unknown"):
+            if fault_tolerant:
+                env.update(_OPENMPI_FT_ENV)
             if hasattr(os, "geteuid") and os.geteuid() == 0:
                 # Open MPI refuses to run as root without both of these.
                 env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
