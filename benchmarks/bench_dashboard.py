@@ -470,10 +470,8 @@ def feed(store, seq, now, ranks=(0, 1)):
                      for i in range(50)],
             "proc": {"host": "h", "pid": rank, "cpu": 99.0, "rss_mib": 300.0}})
 
-def draw(panels, secs, auto_axes=False, ranks=(0, 1), max_points=500):
+def draw(panels, secs, ranks=(0, 1), max_points=300):
     store, view = MetricsStore(), DashboardView(max_points=max_points)
-    if auto_axes:  # as before: no ranges set, bqplot's follow the data on every redraw
-        view.loss._fit = lambda: None
     for seq in range(1, 20):
         feed(store, seq, time.time(), ranks)
     display(view.widget)
@@ -500,9 +498,8 @@ def draw(panels, secs, auto_axes=False, ranks=(0, 1), max_points=500):
 DRAW_PATTERNS = {
     "nothing drawn (page idle)": "time.sleep({secs})",
     "loss panel, 5 Hz": "draw({{'loss'}}, {secs})",
-    "loss panel, 5 Hz, bqplot's automatic axis ranges": "draw({{'loss'}}, {secs}, auto_axes=True)",
     "loss panel, 5 Hz, one rank's line": "draw({{'loss'}}, {secs}, ranks=(0,))",
-    "loss panel, 5 Hz, 150 points per line": "draw({{'loss'}}, {secs}, max_points=150)",
+    "loss panel, 5 Hz, 1,000 points per line": "draw({{'loss'}}, {secs}, max_points=1000)",
     "timeline alone": "draw({{'timeline'}}, {secs})",
     "throughput + tables alone": "draw({{'slow'}}, {secs})",
     "whole dashboard at its rates": "draw({{'loss', 'timeline', 'slow'}}, {secs})",

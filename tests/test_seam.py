@@ -28,7 +28,7 @@ def test_client_side_never_imports_mpi4py():
 def test_engine_side_never_imports_display_machinery():
     loaded = _loaded(
         "from clusterkernel import comm, metrics, partition, data, train, log",
-        ["mpi4py", "ipywidgets", "IPython.display", "bqplot", "ipyparallel"],
+        ["mpi4py", "ipywidgets", "IPython.display", "anywidget", "ipyparallel"],
     )
     assert loaded["mpi4py"]
-    assert not loaded["ipywidgets"] and not loaded["IPython.display"] and not loaded["bqplot"]
+    assert not loaded["ipywidgets"] and not loaded["IPython.display"] and not loaded["anywidget"]

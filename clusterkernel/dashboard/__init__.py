@@ -2,7 +2,7 @@
 
 Model and views are apart: :class:`MetricsStore` holds every record the ranks
 streamed (filled by :class:`Receiver` from its own thread); the panels in
-``_views`` (ipywidgets + bqplot) draw from it; :class:`Dashboard` ties them to a
+``_views`` (ipywidgets and canvas plots, ``_plot``) draw from it; :class:`Dashboard` ties them to a
 cluster and redraws from a thread of its own, so it stays live while ``%%mpi``
 blocks the notebook. Exports write CSV, JSON, a Chrome trace and a PNG.
 

@@ -1,10 +1,11 @@
-"""The dashboard's panels: ipywidgets + bqplot, each drawn from a :class:`MetricsStore`.
+"""The dashboard's panels: ipywidgets and canvas plots, each drawn from a :class:`MetricsStore`.
 
-bqplot rather than matplotlib for the live view: a redraw sends only the changed
-arrays (binary buffers) over the widget comm, the browser draws them, and nothing
-waits on the kernel's main thread, so updates arrive while a ``%%mpi`` cell blocks
+The plots (:class:`~clusterkernel.dashboard._plot.Plot`) send only data over the
+widget comm (binary buffers) and the browser draws them on a canvas, so nothing
+waits on the kernel's main thread and updates arrive while a ``%%mpi`` cell blocks
 it. (A matplotlib PNG per update costs ~20 ms of kernel time; ipympl stops drawing
-while the cell blocks.) Matplotlib stays for the static PNG export.
+while the cell blocks; bqplot's SVG cost the browser ~30 ms per picture.)
+Matplotlib stays for the static PNG export.
 
 Every panel has ``.widget`` and ``.update(store, ...)``; only the dashboard's
 drawing thread calls ``update``.
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import html
 
-import bqplot as bq
 import ipywidgets as w
 import numpy as np
 
+from clusterkernel.dashboard._plot import Plot, Series
 from clusterkernel.dashboard._store import MetricsStore
 from clusterkernel.dashboard._thin import thin
 
@@ -31,62 +32,31 @@ def rank_color(rank: int) -> str:
     return PALETTE[rank % len(PALETTE)]
 
 
-def _figure(title: str, marks, axes, css: str, height: str = "260px") -> bq.Figure:
-    fig = bq.Figure(
-        marks=marks,
-        axes=axes,
-        title=title,
-        animation_duration=0,
-        fig_margin={"top": 40, "bottom": 40, "left": 60, "right": 20},
-        layout=w.Layout(width="100%", height=height),
-    )
-    fig.add_class(css)
-    return fig
-
-
 class ScalarPanel:
     """One logged scalar against step, one line per rank (the loss panel, throughput).
 
-    All ranks' lines are one bqplot mark (rows of a 2-D array, shorter rows padded
-    with NaN, which bqplot leaves undrawn): the browser's cost is per mark updated,
-    not per point (measured in benchmarks/bench_dashboard.py --part draw), so one
-    update per picture instead of one per rank.
+    An update sends every rank's thinned line in one message, and only when a
+    rank's data grew.
     """
 
     def __init__(self, metric: str, title: str, css: str, max_points: int = 1000) -> None:
         self.metric = metric
         self.max_points = max_points
-        self._sx, self._sy = bq.LinearScale(), bq.LinearScale()
-        self._mark = bq.Lines(
-            x=np.zeros(0),
-            y=np.zeros(0),
-            scales={"x": self._sx, "y": self._sy},
-            colors=[rank_color(0)],
-            display_legend=True,
-        )
-        self._ranks: list[int] = []  # the mark's rows
-        self._shown: dict[int, int] = {}  # rank -> points drawn (the rest of its row: NaN)
+        self.plot = Plot(title=title, xlabel="step", ylabel=metric, layout=w.Layout(width="100%"))
+        self.plot.add_class(css)
         self._drawn: dict[int, int] = {}  # rank -> series length when last drawn
-        self._extent: dict[int, tuple] = {}  # rank -> x min, x max, y min, y max drawn
-        axes = [
-            bq.Axis(scale=self._sx, label="step"),
-            bq.Axis(scale=self._sy, side="left", label=metric, tick_format=".3g"),
-        ]
-        self.figure = _figure(title, [self._mark], axes, css)
-        self.widget: w.Widget = self.figure
+        self._fitted = False  # axis ranges set for the current metric
+        self.widget: w.Widget = self.plot
 
     def line(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """``(x, y)`` drawn for ``rank`` (thinned), as the browser has it."""
-        row, n = self._ranks.index(rank), self._shown[rank]
-        x, y = np.atleast_2d(self._mark.x), np.atleast_2d(self._mark.y)
-        return x[row, :n], y[row, :n]
+        return self.plot.drawn()[f"rank {rank}"]
 
     def set_metric(self, metric: str) -> None:
         self.metric = metric
-        self.figure.axes[1].label = metric
+        self.plot.ylabel = metric
         self._drawn.clear()
-        self._extent.clear()
-        self._sx.min = self._sx.max = self._sy.min = self._sy.max = None
+        self._fitted = False
 
     def update(self, store: MetricsStore) -> int:
         """Redraw if any rank's data grew; return how many points were sent."""
@@ -95,45 +65,36 @@ class ScalarPanel:
         if lengths == self._drawn:
             return 0  # unchanged: send nothing
         self._drawn = lengths
-        lines = {r: thin(x, y, self.max_points) for r, (x, y) in series.items()}
-        ranks = sorted(lines)
-        width = max((len(x) for x, _ in lines.values()), default=0)
-        xs, ys = np.full((len(ranks), width), np.nan), np.full((len(ranks), width), np.nan)
-        self._extent.clear()
-        for row, rank in enumerate(ranks):
-            x, y = lines[rank]
-            xs[row, : len(x)], ys[row, : len(y)] = x, y
-            finite = y[np.isfinite(y)]
-            if len(finite):
-                self._extent[rank] = (x[0], x[-1], finite.min(), finite.max())
-        self._shown = {r: len(lines[r][0]) for r in ranks}
-        with self._mark.hold_sync():
-            if ranks != self._ranks:
-                self._mark.colors = [rank_color(r) for r in ranks] or [rank_color(0)]
-                self._mark.labels = [f"rank {r}" for r in ranks]
-            self._ranks = ranks
-            self._mark.x, self._mark.y = (xs, ys) if ranks else (np.zeros(0), np.zeros(0))
-        self._fit()
-        return int(xs.size)
+        lines = {r: thin(x, y, self.max_points) for r, (x, y) in sorted(series.items())}
+        with self.plot.hold_sync():  # ranges and lines: one message
+            self._fit(lines)
+            return self.plot.draw(
+                [Series(x, y, rank_color(r), f"rank {r}") for r, (x, y) in lines.items()]
+            )
 
-    def _fit(self) -> None:
+    def _fit(self, lines: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
         """Set the axes' ranges only when the data leaves them, with room to grow.
 
-        With bqplot's automatic ranges every redraw also moves both axes, so the
-        browser redraws ticks and labels too. Here the step axis grows by half again
-        when reached and the value axis by a tenth of its span, so most redraws move
-        the lines only.
+        The step axis grows by half again when reached and the value axis by a
+        tenth of its span, so most redraws move the lines only and the picture
+        does not jump.
         """
-        if not self._extent:
+        ext = []
+        for x, y in lines.values():
+            finite = y[np.isfinite(y)]
+            if len(finite):
+                ext.append((x[0], x[-1], finite.min(), finite.max()))
+        if not ext:
             return
-        ext = np.array(list(self._extent.values()))
-        x0, x1, y0, y1 = ext[:, 0].min(), ext[:, 1].max(), ext[:, 2].min(), ext[:, 3].max()
-        sx, sy = self._sx, self._sy
-        if sx.min is None or x0 < sx.min or x1 > sx.max:
-            sx.min, sx.max = float(x0), float(x0 + max(1.5 * (x1 - x0), 10.0))
-        if sy.min is None or y0 < sy.min or y1 > sy.max:
+        e = np.array(ext)
+        x0, x1, y0, y1 = e[:, 0].min(), e[:, 1].max(), e[:, 2].min(), e[:, 3].max()
+        (ax0, ax1), (ay0, ay1) = self.plot.xlim, self.plot.ylim
+        if not self._fitted or x0 < ax0 or x1 > ax1:
+            self.plot.xlim = [float(x0), float(x0 + max(1.5 * (x1 - x0), 10.0))]
+        if not self._fitted or y0 < ay0 or y1 > ay1:
             pad = 0.1 * ((y1 - y0) or abs(y1) or 1.0)
-            sy.min, sy.max = float(y0 - pad), float(y1 + pad)
+            self.plot.ylim = [float(y0 - pad), float(y1 + pad)]
+        self._fitted = True
 
 
 class LossPanel(ScalarPanel):
@@ -143,7 +104,7 @@ class LossPanel(ScalarPanel):
         super().__init__(metric, "loss per rank", "ck-loss", max_points)
         self.choice = w.Dropdown(options=[metric], value=metric, description="metric")
         self.choice.observe(lambda ch: self.set_metric(ch["new"]), names="value")
-        self.widget = w.VBox([self.choice, self.figure])
+        self.widget = w.VBox([self.choice, self.plot])
 
     def update(self, store: MetricsStore) -> int:
         names = store.scalar_names()
@@ -213,48 +174,29 @@ class TimelinePanel:
 
     def __init__(self, window: float = 10.0) -> None:
         self.window = window
-        self._sx = bq.LinearScale(min=-window, max=0.0)
-        self._sy = bq.LinearScale(min=-0.6, max=0.6)
-        self._marks: dict[str, bq.Lines] = {}
-        axes = [
-            bq.Axis(scale=self._sx, label="seconds ago"),
-            bq.Axis(scale=self._sy, side="left", label="rank", tick_format="d"),
-        ]
-        self.figure = _figure(
-            f"timeline (last {window:g} s): comm above, compute below",
-            [],
-            axes,
-            "ck-timeline",
-            height="220px",
-        )
-        self.legend = w.HTML()
-        self.widget = w.VBox([self.figure, self.legend])
+        self.plot = Plot(
+            title=f"timeline (last {window:g} s): comm above, compute below",
+            xlabel="seconds ago", ylabel="rank", xlim=[-window, 0.0], ylim=[-0.6, 0.6],
+            ytick_format="d", height=200, layout=w.Layout(width="100%"),
+        )  # fmt: skip
+        self.plot.add_class("ck-timeline")
+        self.widget = self.plot
+        self._colors: dict[str, str] = {}  # bar name -> colour, fixed once seen
         self._shown: set[str] = set()
 
-    def _mark(self, name: str) -> bq.Lines:
-        mark = self._marks.get(name)
-        if mark is None:
-            color = PALETTE[len(self._marks) % len(PALETTE)]
-            mark = bq.Lines(
-                x=np.zeros((1, 2)),
-                y=np.zeros((1, 2)),
-                scales={"x": self._sx, "y": self._sy},
-                colors=[color],
-                stroke_width=9,
-                visible=False,
-            )
-            self._marks[name] = mark
-            self.figure.marks = list(self._marks.values())
-            self.legend.value = " ".join(
-                f"<span style='color:{m.colors[0]}'>&#9632;</span> {html.escape(n)}"
-                for n, m in self._marks.items()
-            )
-        return mark
+    def _color(self, name: str) -> str:
+        return self._colors.setdefault(name, PALETTE[len(self._colors) % len(PALETTE)])
+
+    def bars(self, name: str) -> np.ndarray:
+        """``[[start, end], ...]`` in seconds ago of ``name``'s bars, as drawn."""
+        x, _ = self.plot.drawn()[name]
+        return x.reshape(-1, 2)
 
     def update(self, store: MetricsStore, ranks: list[int]) -> None:
-        if ranks and self._sy.max != max(ranks) + 0.6:
-            self._sy.min, self._sy.max = -0.6, max(ranks) + 0.6
-            self.figure.axes[1].tick_values = np.array(ranks, dtype=float)
+        if ranks and self.plot.ylim[1] != max(ranks) + 0.6:
+            with self.plot.hold_sync():
+                self.plot.ylim = [-0.6, max(ranks) + 0.6]
+                self.plot.yticks = [float(r) for r in ranks]
         slot = self.window / self.columns
         edges = np.linspace(-self.window, 0.0, self.columns + 1)
         segs: dict[str, list] = {}
@@ -278,19 +220,17 @@ class TimelinePanel:
             segs.setdefault("compute", []).extend(
                 (edges[a], edges[b], rank - 0.18) for a, b in runs
             )
-        drawn = set()
+        series = []
         for name, items in segs.items():
-            if not items:
-                continue
-            arr = np.array(items)
-            mark = self._mark(name)
-            with mark.hold_sync():
-                mark.x = arr[:, :2]
-                mark.y = np.repeat(arr[:, 2:3], 2, axis=1)
-                mark.visible = True
-            drawn.add(name)
-        for name in self._shown - drawn:
-            self._marks[name].visible = False
+            if items:
+                arr = np.array(items)
+                series.append(
+                    Series(arr[:, :2], np.repeat(arr[:, 2:3], 2, axis=1), self._color(name),
+                           name, width=9, kind="segments")
+                )  # fmt: skip
+        drawn = {s.label for s in series}
+        if drawn or self._shown:
+            self.plot.draw(series)
         self._shown = drawn
 
 

@@ -32,17 +32,34 @@ CHROMIUM_ARGS = [
 BIN = Path(sys.executable).parent
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
-# Points drawn in each loss line of the dashboard (bqplot draws a line as one
-# SVG path "M x,y L x,y L ..."), in rank order of the legend.
-LOSS_POINTS_JS = """() => Array.from(document.querySelectorAll('.ck-loss g.curve path.line'))
-    .map(p => p.getAttribute('d') || '')
-    .filter(d => d.length > 0)
-    .map(d => (d.match(/[ML]/g) || []).length)"""
-# A short signature of the loss picture (lengths and ends of every line's path):
-# changes when the browser redrew it, and is cheap to fetch 20 times a second.
-LOSS_STATE_JS = """() => Array.from(document.querySelectorAll('.ck-loss g.curve path.line'))
-    .map(p => { const d = p.getAttribute('d') || ''; return d.length + ':' + d.slice(-24); })
-    .join('|')"""
+# Points the browser drew in each loss line of the dashboard, in rank order: the
+# canvas plot notes them on its element after every redraw (_plot.js).
+LOSS_POINTS_JS = """() => {
+    const el = document.querySelector('.ck-loss.ck-plot');
+    return el && el.dataset.drawn ? el.dataset.drawn.split(',').map(Number) : [];
+}"""
+# Changes each time the browser redraws the loss picture; cheap to fetch 20 times a second.
+LOSS_STATE_JS = """() => {
+    const el = document.querySelector('.ck-loss.ck-plot');
+    return el ? (el.dataset.frames || '0') + ':' + (el.dataset.drawn || '') : '';
+}"""
+# Pixels of the loss canvas in each of the given colours (within a small distance,
+# for anti-aliasing): proof the lines are on the picture, not only in the model.
+LOSS_PIXELS_JS = """(colors) => {
+    const c = document.querySelector('.ck-loss.ck-plot canvas');
+    if (!c || !c.width) return colors.map(() => 0);
+    const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+    const rgb = colors.map(h => [1, 3, 5].map(i => parseInt(h.slice(i, i + 2), 16)));
+    const counts = colors.map(() => 0);
+    for (let i = 0; i < px.length; i += 4) {
+        if (px[i + 3] < 200) continue;
+        rgb.forEach((c, k) => {
+            if (Math.abs(px[i] - c[0]) + Math.abs(px[i + 1] - c[1]) + Math.abs(px[i + 2] - c[2]) < 40)
+                counts[k]++;
+        });
+    }
+    return counts;
+}"""
 
 
 def chromium_missing() -> str | None:

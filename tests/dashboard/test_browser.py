@@ -12,9 +12,11 @@ import time
 import nbformat
 import pytest
 
+from clusterkernel.dashboard._views import rank_color
 from tests._procs import wait_no_cluster_processes
 from tests.dashboard._browser import (
     ARTIFACTS,
+    LOSS_PIXELS_JS,
     LOSS_POINTS_JS,
     LOSS_STATE_JS,
     browser_page,
@@ -65,6 +67,7 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
             time.sleep(0.1)
         page.screenshot(path=str(ARTIFACTS / "dashboard_lab.png"), full_page=True)
         final = page.evaluate(LOSS_POINTS_JS)
+        pixels = page.evaluate(LOSS_PIXELS_JS, [rank_color(r) for r in range(4)])
         text = page.inner_text(".jp-Notebook")
         html = page.content()
     (ARTIFACTS / "dashboard_lab.html").write_text(html)
@@ -82,6 +85,7 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
     assert "steps [800, 800, 800, 800]".replace("800", str(steps)) in text
     assert final == [steps] * 4, final  # every step of every rank is drawn at the end
     assert len(states) > 3  # the browser saw the picture change several times
+    assert min(pixels) > 50, f"pixels of each rank's colour on the loss canvas: {pixels}"
     print(f"browser saw {len(states)} pictures; {len(during)} samples while training")
     left = wait_no_cluster_processes(30)
     assert not left, f"left behind: {[p.cmdline() for p in left]}"

@@ -153,21 +153,20 @@ def test_panels_draw_what_the_store_holds():
         x, y = view.loss.line(rank)
         assert x.tolist() == list(range(50))
         assert y[0] == pytest.approx(rank + 1.0)
-    assert view.loss._mark.labels == ["rank 0", "rank 1", "rank 2"]  # one mark, a row per rank
+    assert [m["label"] for m in view.loss.plot.series] == ["rank 0", "rank 1", "rank 2"]
     s.ingest(_msg(1, 2, scalars=[(50, 150.0, {"loss": 0.25})], pc=100.3, wall=now))
     assert view.loss.update(s) > 0
     assert view.loss.line(1)[0].tolist() == list(range(51)) and view.loss.line(1)[1][-1] == 0.25
-    assert len(view.loss.line(0)[0]) == 50  # a shorter row: its tail is NaN, not drawn
-    assert np.isnan(view.loss._mark.y[0, 50]) and not np.isnan(view.loss._mark.y[1, 50])
+    assert len(view.loss.line(0)[0]) == 50  # each rank's line as long as its data
     assert set(view.loss.choice.options) == {"loss", "samples_per_s"}
     assert "all_reduce" in view.comm.widget.value and view.comm.widget.value.count("<tr>") == 4
-    assert "compute" in view.timeline._marks
+    assert "compute" in view.timeline._shown
     # 4 ms calls are narrower than a slot (25 ms): the comm lane stays empty,
     # compute covers the 2 s of calls, plus a second of margin each side
     assert "all_reduce" not in view.timeline._shown
-    compute = view.timeline._marks["compute"]
-    assert compute.visible and len(compute.x) == 3  # one bar per rank
-    assert (compute.x[:, 1] - compute.x[:, 0]).tolist() == pytest.approx([3.0] * 3, abs=0.06)
+    compute = view.timeline.bars("compute")
+    assert len(compute) == 3  # one bar per rank
+    assert (compute[:, 1] - compute[:, 0]).tolist() == pytest.approx([3.0] * 3, abs=0.06)
     assert view.status.widget.value.count("busy") == 3
     view.loss.choice.value = "samples_per_s"
     view.loss.update(s)
@@ -227,17 +226,18 @@ def test_column_messages_keep_every_record_while_lines_are_thinned():
     x, y = view.loss.line(0)
     assert len(x) <= 502 and x[-1] == n - 1 and y[-1] == 1.0 / n
     assert view.loss.update(s) == 0  # nothing new: nothing sent
-    sx, sy = view.loss._sx, view.loss._sy
-    assert sx.min <= 0 and sx.max >= n - 1 and sy.min < 1.0 / n and sy.max > 1.0
-    ranges = (sx.min, sx.max, sy.min, sy.max)
+    plot = view.loss.plot
+    (x0, x1), (y0, y1) = plot.xlim, plot.ylim
+    assert x0 <= 0 and x1 >= n - 1 and y0 < 1.0 / n and y1 > 1.0
+    ranges = (plot.xlim, plot.ylim)
     s.ingest(_msg(0, 7, scalars=[(n, 200.0, {"loss": 0.5})]))
     assert view.loss.update(s) > 0
     x, y = view.loss.line(0)
     assert x[-1] == n and y[-1] == 0.5
-    assert (sx.min, sx.max, sy.min, sy.max) == ranges  # inside them: the axes stay put
+    assert (plot.xlim, plot.ylim) == ranges  # inside them: the axes stay put
     s.ingest(_msg(0, 8, scalars=[(10 * n, 300.0, {"loss": -3.0})]))
     view.loss.update(s)
-    assert sx.max >= 10 * n and sy.min < -3.0  # outside: they grow
+    assert plot.xlim[1] >= 10 * n and plot.ylim[0] < -3.0  # outside: they grow
     assert len(s.series("loss")[0][0]) == n + 2  # the record is never thinned
 
 

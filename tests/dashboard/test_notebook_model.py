@@ -39,7 +39,7 @@ for rank, recs in zip(cluster.ranks, cluster.view().apply_sync(_records)):
     }
 report["dashboard_error"] = repr(dash.error)
 report["header"] = dash._view.header.value
-report["timeline_marks"] = sorted(dash._view.timeline._marks)
+report["timeline_marks"] = sorted(dash._view.timeline._shown)
 report["metric_options"] = list(dash._view.loss.choice.options)
 report["status_html"] = dash._view.status.widget.value
 paths = dash.export(EXPORT_DIR)

@@ -1,0 +1,176 @@
+// The dashboard's plot, drawn on a <canvas> (see _plot.py for why not SVG).
+//
+// The model holds the whole picture: axis ranges, and every series' points as one
+// binary float64 buffer (series after series, all x then all y). A change schedules
+// one redraw at the next animation frame, however many traits changed.
+// After each redraw the element carries what was drawn, for tests and benchmarks:
+//   data-frames: redraws so far;  data-drawn: finite points drawn per series.
+
+const MARGIN = { left: 58, right: 12, top: 8, bottom: 34 };
+const FONT = "11px sans-serif";
+
+function niceTicks(lo, hi, count) {
+  const span = hi - lo;
+  if (!(span > 0) || !isFinite(span)) return [lo];
+  const raw = span / count;
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
+  const ticks = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
+    ticks.push(Math.abs(v) < step * 1e-9 ? 0 : v);
+  }
+  return ticks;
+}
+
+function label(v, format) {
+  if (format === "d") return String(Math.round(v));
+  const a = Math.abs(v);
+  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(1);
+  return String(Number(v.toPrecision(3)));
+}
+
+function columns(view) {
+  // Copy: a DataView's offset into its buffer need not be a multiple of 8.
+  if (!view || view.byteLength === 0) return new Float64Array(0);
+  return new Float64Array(view.buffer.slice(view.byteOffset, view.byteOffset + view.byteLength));
+}
+
+function draw(model, el, canvas, legend) {
+  const width = canvas.clientWidth;
+  const height = canvas.clientHeight;
+  if (width === 0 || height === 0) return; // not laid out (yet): drawn on resize
+  const dpr = window.devicePixelRatio || 1;
+  if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
+    canvas.width = Math.round(width * dpr);
+    canvas.height = Math.round(height * dpr);
+  }
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, width, height);
+
+  const [x0, x1] = model.get("xlim");
+  const [y0, y1] = model.get("ylim");
+  const left = MARGIN.left, top = MARGIN.top;
+  const pw = Math.max(width - MARGIN.left - MARGIN.right, 1);
+  const ph = Math.max(height - MARGIN.top - MARGIN.bottom, 1);
+  const sx = pw / (x1 - x0 || 1), sy = ph / (y1 - y0 || 1);
+  const px = (x) => left + (x - x0) * sx;
+  const py = (y) => top + ph - (y - y0) * sy;
+
+  // axes: frame, ticks, labels
+  ctx.font = FONT;
+  ctx.strokeStyle = "#999";
+  ctx.lineWidth = 1;
+  ctx.strokeRect(left, top, pw, ph);
+  ctx.fillStyle = "#333";
+  ctx.textAlign = "center";
+  ctx.textBaseline = "top";
+  for (const t of niceTicks(x0, x1, Math.max(2, Math.floor(pw / 90)))) {
+    ctx.fillText(label(t, ""), px(t), top + ph + 4);
+  }
+  ctx.fillText(model.get("xlabel"), left + pw / 2, top + ph + 18);
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  const fixed = model.get("yticks");
+  const yt = fixed.length ? fixed : niceTicks(y0, y1, Math.max(2, Math.floor(ph / 40)));
+  for (const t of yt) ctx.fillText(label(t, model.get("ytick_format")), left - 5, py(t));
+  ctx.save();
+  ctx.translate(12, top + ph / 2);
+  ctx.rotate(-Math.PI / 2);
+  ctx.textAlign = "center";
+  ctx.fillText(model.get("ylabel"), 0, 0);
+  ctx.restore();
+
+  // series, clipped to the plot area
+  const data = columns(model.get("data"));
+  const series = model.get("series");
+  const drawn = [];
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(left, top, pw, ph);
+  ctx.clip();
+  let at = 0;
+  for (const s of series) {
+    const xs = data.subarray(at, at + s.n), ys = data.subarray(at + s.n, at + 2 * s.n);
+    at += 2 * s.n;
+    ctx.strokeStyle = s.color;
+    ctx.lineWidth = s.width;
+    ctx.lineCap = "butt";
+    ctx.lineJoin = "round";
+    ctx.beginPath();
+    let count = 0;
+    if (s.kind === "segments") {
+      // (x[2i], y[2i]) to (x[2i+1], y[2i+1]): one bar each
+      for (let i = 0; i + 1 < s.n; i += 2) {
+        ctx.moveTo(px(xs[i]), py(ys[i]));
+        ctx.lineTo(px(xs[i + 1]), py(ys[i + 1]));
+        count += 2;
+      }
+    } else {
+      let pen = false; // NaN lifts the pen
+      for (let i = 0; i < s.n; i++) {
+        if (!isFinite(xs[i]) || !isFinite(ys[i])) { pen = false; continue; }
+        if (pen) ctx.lineTo(px(xs[i]), py(ys[i]));
+        else ctx.moveTo(px(xs[i]), py(ys[i]));
+        pen = true;
+        count++;
+      }
+    }
+    ctx.stroke();
+    drawn.push(count);
+  }
+  ctx.restore();
+
+  const names = series.filter((s) => s.label).map((s) => `${s.color}\u0000${s.label}`).join("\u0001");
+  if (names !== legend.dataset.names) {
+    legend.dataset.names = names;
+    legend.replaceChildren(
+      ...series.filter((s) => s.label).map((s) => {
+        const item = document.createElement("span");
+        item.style.marginRight = "10px";
+        const box = document.createElement("span");
+        box.textContent = "\u25A0 ";
+        box.style.color = s.color;
+        item.append(box, s.label);
+        return item;
+      }),
+    );
+  }
+  el.dataset.drawn = drawn.join(",");
+  el.dataset.frames = String(Number(el.dataset.frames || 0) + 1);
+}
+
+function render({ model, el }) {
+  el.classList.add("ck-plot");
+  const title = document.createElement("div");
+  title.className = "ck-plot-title";
+  title.style.cssText = "font:bold 13px sans-serif;text-align:center;margin:2px 0";
+  const legend = document.createElement("div");
+  legend.className = "ck-plot-legend";
+  legend.style.cssText = "font:11px sans-serif;text-align:center;min-height:14px";
+  const canvas = document.createElement("canvas");
+  canvas.style.cssText = `display:block;width:100%;height:${model.get("height")}px`;
+  el.append(title, legend, canvas);
+
+  let pending = false;
+  const redraw = () => {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => {
+      pending = false;
+      title.textContent = model.get("title");
+      draw(model, el, canvas, legend);
+    });
+  };
+  const traits = ["data", "series", "xlim", "ylim", "yticks", "title", "xlabel", "ylabel"];
+  for (const t of traits) model.on(`change:${t}`, redraw);
+  const resize = new ResizeObserver(redraw);
+  resize.observe(canvas);
+  redraw();
+  return () => {
+    resize.disconnect();
+    for (const t of traits) model.off(`change:${t}`, redraw);
+  };
+}
+
+export default { render };
