@@ -100,6 +100,7 @@ class Dashboard:
         self._view: DashboardView | None = None
         self._terminal: TerminalProgress | None = None
         self._stop = threading.Event()
+        self._paused = threading.Event()
         self._thread: threading.Thread | None = None
         self._drawn_version = -1
         self._status_at = 0.0
@@ -143,7 +144,8 @@ class Dashboard:
             have = self.store.status()
             late = [r for r, s in want.items() if have.get(r, {}).get("seq", 0) < s]
             raise TimeoutError(f"records of ranks {late} did not arrive within {timeout:g}s")
-        self.refresh(everything=True)
+        if not self.paused:
+            self.refresh(everything=True)
 
     # ------------------------------------------------------------------ display
     @property
@@ -208,7 +210,31 @@ class Dashboard:
             if not self.cluster.running:
                 self.refresh(everything=True)
                 return  # the cluster is gone; the last picture stays
-            self.refresh()
+            if not self._paused.is_set():
+                self.refresh()
+
+    @property
+    def paused(self) -> bool:
+        """True between :meth:`pause` and :meth:`resume`."""
+        return self._paused.is_set()
+
+    def pause(self) -> None:
+        """Stop redrawing (the panels keep their picture); the record keeps growing.
+
+        For a machine where the browser's drawing slows the training: nothing is
+        sent to the browser until :meth:`resume`. Safe from any thread, while a cell runs.
+
+        Example::
+
+            dash.pause()    # e.g. from a button, or before a timing-critical run
+            dash.resume()   # catches up with everything logged meanwhile
+        """
+        self._paused.set()
+
+    def resume(self) -> None:
+        """Redraw again, starting with everything logged while paused."""
+        self._timeline_at = self._status_at = 0.0  # every panel at the next redraw
+        self._paused.clear()
 
     def refresh(self, everything: bool = False) -> None:
         """Redraw what changed (the drawing thread does this ``rate`` times a second).

@@ -158,7 +158,8 @@ function render({ model, el }) {
     pending = true;
     requestAnimationFrame(() => {
       pending = false;
-      title.textContent = model.get("title");
+      // only when changed: a new text node would make the page lay out again
+      if (title.textContent !== model.get("title")) title.textContent = model.get("title");
       draw(model, el, canvas, legend);
     });
   };

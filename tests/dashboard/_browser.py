@@ -33,20 +33,21 @@ BIN = Path(sys.executable).parent
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 # Points the browser drew in each loss line of the dashboard, in rank order: the
-# canvas plot notes them on its element after every redraw (_plot.js).
+# canvas plot notes them on its element after every redraw (_plot.js). The last
+# dashboard on the page (a benchmark shows several, one after another).
 LOSS_POINTS_JS = """() => {
-    const el = document.querySelector('.ck-loss.ck-plot');
+    const el = Array.from(document.querySelectorAll('.ck-loss.ck-plot')).pop();
     return el && el.dataset.drawn ? el.dataset.drawn.split(',').map(Number) : [];
 }"""
 # Changes each time the browser redraws the loss picture; cheap to fetch 20 times a second.
 LOSS_STATE_JS = """() => {
-    const el = document.querySelector('.ck-loss.ck-plot');
+    const el = Array.from(document.querySelectorAll('.ck-loss.ck-plot')).pop();
     return el ? (el.dataset.frames || '0') + ':' + (el.dataset.drawn || '') : '';
 }"""
 # Pixels of the loss canvas in each of the given colours (within a small distance,
 # for anti-aliasing): proof the lines are on the picture, not only in the model.
 LOSS_PIXELS_JS = """(colors) => {
-    const c = document.querySelector('.ck-loss.ck-plot canvas');
+    const c = Array.from(document.querySelectorAll('.ck-loss.ck-plot canvas')).pop();
     if (!c || !c.width) return colors.map(() => 0);
     const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
     const rgb = colors.map(h => [1, 3, 5].map(i => parseInt(h.slice(i, i + 2), 16)));

@@ -49,6 +49,18 @@ print("REPORT " + json.dumps(report))
 """
 
 
+# paused: the record grows, nothing is redrawn; resumed: the new step is drawn
+PAUSE_CHECK = """import json, time
+paused = {"updates_while_paused": dash.updates - u0, "messages_while_paused": dash.store.messages - n0}
+u1 = dash.updates
+dash.resume()
+time.sleep(1.5)
+paused["updates_after_resume"] = dash.updates - u1
+paused["last_step_drawn"] = int(dash._view.loss.line(0)[0][-1])
+print("REPORT " + json.dumps(paused))
+"""
+
+
 def _report(cell) -> dict:
     for out in cell.outputs:
         if out.get("output_type") == "stream" and "REPORT " in out["text"]:
@@ -67,10 +79,16 @@ def test_widgets_hold_exactly_what_every_rank_logged(no_shared_cluster, tmp_path
         "updates_after = dash.updates",
         f"EXPORT_DIR = {str(tmp_path / 'export')!r}\n" + CHECK,
         "%mpi dashboard",
+        "dash.pause()\nu0, n0 = dash.updates, dash.store.messages",
+        "%%mpi\nimport time, clusterkernel\nclusterkernel.log(step=10_000, loss=0.5)\ntime.sleep(1.5)",
+        PAUSE_CHECK,
         "%mpi stop",
     )
     NotebookClient(nb, timeout=180, kernel_name="python3").execute()
     report = _report(nb.cells[6])
+    paused = _report(nb.cells[10])
+    assert paused["updates_while_paused"] == 0 and paused["messages_while_paused"] > 0
+    assert paused["updates_after_resume"] > 0 and paused["last_step_drawn"] == 10_000
 
     steps = list(range(1, epochs * 2048 // 64 + 1))
     assert sorted(report["ranks"]) == ["0", "1", "2", "3"]
