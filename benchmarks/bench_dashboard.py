@@ -254,12 +254,14 @@ from clusterkernel.train import Trainer
 torch.set_num_threads(1)
 DATA = {data}
 
-def bench_run(epochs):
+def bench_run(epochs, epoch_ends=None):
     torch.manual_seed(0)
     model = nn.Sequential({model})
     opt = torch.optim.SGD(model.parameters(), lr={lr})
     trainer = Trainer(model, opt, nn.functional.cross_entropy, DATA, batch_size={batch},
                       prefetch=False)
+    if epoch_ends is not None:  # wall time of every epoch's end (bench_dashboard_toggle.py)
+        trainer.add_hook("on_epoch_end", lambda t: epoch_ends.append(time.time()))
     t0 = time.perf_counter()
     trainer.fit(epochs=epochs)
     return len(DATA) * epochs / (time.perf_counter() - t0)
