@@ -564,10 +564,73 @@ def print_draw(res: dict[str, list[float]], secs: float) -> None:
         print(f"| {name} | {100 * statistics.median(values):.1f} % | {each} |")
 
 
+# --------------------------------------------------------------------------- page
+# The floor: the dashboard's canvas plot (_plot.js) in a bare page, no Jupyter, fed
+# in the page with 2 lines of 300 points 5 times a second. What Chromium spends on
+# one canvas picture here is the least a live picture can cost it.
+PAGE = """<html><body><div id=host style="width:640px"></div><script type=module>
+import plot from "./_plot.js";
+const state = {xlim: [0, 1500], ylim: [0, 1.6], yticks: [], ytick_format: "",
+  title: "loss per rank", xlabel: "step", ylabel: "loss", series: [], data: null};
+const handlers = [];
+const model = {get: (k) => state[k], on: (e, f) => handlers.push(f), off() {}};
+plot.render({model, el: document.getElementById("host")});
+let step = 0;
+window.feed = (draw) => {
+  step += 50;
+  const m = Math.min(step, 300), buf = new Float64Array(4 * m);
+  for (let r = 0; r < 2; r++) for (let i = 0; i < m; i++) {
+    buf[2 * r * m + i] = i * step / m;
+    buf[2 * r * m + m + i] = 1 / (1 + i * step / m / 100) + 0.1 * r + 0.1 * Math.random();
+  }
+  state.data = new DataView(buf.buffer);
+  state.series = [0, 1].map((r) => ({n: m, color: r ? "#ff7f0e" : "#1f77b4",
+    label: "rank " + r, width: 1.5, kind: "line"}));
+  if (draw) handlers.forEach((f) => f());
+};
+</script></body></html>"""
+
+
+def bench_page(secs: float, rounds: int) -> dict[str, list[float]]:
+    """Chromium CPU share with the plot fed but not redrawn vs redrawn at 5 Hz."""
+    import functools
+    import http.server
+    import shutil
+    import tempfile
+
+    from tests.dashboard._browser import browser_page
+
+    out: dict[str, list[float]] = {"fed, not redrawn": [], "redrawn at 5 Hz": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(REPO / "clusterkernel" / "dashboard" / "_plot.js", tmp)
+        Path(tmp, "index.html").write_text(PAGE)
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=tmp)
+        handler.log_message = lambda *a: None
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            with browser_page() as page:
+                page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+                page.wait_for_function("() => window.feed !== undefined")
+                for _ in range(rounds):
+                    for name, draw in (("fed, not redrawn", "false"), ("redrawn at 5 Hz", "true")):
+                        page.evaluate(
+                            f"() => {{ clearInterval(window.iv);"
+                            f" window.iv = setInterval(() => feed({draw}), 200); }}"
+                        )
+                        time.sleep(1.0)
+                        c0, t0 = _tree_cpu()["browser"], time.monotonic()
+                        time.sleep(secs)
+                        out[name].append((_tree_cpu()["browser"] - c0) / (time.monotonic() - t0))
+        finally:
+            server.shutdown()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--part", choices=("encode", "channel", "browser", "draw", "all"), default="all"
+        "--part", choices=("encode", "channel", "browser", "draw", "page", "all"), default="all"
     )
     ap.add_argument("--steps", type=int, default=100_000, help="log() calls per rank (channel)")
     ap.add_argument(
@@ -610,6 +673,15 @@ def main() -> None:
         res = bench_draw(12.0, args.rounds)
         print("RESULT draw " + json.dumps(res))
         print_draw(res, 12.0)
+    if args.part in ("page", "all"):
+        res = bench_page(15.0, args.rounds)
+        print("RESULT page " + json.dumps(res))
+        print("\npage: the canvas plot alone in a bare page (no Jupyter), 15 s each")
+        print("| pattern | browser CPU (median) | each |")
+        print("|---|---|---|")
+        for name, values in res.items():
+            each = ", ".join(f"{100 * v:.1f}" for v in values)
+            print(f"| {name} | {100 * statistics.median(values):.1f} % | {each} |")
     if args.part in ("browser", "all"):
         (REPO / "test-artifacts").mkdir(exist_ok=True)
         configs = list(CONFIGS) if args.config == "both" else [args.config]

@@ -69,8 +69,8 @@ print("RESULTS " + json.dumps({{"switches": switches, "epoch_ends": cluster.pull
                                "updates": dash.updates}}))"""
 
 
-def _cells(epochs: int, period: float, show: bool) -> list[str]:
-    config = CONFIGS["primary"]
+def _cells(epochs: int, period: float, show: bool, ranks: int) -> list[str]:
+    config = {**CONFIGS["primary"], "ranks": ranks}
     return [
         "%load_ext clusterkernel\nimport clusterkernel\nfrom clusterkernel.magics import current_cluster",
         f"%mpi start -n {config['ranks']}\ncluster = current_cluster()",
@@ -103,7 +103,7 @@ def _ratios(windows: list[dict]) -> list[float]:
     return out
 
 
-def run(seconds: float, period: float, show: bool = True) -> dict:
+def run(seconds: float, period: float, show: bool = True, ranks: int = 2) -> dict:
     import nbformat
 
     from tests.dashboard._browser import (
@@ -116,7 +116,7 @@ def run(seconds: float, period: float, show: bool = True) -> dict:
     from tests.dashboard._cells import notebook
 
     epochs = int(seconds * 25)  # ~25 epochs/s here; the run's real length is measured
-    cells = _cells(epochs, period, show)
+    cells = _cells(epochs, period, show, ranks)
     pictures: list[float] = []  # wall times at which the browser showed a new loss picture
     cpu: list[tuple[float, float]] = []  # (wall time, browser CPU seconds so far)
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,7 +154,7 @@ def run(seconds: float, period: float, show: bool = True) -> dict:
     return {"windows": windows, "ratios": _ratios(windows), "updates": got["updates"]}
 
 
-def report(res: dict, period: float, shown: bool = True) -> None:
+def report(res: dict, period: float, shown: bool = True, ranks: int = 2) -> None:
     ratios, wins = res["ratios"], res["windows"]
     on = [w for w in wins if w["state"] == "on"]
     off = [w for w in wins if w["state"] == "off"]
@@ -166,7 +166,7 @@ def report(res: dict, period: float, shown: bool = True) -> None:
         return statistics.median(vals) if vals else float("nan")
 
     print(
-        f"\ntoggle: primary configuration (2 ranks, MLP 784-256-10, global batch 128), one "
+        f"\ntoggle: primary configuration on {ranks} rank(s) (MLP 784-256-10, global batch 128), one "
         f"training run, drawing switched every {period:g} s; {len(on)} on / {len(off)} off windows"
     )
     print("| windows | samples/s (median) | loss pictures/s (browser) | browser CPU |")
@@ -191,6 +191,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=120.0, help="length of the training run")
     ap.add_argument("--period", type=float, default=3.0, help="seconds between switches")
+    ap.add_argument("--ranks", type=int, default=2, help="ranks (1: a core left for the browser)")
     ap.add_argument(
         "--hidden",
         action="store_true",
@@ -198,9 +199,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     (REPO / "test-artifacts").mkdir(exist_ok=True)
-    res = run(args.seconds, args.period, show=not args.hidden)
+    res = run(args.seconds, args.period, show=not args.hidden, ranks=args.ranks)
     print("RESULT toggle " + json.dumps(res))
-    report(res, args.period, shown=not args.hidden)
+    report(res, args.period, shown=not args.hidden, ranks=args.ranks)
 
 
 if __name__ == "__main__":
