@@ -187,6 +187,24 @@ def report(res: dict, period: float, shown: bool = True, ranks: int = 2) -> None
     )
 
 
+def noise(runs: int) -> list[float]:
+    """The same training run ``runs`` times from a script: no notebook, server or browser."""
+    import clusterkernel
+
+    cluster = clusterkernel.Cluster(n=CONFIGS["primary"]["ranks"])
+    cluster.start()
+    try:
+        cluster.run(TRAIN_DEF.format(**CONFIGS["primary"]).split("\n", 1)[1]).wait()
+        cluster.run("bench_run(1)").wait()  # warm-up
+        out = []
+        for _ in range(runs):
+            cluster.run(f"bench_sps = bench_run({CONFIGS['primary']['epochs']})").wait()
+            out.append(cluster.pull("bench_sps")[0])
+        return out
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=120.0, help="length of the training run")
@@ -197,7 +215,22 @@ def main() -> None:
         action="store_true",
         help="keep the panels hidden in the on windows too (the kernel's redraws alone)",
     )
+    ap.add_argument(
+        "--noise",
+        type=int,
+        default=0,
+        help="instead: the whole run this many times from a script (its run-to-run spread)",
+    )
     args = ap.parse_args()
+    if args.noise:
+        sps = noise(args.noise)
+        print("RESULT noise " + json.dumps(sps))
+        print(
+            f"noise: {len(sps)} identical runs, no notebook: "
+            + ", ".join(f"{v:,.0f}" for v in sps)
+            + f" samples/s (max / min {max(sps) / min(sps):.2f})"
+        )
+        return
     (REPO / "test-artifacts").mkdir(exist_ok=True)
     res = run(args.seconds, args.period, show=not args.hidden, ranks=args.ranks)
     print("RESULT toggle " + json.dumps(res))
