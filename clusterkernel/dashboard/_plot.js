@@ -35,9 +35,8 @@ function columns(view) {
   return new Float64Array(view.buffer.slice(view.byteOffset, view.byteOffset + view.byteLength));
 }
 
-function draw(model, el, canvas, legend) {
-  const width = canvas.clientWidth;
-  const height = canvas.clientHeight;
+function draw(model, el, canvas, legend, size) {
+  const { width, height } = size; // from the ResizeObserver: reading clientWidth would force a layout
   if (width === 0 || height === 0) return; // not laid out (yet): drawn on resize
   const dpr = window.devicePixelRatio || 1;
   if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
@@ -153,6 +152,7 @@ function render({ model, el }) {
   el.append(title, legend, canvas);
 
   let pending = false;
+  let size = { width: 0, height: 0 };
   const redraw = () => {
     if (pending) return;
     pending = true;
@@ -160,12 +160,16 @@ function render({ model, el }) {
       pending = false;
       // only when changed: a new text node would make the page lay out again
       if (title.textContent !== model.get("title")) title.textContent = model.get("title");
-      draw(model, el, canvas, legend);
+      draw(model, el, canvas, legend, size);
     });
   };
   const traits = ["data", "series", "xlim", "ylim", "yticks", "title", "xlabel", "ylabel"];
   for (const t of traits) model.on(`change:${t}`, redraw);
-  const resize = new ResizeObserver(redraw);
+  const resize = new ResizeObserver((entries) => {
+    const box = entries[entries.length - 1].contentRect;
+    size = { width: box.width, height: box.height };
+    redraw();
+  });
   resize.observe(canvas);
   redraw();
   return () => {
