@@ -15,8 +15,13 @@ function niceTicks(lo, hi, count) {
   const raw = span / count;
   const mag = Math.pow(10, Math.floor(Math.log10(raw)));
   const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
+  // by index, and at most 50: adding a step far below the values' precision
+  // (a range of 1e-10 around 1e6) would never get past the first tick
+  const first = Math.ceil(lo / step);
   const ticks = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
+  for (let i = 0; i < 50; i++) {
+    const v = (first + i) * step;
+    if (v > hi + step * 1e-9) break;
     ticks.push(Math.abs(v) < step * 1e-9 ? 0 : v);
   }
   return ticks;
@@ -32,6 +37,7 @@ function label(v, format) {
 function columns(view) {
   // Copy: a DataView's offset into its buffer need not be a multiple of 8.
   if (!view || view.byteLength === 0) return new Float64Array(0);
+  if (view instanceof ArrayBuffer) return new Float64Array(view.slice(0));
   return new Float64Array(view.buffer.slice(view.byteOffset, view.byteOffset + view.byteLength));
 }
 
