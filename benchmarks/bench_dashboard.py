@@ -552,12 +552,10 @@ def bench_draw(secs: float, rounds: int) -> dict[str, list[float]]:
     return out
 
 
-def print_draw(res: dict[str, list[float]], secs: float) -> None:
-    print(
-        f"\ndraw: Chromium CPU per drawing pattern, JupyterLab, no MPI, {secs:g} s cells, "
-        "made-up records for 2 ranks at 500 steps/s each"
-    )
-    print("| pattern | browser CPU (median) | each cell |")
+def print_browser_cpu(title: str, res: dict[str, list[float]]) -> None:
+    """A table of Chromium's CPU share per pattern (``--part draw`` and ``--part page``)."""
+    print(f"\n{title}")
+    print("| pattern | browser CPU (median) | each |")
     print("|---|---|---|")
     for name, values in res.items():
         each = ", ".join(f"{100 * v:.1f}" for v in values)
@@ -672,16 +670,15 @@ def main() -> None:
     if args.part in ("draw", "all"):
         res = bench_draw(12.0, args.rounds)
         print("RESULT draw " + json.dumps(res))
-        print_draw(res, 12.0)
+        print_browser_cpu(
+            "draw: Chromium CPU per drawing pattern, JupyterLab, no MPI, 12 s cells, "
+            "made-up records for 2 ranks at 500 steps/s each",
+            res,
+        )
     if args.part in ("page", "all"):
         res = bench_page(15.0, args.rounds)
         print("RESULT page " + json.dumps(res))
-        print("\npage: the canvas plot alone in a bare page (no Jupyter), 15 s each")
-        print("| pattern | browser CPU (median) | each |")
-        print("|---|---|---|")
-        for name, values in res.items():
-            each = ", ".join(f"{100 * v:.1f}" for v in values)
-            print(f"| {name} | {100 * statistics.median(values):.1f} % | {each} |")
+        print_browser_cpu("page: the canvas plot alone in a bare page (no Jupyter), 15 s each", res)
     if args.part in ("browser", "all"):
         (REPO / "test-artifacts").mkdir(exist_ok=True)
         configs = list(CONFIGS) if args.config == "both" else [args.config]

@@ -2,7 +2,7 @@
 
 ``bench_dashboard.py --part browser`` compares whole training runs with and without
 the dashboard. On this machine the same run, with no notebook or browser at all,
-varies by +-20 % from one run to the next (10 runs in a row: 49k to 75k samples/s),
+varies by +-20 % from one run to the next (10 runs in a row: 60k to 84k samples/s),
 far more than the 3 % the issue allows, so those rounds cannot show the target.
 
 Here one long training run on the primary configuration (2 ranks, the issue 4 model)
@@ -43,16 +43,16 @@ switches = []  # (wall time, "on" or "off")
 stop_toggle = threading.Event()
 
 def _toggle(period, show):
-    on = True
+    on = False  # the first window is an off one
     while True:
         if on:
-            dash.pause()
-            dash.widget.layout.display = "none"
-        else:
             dash.widget.layout.display = None if show else "none"
             dash.resume()
-        on = not on
+        else:
+            dash.pause()
+            dash.widget.layout.display = "none"
         switches.append((time.time(), "on" if on else "off"))
+        on = not on
         if stop_toggle.wait(period):
             return
 """
