@@ -58,7 +58,11 @@ class CellRun:
         client = cluster.client
         self._client = client
         self.ar = cluster.view(self.ranks).execute(code, silent=False, block=False)
-        self._mds = [client.metadata[mid] for mid in self.ar.msg_ids]
+        # The result's own metadata, not client.metadata[msg_id]: the client drops
+        # its entry once a cell's output is complete, which a quick cell can reach
+        # before this line runs (the lookup would then make a new, empty one).
+        mds = self.ar.metadata
+        self._mds = mds if isinstance(mds, list) else [mds]
         self.started = time.monotonic()
         self.done = False
 

@@ -61,6 +61,31 @@ def test_output_streams_while_cell_runs(cluster: Cluster):
     assert lines.count("[rank 2] early") == 1 and lines.count("[rank 2] late") == 1
 
 
+def test_output_of_a_cell_done_before_it_is_watched(cluster: Cluster, monkeypatch):
+    # A quick cell can be over (reply and all output in) before run() starts to
+    # watch it; its output must still be shown. Make that certain: the real view's
+    # execute returns only once the output is complete.
+    plain_view = cluster.view
+
+    def view_that_finishes_first(ranks=None):
+        view = plain_view(ranks)
+        submit = view.execute
+
+        def execute(*args, **kwargs):
+            ar = submit(*args, **kwargs)
+            assert ar.wait_for_output(30)
+            return ar
+
+        view.execute = execute
+        return view
+
+    monkeypatch.setattr(cluster, "view", view_that_finishes_first)
+    rec = Recorder(cluster.ranks)
+    cluster.run("print('quick', 7 * 6)", renderer=rec)
+    for r in range(4):
+        assert f"[rank {r}] quick 42" in rec.text
+
+
 def test_errors_grouped_by_rank(cluster: Cluster):
     with pytest.raises(RankError) as info:
         cluster.run(
