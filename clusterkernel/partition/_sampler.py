@@ -139,6 +139,10 @@ def distributed_loader(
             f"use e.g. {lo or sampler.size} or {lo + sampler.size}."
         )
     per_rank = global_batch // sampler.size
+    # A DataLoader draws a seed for its workers each time it is iterated, from the
+    # global RNG unless given a generator: that would shift dropout's draws by one
+    # per epoch, and a run resumed mid-epoch would draw different masks.
+    loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
     if isinstance(data, TensorDataset) and not loader_kwargs.get("collate_fn"):
         batches = BatchSampler(sampler, per_rank, drop_last)
         return DataLoader(data, batch_size=None, sampler=batches, **loader_kwargs)

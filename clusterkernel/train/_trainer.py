@@ -256,7 +256,10 @@ class Trainer:
         if isinstance(data, Dataset) and not isinstance(data, DataLoader):
             index, count = self.mode.eval_shard()
             share = Partition(data, range(index, len(data), count))
-            data = DataLoader(share, batch_size=batch_size or self.batch_size)
+            # its own generator: evaluating must not move the training's RNG
+            data = DataLoader(
+                share, batch_size=batch_size or self.batch_size, generator=torch.Generator()
+            )
         self.module.eval()
         totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, samples
         try:
@@ -291,11 +294,19 @@ class Trainer:
             "mode": self.mode.state_dict(),
         }
 
+    def _gather(self, obj) -> list | None:
+        """Every rank's ``obj`` on rank 0 of the group (``None`` elsewhere); collective."""
+        out = [None] * self.world if self.rank == 0 else None
+        comm.gather_object(obj, out, dst=world_rank(self.group, 0), group=self.group)
+        return out
+
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
-        """Write model, optimizer, mode and progress; rank 0 writes (collective).
+        """Write model, optimizer, mode, progress and RNG; rank 0 writes (collective).
 
         For replicated modes rank 0's state stands for all; otherwise every
-        rank's state is collected into the file.
+        rank's state is collected into the file. Every rank's torch RNG state is
+        saved, and restored on resume with the same number of ranks, so random
+        layers (dropout) draw the same numbers as in an uninterrupted run.
         """
         path = self._checkpoint_path(path)
         if self.mode.own_checkpoints:
@@ -305,8 +316,7 @@ class Trainer:
         if self.mode.replicated:
             states = [own]
         else:
-            states = [None] * self.world if self.rank == 0 else None
-            comm.gather_object(own, states, dst=world_rank(self.group, 0), group=self.group)
+            states = self._gather(own)
         meta = {
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
@@ -314,6 +324,9 @@ class Trainer:
             "world": self.world,
             "mode": self.mode.name,
             "replicated": self.mode.replicated,
+            # every rank's, even when rank 0's state stands for all: dropout and
+            # other random layers draw from it, so a resumed run repeats their draws
+            "torch_rng": self._gather(torch.get_rng_state()),
         }
         _checkpoint.save(path, states, meta, self.group)
         return path
@@ -344,6 +357,9 @@ class Trainer:
         self.mode.unwrap(self.module).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.mode.load_state_dict(state["mode"])
+        rng = meta.get("torch_rng")  # absent from checkpoints of earlier versions
+        if rng is not None and len(rng) == self.world:
+            torch.set_rng_state(rng[self.rank])
         self.epoch = meta["epoch"]
         self.step_in_epoch = meta["step_in_epoch"]
         self.global_step = meta["global_step"]

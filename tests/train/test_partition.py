@@ -98,6 +98,20 @@ def test_loader_batches_union_equals_single_process_batches():
         assert sorted(sum((p[k] for p in per_rank), [])) == sorted(batch)
 
 
+@pytest.mark.parametrize("dataset", ["tensors", "samples"])
+def test_iterating_a_loader_leaves_the_global_rng_alone(dataset):
+    # dropout draws from the global RNG; a loader must not (a resumed run would differ)
+    ds = TensorDataset(torch.arange(64))
+    if dataset == "samples":
+        ds = [(torch.tensor(i), i % 2) for i in range(64)]  # a plain sequence of samples
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    for _ in range(2):  # two epochs: a new iterator each
+        for _batch in distributed_loader(ds, 16, seed=1, size=2, rank=0):
+            pass
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_loader_rejects_global_batch_not_multiple_of_ranks():
     ds = TensorDataset(torch.arange(64))
     with pytest.raises(ValueError, match="not a multiple of the 3 ranks; use e.g. 9 or 12"):
