@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from bench_train import _free_port, _run, timed_loop
+from bench_train import _free_port, _run, mpi_launch, timed_loop
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 256
@@ -227,13 +226,7 @@ def main() -> None:
         run_variants(chunk_counts, args.steps, args.warmup, args.port, args.rounds)
         return
 
-    sys.path.insert(0, str(REPO))
-    from clusterkernel.mpiexec import MPIRuntime
-
-    rt = MPIRuntime.detect()
-    env = rt.env()
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
+    rt, env = mpi_launch()
     me = [sys.executable, str(Path(__file__).resolve())]
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
     report: dict = {"global_batch": GLOBAL_BATCH, "model": _model_name(), "runs": {}}

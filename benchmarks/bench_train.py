@@ -43,6 +43,19 @@ GLOBAL_BATCH = 128
 VARIANTS = ("clusterkernel", "ddp_gloo", "mpi4py_flat", "per_param", "no_comm")
 
 
+def mpi_launch():
+    """The MPI runtime and the environment for workers started under its mpiexec
+    (this checkout importable, one OpenMP thread per process)."""
+    sys.path.insert(0, str(REPO))
+    from clusterkernel.mpiexec import MPIRuntime
+
+    rt = MPIRuntime.detect()
+    env = rt.env()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return rt, env
+
+
 # --------------------------------------------------------------------------- models
 def make_model(name: str, seed: int = 0):
     import torch
@@ -284,13 +297,7 @@ def main() -> None:
         run_trainer(args.steps)
         return
 
-    sys.path.insert(0, str(REPO))
-    from clusterkernel.mpiexec import MPIRuntime
-
-    rt = MPIRuntime.detect()
-    env = rt.env()
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
+    rt, env = mpi_launch()
     me = [sys.executable, str(Path(__file__).resolve())]
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
     report: dict = {"global_batch": GLOBAL_BATCH, "ranks": 2, "models": {}}
