@@ -12,7 +12,7 @@ on and off every ``--period`` seconds while the cell runs:
 - off: ``dash.pause()`` and the panels hidden (``display: none``): nothing is redrawn,
   sent or drawn; the ranks still stream and the kernel still receives;
 - on: ``dash.resume()`` and the panels shown in JupyterLab + headless Chromium: the
-  dashboard as a user has it, redrawing at 5 Hz.
+  dashboard as a user has it, redrawing at 5 Hz (``--rate`` for another rate).
 
 Each rank-0 epoch end is time-stamped; the samples/s of every "on" window is divided
 by the mean of the "off" windows either side of it, so slow drifts of the machine
@@ -69,14 +69,14 @@ print("RESULTS " + json.dumps({{"switches": switches, "epoch_ends": cluster.pull
                                "updates": dash.updates}}))"""
 
 
-def _cells(epochs: int, period: float, show: bool, ranks: int) -> list[str]:
+def _cells(epochs: int, period: float, show: bool, ranks: int, rate: float) -> list[str]:
     config = {**CONFIGS["primary"], "ranks": ranks}
     return [
         "%load_ext clusterkernel\nimport clusterkernel\nfrom clusterkernel.magics import current_cluster",
         f"%mpi start -n {config['ranks']}\ncluster = current_cluster()",
         TRAIN_DEF.format(**config),
         "%%mpi\nbench_run(1)",  # warm-up
-        "dash = clusterkernel.Dashboard()\ndash.sync()\ndash",
+        f"dash = clusterkernel.Dashboard(rate={rate})\ndash.sync()\ndash",
         TOGGLE,
         MEASURE.format(epochs=epochs, period=period, show=show),
         "%mpi stop",
@@ -103,7 +103,9 @@ def _ratios(windows: list[dict]) -> list[float]:
     return out
 
 
-def run(seconds: float, period: float, show: bool = True, ranks: int = 2) -> dict:
+def run(
+    seconds: float, period: float, show: bool = True, ranks: int = 2, rate: float = 5.0
+) -> dict:
     import nbformat
 
     from tests.dashboard._browser import (
@@ -116,7 +118,7 @@ def run(seconds: float, period: float, show: bool = True, ranks: int = 2) -> dic
     from tests.dashboard._cells import notebook
 
     epochs = int(seconds * 25)  # ~25 epochs/s here; the run's real length is measured
-    cells = _cells(epochs, period, show, ranks)
+    cells = _cells(epochs, period, show, ranks, rate)
     pictures: list[float] = []  # wall times at which the browser showed a new loss picture
     cpu: list[tuple[float, float]] = []  # (wall time, browser CPU seconds so far)
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,7 +156,7 @@ def run(seconds: float, period: float, show: bool = True, ranks: int = 2) -> dic
     return {"windows": windows, "ratios": _ratios(windows), "updates": got["updates"]}
 
 
-def report(res: dict, period: float, shown: bool = True, ranks: int = 2) -> None:
+def report(res: dict, period: float, shown: bool = True, ranks: int = 2, rate: float = 5.0) -> None:
     ratios, wins = res["ratios"], res["windows"]
     on = [w for w in wins if w["state"] == "on"]
     off = [w for w in wins if w["state"] == "off"]
@@ -167,7 +169,8 @@ def report(res: dict, period: float, shown: bool = True, ranks: int = 2) -> None
 
     print(
         f"\ntoggle: primary configuration on {ranks} rank(s) (MLP 784-256-10, global batch 128), one "
-        f"training run, drawing switched every {period:g} s; {len(on)} on / {len(off)} off windows"
+        f"training run, drawing at {rate:g} Hz switched every {period:g} s; {len(on)} on / "
+        f"{len(off)} off windows"
     )
     print("| windows | samples/s (median) | loss pictures/s (browser) | browser CPU |")
     print("|---|---|---|---|")
@@ -210,6 +213,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=120.0, help="length of the training run")
     ap.add_argument("--period", type=float, default=3.0, help="seconds between switches")
     ap.add_argument("--ranks", type=int, default=2, help="ranks (1: a core left for the browser)")
+    ap.add_argument("--rate", type=float, default=5.0, help="Dashboard(rate=...): redraws/s")
     ap.add_argument(
         "--hidden",
         action="store_true",
@@ -232,9 +236,9 @@ def main() -> None:
         )
         return
     (REPO / "test-artifacts").mkdir(exist_ok=True)
-    res = run(args.seconds, args.period, show=not args.hidden, ranks=args.ranks)
+    res = run(args.seconds, args.period, show=not args.hidden, ranks=args.ranks, rate=args.rate)
     print("RESULT toggle " + json.dumps(res))
-    report(res, args.period, shown=not args.hidden, ranks=args.ranks)
+    report(res, args.period, shown=not args.hidden, ranks=args.ranks, rate=args.rate)
 
 
 if __name__ == "__main__":
