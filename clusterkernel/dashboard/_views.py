@@ -314,9 +314,14 @@ class DashboardView:
         self.timeline = TimelinePanel(window)
         self.comm = CommPanel()
         self.status = StatusPanel()
-        self.header = w.HTML(_CSS + "<div class='ck-head'>waiting for the ranks...</div>")
+        # The stylesheet in a widget of its own, sent once: a <style> element
+        # replaced with the header's text every update makes the browser restyle
+        # the whole page each time.
+        self.style = w.HTML(_CSS, layout=w.Layout(display="none"))
+        self.header = w.HTML("<div class='ck-head'>waiting for the ranks...</div>")
         self.widget = w.VBox(
             [
+                self.style,
                 self.header,
                 w.HBox(
                     [self.loss.widget, self.throughput.widget],
@@ -332,4 +337,6 @@ class DashboardView:
         self.widget.add_class("ck-dashboard")
 
     def set_header(self, text: str) -> None:
-        self.header.value = _CSS + f"<div class='ck-head'>{html.escape(text)}</div>"
+        value = f"<div class='ck-head'>{html.escape(text)}</div>"
+        if value != self.header.value:
+            self.header.value = value
