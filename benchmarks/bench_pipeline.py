@@ -30,10 +30,9 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
-from bench_train import _free_port, _run, mpi_launch, timed_loop
+from bench_train import _free_port, _run, interleaved_rates, mpi_launch, timed_loop
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 256
@@ -186,16 +185,7 @@ def run_variants(chunk_counts: list[int], steps: int, warmup: int, port: int, ro
     for v in variants:  # warm up every variant before timing any
         for b in batches[:warmup]:
             fns[v](b)
-    rates: dict[tuple, list[float]] = {v: [] for v in variants}
-    for r in range(rounds):
-        order = variants[r % len(variants) :] + variants[: r % len(variants)]
-        for v in order:
-            world.Barrier()
-            t0 = time.perf_counter()
-            for b in batches[warmup:]:
-                fns[v](b)
-            slowest = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            rates[v].append(steps * GLOBAL_BATCH / slowest)
+    rates = interleaved_rates(world, fns, batches[warmup:], rounds, GLOBAL_BATCH)
     check = world.bcast(check, root=size - 1)
     if rank == 0:
         results = {f"{lib}:{c}": rs for (lib, c), rs in rates.items()}

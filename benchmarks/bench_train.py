@@ -163,6 +163,28 @@ def _make_step(variant: str, model_name: str, world, comm_times: list[float]):
     return step
 
 
+def interleaved_rates(world, fns: dict, batches: list, rounds: int, batch: int) -> dict:
+    """Samples/s of each step function in each round (collective on ``world``).
+
+    Every round times each function over all ``batches`` in turn, starting one
+    further along each round, so the machine's drifts hit all alike; a time is
+    the slowest rank's.
+    """
+    from mpi4py import MPI
+
+    keys = list(fns)
+    rates: dict = {k: [] for k in keys}
+    for r in range(rounds):
+        for k in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            world.Barrier()
+            t0 = time.perf_counter()
+            for b in batches:
+                fns[k](b)
+            slowest = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            rates[k].append(len(batches) * batch / slowest)
+    return rates
+
+
 def run_variants(model_name: str, steps: int, warmup: int, port: int, rounds: int) -> None:
     """Worker under mpiexec -n 2: all variants, interleaved for ``rounds`` rounds."""
     import torch
@@ -178,20 +200,11 @@ def run_variants(model_name: str, steps: int, warmup: int, port: int, rounds: in
     batches = make_batches(steps + warmup, GLOBAL_BATCH // size, rank)
     comm_times = {v: [] for v in VARIANTS}
     steps_fn = {v: _make_step(v, model_name, world, comm_times[v]) for v in VARIANTS}
-    rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for v in VARIANTS:  # warm up every variant before timing any
         for b in batches[:warmup]:
             steps_fn[v](b)
         comm_times[v].clear()
-    for r in range(rounds):
-        order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
-        for v in order:
-            world.Barrier()
-            t0 = time.perf_counter()
-            for b in batches[warmup:]:
-                steps_fn[v](b)
-            slowest = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            rates[v].append(steps * GLOBAL_BATCH / slowest)
+    rates = interleaved_rates(world, steps_fn, batches[warmup:], rounds, GLOBAL_BATCH)
     results = {}
     for v in VARIANTS:
         mine = statistics.median(comm_times[v]) * 1e3 if comm_times[v] else None
