@@ -337,6 +337,4 @@ class DashboardView:
         self.widget.add_class("ck-dashboard")
 
     def set_header(self, text: str) -> None:
-        value = f"<div class='ck-head'>{html.escape(text)}</div>"
-        if value != self.header.value:
-            self.header.value = value
+        self.header.value = f"<div class='ck-head'>{html.escape(text)}</div>"
