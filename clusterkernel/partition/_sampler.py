@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, TensorDataset
 
+from clusterkernel.partition._uneven import UnevenBatchSampler
 from clusterkernel.partition._world import rank_and_size
 
 if TYPE_CHECKING:  # importing comm starts MPI; the data helpers work without it
@@ -115,9 +116,12 @@ def distributed_loader(
 ) -> DataLoader:
     """This rank's :class:`~torch.utils.data.DataLoader` for a global batch size.
 
-    The per-rank batch is ``global_batch // size``; ``global_batch`` must be a
-    multiple of the number of ranks so that averaging the ranks' mean gradients
-    gives the gradient of the global batch. ``drop_last`` drops a short last batch.
+    The per-rank batch is ``global_batch // size``. When the ranks do not divide
+    ``global_batch`` (64 over 3), it is split as evenly as possible (22/21/21) by an
+    :class:`~clusterkernel.partition.UnevenBatchSampler` (``loader.batch_sampler``):
+    its ``weight(k)`` scales each rank's loss so that averaging the ranks' gradients
+    still gives the global batch's gradient (``Trainer`` does this in ``allreduce``
+    mode). ``drop_last`` drops a short last batch.
     Extra keyword arguments go to ``DataLoader``. For a ``TensorDataset`` each
     batch is one indexing operation (no per-sample collation), which is several
     times faster for small samples.
@@ -132,17 +136,19 @@ def distributed_loader(
     )
     if global_batch < 1:
         raise ValueError(f"global_batch must be positive, got {global_batch}.")
-    if global_batch % sampler.size:
-        lo = global_batch - global_batch % sampler.size
-        raise ValueError(
-            f"global_batch={global_batch} is not a multiple of the {sampler.size} ranks; "
-            f"use e.g. {lo or sampler.size} or {lo + sampler.size}."
-        )
-    per_rank = global_batch // sampler.size
     # A DataLoader draws a seed for its workers each time it is iterated, from the
     # global RNG unless given a generator: that would shift dropout's draws by one
     # per epoch, and a run resumed mid-epoch would draw different masks.
     loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
+    if global_batch % sampler.size:
+        uneven_batches = UnevenBatchSampler(
+            sampler.n, global_batch, sampler.size, sampler.rank, shuffle=shuffle,
+            seed=seed, uneven=uneven, drop_last=drop_last,
+        )  # fmt: skip
+        if isinstance(data, TensorDataset) and not loader_kwargs.get("collate_fn"):
+            return DataLoader(data, batch_size=None, sampler=uneven_batches, **loader_kwargs)
+        return DataLoader(data, batch_sampler=uneven_batches, **loader_kwargs)
+    per_rank = global_batch // sampler.size
     if isinstance(data, TensorDataset) and not loader_kwargs.get("collate_fn"):
         batches = BatchSampler(sampler, per_rank, drop_last)
         return DataLoader(data, batch_size=None, sampler=batches, **loader_kwargs)
@@ -167,6 +173,7 @@ def set_epoch(loader: Iterable, epoch: int) -> bool:
         getattr(loader, "sampler", None),
         getattr(getattr(loader, "sampler", None), "sampler", None),
         getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+        getattr(loader, "batch_sampler", None),
     ]
     for s in candidates:
         if hasattr(s, "set_epoch"):

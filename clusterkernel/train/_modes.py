@@ -115,6 +115,12 @@ class TrainingMode:
     own_checkpoints: bool = False
     #: this rank serves the others (a parameter server): it trains on no data
     serves: bool = False
+    #: the ranks' gradients are averaged every step (synchronous data parallel):
+    #: when their batches differ in size, the Trainer sets :attr:`loss_scale` to
+    #: each rank's share, so the average is the global batch's gradient
+    averages_gradients: ClassVar[bool] = False
+    #: factor on the loss before ``backward`` (1 unless the Trainer weights shares)
+    loss_scale: float = 1.0
 
     #: the ranks taking part (a ``comm.new_group`` group); None: all ranks
     group: comm.Group | None = None
@@ -140,7 +146,7 @@ class TrainingMode:
         """Compute the loss of one batch and its gradients; return the loss."""
         x, y = batch
         loss = loss_fn(module(x), y)
-        loss.backward()
+        (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
         return loss.item()
 
     def after_backward(self) -> None:
@@ -210,7 +216,10 @@ class AllReduceMode(TrainingMode):
     """Synchronous data parallel SGD through :class:`DataParallel`.
 
     Options go to ``DataParallel``: ``bucket_bytes``, ``compression``, ``buffers``.
-    It is the Trainer's default mode.
+    It is the Trainer's default mode. A global batch the ranks do not divide is
+    split as evenly as possible (64 over 3: 22/21/21) and each rank's loss is
+    scaled by ``3 * 22/64`` or ``3 * 21/64`` before the average, so every step is
+    the step one process would take on the whole batch.
 
     Example::
 
@@ -220,6 +229,7 @@ class AllReduceMode(TrainingMode):
 
     name = "allreduce"
     zero_grad_to_none = False
+    averages_gradients = True
 
     def __init__(self, **dp_options: Any):
         self.dp_options = dp_options

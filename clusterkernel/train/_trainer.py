@@ -48,7 +48,10 @@ class Trainer:
         train_data: a ``Dataset`` (the Trainer builds this rank's loader:
             ``batch_size`` is the global batch, split over the ranks, reshuffled
             every epoch from ``seed``) or any iterable of ``(x, y)`` batches that
-            is already this rank's share.
+            is already this rank's share. A global batch the ranks do not divide
+            is split as evenly as possible (64 over 3 ranks: 22/21/21); in
+            ``allreduce`` mode each rank's loss is weighted by its share, so a
+            step equals one process's step on the whole global batch.
         hooks: ``{event: fn or [fn, ...]}``; events are ``on_start``,
             ``on_batch_end``, ``on_epoch_end``, ``on_end``; each ``fn(trainer)``.
         checkpoint_dir: where rank 0 writes ``checkpoint.pt`` (at the end of every
@@ -200,11 +203,14 @@ class Trainer:
 
     def _run_epoch(self) -> None:
         mode, opt, rec = self.mode, self.optimizer, self._recorder
+        weight = _batch_weight(self.train_loader) if mode.averages_gradients else None
         loss_sum, samples, t_epoch = 0.0, 0, time.perf_counter()
         with self._batches() as batches:
             for batch in batches:
                 t0 = time.perf_counter()
                 opt.zero_grad(set_to_none=mode.zero_grad_to_none)
+                if weight is not None:
+                    mode.loss_scale = weight(self.step_in_epoch)
                 with rec.span("forward_backward"):
                     loss = mode.forward_backward(self.module, batch, self.loss_fn)
                     mode.after_backward()
@@ -384,3 +390,11 @@ class _Plain:
 
     def __exit__(self, *exc: object) -> None:
         pass
+
+
+def _batch_weight(loader: Iterable) -> Callable[[int], float] | None:
+    """``weight(k)`` of a loader whose ranks' batches differ in size, else None."""
+    for s in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
+        if callable(getattr(s, "weight", None)):
+            return s.weight
+    return None

@@ -13,7 +13,9 @@ from clusterkernel.partition import (
     DataPartitioner,
     DistributedSampler,
     balance_by_size,
+    batch_shares,
     distributed_loader,
+    set_epoch,
     split_sequential,
 )
 
@@ -112,10 +114,42 @@ def test_iterating_a_loader_leaves_the_global_rng_alone(dataset):
     assert torch.equal(torch.get_rng_state(), before)
 
 
-def test_loader_rejects_global_batch_not_multiple_of_ranks():
-    ds = TensorDataset(torch.arange(64))
-    with pytest.raises(ValueError, match="not a multiple of the 3 ranks; use e.g. 9 or 12"):
-        distributed_loader(ds, 10, size=3, rank=0)
+@pytest.mark.parametrize("dataset", ["tensors", "samples"])
+def test_uneven_global_batch_is_split_as_evenly_as_possible(dataset):
+    """64 over 3 ranks: 22/21/21, and together still the single process's batches."""
+    ds = TensorDataset(torch.arange(150))
+    if dataset == "samples":
+        ds = [(torch.tensor(i),) for i in range(150)]  # per-sample collation path
+    single = [b[0].tolist() for b in distributed_loader(ds, 64, seed=5, size=1, rank=0)]
+    loaders = [distributed_loader(ds, 64, seed=5, size=3, rank=r) for r in range(3)]
+    per_rank = [[b[0].tolist() for b in loader] for loader in loaders]
+    assert [len(b) for b in single] == [64, 64, 22]
+    assert [[len(b) for b in p] for p in per_rank] == [[22, 22, 8], [21, 21, 7], [21, 21, 7]]
+    assert batch_shares(64, 3) == [22, 21, 21]
+    for k, batch in enumerate(single):
+        assert sorted(sum((p[k] for p in per_rank), [])) == sorted(batch)
+        # the weights turn the ranks' mean gradients into the global batch's mean
+        weights = [_weighter(loader)(k) for loader in loaders]
+        # (averaging w_r * mean_r over 3 ranks = sum of the samples' gradients / batch)
+        assert weights == pytest.approx([3 * len(p[k]) / len(batch) for p in per_rank])
+        assert sum(weights) == pytest.approx(3)
+    assert set_epoch(loaders[0], 1)
+    assert [b[0].tolist() for b in loaders[0]] != per_rank[0]  # reshuffled
+
+
+def _weighter(loader):
+    sampler = loader.batch_sampler or loader.sampler
+    return sampler.weight
+
+
+def test_uneven_global_batch_last_batch_smaller_than_the_ranks():
+    ds = TensorDataset(torch.arange(66))  # 64 + 2: the last global batch has 2 samples
+    pad = [[len(b[0]) for b in distributed_loader(ds, 64, size=3, rank=r)] for r in range(3)]
+    assert pad == [[22, 1], [21, 1], [21, 1]]  # padded to one sample per rank
+    drop = distributed_loader(ds, 64, size=3, rank=2, uneven="drop")
+    assert [len(b[0]) for b in drop] == [21]
+    with pytest.raises(ValueError, match="smaller than the 3 ranks"):
+        distributed_loader(ds, 2, size=3, rank=0)
 
 
 def test_split_sequential_and_balance():
