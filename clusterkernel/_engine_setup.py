@@ -1,39 +1,145 @@
 """Runs once on every engine right after (re)start (engine side).
 
 Reports the engine's MPI rank, host and pid so the client can build its rank map,
-and arms ``faulthandler`` on SIGUSR1 so the client can ask a rank for its Python
-stack even while that rank's main thread is blocked inside an MPI call (the C-level
-handler runs without the GIL holder's cooperation).
+and gives the client two ways to see a rank's Python stack while the rank's main
+thread is busy, even blocked inside an MPI call:
+
+- a control-channel request (``clusterkernel_stack_request``), answered by
+  ipykernel's control thread. mpi4py releases the GIL inside blocking calls, so
+  that thread can read the main thread's frames and their locals. It travels
+  through ipyparallel's signed control channel, so it works for ranks on any host;
+- ``faulthandler`` on SIGUSR1, written to a file: the fallback for a rank whose
+  control thread cannot run (a C extension holding the GIL), local hosts only.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import reprlib
 import signal
 import socket
+import sys
+import threading
 
 STACK_SIGNAL = signal.SIGUSR1
+STACK_REQUEST = "clusterkernel_stack_request"
+STACK_REPLY = "clusterkernel_stack_reply"
 
 _stack_file = None
+_rank: int | None = None
+
+# Frames of the engine's own machinery, below the cell: dropped from every stack.
+_MACHINERY = ("IPython/core/interactiveshell.py",)
+# clusterkernel's own frames: shown only when asked (the user's cell comes first).
+_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+_repr = reprlib.Repr()
+_repr.maxstring = 120
+_repr.maxother = 120
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = 8
 
 
 def stack_path(stack_dir: str, rank: int) -> str:
     return os.path.join(stack_dir, f"stack-rank{rank}.txt")
 
 
-def setup(stack_dir: str) -> dict:
-    """Arm the stack dump and return this engine's identity."""
-    global _stack_file
+def _safe_repr(value) -> str:
+    try:
+        return _repr.repr(value)
+    except Exception as e:  # a broken __repr__ must not break the report
+        return f"<unprintable {type(value).__name__}: {e}>"
+
+
+def main_thread_frames(with_locals: bool = False) -> list[dict]:
+    """The main thread's frames, outermost first, from the cell down.
+
+    Each frame: ``file``, ``line``, ``name``, ``source`` (the line's text),
+    ``ours`` (inside clusterkernel) and, with ``with_locals``, ``locals``
+    (name -> short repr). Runs on any thread.
+    """
+    import linecache
+
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    frames = []
+    while frame is not None:
+        code = frame.f_code
+        if any(m in code.co_filename for m in _MACHINERY):
+            break  # everything further out is IPython running the cell
+        entry = {
+            "file": code.co_filename,
+            "line": frame.f_lineno,
+            "name": code.co_name,
+            "source": linecache.getline(code.co_filename, frame.f_lineno).strip(),
+            "ours": code.co_filename.startswith(_OURS),
+        }
+        if with_locals and not entry["ours"]:
+            names = dict(frame.f_locals)
+            if code.co_name == "<module>":  # a cell's locals are the rank's globals
+                names = {k: v for k, v in names.items() if not k.startswith("_")}
+                names = {k: v for k, v in names.items() if k not in ("In", "Out", "exit", "quit")}
+                names = {k: v for k, v in names.items() if not _is_module_or_function(v)}
+            entry["locals"] = {k: _safe_repr(v) for k, v in names.items()}
+        frames.append(entry)
+        frame = frame.f_back
+    frames.reverse()
+    return frames
+
+
+def _is_module_or_function(value) -> bool:
+    import types
+
+    kinds = (types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+    return isinstance(value, kinds) or isinstance(value, type)
+
+
+def _on_stack_request(kernel, stream, ident, parent) -> None:
+    """Control-thread handler: reply with the main thread's frames."""
+    content = parent.get("content", {})
+    try:
+        reply = {
+            "status": "ok",
+            "rank": _rank,
+            "frames": main_thread_frames(with_locals=bool(content.get("locals"))),
+        }
+    except Exception as e:
+        reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
+    kernel.session.send(stream, STACK_REPLY, reply, parent, ident)
+
+
+def _install_stack_handler() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None or not hasattr(kernel, "control_handlers"):
+        return
+    kernel.control_handlers[STACK_REQUEST] = lambda stream, ident, parent: _on_stack_request(
+        kernel, stream, ident, parent
+    )
+
+
+def setup(stack_dir: str | None) -> dict:
+    """Arm the stack reporters and return this engine's identity."""
+    global _stack_file, _rank
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    rank = world.Get_rank()
-    if _stack_file is None:
+    rank = _rank = world.Get_rank()
+    _install_stack_handler()
+    if _stack_file is None and stack_dir:
         # Kept open for the engine's life: faulthandler writes to the fd from a
-        # signal handler, where opening a file is not allowed.
-        _stack_file = open(stack_path(stack_dir, rank), "w")  # noqa: SIM115
-        faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+        # signal handler, where opening a file is not allowed. The directory is
+        # the client's; on a node that does not share its file system it is
+        # missing, and the control-channel request is the only way in.
+        try:
+            _stack_file = open(stack_path(stack_dir, rank), "w")  # noqa: SIM115
+        except OSError:
+            _stack_file = None
+        else:
+            faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
     return {
         "rank": rank,
         "size": world.Get_size(),

@@ -4,14 +4,18 @@ ipyparallel's ``shutdown_atexit`` does not run when the notebook kernel is kille
 outright, and the controller and mpiexec run in sessions of their own, so nothing
 else would stop them. The starting process holds the write end of our stdin: EOF
 without a final ``stopped`` line means it died. Then there is nobody left to be
-graceful for: every process of the cluster (read from its cluster file, with all
-their descendants: ranks, nannies) gets SIGTERM, then SIGKILL a few seconds later.
+graceful for: batch jobs named in the cluster file are cancelled (``scancel``),
+every local process of the cluster (with all their descendants: ranks, nannies)
+gets SIGTERM, then SIGKILL a few seconds later, and the cluster's private
+directory is removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 
 import psutil
@@ -23,8 +27,18 @@ def _cluster_pids(cluster_file: str) -> list[int]:
     with open(cluster_file) as f:
         info = json.load(f)
     pids = [info.get("controller", {}).get("state", {}).get("pid")]
-    pids += [s.get("pid") for s in info.get("engines", {}).get("sets", {}).values()]
+    sets = info.get("engines", {}).get("sets", {}).values()
+    pids += [s.get("pid") or s.get("state", {}).get("pid") for s in sets]
     return [p for p in pids if p]
+
+
+def _cancel_jobs(cluster_file: str) -> None:
+    from clusterkernel._launch import batch_jobs
+
+    jobs = batch_jobs(cluster_file)
+    scancel = shutil.which("scancel")
+    if jobs and scancel:
+        subprocess.run([scancel, *jobs], capture_output=True, timeout=30)
 
 
 def stop_tree(pids: list[int]) -> None:
@@ -49,19 +63,24 @@ def stop_tree(pids: list[int]) -> None:
     psutil.wait_procs(alive, timeout=_GRACE)
 
 
-def main(cluster_file: str) -> int:
+def main(cluster_file: str, run_dir: str | None = None) -> int:
     last = b""
     for line in sys.stdin.buffer:
         last = line.strip()
     if last == b"stopped" or not os.path.exists(cluster_file):
         return 0
     try:
-        stop_tree(_cluster_pids(cluster_file))
+        try:
+            _cancel_jobs(cluster_file)
+        finally:
+            stop_tree(_cluster_pids(cluster_file))
     finally:
         if os.path.exists(cluster_file):
             os.remove(cluster_file)
+        if run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))

@@ -1,11 +1,11 @@
-"""An MPI engine set: ipyparallel engines launched by mpiexec, one per rank (client side).
+"""An MPI engine set: ipyparallel engines, one per rank (client side).
 
-:class:`Cluster` wraps ``ipyparallel.Cluster(engines="mpi")``: ipyparallel owns the
-controller, the processes and the transport; this class adds what a notebook user
-of an MPI job needs on top: finding and configuring ``mpiexec``, the engine-id to
-rank map, fast and clear start-up errors, status per rank, a guard process that
-stops the cluster if the notebook kernel dies, and :meth:`run`, the call behind
-``%%mpi``.
+:class:`Cluster` wraps ``ipyparallel.Cluster``: ipyparallel owns the controller,
+the processes and the transport; this class adds what a notebook user of an MPI
+job needs on top: a launcher (``mpiexec`` here or on a host list, or a Slurm
+job), the engine-id to rank map, fast and clear start-up errors, status per rank,
+a guard process that stops the cluster if the notebook kernel dies, stacks of
+busy ranks on any host, and :meth:`run`, the call behind ``%%mpi``.
 
 Example::
 
@@ -18,34 +18,29 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 from typing import Any
 
 import ipyparallel as ipp
 import psutil
-from traitlets.config import Config
 
-from clusterkernel import _engine_setup
-from clusterkernel.errors import CellInterrupted, ClusterError, RankError, format_ranks
-from clusterkernel.mpiexec import (
-    MPIRuntime,
-    check_hosts_resolve,
-    is_local_only,
-    parse_hosts,
+from clusterkernel import _engine_setup, _stacks
+from clusterkernel._jobreport import dead_ranks, faulthandler_frames, job_report
+from clusterkernel._launch import (
+    Guard,
+    MpiexecLauncher,
+    make_run_dir,
+    private_cluster_file,
+    remove_run_dir,
+    wait_for_engines,
 )
+from clusterkernel.errors import CellInterrupted, ClusterError, RankError, format_ranks
+from clusterkernel.mpiexec import MPIRuntime, check_hosts_resolve, parse_hosts
 
 __all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted"]
 
-# A single-machine job has no reason to be reachable from the network: ranks talk
-# through shared memory, so Open MPI's TCP transport (which listens on every
-# interface) is switched off. Open MPI 5's launcher daemon (prterun) still opens
-# an out-of-band port on all interfaces; PRRTE refuses a loopback-only setting.
-_LOCAL_ONLY_ENV = {"OMPI_MCA_btl": "self,sm"}
+LAUNCHERS = ("mpiexec", "slurm")
 
 
 def _ipp_log(level: int) -> logging.Logger:
@@ -63,20 +58,38 @@ def _ipp_log(level: int) -> logging.Logger:
     return log
 
 
+def _live_line(text: str | None) -> None:
+    """A status line rewritten in place (terminal and notebook both honour ``\\r``)."""
+    if text is None:
+        print(flush=True)
+    else:
+        print(f"\r{text}   ", end="", flush=True)
+
+
 class Cluster:
     """Start, watch and stop ``n`` MPI ranks as ipyparallel engines.
 
     Parameters
     ----------
-    n : number of MPI ranks (>= 1).
+    n : number of MPI ranks (>= 1). Default 4, or inside a Slurm allocation
+        (``salloc``/``sbatch``) the allocation's number of tasks.
     hosts : ``"a:2,b:2"`` (host:slots) for several machines; implies the
         controller listens on all interfaces. Default: this machine only, and
         everything listens on loopback.
     hostfile : an MPI hostfile instead of ``hosts``.
     mpiexec : path to ``mpiexec``; default: next to ``sys.executable``, then PATH.
+    launcher : ``"mpiexec"`` or ``"slurm"``. Default: ``"slurm"`` inside a Slurm
+        allocation (a job step over its nodes), else ``"mpiexec"``.
+    nodes, partition, time, account, slurm_args : the Slurm job's shape
+        (``launcher="slurm"``): ranks spread over ``nodes`` nodes; ``slurm_args``
+        are extra ``#SBATCH`` options (``srun`` options inside an allocation).
+    controller_ip : the address the controller listens on. Default: loopback
+        for one machine; for Slurm, the address through which this machine
+        reaches the nodes; ``"*"`` listens on every interface.
     env : extra environment variables for the ranks (e.g. ``OMP_NUM_THREADS``).
     timeout : default watchdog for :meth:`run` in seconds (None: no watchdog).
-    start_timeout : seconds to wait for all engines to register.
+    start_timeout : seconds to wait for all engines to register (time a Slurm
+        job waits in the queue does not count).
     fault_tolerant : keep the job running when a rank dies (Open MPI's ULFM):
         the cell reports the dead rank, later cells run on the others, and
         :meth:`restart` brings back a full set. Default: a dead rank ends the job.
@@ -86,15 +99,24 @@ class Cluster:
         cluster = Cluster(n=2).start()
         cluster.run("print('hi')")      # [rank 0] hi / [rank 1] hi
         cluster.stop()
+
+        Cluster(n=8, launcher="slurm", nodes=2, time="1:00:00").start()
     """
 
     def __init__(
         self,
-        n: int = 4,
+        n: int | None = None,
         hosts: str | list[str] | None = None,
         hostfile: str | None = None,
         mpiexec: str | None = None,
         *,
+        launcher: str | None = None,
+        nodes: int | None = None,
+        partition: str | None = None,
+        time: str | None = "0:30:00",
+        account: str | None = None,
+        slurm_args: tuple[str, ...] | list[str] = (),
+        controller_ip: str | None = None,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
         start_timeout: float = 90.0,
@@ -102,18 +124,47 @@ class Cluster:
         log_level: int = logging.WARNING,
         fault_tolerant: bool = False,
     ) -> None:
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        from clusterkernel import _slurm
+
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise ValueError(f"n must be a positive integer number of ranks, got {n!r}.")
         if hosts and hostfile:
             raise ValueError("Give either hosts= or hostfile=, not both.")
         if hostfile and not os.path.isfile(hostfile):
             raise FileNotFoundError(f"Hostfile {hostfile!r} does not exist.")
-        self.n = n
-        self.hosts = parse_hosts(hosts)
-        check_hosts_resolve(self.hosts)
-        self.hostfile = hostfile
-        self.runtime = MPIRuntime.detect(mpiexec)
-        self.multi_node = bool(hostfile) or not is_local_only(self.hosts)
+        if launcher is None:
+            launcher = "slurm" if _slurm.in_allocation() and not (hosts or hostfile) else "mpiexec"
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}; got {launcher!r}.")
+        if launcher == "slurm":
+            if hosts or hostfile:
+                raise ValueError("Slurm chooses the hosts: leave out hosts=/hostfile=.")
+            if fault_tolerant:
+                raise ValueError("fault_tolerant=True needs launcher='mpiexec' (Open MPI's ULFM).")
+            self.launcher = _slurm.SlurmLauncher(
+                n,
+                nodes=nodes,
+                partition=partition,
+                time=time,
+                account=account,
+                slurm_args=slurm_args,
+                controller_ip=controller_ip,
+            )
+            self.runtime = None
+        else:
+            if nodes or partition or account or slurm_args:
+                raise ValueError(
+                    "nodes=, partition=, account= and slurm_args= are for launcher='slurm'."
+                )
+            parsed = parse_hosts(hosts)
+            check_hosts_resolve(parsed)
+            self.runtime = MPIRuntime.detect(mpiexec)
+            self.launcher = MpiexecLauncher(
+                self.runtime, n or 4, parsed, hostfile, fault_tolerant=fault_tolerant
+            )
+        self.n = self.launcher.n
+        self.multi_node = self.launcher.multi_node
+        self._controller_ip = controller_ip
         self.env = dict(env or {})
         self.timeout = timeout
         self.start_timeout = start_timeout
@@ -126,15 +177,15 @@ class Cluster:
         self._rank_info: dict[int, dict] = {}  # rank -> {rank, host, pid, engine}
         self._engine_of: dict[int, int] = {}  # rank -> engine id
         self._procs: dict[int, psutil.Process] = {}  # pid -> process, for CPU %
-        self._stack_dir: str | None = None
-        self._guard_proc: subprocess.Popen | None = None
+        self._run_dir: str | None = None
+        self._guard: Guard | None = None
         self.lost: str | None = None  # why the engine set is gone, if it is
         self.dead: dict[int, str] = {}  # rank -> how it died (fault-tolerant jobs)
 
     # ------------------------------------------------------------------ lifecycle
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        return f"<clusterkernel.Cluster n={self.n} {self.runtime.flavor} {state}>"
+        return f"<clusterkernel.Cluster n={self.n} {self.launcher.describe()} {state}>"
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -146,165 +197,114 @@ class Cluster:
     def running(self) -> bool:
         return self._ipp is not None
 
-    def _config(self) -> Config:
-        cfg = Config()
-        # Only what we add: ipyparallel lays it over our own environment. PATH is
-        # extended, not replaced, or the ranks (and mpiexec's ssh) lose /usr/bin.
-        base = {"PATH": os.environ.get("PATH", "")}
-        env = {**self.runtime.env(base, fault_tolerant=self.fault_tolerant), **self.env}
-        if not self.multi_node:
-            for key, value in _LOCAL_ONLY_ENV.items():
-                env.setdefault(key, value)
-        # Figures made on a rank are sent to the notebook when shown.
-        env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-        launcher = cfg.MPIEngineSetLauncher
-        launcher.mpi_cmd = [self.runtime.mpiexec]
-        launcher.mpi_args = self.runtime.args(
-            self.n, hosts=self.hosts, hostfile=self.hostfile, fault_tolerant=self.fault_tolerant
-        )
-        launcher.environment = env
-        launcher.engine_args = ["--log-level=WARN"]
-        cfg.LocalControllerLauncher.controller_args = ["--log-level=WARN"]
-        return cfg
+    @property
+    def job_id(self) -> str | None:
+        """The Slurm job of the engines (``launcher="slurm"`` outside an allocation)."""
+        return getattr(self._engine_set(), "job_id", None) or None
+
+    def _controller_address(self) -> str | None:
+        if self._controller_ip is not None:
+            return self._controller_ip
+        return self.launcher.controller_ip()
 
     def start(self) -> Cluster:
         """Start the controller and ``n`` ranks; return ``self``.
 
-        Raises :class:`ClusterError` at once (with mpiexec's output) if the
-        engines fail to start, instead of waiting out ``start_timeout``.
+        Raises :class:`ClusterError` at once (with the launcher's output) if the
+        engines fail to start, instead of waiting out ``start_timeout``. A Slurm
+        job waiting in the queue shows its state on a live line; a kernel
+        interrupt cancels it.
         """
         if self.running:
             raise ClusterError(
                 "This cluster is already running. Use restart() (%mpi restart) or stop() first."
             )
         self.lost = None
+        self._run_dir = make_run_dir()
         kwargs: dict[str, Any] = {}
-        if self.multi_node:
-            kwargs["controller_ip"] = "*"
-        self._ipp = ipp.Cluster(
-            engines="mpi",
-            n=self.n,
-            config=self._config(),
-            log_level=self.log_level,
-            log=_ipp_log(self.log_level),
-            **kwargs,
-        )
-        self._stack_dir = tempfile.mkdtemp(prefix="clusterkernel-stacks-")
+        ip = self._controller_address()
+        if ip:
+            kwargs["controller_ip"] = ip
         try:
+            self._ipp = ipp.Cluster(
+                engines=self.launcher.engines(),
+                n=self.n,
+                profile_dir=self._run_dir,
+                config=self.launcher.config(self._engine_env(), self._run_dir),
+                log_level=self.log_level,
+                log=_ipp_log(self.log_level),
+                **kwargs,
+            )
             self._ipp.start_controller_sync()
             self._client = self._ipp.connect_client_sync()
-            self._start_guard()
+            private_cluster_file(self._ipp)
+            if self.guard:
+                self._guard = Guard(self._ipp.cluster_file, self._run_dir)
             self._ipp.start_engines_sync(self.n)
+            self._ipp.update_cluster_file()  # now with the job id, for the guard
             self._wait_for_new_engines(old_pids=set())
         except BaseException:
             self._teardown()
             raise
         return self
 
+    def _engine_env(self) -> dict[str, str]:
+        env = dict(self.env)
+        # Figures made on a rank are sent to the notebook when shown.
+        env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+        return env
+
     def _engine_set(self):
-        assert self._ipp is not None
+        if self._ipp is None:
+            return None
         return next(iter(self._ipp.engines.values()), None)
 
-    def _mpiexec_exited(self) -> bool:
-        """Whether mpiexec (so the whole engine set) has exited.
-
-        Asks the OS rather than the launcher: the launcher learns of the exit only
-        when ipyparallel's event loop next runs, which a blocked notebook never lets it.
-        """
-        proc = getattr(self._engine_set(), "process", None)
-        if proc is None:
-            return False
-        try:
-            return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return True
-
     def _engine_output(self, lines: int = 40) -> str:
-        es = self._engine_set()
-        out = es.get_output() if es is not None else ""
-        return "\n".join(out.rstrip().splitlines()[-lines:])
+        return self.launcher.output(self._engine_set(), lines)
 
     def _wait_for_new_engines(self, old_pids: set[int]) -> None:
-        """Wait until ``n`` engines answer that were not there before, then map ranks.
-
-        Restarted engines take the old engine ids, so counting ids is not enough:
-        an answer from a new pid is.
-        """
         assert self._client is not None
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            if self._mpiexec_exited():
-                raise ClusterError(
-                    f"The MPI engines failed to start. Their output:\n{self._engine_output()}"
-                )
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"Only {len(self._client.ids)} of {self.n} engines registered within "
-                    f"{self.start_timeout:.0f}s. Their output so far:\n{self._engine_output()}"
-                )
-            ids = list(self._client.ids)
-            if len(ids) >= self.n:
-                infos = self._query_setup(ids)
-                if infos and all(i["pid"] not in old_pids for i in infos.values()):
-                    self._set_rank_map(infos)
-                    return
-            time.sleep(0.05)
+        infos = wait_for_engines(
+            self._client,
+            self.n,
+            old_pids=old_pids,
+            timeout=self.start_timeout,
+            query=self._query_setup,
+            ended=lambda: self.launcher.ended(self._engine_set()),
+            output=self._engine_output,
+            waiting=lambda: self.launcher.waiting(self._engine_set()),
+            progress=_live_line,
+        )
+        ranks = sorted(info["rank"] for info in infos.values())
+        if ranks != list(range(self.n)):
+            raise ClusterError(
+                f"Expected MPI ranks 0..{self.n - 1}, engines reported {ranks}: the engines "
+                "did not form one MPI job (for Slurm, srun's --mpi=pmix must work)."
+            )
+        self._rank_info = {info["rank"]: {**info, "engine": eid} for eid, info in infos.items()}
+        self._engine_of = {r: info["engine"] for r, info in self._rank_info.items()}
 
     def _query_setup(self, ids: list[int]) -> dict[int, dict] | None:
         assert self._client is not None
         try:
-            ar = self._client[ids].apply_async(_engine_setup.setup, self._stack_dir)
+            ar = self._client[ids].apply_async(_engine_setup.setup, self._run_dir)
             results = ar.get(timeout=10)
         except (ipp.error.EngineError, ipp.error.TimeoutError, ipp.error.CompositeError):
             return None
         return dict(zip(ids, results))
 
-    def _set_rank_map(self, infos: dict[int, dict]) -> None:
-        ranks = sorted(info["rank"] for info in infos.values())
-        if ranks != list(range(self.n)):
-            raise ClusterError(f"Expected MPI ranks 0..{self.n - 1}, engines reported {ranks}.")
-        self._rank_info = {info["rank"]: {**info, "engine": eid} for eid, info in infos.items()}
-        self._engine_of = {r: info["engine"] for r, info in self._rank_info.items()}
-
-    def _start_guard(self) -> None:
-        """Start a watcher that stops this cluster if our process dies (even SIGKILL)."""
-        assert self._ipp is not None
-        self._ipp.update_cluster_file()
-        # ipyparallel writes it with the umask's mode; it names every process and
-        # the connection files, so keep it to the user (rewrites keep the mode).
-        os.chmod(self._ipp.cluster_file, 0o600)
-        if not self.guard:
-            return
-        # The watcher sees EOF on its stdin when we die, whatever killed us.
-        self._guard_proc = subprocess.Popen(
-            [sys.executable, "-m", "clusterkernel._guard", self._ipp.cluster_file],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C in the terminal must not reach it
-        )
-
-    def _stop_guard(self) -> None:
-        if self._guard_proc is None:
-            return
-        try:
-            self._guard_proc.stdin.write(b"stopped\n")
-            self._guard_proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self._guard_proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._guard_proc.kill()
-        self._guard_proc = None
-
     def stop(self) -> None:
-        """Stop every rank and the controller. Safe to call twice."""
+        """Stop every rank and the controller; return once their processes are gone.
+
+        Safe to call twice.
+        """
         if not self.running:
             return
         self._teardown()
 
     def _teardown(self) -> None:
+        procs = [p for p in map(_process, self.processes()) if p is not None]
+        engine_set = self._engine_set()
         if self._client is not None:
             try:
                 self._client.close()
@@ -314,9 +314,16 @@ class Cluster:
         if self._ipp is not None:
             try:
                 self._ipp.stop_cluster_sync()
+                self.launcher.stopped(engine_set, timeout=30)
             finally:
                 self._ipp = None
-        self._stop_guard()
+        # ipyparallel returns before the engines' nannies have exited
+        psutil.wait_procs(procs, timeout=10)
+        if self._guard is not None:
+            self._guard.release()
+            self._guard = None
+        remove_run_dir(self._run_dir)
+        self._run_dir = None
         self._rank_info = {}
         self._engine_of = {}
         self.dead = {}
@@ -330,11 +337,18 @@ class Cluster:
             raise ClusterError("The cluster is not running; use start() (%mpi start).")
         assert self._ipp is not None
         old_pids = {info["pid"] for info in self._rank_info.values()}
+        engine_set = self._engine_set()
         self._ipp.stop_engines_sync()
+        self.launcher.stopped(engine_set, timeout=30)
         self._ipp.start_engines_sync(self.n)
+        self._ipp.update_cluster_file()
         self._wait_for_new_engines(old_pids)
         self.lost = None
         self.dead = {}
+
+    def mark_lost(self, why: str) -> None:
+        """Record that the whole engine set is gone (until :meth:`restart`)."""
+        self.lost = why
 
     # ------------------------------------------------------------------ ranks
     @property
@@ -454,8 +468,8 @@ class Cluster:
                 pids.update(c.pid for c in proc.children(recursive=True))
             except psutil.Error:
                 pass
-        if self._guard_proc is not None:
-            pids.add(self._guard_proc.pid)
+        if self._guard is not None:
+            pids.add(self._guard.pid)
         return sorted(pids)
 
     # ------------------------------------------------------------------ data
@@ -503,27 +517,60 @@ class Cluster:
         return run.wait(timeout=self.timeout if timeout is None else timeout)
 
     # --------------------------------------------------------- fault handling
-    def stacks(self, ranks: list[int], settle: float = 0.3) -> dict[int, str]:
-        """Python stacks of ``ranks``, even when blocked inside MPI (local hosts only)."""
-        assert self._stack_dir is not None
-        offsets = {}
-        for r in ranks:
-            path = _engine_setup.stack_path(self._stack_dir, r)
-            offsets[r] = os.path.getsize(path) if os.path.exists(path) else 0
+    def frames(self, ranks: list[int], with_locals: bool = False) -> dict[int, list[dict]]:
+        """Each rank's main-thread frames, outermost first, while it runs a cell.
+
+        Works while a rank is blocked inside an MPI call and for ranks on any host
+        (the engine's control thread answers). A rank that cannot answer (its
+        control thread starved by C code holding the GIL) is asked through
+        ``faulthandler`` instead, if it runs on this machine; if neither works,
+        it is missing from the result.
+        """
+        engines = {r: self.engine_id(r) for r in ranks}
+        out = _stacks.request_frames(self.client, engines, with_locals=with_locals)
+        missing = [r for r in ranks if r not in out]
+        if missing:
+            out.update(self._faulthandler_frames(missing))
+        return out
+
+    def stacks(
+        self,
+        ranks: list[int],
+        code: str | None = None,
+        with_locals: bool = False,
+        all_frames: bool = False,
+    ) -> dict[int, str]:
+        """Each rank's stack as text, the cell's lines first (see :meth:`frames`).
+
+        ``code`` (the cell's source) fills in the text of cell lines; clusterkernel's
+        own frames show only with ``all_frames``.
+        """
+        found = self.frames(ranks, with_locals=with_locals)
+        return {
+            r: _stacks.format_stack(found[r], code, all_frames=all_frames, with_locals=with_locals)
+            if r in found
+            else "(no stack: the rank did not answer)"
+            for r in ranks
+        }
+
+    def _faulthandler_frames(self, ranks: list[int], settle: float = 0.3) -> dict[int, list]:
+        paths = {r: _engine_setup.stack_path(self._run_dir or "", r) for r in ranks}
+        paths = {r: p for r, p in paths.items() if os.path.exists(p)}
+        if not paths:
+            return {}
+        offsets = {r: os.path.getsize(p) for r, p in paths.items()}
         try:
-            self.signal(_engine_setup.STACK_SIGNAL, ranks)
+            self.signal(_engine_setup.STACK_SIGNAL, list(paths))
         except Exception:
             return {}
         time.sleep(settle)
         out = {}
-        for r in ranks:
-            path = _engine_setup.stack_path(self._stack_dir, r)
-            try:
-                with open(path) as f:
-                    f.seek(offsets[r])
-                    out[r] = _main_thread_stack(f.read())
-            except OSError:
-                out[r] = "(stack not available: rank on another host)"
+        for r, path in paths.items():
+            with open(path) as f:
+                f.seek(offsets[r])
+                frames = faulthandler_frames(f.read())
+            if frames:
+                out[r] = frames
         return out
 
     def signal(self, sig: int, ranks: list[int] | None = None) -> None:
@@ -535,11 +582,11 @@ class Cluster:
         self.signal(signal.SIGINT, ranks)
 
     def dead_ranks(self) -> tuple[list[int], str] | None:
-        """If the MPI job has ended, ``(ranks that died first, mpiexec's report)``."""
-        if not self._mpiexec_exited():
+        """If the MPI job has ended, ``(ranks that died first, the launcher's report)``."""
+        if not self.launcher.ended(self._engine_set()):
             return None
-        report = _mpi_report(self._engine_output(lines=200))
-        return _parse_dead_ranks(report, self.n), report
+        report = job_report(self._engine_output(lines=200))
+        return dead_ranks(report, self.n), report
 
 
 def _busy_engines(queue: dict, ours: str, outstanding: set[str]) -> set[int]:
@@ -561,42 +608,6 @@ def _busy_engines(queue: dict, ours: str, outstanding: set[str]) -> set[int]:
     return busy
 
 
-def _main_thread_stack(dump: str) -> str:
-    """The main thread's frames from a faulthandler dump, user code only.
-
-    The main thread runs the cell; frames below IPython's ``run_code`` are the
-    engine's own machinery and are dropped.
-    """
-    blocks = [b for b in dump.strip().split("\n\n") if b.strip()]
-    main = next((b for b in blocks if "interactiveshell.py" in b), blocks[-1] if blocks else "")
-    lines = []
-    for line in main.splitlines():
-        if "IPython/core/interactiveshell.py" in line:
-            break
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def _mpi_report(output: str) -> str:
-    """MPI's own message from the launcher's log (its ``----`` boxed blocks)."""
-    blocks = re.findall(r"^-{20,}\n(.*?)^-{20,}$", output, flags=re.S | re.M)
-    if blocks:
-        return "\n".join(b.strip() for b in blocks)
-    lines = [ln for ln in output.splitlines() if "[KernelNanny" not in ln and "[IPEngine" not in ln]
-    return "\n".join(lines[-20:]) or "mpiexec exited without a message."
-
-
-def _parse_dead_ranks(report: str, n: int) -> list[int]:
-    found = set()
-    for pat in (
-        r"rank\s+(\d+)\s+with\s+PID",  # prterun: "process rank 2 with PID ..."
-        r"Process name: \[[^,\]]+,(\d+)\]",  # prterun: non-zero exit status
-        r"\[proxy:[^\]]*\] .*rank (\d+)",  # hydra
-    ):
-        found.update(int(m) for m in re.findall(pat, report))
-    return sorted(r for r in found if r < n)
-
-
 def _failures_from_composite(cluster: Cluster, err, ranks):
     from clusterkernel.errors import group_failures
 
@@ -611,3 +622,10 @@ def _failures_from_composite(cluster: Cluster, err, ranks):
         # only show ipyparallel's internals.
         items.append((rank, "error", f"{ename}: {evalue}", ""))
     return group_failures(items)
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None

@@ -16,12 +16,12 @@ badly:
 
 from __future__ import annotations
 
-import re
 import time
 from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
 
+from clusterkernel._jobreport import death_cause
 from clusterkernel.errors import (
     CellInterrupted,
     RankError,
@@ -129,10 +129,10 @@ class CellRun:
 
     # ------------------------------------------------------------------ faults
     def _job_ended(self, dead: list[int], report: str) -> RankError:
-        why = _death_cause(report)
+        why = death_cause(report)
         others = [r for r in self.cluster.ranks if r not in dead]
         head = f"rank {format_ranks(dead)} died" if dead else "the MPI job ended"
-        self.cluster.lost = f"The MPI job ended: {head}{f' ({why})' if why else ''}."
+        self.cluster.mark_lost(f"The MPI job ended: {head}{f' ({why})' if why else ''}.")
         items = [(r, "died", why or "process exited", report) for r in dead]
         items += [(r, "stopped", "stopped by mpiexec when the job ended", "") for r in others]
         note = "All ranks are gone; run %mpi restart (cluster.restart()) for a fresh set."
@@ -143,7 +143,7 @@ class CellRun:
     ) -> CellInterrupted:
         """Interrupt busy ranks; stacks and a restart for the ones that stay stuck."""
         busy = self.busy_ranks()
-        stacks = self.cluster.stacks(busy) if (stacks_first and busy) else {}
+        stacks = self.cluster.stacks(busy, code=self.code) if (stacks_first and busy) else {}
         if busy:
             try:
                 self.cluster.interrupt(busy)
@@ -152,9 +152,8 @@ class CellRun:
             self.ar.wait(_GRACE)
         stuck = self.busy_ranks()
         if stuck and not stacks_first:
-            stacks = self.cluster.stacks(stuck)
-        stacks = {r: _with_source(s, self.code) for r, s in stacks.items()}
-        what = f"still running after {timeout:g}s" if kind == "timeout" else "interrupted"
+            stacks = self.cluster.stacks(stuck, code=self.code)
+        what = f"still running after {timeout:g}s" if kind == "timeout" else "the kernel was interrupted"
         items = []
         for r in self.ranks:
             if r in stuck:
@@ -162,7 +161,7 @@ class CellRun:
                 items.append((r, kind, summary, stacks.get(r, "")))
             elif r in busy:
                 detail = stacks.get(r, "")
-                items.append((r, kind, f"{what}; stopped by SIGINT", detail))
+                items.append((r, kind, f"{what}; SIGINT stopped it", detail))
         notes = []
         finished = [r for r in self.ranks if r not in busy]
         if finished and busy:
@@ -223,34 +222,3 @@ class CellRun:
         if not items:
             return None
         return RankError(group_failures(items), note=note)
-
-
-def _death_cause(report: str) -> str:
-    """Pull 'exit code 3' or 'signal 9 (Killed)' out of mpiexec's report."""
-    m = re.search(r"exited\s+on\s+signal\s+(\d+)(?:\s+\(([^)]+)\))?", report)
-    if m:
-        return f"killed by signal {m.group(1)}" + (f" ({m.group(2)})" if m.group(2) else "")
-    m = re.search(r"Exit code:\s*(-?\d+)", report) or re.search(r"exit code[: ]+(-?\d+)", report)
-    if m:
-        return f"exit code {m.group(1)}"
-    return ""
-
-
-# How a frame of the cell looks in a faulthandler dump on an engine.
-_CELL_FRAME = re.compile(r'File "[^"]*ipykernel_\d+/\d+\.py", line (\d+) in (.*)')
-
-
-def _with_source(stack: str, code: str) -> str:
-    """Show the cell's source line under each frame that points into the cell."""
-    src = code.splitlines()
-    out = []
-    for line in stack.splitlines():
-        m = _CELL_FRAME.search(line)
-        if m:
-            lineno = int(m.group(1))
-            out.append(f"  Cell line {lineno}, in {m.group(2)}")
-            if 0 < lineno <= len(src):
-                out.append(f"    {src[lineno - 1].strip()}")
-        else:
-            out.append(line)
-    return "\n".join(out)

@@ -147,7 +147,7 @@ def test_timeout_interrupts_python_without_restart(cluster: Cluster):
     with pytest.raises(CellInterrupted) as info:
         cluster.run("import time\ntime.sleep(60)", timeout=1.5, renderer=Recorder(cluster.ranks))
     assert info.value.failures[0].ranks == [0, 1, 2, 3]
-    assert "stopped by SIGINT" in info.value.failures[0].summary
+    assert "SIGINT stopped it" in info.value.failures[0].summary
     assert "time.sleep(60)" in info.value.failures[0].detail
     assert [r["pid"] for r in cluster.status()] == pids  # same processes, no restart
 
@@ -201,6 +201,12 @@ def test_listens_on_loopback_only_and_private_connection_files(cluster: Cluster)
     for f in files:
         mode = stat.S_IMODE(os.stat(f).st_mode)
         assert mode & 0o077 == 0, f"{f} is readable by others: {oct(mode)}"
+    # a directory of the cluster's own, private, outside IPython's profiles (which
+    # Jupyter's ipyparallel extension scans and adopts)
+    run_dir = cluster._ipp.profile_dir
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    assert not os.path.realpath(run_dir).startswith(os.path.realpath(os.path.expanduser("~/.ipython")))
+    assert os.path.realpath(sec).startswith(os.path.realpath(run_dir))
 
 
 def test_status_shows_busy_ranks_while_a_cell_runs(cluster: Cluster):

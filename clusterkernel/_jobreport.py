@@ -1,0 +1,98 @@
+"""Read what the launcher said when an MPI job ended (client side).
+
+Every parser of a launcher's log lives here: Open MPI's ``prterun``, MPICH's Hydra
+and Slurm's ``srun`` each word a dead rank differently, and the runner only wants
+to know *which* ranks died and *how*.
+
+Example::
+
+    report = job_report(launcher_log)
+    dead_ranks(report, n=4)          # [2]
+    death_cause(report)              # "killed by signal 9 (Killed)"
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["job_report", "dead_ranks", "death_cause"]
+
+# Lines of ipyparallel's own processes, noise in a launcher's log.
+_IPP_NOISE = ("[KernelNanny", "[IPEngine", "[IPController")
+
+
+def job_report(output: str) -> str:
+    """MPI's or Slurm's own message from a launcher's log.
+
+    Open MPI boxes its messages between ``----`` rules; ``srun`` prefixes its lines
+    with ``srun:``; otherwise the last lines that are not ipyparallel's own.
+    """
+    blocks = re.findall(r"^-{20,}\n(.*?)^-{20,}$", output, flags=re.S | re.M)
+    srun = [ln for ln in output.splitlines() if ln.startswith(("srun:", "slurmstepd:"))]
+    if blocks or srun:
+        return "\n".join([*(b.strip() for b in blocks), *srun])
+    lines = [ln for ln in output.splitlines() if not any(m in ln for m in _IPP_NOISE)]
+    return "\n".join(lines[-20:]) or "The launcher exited without a message."
+
+
+def _ranks_in(text: str) -> set[int]:
+    """``"3"`` -> {3}; ``"0-1,4"`` -> {0, 1, 4} (srun's task lists)."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.isdigit():
+            out.update(range(int(lo), int(hi if hi.isdigit() else lo) + 1))
+    return out
+
+
+def dead_ranks(report: str, n: int) -> list[int]:
+    """The ranks a launcher's report names as the ones that died first."""
+    found: set[int] = set()
+    for pat in (
+        r"rank\s+(\d+)\s+with\s+PID",  # prterun: "process rank 2 with PID ..."
+        r"Process name: \[[^,\]]+,(\d+)\]",  # prterun: non-zero exit status
+        r"\[proxy:[^\]]*\] .*rank (\d+)",  # hydra
+    ):
+        found.update(int(m) for m in re.findall(pat, report))
+    # srun: "srun: error: node2: task 3: Killed", "... tasks 0-1: Exited with exit code 2"
+    for m in re.findall(r"srun: error: [^:]+: tasks? ([\d,\-]+):", report):
+        found.update(_ranks_in(m))
+    return sorted(r for r in found if r < n)
+
+
+def death_cause(report: str) -> str:
+    """``"exit code 3"`` or ``"killed by signal 9 (Killed)"`` from a launcher's report."""
+    m = re.search(r"exited\s+on\s+signal\s+(\d+)(?:\s+\(([^)]+)\))?", report)
+    if m:
+        return f"killed by signal {m.group(1)}" + (f" ({m.group(2)})" if m.group(2) else "")
+    m = re.search(r"Exit code:\s*(-?\d+)", report) or re.search(r"exit code[: ]+(-?\d+)", report)
+    if m:
+        return f"exit code {m.group(1)}"
+    m = re.search(r"srun: error: [^:]+: tasks? [\d,\-]+: (Killed|Segmentation fault|Aborted)", report)
+    if m:
+        number = {"Killed": 9, "Segmentation fault": 11, "Aborted": 6}[m.group(1)]
+        return f"killed by signal {number} ({m.group(1)})"
+    return ""
+
+
+_FAULTHANDLER_FRAME = re.compile(r'File "([^"]*)", line (\d+) in (.*)')
+
+
+def faulthandler_frames(dump: str) -> list[dict]:
+    """The main thread's frames from a ``faulthandler`` dump, outermost first.
+
+    The main thread is the one running the cell (IPython's ``interactiveshell.py``
+    is on its stack); frames from IPython's ``run_code`` outwards are the engine's
+    own machinery and are dropped. Each frame: ``file``, ``line``, ``name``.
+    """
+    blocks = [b for b in dump.strip().split("\n\n") if b.strip()]
+    main = next((b for b in blocks if "interactiveshell.py" in b), blocks[-1] if blocks else "")
+    frames = []
+    for line in main.splitlines():  # innermost first
+        if "IPython/core/interactiveshell.py" in line:
+            break
+        m = _FAULTHANDLER_FRAME.search(line)
+        if m:
+            frames.append({"file": m.group(1), "line": int(m.group(2)), "name": m.group(3)})
+    frames.reverse()
+    return frames

@@ -1,0 +1,287 @@
+"""How an engine set comes up and goes down (client side).
+
+:class:`Cluster` asks a *launcher* for three things: the ipyparallel configuration
+that starts the engines, whether the engine set has ended, and what the launcher
+said. Two launchers sit side by side:
+
+- :class:`MpiexecLauncher`: ``mpiexec`` on this machine or a host list
+  (ipyparallel's ``MPIEngineSetLauncher``);
+- :class:`clusterkernel._slurm.SlurmLauncher`: a Slurm job (``sbatch``), or a job
+  step (``srun``) when the notebook already runs inside an allocation.
+
+Around them, what every launcher needs: a private directory for the cluster's
+files, the guard process that stops the cluster if the notebook dies, and the wait
+for ``n`` fresh engines.
+
+Example::
+
+    launcher = MpiexecLauncher(MPIRuntime.detect(), n=4)
+    cfg = launcher.config(env={}, run_dir=make_run_dir())
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import ipyparallel as ipp
+import psutil
+from traitlets.config import Config
+
+from clusterkernel.errors import ClusterError
+from clusterkernel.mpiexec import MPIRuntime, is_local_only
+
+# A single-machine job has no reason to be reachable from the network: ranks talk
+# through shared memory, so Open MPI's TCP transport (which listens on every
+# interface) is switched off. Open MPI 5's launcher daemon (prterun) still opens
+# an out-of-band port on all interfaces; PRRTE refuses a loopback-only setting.
+LOCAL_ONLY_ENV = {"OMPI_MCA_btl": "self,sm"}
+
+# An engine counts as registered once the controller has seen its heartbeat; at
+# ipyparallel's default period (3 s) that alone costs 1.5 s on average per start.
+HEARTBEAT_MS = 500
+
+# Where clusters keep their files: the user's home, which compute nodes of a
+# cluster usually share (engines there read their connection file), and never the
+# default IPython profile, whose clusters Jupyter's ipyparallel extension adopts.
+RUN_ROOT_ENV = "CLUSTERKERNEL_RUN_DIR"
+
+
+class Launcher(Protocol):
+    """What :class:`~clusterkernel.Cluster` needs from a way of starting engines."""
+
+    kind: str  # "mpiexec" or "slurm"
+    n: int
+    multi_node: bool
+
+    def engines(self) -> str: ...  # ipyparallel's engine launcher name
+    def controller_ip(self) -> str | None: ...
+    def config(self, env: dict[str, str], run_dir: str) -> Config: ...
+    def ended(self, engine_set) -> bool: ...
+    def output(self, engine_set, lines: int = 40) -> str: ...
+    def waiting(self, engine_set) -> str | None: ...
+    def stopped(self, engine_set, timeout: float) -> None: ...
+    def describe(self) -> str: ...
+
+
+def _base_config() -> Config:
+    cfg = Config()
+    cfg.LocalControllerLauncher.controller_args = [
+        "--log-level=WARN",
+        f"--HeartMonitor.period={HEARTBEAT_MS}",
+    ]
+    return cfg
+
+
+class MpiexecLauncher:
+    """Engines started by ``mpiexec`` here or on a host list."""
+
+    kind = "mpiexec"
+
+    def __init__(
+        self,
+        runtime: MPIRuntime,
+        n: int,
+        hosts: list[tuple[str, int | None]] | None = None,
+        hostfile: str | None = None,
+        fault_tolerant: bool = False,
+    ) -> None:
+        self.runtime = runtime
+        self.n = n
+        self.hosts = hosts or []
+        self.hostfile = hostfile
+        self.fault_tolerant = fault_tolerant
+        self.multi_node = bool(hostfile) or not is_local_only(self.hosts)
+
+    def engines(self) -> str:
+        return "mpi"
+
+    def controller_ip(self) -> str | None:
+        return "*" if self.multi_node else None
+
+    def describe(self) -> str:
+        return self.runtime.flavor
+
+    def config(self, env: dict[str, str], run_dir: str) -> Config:
+        cfg = _base_config()
+        # Only what we add: ipyparallel lays it over our own environment. PATH is
+        # extended, not replaced, or the ranks (and mpiexec's ssh) lose /usr/bin.
+        full = {
+            **self.runtime.env(
+                {"PATH": os.environ.get("PATH", "")}, fault_tolerant=self.fault_tolerant
+            ),
+            **env,
+        }
+        if not self.multi_node:
+            for key, value in LOCAL_ONLY_ENV.items():
+                full.setdefault(key, value)
+        launcher = cfg.MPIEngineSetLauncher
+        launcher.mpi_cmd = [self.runtime.mpiexec]
+        launcher.mpi_args = self.runtime.args(
+            self.n, hosts=self.hosts, hostfile=self.hostfile, fault_tolerant=self.fault_tolerant
+        )
+        launcher.environment = full
+        launcher.engine_args = ["--log-level=WARN"]
+        return cfg
+
+    def ended(self, engine_set) -> bool:
+        return process_ended(engine_set)
+
+    def output(self, engine_set, lines: int = 40) -> str:
+        out = engine_set.get_output() if engine_set is not None else ""
+        return "\n".join(out.rstrip().splitlines()[-lines:])
+
+    def waiting(self, engine_set) -> str | None:
+        return None
+
+    def stopped(self, engine_set, timeout: float) -> None:
+        return None
+
+
+def process_ended(engine_set) -> bool:
+    """Whether a launcher's process (mpiexec, srun) has exited.
+
+    Asks the OS rather than the launcher: the launcher learns of the exit only
+    when ipyparallel's event loop next runs, which a blocked notebook never lets it.
+    """
+    proc = getattr(engine_set, "process", None)
+    if proc is None:
+        return False
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+# ---------------------------------------------------------------- files
+def make_run_dir() -> str:
+    """A new directory for one cluster's files, readable by the user alone."""
+    root = os.environ.get(RUN_ROOT_ENV) or os.path.join(
+        os.path.expanduser("~"), ".clusterkernel", "clusters"
+    )
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        path = tempfile.mkdtemp(prefix="cluster-", dir=root)
+    except OSError:  # a read-only home: the machine's temp directory
+        path = tempfile.mkdtemp(prefix="clusterkernel-")
+    os.chmod(path, 0o700)
+    return path
+
+
+def remove_run_dir(path: str | None) -> None:
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- guard
+class Guard:
+    """A watcher process that stops the cluster if this process dies (even SIGKILL).
+
+    It holds the read end of a pipe; EOF without a final ``stopped`` line means we
+    died. It then stops every process in the cluster file, cancels its batch jobs
+    and removes the run directory (``clusterkernel._guard``).
+    """
+
+    def __init__(self, cluster_file: str, run_dir: str) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "clusterkernel._guard", cluster_file, run_dir],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C in the terminal must not reach it
+        )
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def release(self) -> None:
+        """Tell the guard we stopped the cluster ourselves, and wait for it to go."""
+        try:
+            self._proc.stdin.write(b"stopped\n")
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+
+
+def private_cluster_file(ipp_cluster: ipp.Cluster) -> None:
+    """Write the cluster file now, readable by the user alone.
+
+    ipyparallel writes it with the umask's mode; it names every process and the
+    connection files (rewrites keep the mode).
+    """
+    ipp_cluster.update_cluster_file()
+    os.chmod(ipp_cluster.cluster_file, 0o600)
+
+
+def batch_jobs(cluster_file: str) -> list[str]:
+    """Ids of the batch jobs (Slurm) an ipyparallel cluster file names."""
+    with open(cluster_file) as f:
+        info = json.load(f)
+    sets = info.get("engines", {}).get("sets", {}).values()
+    return [str(s["job_id"]) for s in sets if s.get("job_id")]
+
+
+# ---------------------------------------------------------------- engine wait
+def wait_for_engines(
+    client: ipp.Client,
+    n: int,
+    *,
+    old_pids: set[int],
+    timeout: float,
+    query: Callable[[list[int]], dict[int, dict] | None],
+    ended: Callable[[], bool],
+    output: Callable[[], str],
+    waiting: Callable[[], str | None] = lambda: None,
+    progress: Callable[[str], Any] | None = None,
+) -> dict[int, dict]:
+    """Wait until ``n`` engines answer that were not there before; their identities.
+
+    Restarted engines take the old engine ids, so counting ids is not enough: an
+    answer from a new pid is. ``waiting()`` may say why nothing can come yet (a
+    job waiting in a queue): that time does not count against ``timeout``, and
+    ``progress`` shows it as a live line.
+    """
+    deadline = time.monotonic() + timeout
+    queued_since: float | None = None
+    shown = False
+    try:
+        while True:
+            if ended():
+                raise ClusterError(f"The MPI engines failed to start. Their output:\n{output()}")
+            why = waiting()
+            if why is not None:
+                queued_since = queued_since or time.monotonic()
+                waited = time.monotonic() - queued_since
+                deadline = time.monotonic() + timeout  # the queue's time is not ours
+                if progress is not None:
+                    progress(f"{why}, {waited:.0f} s")
+                    shown = True
+                time.sleep(0.5)
+                continue
+            if time.monotonic() > deadline:
+                said = output().strip() or "(nothing yet)"
+                raise ClusterError(
+                    f"Only {len(client.ids)} of {n} engines registered within {timeout:.0f}s. "
+                    f"What the launcher said:\n{said}"
+                )
+            ids = list(client.ids)
+            if len(ids) >= n:
+                infos = query(ids)
+                if infos and all(i["pid"] not in old_pids for i in infos.values()):
+                    return infos
+            time.sleep(0.05)
+    finally:
+        if shown and progress is not None:
+            progress(None)

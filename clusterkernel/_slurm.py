@@ -1,0 +1,294 @@
+"""Engines as a Slurm job: the launcher beside ``mpiexec`` (client side).
+
+Two ways, picked by where the notebook runs:
+
+- outside an allocation (a login node, JupyterHub): the engines are one batch job,
+  ``sbatch`` of a script whose ``srun --mpi=pmix`` starts one engine per task, so
+  they form one MPI world over the nodes (ipyparallel's ``SlurmEngineSetLauncher``
+  with our own script: its default packs every engine onto one node);
+- inside an allocation (the notebook itself started by ``salloc``/``sbatch``, as
+  batchspawner does): a job step, ``srun --mpi=pmix`` in that allocation, with as
+  many ranks as it has tasks unless told otherwise.
+
+The controller listens on the one address through which this machine reaches the
+nodes, never on every interface unless asked.
+
+Example::
+
+    launcher = SlurmLauncher(n=8, nodes=2, time="0:30:00")
+    launcher.controller_ip()     # e.g. "10.1.2.3"
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from collections import Counter
+
+from traitlets.config import Config
+
+from clusterkernel._launch import _base_config, process_ended
+from clusterkernel.errors import ClusterError
+
+# Job states in which the engines are still to come or still there.
+_ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED"}
+_POLL = 1.0  # seconds between squeue calls (the notebook polls faster than that)
+
+
+class SlurmError(ClusterError):
+    """Slurm refused the job or cannot be reached."""
+
+
+def in_allocation() -> bool:
+    """Whether this process runs inside a Slurm allocation (``salloc``/``sbatch``)."""
+    return bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def allocation_size() -> tuple[int, int]:
+    """``(tasks, nodes)`` of the allocation this process runs in."""
+    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+    ntasks = os.environ.get("SLURM_NTASKS") or os.environ.get("SLURM_NPROCS")
+    if ntasks:
+        return int(ntasks), nodes
+    # "2(x3),1": two tasks on each of three nodes, then one
+    total = 0
+    for count, _, times in re.findall(r"(\d+)(\(x(\d+)\))?", os.environ.get("SLURM_TASKS_PER_NODE", "")):
+        total += int(count) * int(times or 1)
+    return (total or nodes), nodes
+
+
+def _slurm(*args: str, timeout: float = 30) -> str:
+    exe = shutil.which(args[0])
+    if exe is None:
+        raise SlurmError(
+            f"`{args[0]}` is not on PATH: Slurm's client commands are needed for "
+            "launcher='slurm' (load your site's Slurm module, or run on a login node)."
+        )
+    try:
+        done = subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{' '.join(args)}` did not answer within {timeout:.0f}s.") from None
+    if done.returncode != 0:
+        raise SlurmError(f"`{' '.join(args)}` failed: {(done.stderr or done.stdout).strip()}")
+    return done.stdout
+
+
+def node_addresses(partition: str | None = None, names: list[str] | None = None) -> list[str]:
+    """Addresses of the Slurm nodes of ``partition`` (or named), from ``scontrol``."""
+    addrs = []
+    for line in _slurm("scontrol", "show", "node", "-o").splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if not fields.get("NodeName"):
+            continue
+        if names is not None and fields["NodeName"] not in names:
+            continue
+        if partition and partition not in fields.get("Partitions", "").split(","):
+            continue
+        addrs.append(fields.get("NodeAddr") or fields["NodeName"])
+    return addrs
+
+
+def route_source(address: str) -> str:
+    """This machine's address on the route to ``address`` (no packet is sent)."""
+    infos = socket.getaddrinfo(address, 9, socket.AF_INET, socket.SOCK_DGRAM)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(infos[0][4])
+        return s.getsockname()[0]
+
+
+def controller_address(nodes: list[str]) -> str:
+    """The one local address through which every node is reached."""
+    sources = Counter()
+    for node in nodes:
+        try:
+            sources[route_source(node)] += 1
+        except OSError:
+            continue
+    if not sources:
+        raise SlurmError(
+            f"No route from this machine to the Slurm nodes ({', '.join(nodes) or 'none'}). "
+            "Pass controller_ip= (the address the nodes can reach this machine on)."
+        )
+    if len(sources) > 1:
+        raise SlurmError(
+            "The Slurm nodes are reached through different addresses of this machine "
+            f"({', '.join(sources)}); pass controller_ip= with the one they all reach, "
+            'or controller_ip="*" to listen on every interface.'
+        )
+    return next(iter(sources))
+
+
+class SlurmLauncher:
+    """Engines as a Slurm job (or a job step inside the current allocation)."""
+
+    kind = "slurm"
+    multi_node = True
+
+    def __init__(
+        self,
+        n: int | None = None,
+        *,
+        nodes: int | None = None,
+        partition: str | None = None,
+        time: str | None = "0:30:00",
+        account: str | None = None,
+        slurm_args: tuple[str, ...] | list[str] = (),
+        controller_ip: str | None = None,
+    ) -> None:
+        self.step = in_allocation()
+        if n is None:
+            if not self.step:
+                raise ValueError(
+                    "Give the number of ranks (n= / -n): this process is not inside a "
+                    "Slurm allocation whose size could be used."
+                )
+            n, alloc_nodes = allocation_size()
+            nodes = nodes or alloc_nodes
+        if nodes is not None and (nodes < 1 or nodes > n):
+            raise ValueError(f"nodes must be between 1 and n={n}, got {nodes}.")
+        self.n = n
+        self.nodes = nodes
+        self.partition = partition
+        self.time = time
+        self.account = account
+        self.slurm_args = [str(a) for a in slurm_args]
+        self._controller_ip = controller_ip
+        self.job_id: str | None = None
+        self._state: tuple[str, str] | None = None
+        self._state_at = 0.0
+
+    def engines(self) -> str:
+        return "mpi" if self.step else "slurm"
+
+    def describe(self) -> str:
+        return "slurm step" if self.step else "slurm"
+
+    def controller_ip(self) -> str:
+        if self._controller_ip is None:
+            if self.step:
+                names = _slurm(
+                    "scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", "")
+                ).split()
+                addrs = node_addresses(names=names) or names
+            else:
+                addrs = node_addresses(self.partition)
+            self._controller_ip = controller_address(addrs)
+        return self._controller_ip
+
+    # ------------------------------------------------------------ configuration
+    def _srun_options(self) -> list[str]:
+        opts = ["--mpi=pmix", "--kill-on-bad-exit=1"]
+        if self.step and self.nodes:
+            opts.append(f"--nodes={self.nodes}")
+        return opts + (self.slurm_args if self.step else [])
+
+    def batch_script(self) -> str:
+        """The job script (an ipyparallel template: ``{program_and_args}`` and friends)."""
+
+        def esc(text: str) -> str:  # literal text in a str.format template
+            return text.replace("{", "{{").replace("}", "}}")
+
+        lines = [
+            "#!/bin/sh",
+            "#SBATCH --job-name=clusterkernel-{cluster_id}",
+            "#SBATCH --ntasks={n}",
+            "#SBATCH --output={output_file}",
+            "#SBATCH --export=ALL",
+        ]
+        if self.nodes:
+            lines.append(f"#SBATCH --nodes={self.nodes}")
+        if self.time:
+            lines.append(f"#SBATCH --time={esc(self.time)}")
+        if self.partition:
+            lines.append(f"#SBATCH --partition={esc(self.partition)}")
+        if self.account:
+            lines.append(f"#SBATCH --account={esc(self.account)}")
+        lines += [f"#SBATCH {esc(a)}" for a in self.slurm_args]
+        srun = " ".join(shlex.quote(o) for o in self._srun_options())
+        lines.append(f"exec srun {srun} {{program_and_args}}")
+        return "\n".join(lines) + "\n"
+
+    def config(self, env: dict[str, str], run_dir: str) -> Config:
+        cfg = _base_config()
+        full = {"PATH": os.environ.get("PATH", ""), **env}
+        if self.step:
+            launcher = cfg.MPIEngineSetLauncher
+            launcher.mpi_cmd = [_which("srun")]
+            launcher.mpi_args = self._srun_options()
+        else:
+            launcher = cfg.SlurmEngineSetLauncher
+            launcher.batch_template = self.batch_script()
+            # absolute: ipyparallel joins it to its work_dir, the current directory
+            launcher.batch_file_name = os.path.join(run_dir, "engines.sbatch")
+            launcher.output_file = os.path.join(run_dir, "engines.out")
+            launcher.engine_args = ["--log-level=WARN", "--mpi"]
+        if self.step:
+            launcher.engine_args = ["--log-level=WARN"]
+        launcher.environment = full
+        return cfg
+
+    # ------------------------------------------------------------ the job
+    def _job_state(self, engine_set) -> tuple[str, str] | None:
+        """``(state, reason)`` of the engines' job, at most one squeue call a second."""
+        job = getattr(engine_set, "job_id", None)
+        if not job:
+            return None
+        self.job_id = job
+        now = time.monotonic()
+        if self._state is None or now - self._state_at > _POLL:
+            try:
+                out = _slurm("squeue", "-h", "--states=all", "-j", job, "-o", "%T|%r").strip()
+            except SlurmError:
+                out = ""  # a job Slurm has forgotten has ended
+            state, _, reason = out.partition("|")
+            self._state, self._state_at = (state or "GONE", reason), now
+        return self._state
+
+    def waiting(self, engine_set) -> str | None:
+        state = None if self.step else self._job_state(engine_set)
+        if state is None or state[0] not in ("PENDING", "CONFIGURING"):
+            return None
+        reason = f" ({state[1]})" if state[1] and state[1] != "None" else ""
+        return f"Slurm job {self.job_id}: {state[0].lower()}{reason}"
+
+    def ended(self, engine_set) -> bool:
+        if self.step:
+            return process_ended(engine_set)
+        state = self._job_state(engine_set)
+        return state is not None and state[0] not in _ALIVE
+
+    def output(self, engine_set, lines: int = 40) -> str:
+        if self.step:
+            out = engine_set.get_output() if engine_set is not None else ""
+        else:
+            # read the file each time: the launcher caches its first read
+            try:
+                with open(getattr(engine_set, "output_file", "") or os.devnull) as f:
+                    out = f.read()
+            except OSError:
+                out = ""
+        return "\n".join(out.rstrip().splitlines()[-lines:])
+
+    def stopped(self, engine_set, timeout: float) -> None:
+        """After ``scancel``: wait until Slurm has the job's processes gone."""
+        if self.step or not getattr(engine_set, "job_id", None):
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._state = None
+            state = self._job_state(engine_set)
+            if state is None or state[0] not in _ALIVE | {"COMPLETING"}:
+                return
+            time.sleep(0.2)
+
+
+def _which(program: str) -> str:
+    exe = shutil.which(program)
+    if exe is None:
+        raise SlurmError(f"`{program}` is not on PATH; Slurm's client commands are needed.")
+    return exe

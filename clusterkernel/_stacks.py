@@ -1,0 +1,93 @@
+"""Stacks of running ranks, on any host (client side).
+
+Asks each engine's control thread for its main thread's frames (the handler is
+installed by :mod:`clusterkernel._engine_setup`); the request travels on
+ipyparallel's signed control channel, so a rank on another node answers like a
+local one, and answers while blocked inside an MPI call. Frames come back as
+plain JSON (file, line, name, source, locals as short reprs); nothing is unpickled.
+
+Example::
+
+    frames = request_frames(client, {0: 0, 1: 1}, with_locals=True)
+    print(format_stack(frames[1], code=cell_source))
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from clusterkernel._engine_setup import STACK_REQUEST
+
+# A cell's frames on an engine: ipykernel names cell files per process and cell.
+_CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$|^<ipython-input-")
+_OURS = os.sep + "clusterkernel" + os.sep
+
+
+def request_frames(
+    client, engines: dict[int, int], with_locals: bool = False, timeout: float = 3.0
+) -> dict[int, list[dict]]:
+    """``{rank: frames}`` for each rank in ``engines`` (rank -> engine id) that answered."""
+    if not engines:
+        return {}
+    futures = {}
+    for rank, eid in engines.items():
+        ident = client._build_targets([eid])[0]  # ipyparallel has no public call for this
+        futures[rank] = client._send(
+            client._control_stream, STACK_REQUEST, content={"locals": with_locals}, ident=ident
+        )
+    deadline = time.monotonic() + timeout
+    out = {}
+    for rank, future in futures.items():
+        try:
+            msg = future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except Exception:  # no answer in time: the caller falls back
+            continue
+        content = msg.get("content", {})
+        if content.get("status") == "ok":
+            out[rank] = content.get("frames", [])
+    return out
+
+
+def is_cell(frame: dict) -> bool:
+    return bool(_CELL_FILE.search(frame.get("file", "")))
+
+
+def is_ours(frame: dict) -> bool:
+    return frame.get("ours", _OURS in frame.get("file", ""))
+
+
+def cell_lines(frames: list[dict]) -> list[int]:
+    """The cell's line numbers on a stack, outermost first."""
+    return [f["line"] for f in frames if is_cell(f)]
+
+
+def format_stack(
+    frames: list[dict], code: str | None = None, all_frames: bool = False, with_locals: bool = False
+) -> str:
+    """A stack as the user wants to read it: the cell's lines first and by number.
+
+    clusterkernel's own frames are folded into one line (``all_frames`` shows them).
+    """
+    src = code.splitlines() if code else []
+    lines: list[str] = []
+    hidden: list[str] = []
+    for f in frames:
+        if is_ours(f) and not all_frames:
+            hidden.append(f["name"])
+            continue
+        if is_cell(f):
+            lines.append(f"  Cell line {f['line']}, in {f['name']}")
+            text = f.get("source") or (src[f["line"] - 1].strip() if 0 < f["line"] <= len(src) else "")
+        else:
+            lines.append(f'  File "{f["file"]}", line {f["line"]}, in {f["name"]}')
+            text = f.get("source", "")
+        if text:
+            lines.append(f"    {text}")
+        if with_locals and f.get("locals"):
+            width = max(len(k) for k in f["locals"])
+            lines += [f"      {k:<{width}} = {v}" for k, v in sorted(f["locals"].items())]
+    if hidden:
+        lines.append(f"  (inside clusterkernel: {' > '.join(hidden)})")
+    return "\n".join(lines)
