@@ -18,11 +18,15 @@ leaves with ``os._exit`` is not reported, and its job cannot end.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
+from clusterkernel import comm
 from clusterkernel.train._codec import COMPRESSIONS, GradientCodec
 from clusterkernel.train._flat import shard_ranges
 from clusterkernel.train._modes import register_mode
+from clusterkernel.train._momentum import MomentumPlan, compensated_momentum
 from clusterkernel.train._ps_server import ShardServer, make_rule
 from clusterkernel.train._ps_worker import PSClient
 from clusterkernel.train._served import ServedMode
@@ -107,8 +111,12 @@ class ParameterServerMode(ServedMode):
         return GradientCodec(self.compression, hi - lo, self.flat.dtype, self.topk_ratio)
 
     def setup(self, model, optimizer):
-        self._rule = make_rule(optimizer, self.update, self.update_options)
+        self._rule = make_rule(optimizer, self.update, self._rule_options(optimizer))
         return super().setup(model, optimizer)
+
+    def _rule_options(self, optimizer) -> dict | None:
+        """``update_options`` of the servers' rule (a subclass may adjust them)."""
+        return self.update_options
 
     def _ranges(self) -> list[tuple[int, int]]:
         return shard_ranges(self.flat.numel, self.servers)
@@ -164,16 +172,55 @@ class AsyncMode(ParameterServerMode):
     """Asynchronous SGD, the baseline: a parameter server with inconsistent reads.
 
     Workers push every gradient and never wait for parameters (Hogwild style
-    over MPI); the same options as :class:`ParameterServerMode` apply.
+    over MPI); the same options as :class:`ParameterServerMode` apply, and one more:
 
-    Example: ``Trainer(net, opt, F.cross_entropy, digits(), mode="async")``
+    - ``compensate_momentum`` (True): asynchrony adds momentum of its own
+      (Mitliagkas et al. 2016, "Asynchrony begets momentum"): about ``1 - 1/W``
+      with ``W`` workers. On top of SGD's ``momentum=0.9`` that makes well over 1,
+      and 3 workers stay at chance. So the servers apply
+      ``max(0, momentum - (1 - 1/W))`` (0.9 on 3 workers: 0.23), keeping explicit
+      + implicit near what the optimizer asks; the first worker warns once with
+      the numbers. ``trainer.mode.momentum`` holds them (requested, implicit,
+      explicit, workers), ``None`` when nothing was changed (no SGD momentum, or an
+      ``update="adam"`` rule). ``compensate_momentum=False`` applies the
+      optimizer's momentum as given. The servers' ``stats["mean_delay"]`` is the
+      measured average staleness, to compare with the ``W - 1`` assumed here.
+
+    Example::
+
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        trainer = Trainer(net, opt, F.cross_entropy, digits(), mode="async")
+        trainer.fit(3)          # servers apply momentum 0.23 on 3 workers (4 ranks)
+        trainer.mode.momentum   # MomentumPlan(requested=0.9, implicit=0.67, ...)
     """
 
     name = "async"
 
-    def __init__(self, **options):
+    def __init__(self, compensate_momentum: bool = True, **options):
+        if not isinstance(compensate_momentum, bool):
+            raise ValueError(
+                f"compensate_momentum must be True or False, got {compensate_momentum!r}"
+            )
         options.setdefault("inconsistent", True)
         super().__init__(**options)
+        self.compensate_momentum = compensate_momentum
+        self.momentum: MomentumPlan | None = None
+
+    def _rule_options(self, optimizer) -> dict | None:
+        workers = comm.size(self.group) - self.servers
+        if not self.compensate_momentum or workers < 1:  # no worker: setup explains
+            return self.update_options
+        options, self.momentum = compensated_momentum(
+            optimizer, self.update, self.update_options, workers
+        )
+        return options
+
+    def setup(self, model, optimizer):
+        model = super().setup(model, optimizer)
+        plan = self.momentum
+        if plan is not None and not self.is_server and self.index == 0:
+            warnings.warn(plan.message(), UserWarning, stacklevel=4)
+        return model
 
 
 register_mode(ParameterServerMode.name, ParameterServerMode)

@@ -111,6 +111,7 @@ class ShardServer:
         self.waiting: dict[int, int | None] = {}  # worker -> clock its read needs
         self.max_staleness = 0
         self.max_delay = 0
+        self.delay_sum = self.delay_n = 0  # this run's applied gradients (not a resumed one's)
         self._grad = torch.empty_like(self.param)
         self._rec = metrics.recorder()
         self.send = None  # set by the mode to the loop's send
@@ -146,6 +147,8 @@ class ShardServer:
         self.progress[w] = header_progress(header)
         self.max_staleness = max(self.max_staleness, staleness)
         self.max_delay = max(self.max_delay, delay)
+        self.delay_sum += delay
+        self.delay_n += 1
         self._rec.log(step=self.version, staleness=staleness, delay=delay, worker=w)
 
     def _want(self, w: int) -> None:
@@ -178,6 +181,7 @@ class ShardServer:
             "updates_per_s": self.version / seconds if seconds > 0 else 0.0,
             "max_staleness": self.max_staleness,
             "max_delay": self.max_delay,
+            "mean_delay": self.delay_sum / self.delay_n if self.delay_n else 0.0,
         }
 
     def install(self, flat: FlatParams) -> None:

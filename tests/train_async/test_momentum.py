@@ -1,0 +1,53 @@
+"""Async SGD with SGD(momentum=0.9) on 4 real ranks (3 workers): the mode lowers the
+explicit momentum by the momentum asynchrony adds (1 - 1/3) and learns; with the
+compensation off it stays at chance (see workers/momentum.py)."""
+
+import math
+
+import pytest
+
+from tests.train_async._results import results, run_worker
+
+CHANCE = math.log(10)  # 2.30: the loss of a uniform guess over 10 digits
+
+
+@pytest.fixture(scope="module")
+def job():
+    return results(run_worker(4, "momentum"))
+
+
+def _workers(recs):
+    assert sorted(recs) == [0, 1, 2, 3]
+    return [rec for rec in recs.values() if not rec["serves"]]
+
+
+def test_async_with_momentum_learns(job):
+    recs = job["compensated"]
+    for rec in recs.values():  # every rank built the same plan: 0.9 - (1 - 1/3)
+        assert rec["plan"] == pytest.approx([0.9, 2 / 3, 0.9 - 2 / 3]), rec
+    workers = _workers(recs)
+    assert len(workers) == 3
+    for rec in workers:
+        assert rec["losses"][-1] < CHANCE - 0.7, rec["losses"]
+        assert rec["test_loss"] < CHANCE - 0.7, rec["test_loss"]
+
+
+def test_the_first_worker_warns_once_with_the_numbers(job):
+    recs = job["compensated"]
+    for rec in recs.values():
+        expected = 1 if rec["worker_index"] == 0 else 0
+        assert len(rec["warnings"]) == expected, rec
+    (message,) = next(r["warnings"] for r in recs.values() if r["worker_index"] == 0)
+    for text in ("0.67", "0.23", "0.90", "3 workers", "compensate_momentum': False"):
+        assert text in message, message
+
+
+def test_without_compensation_it_stays_at_chance(job):
+    recs = job["uncompensated"]
+    for rec in recs.values():
+        assert rec["plan"] is None and rec["warnings"] == []
+    for rec in _workers(recs):
+        assert rec["losses"][-1] > CHANCE - 0.4, rec["losses"]
+    # the servers measured gradients stale by about the workers' count or more
+    (server,) = [rec for rec in recs.values() if rec["serves"]]
+    assert server["mean_delay"] >= 1.0
