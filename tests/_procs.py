@@ -1,10 +1,31 @@
-"""Count the processes that belong to MPI/ipyparallel clusters on this machine."""
+"""Count the MPI/ipyparallel cluster processes that this test session started.
+
+A workstation may run other clusters at the same time (a notebook with ``%mpi
+start``, another user's job): those are none of the tests' business. So the test
+session marks itself: importing this module (``tests/conftest.py`` does, before any
+test runs) puts a unique ``CLUSTERKERNEL_TEST_SESSION=<uuid>`` into ``os.environ``,
+every process the tests start inherits it (controllers, mpiexec, daemons, ranks,
+notebook kernels), and only processes whose environment carries this session's
+value are counted.
+
+Example::
+
+    from tests._procs import cluster_processes, wait_no_cluster_processes
+
+    assert not wait_no_cluster_processes(20), "this session's cluster outlived stop()"
+"""
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 
 import psutil
+
+SESSION_VAR = "CLUSTERKERNEL_TEST_SESSION"
+# setdefault: a pytest started by a test (on MPI ranks, say) belongs to the same session
+SESSION = os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)
 
 _MARKERS = (
     "ipyparallel.engine",
@@ -15,8 +36,19 @@ _MARKERS = (
 )
 
 
+def started_by_this_session(proc: psutil.Process) -> bool:
+    """Whether ``proc`` inherited this test session's marker (False if unreadable)."""
+    try:
+        return proc.environ().get(SESSION_VAR) == SESSION
+    except psutil.Error:  # gone, a zombie, or another user's
+        return False
+
+
 def cluster_processes() -> list[psutil.Process]:
-    """Every process on this machine that belongs to some ipyparallel/MPI cluster."""
+    """The live ipyparallel/MPI cluster processes that this test session started.
+
+    Clusters started outside the tests (a notebook's, another user's) are ignored.
+    """
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
@@ -25,12 +57,13 @@ def cluster_processes() -> list[psutil.Process]:
                 continue
         except psutil.Error:
             continue
-        if any(m in cmd for m in _MARKERS):
+        if any(m in cmd for m in _MARKERS) and started_by_this_session(proc):
             found.append(proc)
     return found
 
 
 def wait_no_cluster_processes(timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` s until :func:`cluster_processes` is empty; return what is left."""
     deadline = time.monotonic() + timeout
     left = cluster_processes()
     while left and time.monotonic() < deadline:
