@@ -17,7 +17,12 @@ class ClusterError(RuntimeError):
 
 
 def format_ranks(ranks) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``.
+
+    Example::
+
+        format_ranks([3, 0, 1, 2, 7])   # "0-3,7"
+    """
     ranks = sorted(set(ranks))
     parts: list[str] = []
     start = prev = None
@@ -32,6 +37,67 @@ def format_ranks(ranks) -> str:
     if start is not None:
         parts.append(f"{start}" if start == prev else f"{start}-{prev}")
     return ",".join(parts)
+
+
+def rank_label(ranks) -> str:
+    """``"rank 1"`` for one rank, ``"ranks 1,3"`` or ``"ranks 0-15"`` for several.
+
+    Example::
+
+        f"[{rank_label([1])}] boom"       # "[rank 1] boom"
+        f"[{rank_label([0, 1, 2])}] ok"   # "[ranks 0-2] ok"
+    """
+    ranks = set(ranks)
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {format_ranks(ranks)}"
+
+
+def headline(kind: str, summary: str) -> str:
+    """``kind: summary``, without repeating a kind that the summary already starts with.
+
+    Example::
+
+        headline("error", "ValueError: no")                       # "error: ValueError: no"
+        headline("interrupted", "interrupted; stopped by SIGINT")  # "interrupted; stopped ..."
+    """
+    if not kind or summary.lower().startswith(kind.lower()):
+        return summary
+    return f"{kind}: {summary}" if summary else kind
+
+
+# How IPython names a cell in a traceback: "Cell In[4], line 2" (IPython 8.4+),
+# "Input In [4]" (8.0-8.3), with colour codes between the words. On a rank the
+# number is that engine's own counter, which means nothing to the user.
+_C = r"(?:\x1b\[[0-9;]*m)*"
+_ENGINE_CELL = re.compile(rf"((?:Cell{_C} {_C}In|Input{_C} {_C}In {_C})\[)\d+(\])")
+
+
+def notebook_execution_count() -> int | None:
+    """The ``N`` of the IPython cell running now (``In [N]``), or None outside a cell.
+
+    IPython advances ``shell.execution_count`` before a cell runs, so the running
+    cell's own number is the one on its execution result.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    count = getattr(result, "execution_count", None)
+    return count if isinstance(count, int) else None
+
+
+def retitle_cell(text: str, execution_count: int | None) -> str:
+    """Replace the engine's ``Cell In[N]`` with the user's cell, or ``%%mpi cell``.
+
+    Example::
+
+        retitle_cell("Cell In[4], line 2", 12)     # "Cell In[12], line 2"
+        retitle_cell("Cell In[4], line 2", None)   # "%%mpi cell, line 2"
+    """
+    if execution_count is None:
+        return _ENGINE_CELL.sub("%%mpi cell", text)
+    return _ENGINE_CELL.sub(rf"\g<1>{execution_count}\g<2>", text)
 
 
 @dataclass
@@ -80,9 +146,17 @@ class RankError(RuntimeError):
             print(e.failures[0].ranks)   # [0, 1, 2, 3]
     """
 
-    def __init__(self, failures: list[RankFailure], note: str = ""):
+    def __init__(
+        self, failures: list[RankFailure], note: str = "", execution_count: int | None = None
+    ):
         self.failures = failures
         self.note = note
+        # The user's cell that ran the code, for tracebacks. Errors are made while
+        # that cell still runs (``%%mpi`` blocks), so IPython's counter names it;
+        # a runner that knows better (``--noblock``, waited on later) sets it.
+        self.execution_count = (
+            execution_count if execution_count is not None else notebook_execution_count()
+        )
         super().__init__(self._summary())
 
     @property
@@ -90,7 +164,7 @@ class RankError(RuntimeError):
         return sorted({r for f in self.failures for r in f.ranks})
 
     def _summary(self) -> str:
-        lines = [f"[ranks {format_ranks(f.ranks)}] {f.summary}" for f in self.failures]
+        lines = [f"[{rank_label(f.ranks)}] {f.summary}" for f in self.failures]
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)
@@ -98,10 +172,11 @@ class RankError(RuntimeError):
     def render(self, color: bool = True) -> list[str]:
         lines: list[str] = []
         for f in self.failures:
-            head = f"[ranks {format_ranks(f.ranks)}] {f.kind}: {f.summary}"
+            head = f"[{rank_label(f.ranks)}] {headline(f.kind, f.summary)}"
             lines.append(f"\x1b[0;31m{head}\x1b[0m" if color else head)
             if f.detail:
                 detail = f.detail if color else _ANSI.sub("", f.detail)
+                detail = retitle_cell(detail, self.execution_count)
                 lines.extend(detail.rstrip("\n").splitlines())
         if self.note:
             lines.append(self.note)
