@@ -12,7 +12,9 @@ sshd on the CI machine). Everything else is the real thing.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -23,12 +25,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from clusterkernel import Cluster
+from clusterkernel import Cluster, ClusterError
 from tests._procs import wait_no_cluster_processes
 
-_SUBNET = "10.231.0.0/24"
-_HOST_IP = "10.231.0.1"  # this machine's end of the veth pair
-_NS_IP = "10.231.0.2"  # the other "machine"
+# Another fixture (a Slurm test bed) takes 10.231.x.0/24: ours start above it.
+_FIRST_SUBNET = ipaddress.ip_network("10.232.0.0/24")
+_LAST_SUBNET = ipaddress.ip_network("10.239.255.0/24")
 
 
 @dataclass
@@ -36,6 +38,9 @@ class _NetnsHost:
     ns: str  # namespace name
     hostname: str  # the host name processes inside it see
     veth: str  # this machine's end of the link
+    subnet: str  # the link's network, e.g. "10.232.0.0/24"
+    host_ip: str  # this machine's address on it (.1)
+    ns_ip: str  # the other "machine"'s (.2)
 
     def pids(self) -> list[int]:
         out = _ip("netns", "pids", self.ns).stdout
@@ -62,13 +67,39 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([_which("ip"), *args], capture_output=True, text=True, check=check)
 
 
+def _free_subnet() -> ipaddress.IPv4Network:
+    """The first 10.23x.y.0/24 from 10.232.0.0 that no route or address here touches.
+
+    A fixed subnet collides with a link another test (or anything else) set up.
+    """
+    shown = _ip("-4", "route", "show", "table", "all").stdout + _ip("-4", "-br", "addr").stdout
+    used = [
+        ipaddress.ip_network(m, strict=False)
+        for m in re.findall(r"\b\d+\.\d+\.\d+\.\d+(?:/\d+)?", shown)
+    ]
+    net = _FIRST_SUBNET
+    while net.network_address <= _LAST_SUBNET.network_address:
+        if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
+            return net
+        net = ipaddress.ip_network((int(net.network_address) + 256, 24))
+    pytest.skip(f"no free /24 between {_FIRST_SUBNET} and {_LAST_SUBNET}")
+
+
 @pytest.fixture(scope="module")
 def netns_host():
-    """A second "machine": a network namespace at 10.231.0.2, routed to this one."""
+    """A second "machine": a network namespace at .2 of a free subnet, routed to this one."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create a network namespace")
     tag = str(os.getpid())
-    host = _NetnsHost(ns=f"ck-host2-{tag}", hostname=f"ck-host2-{tag}", veth=f"ckh{tag}")
+    subnet = _free_subnet()
+    host = _NetnsHost(
+        ns=f"ck-host2-{tag}",
+        hostname=f"ck-host2-{tag}",
+        veth=f"ckh{tag}",
+        subnet=str(subnet),
+        host_ip=str(subnet.network_address + 1),
+        ns_ip=str(subnet.network_address + 2),
+    )
     peer = f"ckn{tag}"
     etc = Path("/etc/netns", host.ns)
     try:
@@ -78,13 +109,13 @@ def netns_host():
         for cmd in (
             ["link", "add", host.veth, "type", "veth", "peer", "name", peer],
             ["link", "set", peer, "netns", host.ns],
-            ["addr", "add", f"{_HOST_IP}/24", "dev", host.veth],
+            ["addr", "add", f"{host.host_ip}/24", "dev", host.veth],
             ["link", "set", host.veth, "up"],
-            ["-n", host.ns, "addr", "add", f"{_NS_IP}/24", "dev", peer],
+            ["-n", host.ns, "addr", "add", f"{host.ns_ip}/24", "dev", peer],
             ["-n", host.ns, "link", "set", peer, "up"],
             ["-n", host.ns, "link", "set", "lo", "up"],
             # Through this machine's end, the namespace reaches every address of it.
-            ["-n", host.ns, "route", "add", "default", "via", _HOST_IP],
+            ["-n", host.ns, "route", "add", "default", "via", host.host_ip],
         ):
             _ip(*cmd)
         # Its own /etc/hosts (`ip netns exec` mounts /etc/netns/<ns>/*), as on a
@@ -92,7 +123,8 @@ def netns_host():
         # the loopback address our own /etc/hosts may give it.
         etc.mkdir(parents=True)
         (etc / "hosts").write_text(
-            f"127.0.0.1 localhost\n{_HOST_IP} {socket.gethostname()}\n{_NS_IP} {host.hostname}\n"
+            f"127.0.0.1 localhost\n{host.host_ip} {socket.gethostname()}\n"
+            f"{host.ns_ip} {host.hostname}\n"
         )
         yield host
     finally:
@@ -109,11 +141,13 @@ def _ssh_agent(path: Path, host: _NetnsHost) -> Path:
 
     Like ssh it hands the command to a shell on the other host: in the namespace,
     under that host's name (a UTS namespace of its own), since Open MPI tells
-    nodes apart by host name.
+    nodes apart by host name. Each call is logged to ``<path>.log`` for a failure
+    to show.
     """
     ip, unshare, hostname = _which("ip"), _which("unshare"), _which("hostname")
     path.write_text(
         "#!/bin/sh\n"
+        f'echo "called with: $*" >> {path}.log\n'
         'while [ "${1#-}" != "$1" ]; do shift; done  # ssh options, if any\n'
         "shift  # the host name: there is only one other host\n"
         # Full paths: mpiexec's PATH need not have the system's sbin/.
@@ -143,12 +177,17 @@ def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
         "PRTE_MCA_plm_ssh_agent": str(_ssh_agent(tmp_path / "ssh", netns_host)),
         # Ranks on different hosts use TCP (shared memory within a host); only
         # the veth link may carry it, so a right sum means data crossed it.
-        "OMPI_MCA_btl_tcp_if_include": _SUBNET,
+        "OMPI_MCA_btl_tcp_if_include": netns_host.subnet,
     }
     here = socket.gethostname()
-    cluster = Cluster(n=4, hosts=f"{here}:2,{_NS_IP}:2", env=env, start_timeout=60)
+    cluster = Cluster(n=4, hosts=f"{here}:2,{netns_host.ns_ip}:2", env=env, start_timeout=60)
     assert cluster.multi_node
-    with cluster:
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        # the launcher's words (in the error), and what we can see of the other host
+        pytest.fail(f"{exc}\n\n{_diagnose(netns_host, tmp_path / 'ssh.log')}")
+    try:
         cluster.run(_WHERE)
         where = cluster.pull("where")
         my_netns = os.stat("/proc/self/ns/net").st_ino
@@ -167,6 +206,8 @@ def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
         assert [r["host"] for r in rows] == [here, here, netns_host.hostname, netns_host.hostname]
         assert {r["state"] for r in rows} == {"idle"}
         assert all(r["memory_mib"] > 0 for r in rows)
+    finally:
+        cluster.stop()
     assert not wait_no_cluster_processes(20)
     left = netns_host.pids()
     deadline = time.monotonic() + 20  # the launcher's shell exits after its daemon
@@ -174,6 +215,20 @@ def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
         time.sleep(0.25)
         left = netns_host.pids()
     assert not left, f"left in the other host: {[_cmdline(p) for p in left]}"
+
+
+def _diagnose(host: _NetnsHost, agent_log: Path) -> str:
+    """What happened on the way to the other host, for a failed start."""
+    calls = agent_log.read_text() if agent_log.exists() else "(mpiexec never called it)\n"
+    procs = "\n".join(_cmdline(p) for p in host.pids()) or "(none)"
+    here = _ip("-br", "addr", check=False).stdout
+    there = _ip("-n", host.ns, "-br", "addr", check=False).stdout
+    return (
+        f"ssh stand-in {agent_log.with_suffix('')}:\n{calls}"
+        f"processes in {host.ns}:\n{procs}\n"
+        f"link {host.subnet} ({host.host_ip} here, {host.ns_ip} there)\n"
+        f"addresses here:\n{here}addresses there:\n{there}"
+    )
 
 
 def _cmdline(pid: int) -> str:
