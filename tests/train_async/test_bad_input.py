@@ -14,7 +14,7 @@ EXPECTED = {
     "update": "update must be None",
     "gossip_rate": "rate must be in (0, 1]",
     "easgd_alpha": "alpha must be in (0, 1)",
-    "batch": "not a multiple of the 2 ranks",
+    "batch": "global_batch=1 is smaller than the 2 ranks",
     "resume_other_servers": "this run has 2 servers",
     "other_models": "different models (trainable parameters: rank 0: 2410 float32, rank 1: 2080",
 }
