@@ -162,6 +162,9 @@ class Dashboard:
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
+        from clusterkernel.dashboard._busy import keep_cell_busy
+
+        keep_cell_busy()  # the widgets' comms must not make JupyterLab show Idle
         display(self.widget)
 
     def show(self) -> None:
