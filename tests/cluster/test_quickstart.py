@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tests._labels import per_rank_lines
 from tests._procs import wait_no_cluster_processes
 
 
@@ -18,10 +19,14 @@ def test_quickstart_runs_in_a_terminal(no_shared_cluster):
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "Started 3 MPI ranks" in out
-    for r in range(3):
-        assert f"[rank {r}] hello from rank {r} of 3" in out
-        assert f"[rank {r}] sum of ranks on every rank: [3.0, 3.0, 3.0]" in out
+    lines = per_rank_lines(out)
+    # (rank order holds for lines that arrive within the terminal's hold; not asserted
+    # here, where the ranks' timing is the machine's: tests/cluster/test_output_*.py)
+    assert [(r, f"hello from rank {r} of 3") for r in range(3)] == sorted(
+        line for line in lines if line[1].startswith("hello")
+    )
+    assert "[ranks 0-2] sum of ranks on every rank: [3.0, 3.0, 3.0]" in out
     assert "{0: 42, 1: 43, 2: 44}" in out
-    assert "[ranks 1] error: ValueError: odd rank 1 says no" in out
+    assert "[rank 1] error: ValueError: odd rank 1 says no" in out
     assert "Stopped all MPI ranks." in out
     assert not wait_no_cluster_processes(20)
