@@ -17,7 +17,9 @@ import sys
 # subcommand -> (module, one-line help). The module has ``add_arguments(parser)``
 # and ``main(args) -> int`` for it (a module may serve several subcommands: it
 # then names them ``add_<sub>_arguments`` / ``<sub>_main`` with "-" as "_").
-_SUBCOMMANDS: dict[str, tuple[str, str]] = {}
+_SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "export": ("clusterkernel.export", "turn a notebook's %%mpi cells into a batch job"),
+}
 
 
 def _entry(sub: str, module) -> tuple:
@@ -34,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for sub, (modname, help_text) in _SUBCOMMANDS.items():
         add_arguments, _ = _entry(sub, importlib.import_module(modname))
-        add_arguments(subs.add_parser(sub, help=help_text, description=help_text))
+        # argparse %-formats help (not description): "%%mpi" must stay "%%mpi" in both
+        help_escaped = help_text.replace("%", "%%")
+        add_arguments(subs.add_parser(sub, help=help_escaped, description=help_text))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

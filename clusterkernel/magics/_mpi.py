@@ -13,17 +13,24 @@ magic                  plain Python
 ``%mpi pull x``        ``cluster.pull("x")``
 ``%mpi restart``       ``cluster.restart()``
 ``%mpi stop``          ``cluster.stop()``
+``%mpi export job.py`` ``clusterkernel.export.write_job(cells, ...)``
 =====================  ==========================================
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import shlex
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import (
+    MagicHelpFormatter,
+    argument,
+    magic_arguments,
+    parse_argstring,
+)
 
 from clusterkernel.cluster import Cluster
 from clusterkernel.errors import ClusterError
@@ -80,19 +87,22 @@ def _cell_args(line):
     """%%mpi: run the cell on every rank (or --ranks), output streamed by rank."""
 
 
-_SUBCOMMANDS = """\
-Subcommands:
-  %mpi start -n 4 [--hosts a:2,b:2 | --hostfile F] [--timeout S]
-  %mpi stop                     stop every rank and the controller
-  %mpi restart                  fresh ranks (frees stuck ones; state is lost)
-  %mpi status                   rank, host, pid, state, CPU, memory
-  %mpi on | %mpi off            run every following cell on the ranks, or stop
-  %mpi push name[=expr] ...     copy variables to every rank
-  %mpi pull name [--rank R]     {rank: value} of a variable
-  %mpi timeout S | off          default watchdog for %%mpi cells
-  %mpi dashboard                live per-rank loss, comm, timeline, status
-  %%mpi [--ranks 0,2] [--timeout S] [--noblock] [--dashboard]
-"""
+@magic_arguments()
+@argument("path", help="the script to write, e.g. job.py")
+@argument("--sbatch", help="also write a Slurm batch file, e.g. job.sbatch")
+@argument("--nodes", type=int, default=1, help="Slurm nodes (default 1)")
+@argument("--ntasks-per-node", type=int, help="ranks per node (default: the ranks / nodes)")
+@argument("--time", default="01:00:00", help="Slurm time limit (default 01:00:00)")
+@argument("--partition", help="Slurm partition")
+@argument("--account", help="Slurm account")
+def _export_args(line):
+    """%mpi export: this session's rank cells as one batch script (and an sbatch file).
+
+    The %%mpi cells, and cells run under %mpi on, in execution order (from the input
+    history) become a script every rank runs: mpiexec -n 4 python job.py, or
+    sbatch job.sbatch. Client-only cells are left out. %mpi push values are taken
+    from this session's namespace now, at export time, and written into the script.
+    """
 
 
 @magics_class
@@ -232,6 +242,34 @@ class MPIMagics(Magics):
             raise UsageError(f"%mpi timeout takes seconds or 'off', got {value!r}.") from None
         print(f"%%mpi cells running longer than {cluster.timeout:g}s will be reported and freed.")
 
+    def _sub_export(self, rest: str) -> None:
+        """%mpi export job.py: see ``_export_args``; the work is clusterkernel.export's."""
+        from clusterkernel import export
+
+        args = parse_argstring(_export_args, rest)
+        cells = list(self.shell.history_manager.input_hist_raw)
+        running = self.cluster.n if self.cluster is not None and self.cluster.running else None
+        auto = getattr(self, "autostart", None) is not None  # the MPI kernel: cells on the ranks
+        try:
+            written = export.write_job(
+                cells,
+                args.path,
+                pushed=export.live_pushes(cells, self.shell.user_ns, self.shell.ev, auto),
+                names=[f"In [{i}]" for i in range(len(cells))],
+                source=str(self.shell.user_ns.get("__session__") or "an IPython session"),
+                sbatch=args.sbatch,
+                ranks=running,
+                auto=auto,
+                nodes=args.nodes,
+                ntasks_per_node=args.ntasks_per_node,
+                time=args.time,
+                partition=args.partition,
+                account=args.account,
+            )
+        except export.ExportError as e:
+            raise UsageError(str(e)) from None
+        print("Wrote " + ", ".join(map(str, written)))
+
     def _sub_dashboard(self, rest: str):
         from clusterkernel.dashboard import dashboard_for
 
@@ -264,23 +302,60 @@ class MPIMagics(Magics):
         return result if args.noblock else None
 
 
-_start_args.parser.prog = "%mpi start"
-_pull_args.parser.prog = "%mpi pull"
-_cell_args.parser.prog = "%%mpi"
+class _HelpFormatter(MagicHelpFormatter):
+    """Usage starts with the magic as typed (IPython's own prefix adds another "%")."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=92, max_help_position=28)
+
+    def add_usage(self, usage, actions, groups, prefix=""):
+        argparse.HelpFormatter.add_usage(self, usage, actions, groups, prefix)
+
+
+# Every subcommand in %mpi? and in errors: its parser, or (usage, what it does) when it
+# has no options. Usage and options come from the parsers, so new options show by themselves.
+_HELP_ROWS = [
+    (_start_args, "%mpi start"),
+    ("%mpi stop", "stop every rank and the controller"),
+    ("%mpi restart", "fresh ranks (frees stuck ones; state is lost)"),
+    ("%mpi status", "rank, host, pid, state, CPU, memory"),
+    ("%mpi on | %mpi off", "run every following cell on the ranks, or stop"),
+    ("%mpi push name [name ...] | %mpi push name=expr", "copy variables to every rank"),
+    (_pull_args, "%mpi pull"),
+    ("%mpi timeout S | off", "default watchdog for %%mpi cells"),
+    ("%mpi dashboard", "live per-rank loss, comm, timeline, status"),
+    (_export_args, "%mpi export"),
+    (_cell_args, "%%mpi"),
+]
+
+
+def _summary() -> str:
+    lines = ["Subcommands:"]
+    for first, second in _HELP_ROWS:
+        if isinstance(first, str):
+            lines += [f"  {first}", f"      {second}"]
+            continue
+        parser = first.parser
+        parser.prog, parser.formatter_class = second, _HelpFormatter
+        usage = parser.format_usage().rstrip("\n").replace("\n", "\n  ")
+        what = (parser.description or "").strip().split("\n")[0].partition(": ")[2].rstrip(".")
+        lines += [f"  {usage}", f"      {what}"]
+    return "\n".join(lines) + "\n"
+
+
+def _options(parser: argparse.ArgumentParser) -> str:
+    """The parser's help without its usage (the summary shows it)."""
+    return parser.format_help().split("\n\n", 1)[1].rstrip("\n")
+
+
+_SUBCOMMANDS = _summary()
 
 
 def _help() -> str:
-    parts = [
-        "Run code on MPI ranks from IPython.",
-        "",
-        _SUBCOMMANDS,
-        "Options of %mpi start:",
-        _start_args.parser.format_help(),
-        "Options of %mpi pull:",
-        _pull_args.parser.format_help(),
-        "Options of %%mpi:",
-        _cell_args.parser.format_help(),
-    ]
+    parts = ["Run code on MPI ranks from IPython.", "", _SUBCOMMANDS]
+    for first, prog in _HELP_ROWS:
+        if not isinstance(first, str):
+            parts += [f"Options of {prog}:", _options(first.parser), ""]
     return "\n".join(parts)
 
 

@@ -1,0 +1,294 @@
+"""A notebook's ``%%mpi`` cells as a batch job: one Python script and a Slurm file.
+
+The rank cells (``%%mpi`` cells, and every cell run while ``%mpi on`` was in
+effect), in order, become one plain script that every rank runs, under
+``mpiexec -n N python job.py`` or ``srun --mpi=pmix python job.py``. Client-only
+cells are left out with a comment. ``%mpi push`` values come along: embedded from
+the live namespace (``%mpi export`` in the notebook), or, exporting a file,
+``push x=expr`` becomes ``x = expr`` and ``push x`` replays the notebook's own
+top-level statements that make ``x``. Client side: never imports mpi4py.
+
+Example::
+
+    from clusterkernel.export import export_cells, sbatch_script
+    script = export_cells(["x = 3\\n%mpi push x", "%%mpi\\nprint(x)"])
+    Path("job.py").write_text(script)                     # mpiexec -n 4 python job.py
+    Path("job.sbatch").write_text(sbatch_script("job.py", nodes=2, ntasks_per_node=4))
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import re
+import shlex
+import sys
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+
+from clusterkernel._cellcode import ExportError, ipy_call, python_of, rank_cell
+from clusterkernel._pushcode import push_block, push_items
+
+__all__ = ["ExportError", "export_cells", "sbatch_script", "write_job", "live_pushes"]
+
+_PRELUDE_FILE = Path(__file__).with_name("_job_prelude.py")
+
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+_SLURM_NAME = re.compile(r"^[\w.+-]+$")
+
+
+def _prelude() -> str:
+    text = _PRELUDE_FILE.read_text()
+    return text[text.index("\nimport ") + 1 :].strip("\n")
+
+
+def _walk(cells: list[str], names: list[str] | None, auto: bool) -> Iterator[tuple]:
+    """Classify cells: ("rank", where, options, body) or ("client", where, first line, items).
+
+    A client cell's items, in order: ("stmt", code, stmt) or ("push", rest). ``auto``:
+    cells run on the ranks from the start (the MPI kernel) unless ``%%local``.
+    """
+    for i, src in enumerate(cells):
+        where = names[i] if names else f"cell {i + 1}"
+        text = src.strip("\n")
+        if not text.strip():
+            continue
+        first = text.lstrip().split("\n", 1)[0]
+        if re.match(r"%%mpi\b", first):
+            yield "rank", where, first[5:], text.lstrip().partition("\n")[2]
+            continue
+        if auto and not first.startswith(("%mpi", "%%local")):
+            yield "rank", where, None, text
+            continue
+        code, _ = python_of(text)
+        try:
+            body = ast.parse(code).body
+        except SyntaxError:
+            body = []
+        items: list[tuple] = []
+        for stmt in body:
+            call = ipy_call(stmt.value) if isinstance(stmt, ast.Expr) else None
+            if call and call[0] == "run_line_magic" and call[1][:1] == ["mpi"]:
+                sub, _, rest = str(call[1][1]).strip().partition(" ")
+                auto = {"on": True, "off": False}.get(sub, auto)
+                if sub == "push":
+                    items.append(("push", rest.strip()))
+            else:
+                items.append(("stmt", code, stmt))
+        yield "client", where, first, items
+
+
+def notebook_ranks(cells: list[str]) -> int | None:
+    """The ``-n`` of the notebook's ``%mpi start``, if it has one."""
+    for cell in cells:
+        found = re.search(r"^\s*%mpi\s+start\b.*?-n\s*=?\s*(\d+)", cell, re.M)
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def push_requests(cells: list[str], auto: bool = False) -> list[tuple[str, str | None]]:
+    """Every ``%mpi push`` in the cells, in order, as (name, expression or None)."""
+    return [
+        pair
+        for kind, where, _, items in _walk(cells, None, auto)
+        if kind == "client"
+        for item in items
+        if item[0] == "push"
+        for pair in push_items(where, item[1])
+    ]
+
+
+def export_cells(
+    cells: list[str],
+    pushed: dict | None = None,
+    *,
+    names: list[str] | None = None,
+    source: str = "a notebook",
+    script_name: str = "job.py",
+    ranks: int | None = None,
+    auto: bool = False,
+) -> str:
+    """The rank cells of ``cells`` (cell sources in notebook order) as one MPI script.
+
+    ``pushed`` maps each ``%mpi push`` name to its value (the live notebook's); without
+    it, pushes are rebuilt from the cells. ``names`` label cells in comments and errors;
+    ``ranks`` (else the notebook's ``%mpi start -n``) goes in the header. ``auto``: every
+    cell but ``%%local`` and ``%mpi`` ones runs on the ranks, as in the MPI kernel. Raises :class:`ExportError` for what a plain script cannot run.
+    """
+    n = ranks or notebook_ranks(cells) or 4
+    stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    header = [
+        f"# Batch job exported by clusterkernel from {source} on {stamp}.".replace("\n", " "),
+        f"# Run it on every rank:  mpiexec -n {n} python {script_name}",
+        f"#   or in Slurm:          srun --mpi=pmix python {script_name}  (or an sbatch file)",
+        "# Each rank runs the whole file; its lines are labelled [rank N] as in the notebook.",
+    ]
+    out = ["\n".join(header), _prelude()]
+    history: list[tuple[str, ast.stmt]] = []
+    for kind, where, head, items in _walk(cells, names, auto):
+        if kind == "rank":
+            out.append(rank_cell(where, head, items))
+            continue
+        if not any(item[0] == "push" for item in items):
+            out.append(f"# {where} (client only, left out): {head[:80]}")
+        for item in items:
+            if item[0] == "stmt":
+                history.append(item[1:])
+            else:
+                out.append(push_block(where, item[1], pushed, history))
+    script = "\n\n".join(out) + "\n"
+    try:
+        compile(script, script_name, "exec")
+    except SyntaxError as e:
+        raise ExportError(f"the exported script does not compile: line {e.lineno}: {e.msg}") from e
+    return script
+
+
+def sbatch_script(
+    script: str | Path,
+    nodes: int = 1,
+    ntasks_per_node: int = 4,
+    time: str = "01:00:00",
+    partition: str | None = None,
+    account: str | None = None,
+    job_name: str | None = None,
+    python: str | None = None,
+) -> str:
+    """An sbatch file that runs ``script`` with ``srun --mpi=pmix`` on nodes x tasks ranks.
+
+    Uses this Python (``sys.executable``) and the script's absolute path; the job's
+    output goes to ``<script stem>-<jobid>.out`` beside the script.
+    """
+    path = Path(script).resolve()
+    job_name = job_name or path.stem
+    for flag, count in (("nodes", nodes), ("ntasks-per-node", ntasks_per_node)):
+        if not isinstance(count, int) or count < 1:
+            raise ExportError(f"--{flag} must be a positive integer; got {count!r}")
+    if not _SLURM_TIME.match(time):
+        raise ExportError(f"--time {time!r}: use minutes, HH:MM:SS or D-HH:MM:SS, e.g. 01:30:00")
+    for flag, value in (("partition", partition), ("account", account), ("job-name", job_name)):
+        if value is not None and not _SLURM_NAME.match(value):
+            raise ExportError(f"--{flag} {value!r}: use letters, digits, '.', '_', '+', '-'")
+    if re.search(r"\s", str(path)):
+        raise ExportError(f"{path}: Slurm's --output cannot hold spaces; move the script")
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nodes}",
+        f"#SBATCH --ntasks-per-node={ntasks_per_node}",
+        f"#SBATCH --time={time}",
+        *([f"#SBATCH --partition={partition}"] if partition else []),
+        *([f"#SBATCH --account={account}"] if account else []),
+        f"#SBATCH --output={path.with_name(path.stem + '-%j.out')}",
+        "",
+        "# Written by clusterkernel export: one MPI rank per task, run by the Python that",
+        "# exported the notebook, so the job has the same packages.",
+        "set -e",
+        f"srun --mpi=pmix {shlex.quote(python or sys.executable)} {shlex.quote(str(path))}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_job(
+    cells: list[str],
+    path: str | Path,
+    *,
+    pushed: dict | None = None,
+    names: list[str] | None = None,
+    source: str = "a notebook",
+    sbatch: str | Path | None = None,
+    ranks: int | None = None,
+    auto: bool = False,
+    nodes: int = 1,
+    ntasks_per_node: int | None = None,
+    **slurm,
+) -> list[Path]:
+    """Write the script (and the sbatch file, if asked); return the paths written.
+
+    ``ntasks_per_node`` defaults to the notebook's ranks (``ranks``, else its
+    ``%mpi start -n``, else 4) spread over ``nodes``; ``slurm`` goes to :func:`sbatch_script`.
+    """
+    path = Path(path)
+    ranks = ranks or notebook_ranks(cells) or 4
+    text = export_cells(
+        cells, pushed, names=names, source=source, script_name=path.name, ranks=ranks, auto=auto
+    )
+    sbatch_text = None
+    if sbatch is not None:
+        per_node = ntasks_per_node or math.ceil(ranks / max(nodes, 1))
+        sbatch_text = sbatch_script(path, nodes, per_node, **slurm)
+    path.write_text(text)
+    if sbatch_text is None:
+        return [path]
+    Path(sbatch).write_text(sbatch_text)
+    return [path, Path(sbatch)]
+
+
+def live_pushes(cells: list[str], namespace: dict, evaluate: Callable, auto: bool = False) -> dict:
+    """Values of the cells' ``%mpi push`` taken now: a name from ``namespace``, name=expr by
+    ``evaluate(expr)`` (IPython's ``shell.ev``)."""
+    values = {}
+    for name, expr in push_requests(cells, auto):
+        if expr is None and name not in namespace:
+            raise ExportError(f"%mpi push {name}: there is no {name} in this session any more")
+        try:
+            values[name] = namespace[name] if expr is None else evaluate(expr)
+        except Exception as e:
+            raise ExportError(f"%mpi push {name}={expr}: evaluating it now failed: {e!r}") from e
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``clusterkernel export``."""
+    parser.add_argument("notebook", help="the .ipynb file")
+    parser.add_argument("-o", "--output", help="script to write (default: notebook name, .py)")
+    parser.add_argument("--sbatch", help="also write a Slurm batch file here")
+    parser.add_argument("--nodes", type=int, default=1, help="Slurm nodes (default 1)")
+    parser.add_argument("--ntasks-per-node", type=int, help="ranks per node (default: -n / nodes)")
+    parser.add_argument("--time", default="01:00:00", help="Slurm time limit (default 01:00:00)")
+    parser.add_argument("--partition", help="Slurm partition")
+    parser.add_argument("--account", help="Slurm account")
+
+
+def read_notebook(path: str | Path) -> tuple[list[str], int | None]:
+    """An nbformat-4 notebook's code cells, and its ranks if it is the MPI kernel's.
+
+    A notebook of the MPI kernel ("Python 3 (MPI, 4 ranks)") runs every cell on the ranks.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+        code = [c["source"] for c in data["cells"] if c.get("cell_type") == "code"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ExportError(f"cannot read {path} as an nbformat 4 notebook: {e}") from None
+    kernel = re.search(r"\(MPI, (\d+) ranks?\)", str(data.get("metadata", {}).get("kernelspec")))
+    cells = ["".join(src) if isinstance(src, list) else src for src in code]
+    return cells, int(kernel.group(1)) if kernel else None
+
+
+def main(args: argparse.Namespace) -> int:
+    """``clusterkernel export notebook.ipynb -o job.py [--sbatch job.sbatch] ...``."""
+    nb = Path(args.notebook)
+    slurm = {k: getattr(args, k) for k in ("nodes", "ntasks_per_node", "time", "partition")}
+    try:
+        cells, kernel_ranks = read_notebook(nb)
+        names = [f"code cell {i}" for i in range(1, len(cells) + 1)]
+        written = write_job(
+            cells,
+            Path(args.output or nb.with_suffix(".py")),
+            names=names,
+            source=nb.name,
+            ranks=kernel_ranks,
+            auto=kernel_ranks is not None,
+            sbatch=args.sbatch,
+            account=args.account,
+            **slurm,
+        )
+    except ExportError as e:
+        print(f"clusterkernel export: {e}", file=sys.stderr)
+        return 2
+    print("Wrote " + ", ".join(map(str, written)))
+    return 0

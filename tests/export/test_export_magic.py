@@ -1,0 +1,98 @@
+"""``%mpi export`` in a real IPython shell on the session's real cluster, and ``%mpi?``.
+
+The export test starts the shared cluster: run it under the machine-wide lock.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import clusterkernel.magics as ck_magics
+from clusterkernel.magics import _mpi
+
+
+@pytest.fixture
+def shell():
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "clusterkernel")
+    sh.history_manager.reset()  # %mpi export reads the history: start it empty,
+    sh.execution_count = 1  # numbered as a fresh notebook's In [n]
+    yield sh
+    ck_magics._magics._sub_off("")
+    ck_magics._magics.cluster = None  # the fixture, not the test, owns the cluster's life
+
+
+def _run(sh: InteractiveShell, cell: str) -> None:
+    result = sh.run_cell(cell, store_history=True)  # as a notebook does: into In[]
+    assert result.success, result.error_in_exec or result.error_before_exec
+
+
+def test_export_from_a_live_session(shell, cluster, tmp_path, capsys):
+    ck_magics._magics.cluster = cluster  # the session's cluster, as if %mpi start had made it
+    _run(shell, "import numpy as np\nfactor = 7\nweights = np.linspace(0, 1, 5)")
+    _run(shell, "%mpi push factor weights")
+    _run(shell, "%%mpi --ranks 2\nfrom mpi4py import MPI\nval = factor * MPI.COMM_WORLD.Get_rank()")
+    _run(shell, "%mpi on")
+    _run(shell, "auto_sum = float(weights.sum()) * factor")
+    _run(shell, "%mpi off")
+    _run(shell, "factor = 8  # changed after the push: the export takes the value now")
+    assert shell.run_line_magic("mpi", "pull val --rank 2") == 14
+    job, sb = tmp_path / "job.py", tmp_path / "job.sbatch"
+    _run(shell, f"%mpi export {job} --sbatch {sb} --time 5 --partition debug")
+    assert f"Wrote {job}, {sb}" in capsys.readouterr().out
+
+    script = job.read_text()
+    assigned = {
+        node.targets[0].id: node
+        for node in ast.walk(ast.parse(script))
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    }
+    assert ast.literal_eval(assigned["factor"].value) == 8
+    assert "numpy.ndarray, pickled (protocol 5)" in script  # weights: no literal
+    assert "if RANK in (2,):" in script and "auto_sum = float(weights.sum()) * factor" in script
+    assert "# In [1] (client only, left out): import numpy as np" in script
+    assert "mpiexec -n 4 python job.py" in script
+    sbatch = sb.read_text()
+    assert "#SBATCH --ntasks-per-node=4" in sbatch and "#SBATCH --partition=debug" in sbatch
+    assert f"srun --mpi=pmix {sys.executable} {job}" in sbatch
+    assert subprocess.run(["bash", "-n", str(sb)]).returncode == 0
+
+
+def test_export_errors_are_usage_errors(shell, tmp_path):
+    # no cluster is needed to refuse: the history alone is wrong
+    shell.history_manager.store_inputs(1, "%%mpi\n%timeit sum(range(9))")
+    with pytest.raises(UsageError, match=r"In \[1\], line 2: '%timeit sum\(range\(9\)\)'"):
+        shell.run_line_magic("mpi", f"export {tmp_path / 'job.py'}")
+    assert not (tmp_path / "job.py").exists()
+    shell.history_manager.reset()
+    shell.history_manager.store_inputs(1, "%mpi push gone")
+    with pytest.raises(UsageError, match="no gone in this session"):
+        shell.run_line_magic("mpi", f"export {tmp_path / 'job.py'}")
+
+
+def test_help_is_generated_from_the_parsers(shell, capsys):
+    shell.run_cell("%mpi?")
+    text = capsys.readouterr().out
+    assert "%%mpi start" not in text and "%%mpi pull" not in text and "%%%mpi" not in text
+    parsers = [row[0].parser for row in _mpi._HELP_ROWS if not isinstance(row[0], str)]
+    assert {p.prog for p in parsers} >= {"%mpi start", "%mpi pull", "%mpi export", "%%mpi"}
+    for parser in parsers:
+        options = [o for action in parser._actions for o in action.option_strings]
+        assert parser.prog in text
+        for option in options:  # every option of every subcommand, e.g. --fault-tolerant
+            assert option in text, (parser.prog, option)
+    summary = text[text.index("Subcommands:") : text.index("Options of")]
+    assert "--fault-tolerant" in summary and "--mpiexec" in summary and "%mpi export" in summary
+    for sub in ("stop", "restart", "status", "on", "push", "timeout", "dashboard"):
+        assert f"%mpi {sub}" in summary
+
+
+def test_unknown_subcommand_lists_the_generated_summary(shell):
+    with pytest.raises(UsageError, match=r"(?s)Unknown subcommand.*%mpi export \[--sbatch"):
+        shell.run_line_magic("mpi", "exprot job.py")

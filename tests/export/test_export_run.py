@@ -1,0 +1,87 @@
+"""An exported notebook runs as a plain MPI job: real ``mpiexec -n 2``, real torch collectives.
+
+Run under the machine-wide lock (it starts MPI ranks).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+from clusterkernel.__main__ import main as cli_main
+from clusterkernel.mpiexec import MPIRuntime
+from tests._mpirun import REPO, _kill_session, run_mpi
+
+CELLS = [
+    "%load_ext clusterkernel",
+    "%mpi start -n 2",
+    "%matplotlib inline",
+    "base = 10\nscale = base * 3",
+    "%mpi push scale",
+    "%%mpi\n"
+    "import torch\n"
+    "from clusterkernel import comm\n"
+    "t = torch.tensor([float(comm.rank() + 1)])\n"
+    "comm.all_reduce(t)\n"
+    "print('sum', t.item(), 'scaled', t.item() * scale)",
+    "%%mpi --ranks 1 --timeout 60\nprint('only on', comm.rank())\nprint('multi\\nline')",
+    "%mpi status",
+    "%%mpi\nimport sys\nprint('to stderr', file=sys.stderr)\nprint('done', comm.rank())",
+]
+
+
+def _export(tmp_path: Path, cells: list[str]) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    nbformat.write(nb, tmp_path / "demo.ipynb")
+    script = tmp_path / "job.py"
+    assert cli_main(["export", str(tmp_path / "demo.ipynb"), "-o", str(script)]) == 0
+    return script
+
+
+def test_exported_notebook_runs_on_two_ranks_with_labelled_lines(tmp_path):
+    script = _export(tmp_path, CELLS)
+    out = run_mpi(2, str(script), timeout=180)
+    lines = out.stdout.splitlines()
+    for rank in (0, 1):
+        # 1 + 2 summed over the ranks, times the pushed scale (30)
+        assert f"[rank {rank}] sum 3.0 scaled 90.0" in lines
+        assert f"[rank {rank}] done {rank}" in lines
+        assert f"[rank {rank}] to stderr" in out.stderr.splitlines()
+    assert "[rank 1] only on 1" in lines and "[rank 1] multi" in lines and "[rank 1] line" in lines
+    assert not any("only on" in line for line in lines if line.startswith("[rank 0]"))
+    assert all(line.startswith(("[rank 0] ", "[rank 1] ")) for line in lines if line.strip())
+
+
+def test_a_rank_that_raises_ends_the_job_with_its_labelled_traceback(tmp_path):
+    cells = [
+        "%%mpi\nfrom clusterkernel import comm",
+        "%%mpi --ranks 1\nraise ValueError('boom on one rank')",
+        "%%mpi\ncomm.barrier()  # rank 0 waits here for rank 1, which is gone\nprint('never')",
+    ]
+    script = _export(tmp_path, cells)
+    rt = MPIRuntime.detect()
+    env = rt.env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        rt.command(2) + [sys.executable, str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # so a hang can be ended, ranks and all
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc.pid)
+        out, err = proc.communicate()
+        raise AssertionError(f"the job hung instead of ending\n{out}\n{err}") from None
+    assert proc.returncode != 0
+    assert "[rank 1] ValueError: boom on one rank" in err.splitlines()
+    assert "[rank 1] Traceback (most recent call last):" in err.splitlines()
+    assert "never" not in out
