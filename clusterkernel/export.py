@@ -129,9 +129,11 @@ def export_cells(
     ]
     out = ["\n".join(header), _prelude()]
     history: list[tuple[str, ast.stmt]] = []
+    seen = 0  # rank cells
     for kind, where, head, items in _walk(cells, names, auto):
         if kind == "rank":
             out.append(rank_cell(where, head, items))
+            seen += 1
             continue
         if not any(item[0] == "push" for item in items):
             out.append(f"# {where} (client only, left out): {head[:80]}")
@@ -140,6 +142,11 @@ def export_cells(
                 history.append(item[1:])
             else:
                 out.append(push_block(where, item[1], pushed, history))
+    if not seen:
+        raise ExportError(
+            f"none of the {len(cells)} cells runs on the ranks (no %%mpi cell, none under "
+            "%mpi on): the job would do nothing. Export a notebook that uses %%mpi."
+        )
     script = "\n\n".join(out) + "\n"
     try:
         compile(script, script_name, "exec")

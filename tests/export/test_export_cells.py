@@ -119,7 +119,8 @@ def test_mpi_kernel_notebook_runs_every_cell_on_the_ranks_except_local_and_mpi_c
     )
     assert "mpiexec -n 3 python k.py" in script
     # the same cells from a plain kernel: only %%mpi cells would run on the ranks
-    assert "x = 1" not in _code(export_cells(cells))
+    with pytest.raises(ExportError, match="none of the 4 cells runs on the ranks"):
+        export_cells(cells)
 
 
 def test_push_of_a_name_replays_the_statements_that_make_it_and_what_they_need():
@@ -164,6 +165,7 @@ def test_live_pushed_values_are_literals_when_they_round_trip_else_pickles():
         (["%%mpi\ndef f(:\n    pass"], None, r"cell 1, line 2"),
         (["%mpi push f"], {"f": lambda: 1}, r"cannot be pickled.*%mpi push f=<expression"),
         (["%mpi push g"], {}, r"no value given for pushed 'g'"),
+        (["import os", "%mpi start", "print(1)"], None, r"none of the 3 cells runs on the ranks"),
     ],
 )
 def test_what_a_plain_script_cannot_run_is_a_clear_error(cells, pushed, message):
