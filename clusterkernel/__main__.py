@@ -19,6 +19,8 @@ import sys
 # then names them ``add_<sub>_arguments`` / ``<sub>_main`` with "-" as "_").
 _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("clusterkernel.export", "turn a notebook's %%mpi cells into a batch job"),
+    "install-kernel": ("clusterkernel.kernel", 'install the "Python 3 (MPI, N ranks)" kernel'),
+    "uninstall-kernel": ("clusterkernel.kernel", "remove the MPI kernel's kernelspec"),
 }
 
 

@@ -24,7 +24,7 @@ import atexit
 import shlex
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, magics_class
 from IPython.core.magic_arguments import (
     MagicHelpFormatter,
     argument,
@@ -51,9 +51,12 @@ def _auto_mpi(lines: list[str]) -> list[str]:
     if not lines or not "".join(lines).strip():
         return lines
     first = lines[0].lstrip()
-    if first.startswith(("%mpi", "%%mpi")):
-        return lines  # %mpi off (and explicit %%mpi) run as written
+    if first.startswith(("%mpi", "%%mpi", "%%local")):
+        return lines  # %mpi off (and explicit %%mpi, %%local) run as written
     return ["%%mpi\n", *lines]
+
+
+_auto_mpi.sends_to_ranks = True  # %%local runs its cell without it
 
 
 @magic_arguments()
@@ -119,9 +122,40 @@ class MPIMagics(Magics):
             self.cluster.stop()
 
     def _require_cluster(self) -> Cluster:
+        if self.autostart is not None and (self.cluster is None or not self.cluster.running):
+            self._start_lazily()
         if self.cluster is None or not self.cluster.running:
             raise UsageError("No MPI ranks are running. Start them with: %mpi start -n 4")
         return self.cluster
+
+    # ---------------------------------------------------------------- kernel mode
+    # Set by the "Python 3 (MPI)" kernel (clusterkernel.kernel): the %mpi start
+    # arguments used when a cell needs ranks and none run.
+    autostart: str | None = None
+
+    def _start_lazily(self) -> None:
+        n = parse_argstring(_start_args, self.autostart).n
+        print(f"Starting {n} MPI ranks...", flush=True)
+        self._sub_start(self.autostart)
+
+    @cell_magic
+    def local(self, line: str, cell: str):
+        """%%local: run this cell in the notebook's own process, not on the ranks.
+
+        For the MPI kernel and ``%mpi on``, where every other cell runs on the ranks::
+
+            %%local
+            import matplotlib.pyplot as plt
+            plt.plot(losses)
+        """
+        transforms = self.shell.input_transformers_cleanup
+        saved = list(transforms)
+        # the cell's own transforms, minus the ones that send cells to the ranks
+        transforms[:] = [t for t in saved if not getattr(t, "sends_to_ranks", False)]
+        try:
+            self.shell.run_cell(cell, store_history=False)
+        finally:
+            transforms[:] = saved
 
     @line_cell_magic
     def mpi(self, line: str = "", cell: str | None = None):

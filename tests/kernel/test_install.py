@@ -1,0 +1,73 @@
+"""install-kernel / uninstall-kernel through the real command, into a temporary prefix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from jupyter_client.kernelspec import KernelSpecManager
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clusterkernel", *args], capture_output=True, text=True
+    )
+
+
+def test_install_writes_the_kernelspec_and_uninstall_removes_it(tmp_path, monkeypatch):
+    prefix = tmp_path / "p"
+    done = _cli("install-kernel", "-n", "3", "--name", "mpi3", "--prefix", str(prefix))
+    assert done.returncode == 0, done.stderr
+    spec_dir = prefix / "share" / "jupyter" / "kernels" / "mpi3"
+    assert str(spec_dir) in done.stdout
+    spec = json.loads((spec_dir / "kernel.json").read_text())
+    assert spec["display_name"] == "Python 3 (MPI, 3 ranks)"
+    assert spec["argv"] == [
+        sys.executable, "-m", "clusterkernel.kernel", "-f", "{connection_file}", "--ranks", "3",
+    ]  # fmt: skip
+    assert spec["language"] == "python"
+    assert spec["interrupt_mode"] == "signal"
+    assert sorted(p.name for p in spec_dir.glob("logo-*.png")) == [
+        "logo-32x32.png",
+        "logo-64x64.png",
+    ]
+
+    # Jupyter finds it where JupyterLab would look
+    monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+    found = KernelSpecManager().get_kernel_spec("mpi3")
+    assert found.display_name == "Python 3 (MPI, 3 ranks)"
+
+    # found through JUPYTER_PATH without --prefix, as a user would type it
+    done = _cli("uninstall-kernel", "--name", "mpi3")
+    assert done.returncode == 0, done.stderr
+    assert not spec_dir.exists()
+    done = _cli("uninstall-kernel", "--name", "mpi3")
+    assert done.returncode != 0 and "No kernelspec named 'mpi3'" in done.stderr
+
+
+def test_python_m_clusterkernel_kernel_and_uninstall_with_prefix(tmp_path):
+    prefix = tmp_path / "p"
+    done = _cli("install-kernel", "--prefix", str(prefix))
+    assert done.returncode == 0, done.stderr
+    spec = json.loads((prefix / "share/jupyter/kernels/clusterkernel/kernel.json").read_text())
+    assert spec["display_name"] == "Python 3 (MPI, 4 ranks)"
+    assert spec["argv"][-2:] == ["--ranks", "4"]
+    done = _cli("uninstall-kernel", "--prefix", str(prefix))
+    assert done.returncode == 0, done.stderr
+    assert not (prefix / "share/jupyter/kernels/clusterkernel").exists()
+
+
+def test_bad_input_says_what_to_do(tmp_path):
+    done = _cli("install-kernel", "-n", "0", "--prefix", str(tmp_path))
+    assert done.returncode != 0 and "at least 1" in done.stderr
+    done = _cli("install-kernel", "--name", "bad name!", "--prefix", str(tmp_path))
+    assert done.returncode != 0 and "letters, digits" in done.stderr
+    done = _cli("uninstall-kernel", "--name", "nothere", "--prefix", str(tmp_path))
+    assert done.returncode != 0 and "No kernelspec 'nothere'" in done.stderr
+    assert not any(tmp_path.rglob("kernel.json"))
+
+
+def test_the_command_lists_both_subcommands():
+    done = _cli("--help")
+    assert "install-kernel" in done.stdout and "uninstall-kernel" in done.stdout
