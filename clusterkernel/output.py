@@ -273,6 +273,7 @@ class NotebookRenderer:
         # Per (kind, index): which rank has which item there, and how many share it.
         self._at: dict[tuple[str, int], dict[int, str]] = {}
         self._counts: dict[tuple[str, int], Counter] = {}
+        self._group_cache: dict[tuple[str, int], list[list[int]]] = {}
         self._born: dict[tuple[str, int, int], float] = {}
         self._young: deque[tuple[float, int]] = deque()
         self._final = False
@@ -290,19 +291,24 @@ class NotebookRenderer:
         at = self._at.setdefault((kind, index), {})
         counts = self._counts.setdefault((kind, index), Counter())
         at[rank] = item
+        self._group_cache.pop((kind, index), None)
         self._born.setdefault((kind, index, rank), now)
-        self._young.append((now, rank))
-        self._dirty.add(rank)
+        # Redraw only the areas whose content changes: a rank's own area only when
+        # the item there was or is its alone (shared items live in the shared area).
         for text, delta in ((old, -1), (item, +1)):
             if text is None:
                 continue
             counts[text] += delta
             n = counts[text]
+            if (delta < 0 and n == 0) or (delta > 0 and n == 1):
+                self._dirty.add(rank)
+                if delta > 0:
+                    self._young.append((now, rank))  # shown once the hold has passed
             if n >= 2 or (delta < 0 and n == 1):
                 self._dirty.add(None)
             if (delta > 0 and n == 2) or (delta < 0 and n == 1):
                 # The other holder moves between its own area and the shared one.
-                self._dirty.update(r for r, t in at.items() if t == text)
+                self._dirty.update(r for r, t in at.items() if t == text and r != rank)
 
     def _ingest_text(self, rank: int, kind: str, text: str, now: float) -> None:
         key = (rank, kind)
@@ -325,6 +331,18 @@ class NotebookRenderer:
         for i, content in enumerate(contents[done:], done):
             self._content[(rank, kind, i)] = content
             self._set(rank, kind, i, json.dumps(content.get("data", {}), sort_keys=True), now)
+
+    def _groups(self, kind: str, index: int) -> list[list[int]]:
+        """The rank sets sharing an item at ``(kind, index)``, lowest rank first (cached)."""
+        key = (kind, index)
+        cached = self._group_cache.get(key)
+        if cached is None:
+            groups: dict[str, list[int]] = {}
+            for r, item in self._at[key].items():
+                groups.setdefault(item, []).append(r)
+            cached = sorted(sorted(g) for g in groups.values() if len(g) >= 2)
+            self._group_cache[key] = cached
+        return cached
 
     def _shared(self, rank: int, kind: str, index: int) -> bool:
         item = self._at[(kind, index)][rank]
@@ -378,10 +396,7 @@ class NotebookRenderer:
         for kind in _KINDS:
             i = 0
             while (kind, i) in self._at:
-                groups: dict[str, list[int]] = {}
-                for r, item in self._at[(kind, i)].items():
-                    groups.setdefault(item, []).append(r)
-                for ranks in sorted(sorted(g) for g in groups.values() if len(g) >= 2):
+                for ranks in self._groups(kind, i):
                     if blocks and blocks[-1][0] == ranks:
                         blocks[-1][1].append((kind, i))
                     else:
