@@ -54,10 +54,20 @@ def dead_ranks(report: str, n: int) -> list[int]:
         r"\[proxy:[^\]]*\] .*rank (\d+)",  # hydra
     ):
         found.update(int(m) for m in re.findall(pat, report))
-    # srun: "srun: error: node2: task 3: Killed", "... tasks 0-1: Exited with exit code 2"
-    for m in re.findall(r"srun: error: [^:]+: tasks? ([\d,\-]+):", report):
+    # srun: "srun: error: node2: task 3: Exited with exit code 3"
+    for m in re.findall(r"srun: error: [^:]+: tasks? ([\d,\-]+):", _srun_first(report)):
         found.update(_ranks_in(m))
     return sorted(r for r in found if r < n)
+
+
+def _srun_first(report: str) -> str:
+    """srun's report up to where it starts killing the other tasks.
+
+    After the first failure srun terminates the step ("srun: Terminating StepId"),
+    and then names every task it killed: those did not die first.
+    """
+    m = re.search(r"^srun: (Terminating|Job step aborted|forcing job termination)", report, re.M)
+    return report[: m.start()] if m else report
 
 
 def death_cause(report: str) -> str:
@@ -68,7 +78,10 @@ def death_cause(report: str) -> str:
     m = re.search(r"Exit code:\s*(-?\d+)", report) or re.search(r"exit code[: ]+(-?\d+)", report)
     if m:
         return f"exit code {m.group(1)}"
-    m = re.search(r"srun: error: [^:]+: tasks? [\d,\-]+: (Killed|Segmentation fault|Aborted)", report)
+    m = re.search(
+        r"srun: error: [^:]+: tasks? [\d,\-]+: (Killed|Segmentation fault|Aborted)",
+        _srun_first(report),
+    )
     if m:
         number = {"Killed": 9, "Segmentation fault": 11, "Aborted": 6}[m.group(1)]
         return f"killed by signal {number} ({m.group(1)})"

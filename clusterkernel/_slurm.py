@@ -57,7 +57,9 @@ def allocation_size() -> tuple[int, int]:
         return int(ntasks), nodes
     # "2(x3),1": two tasks on each of three nodes, then one
     total = 0
-    for count, _, times in re.findall(r"(\d+)(\(x(\d+)\))?", os.environ.get("SLURM_TASKS_PER_NODE", "")):
+    for count, _, times in re.findall(
+        r"(\d+)(\(x(\d+)\))?", os.environ.get("SLURM_TASKS_PER_NODE", "")
+    ):
         total += int(count) * int(times or 1)
     return (total or nodes), nodes
 
@@ -184,7 +186,7 @@ class SlurmLauncher:
     def _srun_options(self) -> list[str]:
         opts = ["--mpi=pmix", "--kill-on-bad-exit=1"]
         if self.step and self.nodes:
-            opts.append(f"--nodes={self.nodes}")
+            opts += [f"--nodes={self.nodes}", f"--ntasks-per-node={-(-self.n // self.nodes)}"]
         return opts + (self.slurm_args if self.step else [])
 
     def batch_script(self) -> str:
@@ -201,7 +203,10 @@ class SlurmLauncher:
             "#SBATCH --export=ALL",
         ]
         if self.nodes:
-            lines.append(f"#SBATCH --nodes={self.nodes}")
+            # spread evenly, neighbouring ranks on one node (Slurm's block default
+            # would fill the first node's CPUs first)
+            per_node = -(-self.n // self.nodes)
+            lines += [f"#SBATCH --nodes={self.nodes}", f"#SBATCH --ntasks-per-node={per_node}"]
         if self.time:
             lines.append(f"#SBATCH --time={esc(self.time)}")
         if self.partition:
@@ -238,9 +243,9 @@ class SlurmLauncher:
         job = getattr(engine_set, "job_id", None)
         if not job:
             return None
-        self.job_id = job
         now = time.monotonic()
-        if self._state is None or now - self._state_at > _POLL:
+        if self._state is None or job != self.job_id or now - self._state_at > _POLL:
+            self.job_id = job
             try:
                 out = _slurm("squeue", "-h", "--states=all", "-j", job, "-o", "%T|%r").strip()
             except SlurmError:

@@ -303,7 +303,8 @@ class Cluster:
         self._teardown()
 
     def _teardown(self) -> None:
-        procs = [p for p in map(_process, self.processes()) if p is not None]
+        guard = self._guard.pid if self._guard is not None else None
+        procs = [p for p in map(_process, self.processes()) if p is not None and p.pid != guard]
         engine_set = self._engine_set()
         if self._client is not None:
             try:

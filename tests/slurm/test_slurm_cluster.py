@@ -1,0 +1,139 @@
+"""Ranks started through a real Slurm on two nodes (the test bed of conftest.py).
+
+One Slurm-launched cluster is shared by the module's tests; the tests about
+starting and dying start their own. Every test looks on both nodes for what it
+left behind.
+"""
+
+from __future__ import annotations
+
+import _thread
+import io
+import os
+import re
+import stat
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+from clusterkernel import Cluster
+from clusterkernel.errors import CellInterrupted, ClusterError, RankError
+from clusterkernel.output import TerminalRenderer
+
+
+def _quiet(cluster: Cluster) -> TerminalRenderer:
+    return TerminalRenderer(cluster.ranks, stream=io.StringIO())
+
+
+def _wait_clean(bed, timeout: float = 20.0) -> tuple[list, list, list]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = (bed.jobs(), bed.pids_on("node1"), bed.pids_on("node2"))
+        if not any(left) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.25)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(slurm_testbed, _shared_holder):
+    if _shared_holder.cluster is not None:  # one cluster at a time on 2 cores
+        _shared_holder.cluster.stop()
+        _shared_holder.cluster = None
+    cluster = Cluster(n=4, launcher="slurm", nodes=2).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def sc(slurm_cluster):
+    if slurm_cluster.lost:
+        slurm_cluster.restart()
+    return slurm_cluster
+
+
+def test_ranks_spread_over_both_nodes_as_one_mpi_world(sc, slurm_testbed):
+    hosts = {row["rank"]: row["host"] for row in sc.status()}
+    assert hosts == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    assert sc.job_id in slurm_testbed.jobs()
+    sc.run(
+        "from clusterkernel import comm\nimport torch\n"
+        "t = torch.full((1000,), float(comm.rank() + 1))\ncomm.all_reduce(t)\n",
+        renderer=_quiet(sc),
+    )
+    assert all(set(t.tolist()) == {10.0} for t in sc.pull("t").values())
+    assert {r: int(v) for r, v in sc.pull("mpi_size").items()} == {r: 4 for r in range(4)}
+
+
+def test_controller_listens_only_on_the_nodes_network(sc, slurm_testbed):
+    ctl = psutil.Process(sc._ipp.controller.pid)
+    procs = [ctl, *ctl.children(recursive=True)]
+    listening = {
+        c.laddr.ip
+        for p in procs
+        for c in p.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    }
+    # the nodes' network for the engines, loopback for this notebook's client
+    assert listening == {slurm_testbed.controller_address, "127.0.0.1"}
+
+
+def test_job_files_are_private_and_not_in_the_current_directory(sc):
+    run_dir = sc._ipp.profile_dir
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    es = sc._engine_set()
+    assert os.path.dirname(es.batch_file) == run_dir
+    assert os.path.dirname(es.output_file) == run_dir
+    assert not [f for f in os.listdir(".") if f.startswith(("slurm-", "slurm_engine"))]
+
+
+def test_stacks_and_locals_of_ranks_on_the_other_node(sc):
+    code = textwrap.dedent(
+        """\
+        from mpi4py import MPI
+        marker = 100 + MPI.COMM_WORLD.Get_rank()
+        if MPI.COMM_WORLD.Get_rank() != 3:
+            MPI.COMM_WORLD.Barrier()
+        """
+    )
+    run = sc.run(code, block=False, renderer=_quiet(sc))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and sorted(run.busy_ranks()) != [0, 1, 2]:
+        time.sleep(0.1)
+    stacks = sc.stacks([1, 2], code=code, with_locals=True)
+    assert "Cell line 4" in stacks[2] and "MPI.COMM_WORLD.Barrier()" in stacks[2]
+    assert re.search(r"marker\s+= 102", stacks[2]), stacks[2]
+    with pytest.raises(CellInterrupted) as info:
+        run.wait(timeout=1)
+    stuck = [f for f in info.value.failures if "did not respond" in f.summary]
+    assert stuck and stuck[0].ranks == [0, 1, 2]
+    assert "MPI.COMM_WORLD.Barrier()" in stuck[0].detail  # rank 2 is on node2
+    assert "not available" not in str(info.value)
+    sc.run("print('usable again')", renderer=_quiet(sc))
+
+
+def test_interrupt_reaches_ranks_on_both_nodes(sc):
+    pids = [r["pid"] for r in sc.status()]
+    timer = threading.Timer(2.0, _thread.interrupt_main)  # what a kernel interrupt does
+    timer.start()
+    with pytest.raises(CellInterrupted) as info:
+        sc.run("import time\ntime.sleep(60)", renderer=_quiet(sc))
+    timer.cancel()
+    assert info.value.failures[0].ranks == [0, 1, 2, 3]
+    assert "SIGINT stopped it" in info.value.failures[0].summary
+    assert [r["pid"] for r in sc.status()] == pids  # freed without a restart
+
+
+def test_a_rank_that_dies_on_the_other_node_is_named(sc):
+    code = "import os, time\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.Get_rank() == 3:\n    os._exit(3)\ntime.sleep(30)"
+    with pytest.raises(RankError) as info:
+        sc.run(code, renderer=_quiet(sc))
+    died = [f for f in info.value.failures if f.kind == "died"]
+    assert died and died[0].ranks == [3], str(info.value)
+    assert "exit code 3" in died[0].summary
+    with pytest.raises(ClusterError, match="rank 3 died"):
+        sc.run("pass")
+    sc.restart()
+    assert {row["host"] for row in sc.status()} == {"node1", "node2"}

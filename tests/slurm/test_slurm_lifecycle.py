@@ -1,0 +1,116 @@
+"""Starting and stopping ranks through a real Slurm on two nodes: every way a job
+ends leaves nothing in the queue and no process on either node.
+
+Each test starts its own cluster (no other cluster runs meanwhile: the module
+of shared-cluster tests has stopped its one by now).
+"""
+
+from __future__ import annotations
+
+import _thread
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from clusterkernel import Cluster
+from clusterkernel.output import TerminalRenderer
+
+
+def _quiet(cluster: Cluster) -> TerminalRenderer:
+    return TerminalRenderer(cluster.ranks, stream=io.StringIO())
+
+
+def _wait_clean(bed, timeout: float = 20.0) -> tuple[list, list, list]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = (bed.jobs(), bed.pids_on("node1"), bed.pids_on("node2"))
+        if not any(left) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.25)
+
+
+def test_stop_cancels_the_job_and_leaves_nothing_on_either_node(slurm_testbed, _shared_holder):
+    cluster = Cluster(n=2, launcher="slurm", nodes=2).start()
+    job = cluster.job_id
+    cluster.stop()
+    jobs, on1, on2 = _wait_clean(slurm_testbed, timeout=5)
+    assert job not in jobs and not on1 and not on2, (jobs, on1, on2)
+
+
+def test_pending_job_is_shown_and_an_interrupt_cancels_it(slurm_testbed, capsys):
+    env = {**os.environ}
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "-N2", "--exclusive", "--wrap", "sleep 300"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout.strip()
+    try:
+        timer = threading.Timer(6.0, _thread.interrupt_main)
+        timer.start()
+        cluster = Cluster(n=2, launcher="slurm", nodes=2)
+        with pytest.raises(KeyboardInterrupt):
+            cluster.start()
+        timer.cancel()
+        out = capsys.readouterr().out
+        assert "pending (Resources)" in out or "pending (Priority)" in out, out
+        assert not cluster.running
+        jobs = [j for j in slurm_testbed.jobs() if j != blocker]
+        assert not jobs, f"the interrupted start left job(s) {jobs} in the queue"
+    finally:
+        subprocess.run(["scancel", blocker], env=env)
+    jobs, on1, on2 = _wait_clean(slurm_testbed)
+    assert not jobs and not on1 and not on2, (jobs, on1, on2)
+
+
+_KERNEL = """
+import sys
+from clusterkernel import Cluster
+c = Cluster(n=2, launcher="slurm", nodes=2).start()
+print("JOB", c.job_id, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_notebook_kernel_leaves_no_job_and_no_process(slurm_testbed):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KERNEL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    line = ""
+    while not line.startswith("JOB"):  # after the live "pending" line
+        line = proc.stdout.readline().strip("\r\n ").split("\r")[-1].strip()
+        assert line or proc.poll() is None, "the kernel process ended before its cluster started"
+    job = line.split()[-1]
+    assert job in slurm_testbed.jobs()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    jobs, on1, on2 = _wait_clean(slurm_testbed, timeout=20)
+    assert job not in jobs and not on1 and not on2, (jobs, on1, on2)
+
+
+_IN_ALLOCATION = """
+from clusterkernel import Cluster
+with Cluster() as c:
+    print("RESULT", c.n, c.launcher.kind, sorted((r["rank"], r["host"]) for r in c.status()))
+"""
+
+
+def test_inside_an_allocation_start_uses_its_tasks_and_nodes(slurm_testbed):
+    done = subprocess.run(
+        ["salloc", "-N2", "--ntasks-per-node=2", sys.executable, "-c", _IN_ALLOCATION],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line, done.stdout + done.stderr
+    assert line == "RESULT 4 slurm [(0, 'node1'), (1, 'node1'), (2, 'node2'), (3, 'node2')]"
+    jobs, on1, on2 = _wait_clean(slurm_testbed)
+    assert not jobs and not on1 and not on2, (jobs, on1, on2)
