@@ -60,7 +60,16 @@ _auto_mpi.sends_to_ranks = True  # %%local runs its cell without it
 
 
 @magic_arguments()
-@argument("-n", type=int, default=4, help="number of MPI ranks (default 4)")
+@argument(
+    "-n",
+    type=int,
+    help="number of MPI ranks (default 4, or the Slurm allocation's tasks inside one)",
+)
+@argument("--slurm", action="store_true", help="start the ranks as a Slurm job (sbatch + srun)")
+@argument("--nodes", type=int, help="Slurm: spread the ranks over this many nodes")
+@argument("--partition", help="Slurm: the partition (queue) to submit to")
+@argument("--time", default="0:30:00", help="Slurm: the job's time limit (default 0:30:00)")
+@argument("--account", help="Slurm: the account to charge")
 @argument("--hosts", help='hosts and slots for several machines, e.g. "a:2,b:2"')
 @argument("--hostfile", help="an MPI hostfile")
 @argument("--mpiexec", help="path of mpiexec (default: next to python, then PATH)")
@@ -135,7 +144,7 @@ class MPIMagics(Magics):
 
     def _start_lazily(self) -> None:
         n = parse_argstring(_start_args, self.autostart).n
-        print(f"Starting {n} MPI ranks...", flush=True)
+        print(f"Starting {n or 'the'} MPI ranks...", flush=True)
         self._sub_start(self.autostart)
 
     @cell_magic
@@ -179,20 +188,28 @@ class MPIMagics(Magics):
                 f"MPI ranks are already running ({self.cluster.n} ranks). "
                 "Use %mpi restart, or %mpi stop first."
             )
+        slurm = {"nodes": args.nodes, "partition": args.partition, "account": args.account}
+        if not args.slurm and any(slurm.values()):
+            raise UsageError("--nodes, --partition and --account go with --slurm.")
         try:
             cluster = Cluster(
                 n=args.n,
                 hosts=args.hosts,
                 hostfile=args.hostfile,
                 mpiexec=args.mpiexec,
+                launcher="slurm" if args.slurm else None,
+                time=args.time,
                 timeout=args.timeout,
                 fault_tolerant=args.fault_tolerant,
+                **{k: v for k, v in slurm.items() if v is not None},
             )
-        except (ValueError, FileNotFoundError, HostError, MPINotFoundError) as e:
+        except (ValueError, FileNotFoundError, HostError, MPINotFoundError, ClusterError) as e:
             raise UsageError(str(e)) from None
         cluster.start()
         self.cluster = cluster
-        print(f"Started {cluster.n} MPI ranks ({cluster.runtime.flavor}).")
+        where = sorted({row["host"] for row in cluster.status()})
+        on = f" on {len(where)} nodes ({', '.join(where)})" if len(where) > 1 else ""
+        print(f"Started {cluster.n} MPI ranks ({cluster.launcher.describe()}){on}.")
 
     def _sub_stop(self, rest: str) -> None:
         if self.cluster is None or not self.cluster.running:

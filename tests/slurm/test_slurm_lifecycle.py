@@ -46,7 +46,7 @@ def test_stop_cancels_the_job_and_leaves_nothing_on_either_node(slurm_testbed, _
 def test_pending_job_is_shown_and_an_interrupt_cancels_it(slurm_testbed, capsys):
     env = {**os.environ}
     blocker = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "--exclusive", "--wrap", "sleep 300"],
+        ["sbatch", "--parsable", "-N2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 300"],
         capture_output=True,
         text=True,
         check=True,
