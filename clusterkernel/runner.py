@@ -27,6 +27,7 @@ from clusterkernel.errors import (
     RankError,
     format_ranks,
     group_failures,
+    notebook_execution_count,
 )
 from clusterkernel.output import RankOutput, Renderer, default_renderer
 
@@ -65,6 +66,8 @@ class CellRun:
         self._mds = mds if isinstance(mds, list) else [mds]
         self.started = time.monotonic()
         self.done = False
+        # the notebook's cell this run belongs to (a --noblock run is waited on later)
+        self.execution_count = notebook_execution_count()
 
     def __repr__(self) -> str:
         state = "done" if self.done else ("ready" if self.ar.ready() else "running")
@@ -102,6 +105,7 @@ class CellRun:
         if failure is None:
             failure = self._collect_errors()
         if failure is not None:
+            failure.execution_count = self.execution_count
             raise failure
         return self
 
@@ -153,15 +157,16 @@ class CellRun:
         stuck = self.busy_ranks()
         if stuck and not stacks_first:
             stacks = self.cluster.stacks(stuck, code=self.code)
-        what = f"still running after {timeout:g}s" if kind == "timeout" else "the kernel was interrupted"
+        # the heading already says "interrupted"; a timeout says how long it ran
+        what = f"still running after {timeout:g}s; " if kind == "timeout" else ""
         items = []
         for r in self.ranks:
             if r in stuck:
-                summary = f"{what}; did not respond to SIGINT (blocked in an MPI call?)"
+                summary = f"{what}did not respond to SIGINT (blocked in an MPI call?)"
                 items.append((r, kind, summary, stacks.get(r, "")))
             elif r in busy:
                 detail = stacks.get(r, "")
-                items.append((r, kind, f"{what}; SIGINT stopped it", detail))
+                items.append((r, kind, f"{what}SIGINT stopped it", detail))
         notes = []
         finished = [r for r in self.ranks if r not in busy]
         if finished and busy:
@@ -178,7 +183,9 @@ class CellRun:
             )
         note = "\n".join(notes)
         if not items:
-            items = [(r, kind, what, "") for r in self.ranks]
+            items = [
+                (r, kind, what.rstrip("; ") or "the kernel was interrupted", "") for r in self.ranks
+            ]
         return CellInterrupted(group_failures(items), note=note)
 
     def _collect_errors(self) -> RankError | None:
