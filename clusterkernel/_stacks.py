@@ -18,7 +18,8 @@ import os
 import re
 import time
 
-from clusterkernel._engine_setup import STACK_REQUEST
+from clusterkernel import _jobreport
+from clusterkernel._engine_setup import STACK_REQUEST, stack_path
 
 # A cell's frames on an engine: ipykernel names cell files per process and cell.
 _CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$|^<ipython-input-")
@@ -47,6 +48,33 @@ def request_frames(
         content = msg.get("content", {})
         if content.get("status") == "ok":
             out[rank] = content.get("frames", [])
+    return out
+
+
+def faulthandler_frames(run_dir: str, ranks: list[int], send_signal, settle: float = 0.3):
+    """``{rank: frames}`` from ``faulthandler`` dumps, for ranks whose dump file is here.
+
+    The fallback for a rank whose control thread cannot answer: ``send_signal(ranks)``
+    makes each write its stacks to its file (``_engine_setup``), a C-level handler
+    that needs nothing from the rank's Python threads.
+    """
+    paths = {r: stack_path(run_dir, r) for r in ranks}
+    paths = {r: p for r, p in paths.items() if os.path.exists(p)}
+    if not paths:
+        return {}
+    offsets = {r: os.path.getsize(p) for r, p in paths.items()}
+    try:
+        send_signal(list(paths))
+    except Exception:  # the rank may be gone with its nanny
+        return {}
+    time.sleep(settle)
+    out = {}
+    for r, path in paths.items():
+        with open(path) as f:
+            f.seek(offsets[r])
+            frames = _jobreport.faulthandler_frames(f.read())
+        if frames:
+            out[r] = frames
     return out
 
 
@@ -79,7 +107,9 @@ def format_stack(
             continue
         if is_cell(f):
             lines.append(f"  Cell line {f['line']}, in {f['name']}")
-            text = f.get("source") or (src[f["line"] - 1].strip() if 0 < f["line"] <= len(src) else "")
+            text = f.get("source") or (
+                src[f["line"] - 1].strip() if 0 < f["line"] <= len(src) else ""
+            )
         else:
             lines.append(f'  File "{f["file"]}", line {f["line"]}, in {f["name"]}')
             text = f.get("source", "")

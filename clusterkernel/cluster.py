@@ -19,14 +19,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 from typing import Any
 
 import ipyparallel as ipp
 import psutil
 
 from clusterkernel import _engine_setup, _stacks
-from clusterkernel._jobreport import dead_ranks, faulthandler_frames, job_report
+from clusterkernel._jobreport import dead_ranks, job_report
 from clusterkernel._launch import (
     Guard,
     MpiexecLauncher,
@@ -35,6 +34,7 @@ from clusterkernel._launch import (
     remove_run_dir,
     wait_for_engines,
 )
+from clusterkernel._status import RankStatus
 from clusterkernel.errors import CellInterrupted, ClusterError, RankError, format_ranks
 from clusterkernel.mpiexec import MPIRuntime, check_hosts_resolve, parse_hosts
 
@@ -176,7 +176,7 @@ class Cluster:
         self._client: ipp.Client | None = None
         self._rank_info: dict[int, dict] = {}  # rank -> {rank, host, pid, engine}
         self._engine_of: dict[int, int] = {}  # rank -> engine id
-        self._procs: dict[int, psutil.Process] = {}  # pid -> process, for CPU %
+        self._status = RankStatus()
         self._run_dir: str | None = None
         self._guard: Guard | None = None
         self.lost: str | None = None  # why the engine set is gone, if it is
@@ -416,42 +416,13 @@ class Cluster:
 
     # ------------------------------------------------------------------ status
     def status(self) -> list[dict]:
-        """One dict per rank: rank, host, pid, state, cpu %, memory (MiB)."""
+        """One dict per rank: rank, host, pid, state, cpu %, memory (MiB).
+
+        CPU and memory are read for ranks on this machine; on other hosts they are None.
+        """
         self._require_running()
         assert self._client is not None
-        queue = self._client.queue_status(verbose=True)
-        busy = _busy_engines(queue, self._client.session.session + "_", self._client.outstanding)
-        rows = []
-        for rank in self.ranks:
-            info = self._rank_info[rank]
-            eid = info["engine"]
-            q = queue.get(eid)
-            state = "dead"
-            cpu = mem = None
-            if q is not None:
-                state = "busy" if eid in busy else "idle"
-            try:
-                # Kept between calls: cpu_percent() measures since the previous call
-                # on the same object (a fresh one always says 0).
-                proc = self._procs.get(info["pid"]) or psutil.Process(info["pid"])
-                self._procs[info["pid"]] = proc
-                with proc.oneshot():
-                    mem = proc.memory_info().rss / 2**20
-                    cpu = proc.cpu_percent(interval=None)
-            except psutil.Error:
-                if not self.multi_node:
-                    state = "dead"
-            rows.append(
-                {
-                    "rank": rank,
-                    "host": info["host"],
-                    "pid": info["pid"],
-                    "state": state,
-                    "cpu": cpu,
-                    "memory_mib": mem,
-                }
-            )
-        return rows
+        return self._status.rows(self._client, self._rank_info, self.multi_node)
 
     def processes(self) -> list[int]:
         """Pids of every local process of this cluster (controller, mpiexec, ranks...)."""
@@ -554,25 +525,10 @@ class Cluster:
             for r in ranks
         }
 
-    def _faulthandler_frames(self, ranks: list[int], settle: float = 0.3) -> dict[int, list]:
-        paths = {r: _engine_setup.stack_path(self._run_dir or "", r) for r in ranks}
-        paths = {r: p for r, p in paths.items() if os.path.exists(p)}
-        if not paths:
-            return {}
-        offsets = {r: os.path.getsize(p) for r, p in paths.items()}
-        try:
-            self.signal(_engine_setup.STACK_SIGNAL, list(paths))
-        except Exception:
-            return {}
-        time.sleep(settle)
-        out = {}
-        for r, path in paths.items():
-            with open(path) as f:
-                f.seek(offsets[r])
-                frames = faulthandler_frames(f.read())
-            if frames:
-                out[r] = frames
-        return out
+    def _faulthandler_frames(self, ranks: list[int]) -> dict[int, list]:
+        return _stacks.faulthandler_frames(
+            self._run_dir or "", ranks, lambda rs: self.signal(_engine_setup.STACK_SIGNAL, rs)
+        )
 
     def signal(self, sig: int, ranks: list[int] | None = None) -> None:
         """Send ``sig`` to the given ranks only (through each engine's nanny)."""
@@ -588,25 +544,6 @@ class Cluster:
             return None
         report = job_report(self._engine_output(lines=200))
         return dead_ranks(report, self.n), report
-
-
-def _busy_engines(queue: dict, ours: str, outstanding: set[str]) -> set[int]:
-    """Engines with a task still running or queued, from a verbose queue status.
-
-    The controller books a task as done some time after its reply has reached
-    the client (seconds, on a loaded machine), so for this client's own tasks
-    (message ids starting with its session id, ``ours``) the client's own
-    ``outstanding`` set decides; tasks of other clients count as the
-    controller says.
-    """
-    busy = set()
-    for eid, q in queue.items():
-        if isinstance(q, dict) and any(
-            m in outstanding or not m.startswith(ours)
-            for m in (*q.get("queue", ()), *q.get("tasks", ()))
-        ):
-            busy.add(eid)
-    return busy
 
 
 def _failures_from_composite(cluster: Cluster, err, ranks):

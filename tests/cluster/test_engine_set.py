@@ -225,3 +225,14 @@ def test_status_shows_busy_ranks_while_a_cell_runs(cluster: Cluster):
     run.wait()
     assert states == {0: "idle", 1: "busy", 2: "idle", 3: "idle"}
     assert {r["state"] for r in cluster.status()} == {"idle"}
+
+
+def test_stack_of_a_rank_holding_the_gil_comes_from_faulthandler(cluster: Cluster):
+    # ctypes.PyDLL keeps the GIL through the C call: the engine's control thread
+    # cannot run, so the stack must come from the faulthandler fallback.
+    code = "import ctypes\nctypes.PyDLL(None).sleep(8)\n"
+    run = cluster.run(code, ranks=[0], block=False, renderer=Recorder([0]))
+    time.sleep(1.0)
+    stacks = cluster.stacks([0], code=code)
+    run.wait()
+    assert "Cell line 2" in stacks[0] and "ctypes.PyDLL(None).sleep(8)" in stacks[0], stacks

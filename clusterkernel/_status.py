@@ -1,0 +1,73 @@
+"""What each rank is doing, for ``%mpi status`` (client side).
+
+Example::
+
+    reader = RankStatus()
+    reader.rows(client, rank_info, multi_node=False)
+    # [{"rank": 0, "host": "node1", "pid": 4242, "state": "idle", "cpu": 0.0, ...}, ...]
+"""
+
+from __future__ import annotations
+
+import psutil
+
+
+class RankStatus:
+    """Reads rank rows; keeps each rank's process between calls for its CPU %.
+
+    ``cpu_percent()`` measures since the previous call on the same object (a fresh
+    one always says 0), hence the cache.
+    """
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+
+    def rows(self, client, rank_info: dict[int, dict], multi_node: bool) -> list[dict]:
+        """One dict per rank (rank, host, pid, state, cpu, memory_mib), in rank order."""
+        queue = client.queue_status(verbose=True)
+        busy = busy_engines(queue, client.session.session + "_", client.outstanding)
+        rows = []
+        for rank in sorted(rank_info):
+            info = rank_info[rank]
+            eid = info["engine"]
+            state = "dead" if queue.get(eid) is None else ("busy" if eid in busy else "idle")
+            cpu = mem = None
+            try:
+                proc = self._procs.get(info["pid"]) or psutil.Process(info["pid"])
+                self._procs[info["pid"]] = proc
+                with proc.oneshot():
+                    mem = proc.memory_info().rss / 2**20
+                    cpu = proc.cpu_percent(interval=None)
+            except psutil.Error:
+                if not multi_node:  # on another host the pid is not ours to see
+                    state = "dead"
+            rows.append(
+                {
+                    "rank": rank,
+                    "host": info["host"],
+                    "pid": info["pid"],
+                    "state": state,
+                    "cpu": cpu,
+                    "memory_mib": mem,
+                }
+            )
+        return rows
+
+
+def busy_engines(queue: dict, ours: str, outstanding: set[str]) -> set[int]:
+    """Engines with a task still running or queued, from a verbose queue status.
+
+    The controller books a task as done some time after its reply has reached
+    the client (seconds, on a loaded machine), so for this client's own tasks
+    (message ids starting with its session id, ``ours``) the client's own
+    ``outstanding`` set decides; tasks of other clients count as the
+    controller says.
+    """
+    busy = set()
+    for eid, q in queue.items():
+        if isinstance(q, dict) and any(
+            m in outstanding or not m.startswith(ours)
+            for m in (*q.get("queue", ()), *q.get("tasks", ()))
+        ):
+            busy.add(eid)
+    return busy
