@@ -1,0 +1,102 @@
+"""What a cluster leaves behind: nothing once stop() returns (nannies included),
+and nothing that Jupyter's ipyparallel server extension would adopt and log about.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+
+from clusterkernel import Cluster
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_stop_after_restart_returns_when_every_process_is_gone(no_shared_cluster):
+    cluster = Cluster(n=2).start()
+    try:
+        cluster.restart()
+        pids = cluster.processes()
+        names = {psutil.Process(p).name() for p in _alive(pids)}
+        assert any("python" in n for n in names), names  # engines and nannies among them
+        assert len(pids) >= 5  # controller, mpiexec, 2 engines, 2 nannies, guard ...
+    finally:
+        cluster.stop()
+    assert _alive(pids) == [], [psutil.Process(p).cmdline() for p in _alive(pids)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# What the server printed in a user's terminal while a cluster ran (issue 14, item 7).
+_NOISE = re.compile(
+    r"Monitor message without topic|No heartbeat|Output for ipcontroller|ipcontroller-|cluster-\d"
+)
+
+
+def test_a_jupyter_servers_log_stays_clean_while_a_cluster_runs(no_shared_cluster, tmp_path):
+    port = _free_port()
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed below
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "server",
+            "--no-browser",
+            f"--port={port}",
+            "--ServerApp.token=",
+            "--ServerApp.ip=127.0.0.1",
+            "--allow-root",
+            f"--ServerApp.root_dir={tmp_path}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "JUPYTER_PLATFORM_DIRS": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "is running at" not in (tmp_path / "server.log").read_text():
+            assert server.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "server.log"
+            ).read_text()
+            time.sleep(0.2)
+        text = (tmp_path / "server.log").read_text()
+        assert "ipyparallel" in text.lower(), (
+            "the ipyparallel extension did not load: the test would prove nothing\n" + text
+        )
+        with Cluster(n=2) as cluster:
+            cluster.run("x = 1", renderer=_Silent())
+            time.sleep(8)  # the extension polls the profiles every few seconds
+        time.sleep(2)
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+        log.close()
+    text = (tmp_path / "server.log").read_text()
+    noise = [ln for ln in text.splitlines() if _NOISE.search(ln)]
+    assert not noise, "\n".join(noise)
+
+
+class _Silent:
+    def update(self, rank, out): ...
+    def notice(self, text): ...
+    def finish(self): ...
