@@ -33,7 +33,7 @@ from IPython.core.magic_arguments import (
 )
 
 from clusterkernel.cluster import Cluster
-from clusterkernel.errors import ClusterError
+from clusterkernel.errors import ClusterError, rank_label
 from clusterkernel.mpiexec import HostError, MPINotFoundError
 
 
@@ -81,6 +81,14 @@ _auto_mpi.sends_to_ranks = True  # %%local runs its cell without it
 )
 def _start_args(line):
     """%mpi start: start MPI ranks as ipyparallel engines."""
+
+
+@magic_arguments()
+@argument("--ranks", help="comma-separated ranks, e.g. 1,3 (default: the busy ones)")
+@argument("--locals", action="store_true", help="show the values of each frame's locals")
+@argument("--all-frames", action="store_true", help="show clusterkernel's own frames too")
+def _where_args(line):
+    """%mpi where: each running rank's stack, the cell's lines first, even inside MPI."""
 
 
 @magic_arguments()
@@ -269,6 +277,25 @@ class MPIMagics(Magics):
                 ns[name] = self.shell.user_ns[name]
         cluster.push(ns)
 
+    def _sub_where(self, rest: str) -> None:
+        args = parse_argstring(_where_args, rest)
+        cluster = self._require_cluster()
+        ranks = _ranks_arg(args.ranks)
+        if ranks is None:
+            ranks = [row["rank"] for row in cluster.status() if row["state"] == "busy"]
+        if not ranks:
+            print("No rank is running a cell (--ranks asks idle ones too).")
+            return
+        try:
+            stacks = cluster.stacks(ranks, with_locals=args.locals, all_frames=args.all_frames)
+        except (ValueError, ClusterError) as e:
+            raise UsageError(str(e)) from None
+        by_text: dict[str, list[int]] = {}
+        for rank, text in stacks.items():
+            by_text.setdefault(text or "  (idle: no cell running)", []).append(rank)
+        for text, same in sorted(by_text.items(), key=lambda kv: kv[1]):
+            print(f"[{rank_label(same)}]\n{text}")
+
     def _sub_pull(self, rest: str):
         args = parse_argstring(_pull_args, rest)
         cluster = self._require_cluster()
@@ -373,6 +400,7 @@ _HELP_ROWS = [
     ("%mpi on | %mpi off", "run every following cell on the ranks, or stop"),
     ("%mpi push name [name ...] | %mpi push name=expr", "copy variables to every rank"),
     (_pull_args, "%mpi pull"),
+    (_where_args, "%mpi where"),
     ("%mpi timeout S | off", "default watchdog for %%mpi cells"),
     ("%mpi dashboard", "live per-rank loss, comm, timeline, status"),
     (_export_args, "%mpi export"),

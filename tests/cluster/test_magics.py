@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -95,3 +98,22 @@ def test_no_cluster_is_a_usage_error(shell):
     ck_magics._magics.cluster = None
     with pytest.raises(UsageError, match="%mpi start"):
         shell.run_cell_magic("mpi", "", "pass")
+
+
+def test_where_shows_a_blocked_ranks_cell_line_and_locals(shell, capsys):
+    # ranks 0 and 2 wait in a Barrier that ranks 1 and 3 have not reached yet
+    run = shell.run_cell_magic(
+        "mpi",
+        "--noblock",
+        "import time\nfrom mpi4py import MPI\nr = MPI.COMM_WORLD.Get_rank()\n"
+        "secret = 40 + r\nif r % 2:\n    time.sleep(4)\nMPI.COMM_WORLD.Barrier()\n",
+    )
+    time.sleep(1.5)
+    capsys.readouterr()
+    shell.run_line_magic("mpi", "where --ranks 0,2 --locals")
+    out = capsys.readouterr().out
+    run.wait()
+    assert "[rank 0]" in out and "[rank 2]" in out
+    assert "Cell line 7" in out and "MPI.COMM_WORLD.Barrier()" in out
+    assert re.search(r"secret\s+= 40", out) and re.search(r"secret\s+= 42", out), out
+    assert "_handle.py" not in out and "Current thread" not in out
