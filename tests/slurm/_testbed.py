@@ -276,6 +276,15 @@ class SlurmTestbed:
         ).stdout
         return out.split()
 
+    def leftovers(self, timeout: float = 20.0) -> tuple[list, list, list]:
+        """``(jobs, pids on node1, pids on node2)``, once all are empty or at ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = (self.jobs(), self.pids_on("node1"), self.pids_on("node2"))
+            if not any(left) or time.monotonic() > deadline:
+                return left
+            time.sleep(0.25)
+
     # ------------------------------------------------------------ stop
     def stop(self) -> None:
         b = self.base

@@ -28,15 +28,6 @@ def _quiet(cluster: Cluster) -> TerminalRenderer:
     return TerminalRenderer(cluster.ranks, stream=io.StringIO())
 
 
-def _wait_clean(bed, timeout: float = 20.0) -> tuple[list, list, list]:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = (bed.jobs(), bed.pids_on("node1"), bed.pids_on("node2"))
-        if not any(left) or time.monotonic() > deadline:
-            return left
-        time.sleep(0.25)
-
-
 @pytest.fixture(scope="module")
 def slurm_cluster(slurm_testbed, _shared_holder):
     if _shared_holder.cluster is not None:  # one cluster at a time on 2 cores

@@ -8,38 +8,22 @@ of shared-cluster tests has stopped its one by now).
 from __future__ import annotations
 
 import _thread
-import io
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 from clusterkernel import Cluster
-from clusterkernel.output import TerminalRenderer
-
-
-def _quiet(cluster: Cluster) -> TerminalRenderer:
-    return TerminalRenderer(cluster.ranks, stream=io.StringIO())
-
-
-def _wait_clean(bed, timeout: float = 20.0) -> tuple[list, list, list]:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = (bed.jobs(), bed.pids_on("node1"), bed.pids_on("node2"))
-        if not any(left) or time.monotonic() > deadline:
-            return left
-        time.sleep(0.25)
 
 
 def test_stop_cancels_the_job_and_leaves_nothing_on_either_node(slurm_testbed, _shared_holder):
     cluster = Cluster(n=2, launcher="slurm", nodes=2).start()
     job = cluster.job_id
     cluster.stop()
-    jobs, on1, on2 = _wait_clean(slurm_testbed, timeout=5)
+    jobs, on1, on2 = slurm_testbed.leftovers(timeout=5)
     assert job not in jobs and not on1 and not on2, (jobs, on1, on2)
 
 
@@ -66,7 +50,7 @@ def test_pending_job_is_shown_and_an_interrupt_cancels_it(slurm_testbed, capsys)
         assert not jobs, f"the interrupted start left job(s) {jobs} in the queue"
     finally:
         subprocess.run(["scancel", blocker], env=env)
-    jobs, on1, on2 = _wait_clean(slurm_testbed)
+    jobs, on1, on2 = slurm_testbed.leftovers()
     assert not jobs and not on1 and not on2, (jobs, on1, on2)
 
 
@@ -91,7 +75,7 @@ def test_a_killed_notebook_kernel_leaves_no_job_and_no_process(slurm_testbed):
     assert job in slurm_testbed.jobs()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    jobs, on1, on2 = _wait_clean(slurm_testbed, timeout=20)
+    jobs, on1, on2 = slurm_testbed.leftovers(timeout=20)
     assert job not in jobs and not on1 and not on2, (jobs, on1, on2)
 
 
@@ -112,5 +96,5 @@ def test_inside_an_allocation_start_uses_its_tasks_and_nodes(slurm_testbed):
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, done.stdout + done.stderr
     assert line == "RESULT 4 slurm [(0, 'node1'), (1, 'node1'), (2, 'node2'), (3, 'node2')]"
-    jobs, on1, on2 = _wait_clean(slurm_testbed)
+    jobs, on1, on2 = slurm_testbed.leftovers()
     assert not jobs and not on1 and not on2, (jobs, on1, on2)
