@@ -1,4 +1,5 @@
-"""Shared fixtures: one real 4-rank MPI cluster per test session, process counting.
+"""Shared fixtures: one real 4-rank MPI cluster per test session, process counting,
+the two-node Slurm test bed.
 
 Only one cluster runs at a time on these 2-core machines: tests that start their own
 (in a notebook kernel, say) take ``no_shared_cluster``, which stops the shared one;
@@ -7,10 +8,13 @@ the next test that needs it starts it again.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from clusterkernel import Cluster
 from tests._procs import wait_no_cluster_processes
+from tests.slurm._testbed import SlurmTestbed, missing_programs
 
 
 class _Shared:
@@ -47,3 +51,40 @@ def no_shared_cluster(_shared_holder):
     # machine is not ours to wait for (see tests/_procs.py)
     left = wait_no_cluster_processes(20)
     assert not left, f"cluster processes this test session started still run: {left}"
+
+
+@pytest.fixture(scope="session")
+def slurm_testbed():
+    """The two-node Slurm test bed (``tests/slurm/_testbed.py``), once per test session.
+
+    Defined here, not in tests/slurm, so that tests elsewhere (notebook 08) share the
+    one instance. Tests that need it skip, saying why, where the machine cannot host
+    it (not root, Slurm's programs missing); CI installs Slurm (the README's test
+    command) and runs them all.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm test bed needs root (daemons, network namespaces)")
+    missing = missing_programs()
+    if missing:
+        pytest.skip(
+            f"the Slurm test bed needs {', '.join(missing)}: apt-get install slurmctld slurmd "
+            "slurm-client munge libpmix-dev (the README's test command does)"
+        )
+    bed = SlurmTestbed()
+    saved = dict(os.environ)
+    try:
+        try:
+            bed.start()
+        except Exception as e:
+            logs = "\n".join(
+                f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (bed.base / "log").glob("*.log")
+            )
+            pytest.fail(f"the Slurm test bed did not start: {e}\n{logs}")
+        # Clusters (and notebook kernels) started by the tests inherit it, as a login
+        # node's environment
+        os.environ.update(bed.env)
+        yield bed
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        bed.stop()
