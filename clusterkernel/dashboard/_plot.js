@@ -4,13 +4,16 @@
 // binary float64 buffer (series after series, all x then all y). A change schedules
 // one redraw at the next animation frame, however many traits changed.
 // After each redraw the element carries what was drawn, for tests and benchmarks:
-//   data-frames: redraws so far;  data-drawn: finite points drawn per series.
+//   data-frames: redraws so far;  data-drawn: finite points drawn per series;
+//   data-yticks: each y tick's label and the pixel row it was drawn at ("0:31,1:72").
+// A range from high to low (ylim [3.6, -0.6]) runs that axis the other way.
 
 const MARGIN = { left: 58, right: 12, top: 8, bottom: 34 };
 const FONT = "11px sans-serif";
 
 function niceTicks(lo, hi, count) {
   const span = hi - lo;
+  if (span < 0) return niceTicks(hi, lo, count); // a reversed axis: the same ticks
   if (!(span > 0) || !isFinite(span)) return [lo];
   const raw = span / count;
   const mag = Math.pow(10, Math.floor(Math.log10(raw)));
@@ -78,7 +81,9 @@ function draw(model, el, canvas, legend, size) {
   ctx.textBaseline = "middle";
   const fixed = model.get("yticks");
   const yt = fixed.length ? fixed : niceTicks(y0, y1, Math.max(2, Math.floor(ph / 40)));
-  for (const t of yt) ctx.fillText(label(t, model.get("ytick_format")), left - 5, py(t));
+  const fmt = model.get("ytick_format");
+  for (const t of yt) ctx.fillText(label(t, fmt), left - 5, py(t));
+  el.dataset.yticks = yt.map((t) => `${label(t, fmt)}:${Math.round(py(t))}`).join(",");
   ctx.save();
   ctx.translate(12, top + ph / 2);
   ctx.rotate(-Math.PI / 2);

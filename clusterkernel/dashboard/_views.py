@@ -118,9 +118,10 @@ class LossPanel(ScalarPanel):
 def _bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            # a no-break space: the number and its unit stay on one line
+            return f"{n:.0f}\u00a0{unit}" if unit == "B" else f"{n:.1f}\u00a0{unit}"
         n /= 1024
-    return f"{n:.1f} GiB"
+    return f"{n:.1f}\u00a0GiB"
 
 
 class CommPanel:
@@ -152,10 +153,13 @@ class CommPanel:
             f"height:9px;width:{100 * r['seconds'] / top:.1f}%'></div></td></tr>"
             for r in rows
         )
+        # Cells never wrap ("12.3" over "ms" reads as two values); a panel too
+        # narrow for the table scrolls it instead of spilling over the status table.
         self.widget.value = (
-            "<div class='ck-comm'><b>time per communication op</b>"
-            "<table class='ck-table ck-comm-table'><tr>" + head + "</tr>" + body + "</table></div>"
-        )
+            "<div class='ck-comm' style='overflow-x:auto'><b>time per communication op</b>"
+            "<table class='ck-table ck-comm-table' style='white-space:nowrap'><tr>"
+            + head + "</tr>" + body + "</table></div>"
+        )  # fmt: skip
 
 
 class TimelinePanel:
@@ -165,9 +169,10 @@ class TimelinePanel:
     time slots (about a pixel each); per rank, a comm op's bar covers the slots
     where that op was in flight at least half the time (above the rank's axis),
     and "compute" covers the slots where the rank was not blocked in a comm call
-    (below). Named ``metrics.span`` blocks get their own bars below too. Drawing
-    costs the same however many calls a rank makes; the exact intervals are in
-    the store and in the Chrome-trace export.
+    (below). Named ``metrics.span`` blocks get their own bars below too. Rank 0
+    is the top row, as in trace viewers: the rank axis runs downwards (``ylim``
+    from high to low). Drawing costs the same however many calls a rank makes;
+    the exact intervals are in the store and in the Chrome-trace export.
     """
 
     columns = 400
@@ -176,7 +181,7 @@ class TimelinePanel:
         self.window = window
         self.plot = Plot(
             title=f"timeline (last {window:g} s): comm above, compute below",
-            xlabel="seconds ago", ylabel="rank", xlim=[-window, 0.0], ylim=[-0.6, 0.6],
+            xlabel="seconds ago", ylabel="rank", xlim=[-window, 0.0], ylim=[0.6, -0.6],
             ytick_format="d", height=200, layout=w.Layout(width="100%"),
         )  # fmt: skip
         self.plot.add_class("ck-timeline")
@@ -193,9 +198,9 @@ class TimelinePanel:
         return x.reshape(-1, 2)
 
     def update(self, store: MetricsStore, ranks: list[int]) -> None:
-        if ranks and self.plot.ylim[1] != max(ranks) + 0.6:
+        if ranks and self.plot.ylim[0] != max(ranks) + 0.6:
             with self.plot.hold_sync():
-                self.plot.ylim = [-0.6, max(ranks) + 0.6]
+                self.plot.ylim = [max(ranks) + 0.6, -0.6]  # high to low: rank 0 on top
                 self.plot.yticks = [float(r) for r in ranks]
         slot = self.window / self.columns
         edges = np.linspace(-self.window, 0.0, self.columns + 1)
@@ -208,7 +213,8 @@ class TimelinePanel:
             if kind == "blocked":
                 blocked[rank] = occ
                 continue
-            lane, key = (rank + 0.18, name) if kind == "comm" else (rank - 0.18, f"{name} (span)")
+            # the axis runs downwards: above a rank's row is a smaller value
+            lane, key = (rank - 0.18, name) if kind == "comm" else (rank + 0.18, f"{name} (span)")
             segs.setdefault(key, []).extend(
                 (edges[a], edges[b], lane) for a, b in _runs(occ >= 0.5)
             )
@@ -218,7 +224,7 @@ class TimelinePanel:
             idle_block = blocked.get(rank, np.zeros(self.columns))
             runs = _runs(near & (idle_block < 0.5))
             segs.setdefault("compute", []).extend(
-                (edges[a], edges[b], rank - 0.18) for a, b in runs
+                (edges[a], edges[b], rank + 0.18) for a, b in runs
             )
         series = []
         for name, items in segs.items():

@@ -44,6 +44,13 @@ LOSS_STATE_JS = """() => {
     const el = Array.from(document.querySelectorAll('.ck-loss.ck-plot')).pop();
     return el ? (el.dataset.frames || '0') + ':' + (el.dataset.drawn || '') : '';
 }"""
+# The timeline's rank labels as drawn: [[label, pixel row from the top], ...] (_plot.js
+# notes them on its element), the last dashboard on the page.
+TIMELINE_ROWS_JS = """() => {
+    const el = Array.from(document.querySelectorAll('.ck-timeline.ck-plot')).pop();
+    if (!el || !el.dataset.yticks) return [];
+    return el.dataset.yticks.split(',').map(p => p.split(':')).map(([l, y]) => [l, Number(y)]);
+}"""
 # Pixels of the loss canvas in each of the given colours (within a small distance,
 # for anti-aliasing): proof the lines are on the picture, not only in the model.
 LOSS_PIXELS_JS = """(colors) => {

@@ -19,6 +19,7 @@ from tests.dashboard._browser import (
     LOSS_PIXELS_JS,
     LOSS_POINTS_JS,
     LOSS_STATE_JS,
+    TIMELINE_ROWS_JS,
     browser_page,
     chromium_missing,
     jupyter_lab,
@@ -68,6 +69,7 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
         page.screenshot(path=str(ARTIFACTS / "dashboard_lab.png"), full_page=True)
         final = page.evaluate(LOSS_POINTS_JS)
         pixels = page.evaluate(LOSS_PIXELS_JS, [rank_color(r) for r in range(4)])
+        rows = page.evaluate(TIMELINE_ROWS_JS)
         text = page.inner_text(".jp-Notebook")
         html = page.content()
     (ARTIFACTS / "dashboard_lab.html").write_text(html)
@@ -86,6 +88,10 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
     assert final == [steps] * 4, final  # every step of every rank is drawn at the end
     assert len(states) > 3  # the browser saw the picture change several times
     assert min(pixels) > 50, f"pixels of each rank's colour on the loss canvas: {pixels}"
+    # the timeline's rows as drawn: rank 0 on top, then 1, 2, 3 downwards
+    assert [label for label, _ in rows] == ["0", "1", "2", "3"], rows
+    tops = [y for _, y in rows]
+    assert all(a < b for a, b in zip(tops, tops[1:])), f"rank rows top to bottom: {rows}"
     print(f"browser saw {len(states)} pictures; {len(during)} samples while training")
     left = wait_no_cluster_processes(30)
     assert not left, f"left behind: {[p.cmdline() for p in left]}"

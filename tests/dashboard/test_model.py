@@ -174,6 +174,78 @@ def test_panels_draw_what_the_store_holds():
     assert not math.isnan(float(view.loss.line(0)[1][0]))
 
 
+def _from_top(plot, y: float) -> float:
+    """Where value ``y`` lands on the canvas: 0 at the top, 1 at the bottom (_plot.js's ``py``)."""
+    y0, y1 = plot.ylim
+    return 1.0 - (y - y0) / (y1 - y0)
+
+
+def test_timeline_puts_rank_0_on_top_with_comm_above_compute():
+    """Rank order top to bottom, as trace viewers draw it, in what the browser is sent."""
+    s = MetricsStore()
+    now = time.time()
+    for rank in range(3):
+        # a 1 s all_reduce (wider than a slot: drawn), compute before and after it
+        comm = [("all_reduce", 64, "mpi", 3, 98.0 + 0.1 * rank, 1.0, 0.5)]
+        s.ingest(_msg(rank, 1, comm=comm, pc=100.3, wall=now))
+    view = DashboardView(window=10.0)
+    view.timeline.update(s, s.ranks())
+    plot = view.timeline.plot
+    rows = [_from_top(plot, t) for t in plot.yticks]
+    assert plot.yticks == [0.0, 1.0, 2.0]
+    assert 0.0 < rows[0] < rows[1] < rows[2] < 1.0  # rank 0 is the top row
+    drawn = plot.drawn()
+    for name in ("all_reduce", "compute"):
+        y = drawn[name][1][::2]  # one value per bar
+        ranks = np.rint(y).astype(int)
+        assert sorted(set(ranks.tolist())) == [0, 1, 2], (name, y)
+        for r, yy in zip(ranks, y):
+            at = _from_top(plot, yy)
+            # within its own rank's row: nearer its tick than any other rank's
+            assert np.argmin([abs(at - row) for row in rows]) == r
+            if name == "all_reduce":
+                assert at < rows[r]  # comm above the rank's axis
+            else:
+                assert at > rows[r]  # compute below it
+
+
+def test_comm_table_keeps_numbers_and_units_on_one_line():
+    from html.parser import HTMLParser
+
+    class Cells(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.styles: dict[str, str] = {}
+            self.cells: list[str] = []
+            self._in = False
+
+        def handle_starttag(self, tag, attrs):
+            self.styles.setdefault(tag, dict(attrs).get("style") or "")
+            self._in = tag in ("td", "th")
+            if self._in:
+                self.cells.append("")
+
+        def handle_endtag(self, tag):
+            self._in = False
+
+        def handle_data(self, data):
+            if self._in:
+                self.cells[-1] += data
+
+    s = MetricsStore()
+    comm = [("all_reduce", 12_600, "mpi", 2, 100.0, 0.0123, 0.001)] * 3
+    comm += [("broadcast", 5_000_000, "mpi", 2, 100.1, 0.25, 0.01)]
+    s.ingest(_msg(0, 1, comm=comm))
+    view = DashboardView()
+    view.comm.update(s)
+    page = Cells()
+    page.feed(view.comm.widget.value)
+    assert "white-space:nowrap" in page.styles["table"].replace(" ", "")
+    assert "overflow-x:auto" in page.styles["div"].replace(" ", "")  # too narrow: it scrolls
+    sizes = [c for c in page.cells if c.endswith(("B", "KiB", "MiB", "GiB"))]
+    assert sizes == ["36.9\u00a0KiB", "4.8\u00a0MiB"]  # a no-break space to its number
+
+
 def test_thin_always_keeps_the_latest_point():
     x = np.arange(10_000, dtype=float)  # 250 buckets of 40 exactly: no tail
     y = np.cos(x)  # the last point is neither its bucket's min nor its max
