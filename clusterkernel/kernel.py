@@ -175,12 +175,14 @@ _kernel_cell.sends_to_ranks = True
 def kernel_mode(shell, ranks: int) -> None:
     """Run every cell of ``shell`` on ``ranks`` ranks, started when a cell first needs them.
 
-    Needs the clusterkernel extension loaded in ``shell``.
+    Loads the clusterkernel extension if it is not loaded yet.
 
     Example::
 
         kernel_mode(get_ipython(), 4)
     """
+    # the kernel asks for it, but a user's IPython config may replace the extension list
+    shell.extension_manager.load_extension("clusterkernel")
     magics = shell.magics_manager.registry["MPIMagics"]
     magics.autostart = f"-n {ranks}"
     if _kernel_cell not in shell.input_transformers_cleanup:
