@@ -31,6 +31,8 @@ prterun, engines, nannies) is read (the heartbeat's cost: 500 / 3000 / 200 ms).
 
     flock /tmp/clusterkernel-mpi.lock .venv/bin/python benchmarks/bench_scale.py
     flock /tmp/clusterkernel-mpi.lock .venv/bin/python benchmarks/bench_scale.py --profile 16
+    flock /tmp/clusterkernel-mpi.lock .venv/bin/python benchmarks/bench_scale.py \
+        --heartbeat 500 3000 200 --sizes 32
     flock /tmp/clusterkernel-mpi.lock .venv/bin/python benchmarks/bench_scale.py --slurm
 """
 
