@@ -11,8 +11,12 @@ KERNEL = "ck-test"  # a name of its own: never the user's installed "clusterkern
 
 
 @pytest.fixture
-def mpi_kernel(tmp_path, monkeypatch) -> str:
-    """Install a 2-rank MPI kernelspec with the real command; return its kernel name."""
+def mpi_kernel(tmp_path, monkeypatch, no_shared_cluster) -> str:
+    """Install a 2-rank MPI kernelspec with the real command; return its kernel name.
+
+    The session's shared cluster is stopped first: one cluster at a time, and the
+    tests count this kernel's processes among the test run's own.
+    """
     prefix = tmp_path / "prefix"
     subprocess.run(
         [sys.executable, "-m", "clusterkernel", "install-kernel", "-n", "2",
