@@ -205,7 +205,9 @@ def test_listens_on_loopback_only_and_private_connection_files(cluster: Cluster)
     # Jupyter's ipyparallel extension scans and adopts)
     run_dir = cluster._ipp.profile_dir
     assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
-    assert not os.path.realpath(run_dir).startswith(os.path.realpath(os.path.expanduser("~/.ipython")))
+    assert not os.path.realpath(run_dir).startswith(
+        os.path.realpath(os.path.expanduser("~/.ipython"))
+    )
     assert os.path.realpath(sec).startswith(os.path.realpath(run_dir))
 
 
