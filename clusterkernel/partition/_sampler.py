@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, TensorDataset
 
+from clusterkernel.partition._order import epoch_permutation
 from clusterkernel.partition._uneven import UnevenBatchSampler
 from clusterkernel.partition._world import rank_and_size
 
@@ -83,10 +84,7 @@ class DistributedSampler(Sampler[int]):
         self.epoch = epoch
 
     def _permutation(self) -> list[int]:
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed + self.epoch)
-            return torch.randperm(self.n, generator=gen).tolist()
-        return list(range(self.n))
+        return epoch_permutation(self.n, self.shuffle, self.seed, self.epoch)
 
     def __iter__(self) -> Iterator[int]:
         order = self._permutation()

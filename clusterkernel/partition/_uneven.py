@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
 from torch.utils.data import Sampler
+
+from clusterkernel.partition._order import epoch_permutation
 
 
 def batch_shares(global_batch: int, size: int) -> list[int]:
@@ -86,10 +87,7 @@ class UnevenBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def _permutation(self) -> list[int]:
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed + self.epoch)
-            return torch.randperm(self.n, generator=gen).tolist()
-        return list(range(self.n))
+        return epoch_permutation(self.n, self.shuffle, self.seed, self.epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
         order = self._permutation()
