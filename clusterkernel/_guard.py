@@ -28,7 +28,7 @@ def _cluster_pids(cluster_file: str) -> list[int]:
         info = json.load(f)
     pids = [info.get("controller", {}).get("state", {}).get("pid")]
     sets = info.get("engines", {}).get("sets", {}).values()
-    pids += [s.get("pid") or s.get("state", {}).get("pid") for s in sets]
+    pids += [s.get("pid") for s in sets]  # a batch job's set has none: it is cancelled
     return [p for p in pids if p]
 
 

@@ -17,6 +17,7 @@ import threading
 import pytest
 
 from clusterkernel import Cluster
+from tests._procs import wait_no_cluster_processes
 
 
 def test_stop_cancels_the_job_and_leaves_nothing_on_either_node(slurm_testbed, _shared_holder):
@@ -57,6 +58,7 @@ def test_pending_job_is_shown_and_an_interrupt_cancels_it(slurm_testbed, capsys)
 _KERNEL = """
 import sys
 from clusterkernel import Cluster
+from tests._procs import wait_no_cluster_processes
 c = Cluster(n=2, launcher="slurm", nodes=2).start()
 print("JOB", c.job_id, flush=True)
 sys.stdin.read()
@@ -81,6 +83,7 @@ def test_a_killed_notebook_kernel_leaves_no_job_and_no_process(slurm_testbed):
 
 _IN_ALLOCATION = """
 from clusterkernel import Cluster
+from tests._procs import wait_no_cluster_processes
 with Cluster() as c:
     print("RESULT", c.n, c.launcher.kind, sorted((r["rank"], r["host"]) for r in c.status()))
 """
@@ -98,3 +101,11 @@ def test_inside_an_allocation_start_uses_its_tasks_and_nodes(slurm_testbed):
     assert line == "RESULT 4 slurm [(0, 'node1'), (1, 'node1'), (2, 'node2'), (3, 'node2')]"
     jobs, on1, on2 = slurm_testbed.leftovers()
     assert not jobs and not on1 and not on2, (jobs, on1, on2)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_here():
+    """The controller, guard and launcher run on this machine: none may outlive a test."""
+    yield
+    left = wait_no_cluster_processes(20)
+    assert not left, [p.cmdline() for p in left]
