@@ -67,13 +67,16 @@ def main(cluster_file: str, run_dir: str | None = None) -> int:
     last = b""
     for line in sys.stdin.buffer:
         last = line.strip()
-    if last == b"stopped" or not os.path.exists(cluster_file):
+    if last == b"stopped":
         return 0
     try:
-        try:
-            _cancel_jobs(cluster_file)
-        finally:
-            stop_tree(_cluster_pids(cluster_file))
+        # No cluster file: the starter died while stopping the cluster (ipyparallel
+        # had removed the file), and only the run directory is left to remove.
+        if os.path.exists(cluster_file):
+            try:
+                _cancel_jobs(cluster_file)
+            finally:
+                stop_tree(_cluster_pids(cluster_file))
     finally:
         if os.path.exists(cluster_file):
             os.remove(cluster_file)

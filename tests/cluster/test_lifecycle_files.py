@@ -100,3 +100,24 @@ class _Silent:
     def update(self, rank, out): ...
     def notice(self, text): ...
     def finish(self): ...
+
+
+def test_guard_removes_the_run_dir_of_a_starter_that_died_while_stopping(tmp_path):
+    # ipyparallel had removed the cluster file, then the notebook died before it
+    # removed its run directory: the guard (EOF without "stopped") removes it.
+    run_dir = tmp_path / "cluster-x"
+    (run_dir / "security").mkdir(parents=True)
+    (run_dir / "stack-rank0.txt").write_text("")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clusterkernel._guard",
+            str(run_dir / "security" / "gone.json"),
+            str(run_dir),
+        ],
+        input=b"",
+        check=True,
+        timeout=60,
+    )
+    assert not run_dir.exists()

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -58,9 +59,8 @@ def test_pending_job_is_shown_and_an_interrupt_cancels_it(slurm_testbed, capsys)
 _KERNEL = """
 import sys
 from clusterkernel import Cluster
-from tests._procs import wait_no_cluster_processes
 c = Cluster(n=2, launcher="slurm", nodes=2).start()
-print("JOB", c.job_id, flush=True)
+print("JOB", c._run_dir, c.job_id, flush=True)
 sys.stdin.read()
 """
 
@@ -73,17 +73,20 @@ def test_a_killed_notebook_kernel_leaves_no_job_and_no_process(slurm_testbed):
     while not line.startswith("JOB"):  # after the live "pending" line
         line = proc.stdout.readline().strip("\r\n ").split("\r")[-1].strip()
         assert line or proc.poll() is None, "the kernel process ended before its cluster started"
-    job = line.split()[-1]
-    assert job in slurm_testbed.jobs()
+    _, run_dir, job = line.split()
+    assert job in slurm_testbed.jobs() and os.path.isdir(run_dir)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     jobs, on1, on2 = slurm_testbed.leftovers(timeout=20)
     assert job not in jobs and not on1 and not on2, (jobs, on1, on2)
+    deadline = time.monotonic() + 20
+    while os.path.isdir(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert not os.path.isdir(run_dir), "the guard left the cluster's run directory"
 
 
 _IN_ALLOCATION = """
 from clusterkernel import Cluster
-from tests._procs import wait_no_cluster_processes
 with Cluster() as c:
     print("RESULT", c.n, c.launcher.kind, sorted((r["rank"], r["host"]) for r in c.status()))
 """
