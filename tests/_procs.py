@@ -28,6 +28,7 @@ SESSION_VAR = "CLUSTERKERNEL_TEST_SESSION"
 SESSION = os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)
 
 _MARKERS = (
+    "clusterkernel.kernel",  # an MPI kernel, which owns a cluster
     "ipyparallel.engine",
     "ipyparallel.controller",
     "prterun",
@@ -60,6 +61,28 @@ def cluster_processes() -> list[psutil.Process]:
         if any(m in cmd for m in _MARKERS) and started_by_this_session(proc):
             found.append(proc)
     return found
+
+
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``procs`` still running (zombies count as gone)."""
+    left = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc)
+        except psutil.Error:
+            pass
+    return left
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` s until none of ``procs`` runs; return those still running."""
+    deadline = time.monotonic() + timeout
+    left = alive(procs)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = alive(procs)
+    return left
 
 
 def wait_no_cluster_processes(timeout: float) -> list[psutil.Process]:

@@ -14,17 +14,7 @@ import time
 import psutil
 
 from clusterkernel import Cluster
-
-
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.Error:
-            pass
-    return out
+from tests._procs import alive
 
 
 def test_stop_after_restart_returns_when_every_process_is_gone(no_shared_cluster):
@@ -32,12 +22,13 @@ def test_stop_after_restart_returns_when_every_process_is_gone(no_shared_cluster
     try:
         cluster.restart()
         pids = cluster.processes()
-        names = {psutil.Process(p).name() for p in _alive(pids)}
+        procs = [psutil.Process(p) for p in pids]
+        names = {p.name() for p in alive(procs)}
         assert any("python" in n for n in names), names  # engines and nannies among them
         assert len(pids) >= 5  # controller, mpiexec, 2 engines, 2 nannies, guard ...
     finally:
         cluster.stop()
-    assert _alive(pids) == [], [psutil.Process(p).cmdline() for p in _alive(pids)]
+    assert alive(procs) == [], [p.cmdline() for p in alive(procs)]
 
 
 def _free_port() -> int:

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from tests._procs import cluster_processes, wait_gone
 from tests.dashboard._browser import ARTIFACTS, browser_page, chromium_missing, jupyter_lab
-from tests.kernel._procs import my_cluster_processes, wait_gone
 
 pytestmark = [
     pytest.mark.browser,
@@ -69,7 +69,7 @@ def test_launcher_tile_opens_a_notebook_whose_cells_run_on_the_ranks(mpi_kernel,
             )
         finally:
             page.screenshot(path=str(ARTIFACTS / "kernel_lab.png"), full_page=True)
-        running = my_cluster_processes()
+        running = cluster_processes()
         commands = [" ".join(p.cmdline()) for p in running]
         text = page.evaluate(OUTPUT_JS)
         status_bar = page.inner_text(".jp-StatusBar-Widget")

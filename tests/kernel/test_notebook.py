@@ -12,7 +12,7 @@ import re
 import nbformat
 from nbclient import NotebookClient
 
-from tests.kernel._procs import my_cluster_processes, wait_gone
+from tests._procs import cluster_processes, wait_gone
 
 
 def _text(cell) -> str:
@@ -47,7 +47,7 @@ def test_cells_run_on_the_ranks_local_cells_here_and_ranks_stop_with_the_kernel(
         kernel_pid = client.km.provisioner.pid
         for index, cell in enumerate(nb.cells):
             client.execute_cell(cell, index)
-        running = my_cluster_processes()
+        running = cluster_processes()
 
     first = _text(nb.cells[0])
     assert "Starting 2 MPI ranks..." in first and "Started 2 MPI ranks" in first, first

@@ -16,7 +16,7 @@ import time
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from tests.kernel._procs import my_cluster_processes, wait_gone
+from tests._procs import cluster_processes, wait_gone
 
 LOOP = "import time\nfor i in range(1200):\n    time.sleep(0.1)"
 
@@ -76,7 +76,7 @@ def test_interrupt_reaches_the_ranks_and_restart_replaces_them(kernel):
     assert _rank_pids(kc)[0] == pids  # the same ranks, freed, run the next cell
 
     for how in ("shutdown request", "kill"):
-        old = my_cluster_processes()
+        old = cluster_processes()
         assert set(pids.values()) <= {p.pid for p in old}
         # a killed kernel cleans up nothing itself: its guard process must stop the ranks
         assert any("clusterkernel._guard" in " ".join(p.cmdline()) for p in old)
@@ -89,7 +89,7 @@ def test_interrupt_reaches_the_ranks_and_restart_replaces_them(kernel):
         assert not set(new_pids.values()) & set(pids.values())
         pids = new_pids
 
-    last = my_cluster_processes()
+    last = cluster_processes()
     km.shutdown_kernel()
     left = wait_gone(last, 30)
     assert not left, f"after shutdown: {[p.cmdline() for p in left]}"
