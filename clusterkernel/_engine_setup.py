@@ -32,7 +32,7 @@ _rank: int | None = None
 # Frames of the engine's own machinery, below the cell: dropped from every stack.
 _MACHINERY = ("IPython/core/interactiveshell.py",)
 # clusterkernel's own frames: shown only when asked (the user's cell comes first).
-_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 _repr = reprlib.Repr()
 _repr.maxstring = 120
@@ -71,7 +71,7 @@ def main_thread_frames(with_locals: bool = False) -> list[dict]:
             "line": frame.f_lineno,
             "name": code.co_name,
             "source": linecache.getline(code.co_filename, frame.f_lineno).strip(),
-            "ours": code.co_filename.startswith(_OURS),
+            "ours": code.co_filename.startswith(OURS),
         }
         if with_locals and not entry["ours"]:
             names = dict(frame.f_locals)

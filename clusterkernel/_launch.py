@@ -92,6 +92,7 @@ class MpiexecLauncher:
         hosts: list[tuple[str, int | None]] | None = None,
         hostfile: str | None = None,
         fault_tolerant: bool = False,
+        controller_ip: str | None = None,
     ) -> None:
         self.runtime = runtime
         self.n = n
@@ -99,11 +100,14 @@ class MpiexecLauncher:
         self.hostfile = hostfile
         self.fault_tolerant = fault_tolerant
         self.multi_node = bool(hostfile) or not is_local_only(self.hosts)
+        self._controller_ip = controller_ip
 
     def engines(self) -> str:
         return "mpi"
 
     def controller_ip(self) -> str | None:
+        if self._controller_ip is not None:
+            return self._controller_ip
         return "*" if self.multi_node else None
 
     def describe(self) -> str:
@@ -135,14 +139,18 @@ class MpiexecLauncher:
         return process_ended(engine_set)
 
     def output(self, engine_set, lines: int = 40) -> str:
-        out = engine_set.get_output() if engine_set is not None else ""
-        return "\n".join(out.rstrip().splitlines()[-lines:])
+        return tail(engine_set.get_output() if engine_set is not None else "", lines)
 
     def waiting(self, engine_set) -> str | None:
         return None
 
     def stopped(self, engine_set, timeout: float) -> None:
         return None
+
+
+def tail(text: str, lines: int) -> str:
+    """The last ``lines`` lines of a launcher's output."""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 def process_ended(engine_set) -> bool:

@@ -32,7 +32,7 @@ from collections import Counter
 
 from traitlets.config import Config
 
-from clusterkernel._launch import _base_config, process_ended
+from clusterkernel._launch import _base_config, process_ended, tail
 from clusterkernel.errors import ClusterError
 
 # Job states in which the engines are still to come or still there.
@@ -64,13 +64,18 @@ def allocation_size() -> tuple[int, int]:
     return (total or nodes), nodes
 
 
-def _slurm(*args: str, timeout: float = 30) -> str:
-    exe = shutil.which(args[0])
+def _which(program: str) -> str:
+    exe = shutil.which(program)
     if exe is None:
         raise SlurmError(
-            f"`{args[0]}` is not on PATH: Slurm's client commands are needed for "
+            f"`{program}` is not on PATH: Slurm's client commands are needed for "
             "launcher='slurm' (load your site's Slurm module, or run on a login node)."
         )
+    return exe
+
+
+def _slurm(*args: str, timeout: float = 30) -> str:
+    exe = _which(args[0])
     try:
         done = subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -183,10 +188,16 @@ class SlurmLauncher:
         return self._controller_ip
 
     # ------------------------------------------------------------ configuration
+    @property
+    def _per_node(self) -> int:
+        # spread evenly, neighbouring ranks on one node (Slurm's block default
+        # would fill the first node's CPUs first)
+        return -(-self.n // self.nodes)
+
     def _srun_options(self) -> list[str]:
         opts = ["--mpi=pmix", "--kill-on-bad-exit=1"]
         if self.step and self.nodes:
-            opts += [f"--nodes={self.nodes}", f"--ntasks-per-node={-(-self.n // self.nodes)}"]
+            opts += [f"--nodes={self.nodes}", f"--ntasks-per-node={self._per_node}"]
         return opts + (self.slurm_args if self.step else [])
 
     def batch_script(self) -> str:
@@ -203,10 +214,10 @@ class SlurmLauncher:
             "#SBATCH --export=ALL",
         ]
         if self.nodes:
-            # spread evenly, neighbouring ranks on one node (Slurm's block default
-            # would fill the first node's CPUs first)
-            per_node = -(-self.n // self.nodes)
-            lines += [f"#SBATCH --nodes={self.nodes}", f"#SBATCH --ntasks-per-node={per_node}"]
+            lines += [
+                f"#SBATCH --nodes={self.nodes}",
+                f"#SBATCH --ntasks-per-node={self._per_node}",
+            ]
         if self.time:
             lines.append(f"#SBATCH --time={esc(self.time)}")
         if self.partition:
@@ -225,6 +236,7 @@ class SlurmLauncher:
             launcher = cfg.MPIEngineSetLauncher
             launcher.mpi_cmd = [_which("srun")]
             launcher.mpi_args = self._srun_options()
+            launcher.engine_args = ["--log-level=WARN"]  # MPIEngineSetLauncher adds --mpi
         else:
             launcher = cfg.SlurmEngineSetLauncher
             launcher.batch_template = self.batch_script()
@@ -232,8 +244,6 @@ class SlurmLauncher:
             launcher.batch_file_name = os.path.join(run_dir, "engines.sbatch")
             launcher.output_file = os.path.join(run_dir, "engines.out")
             launcher.engine_args = ["--log-level=WARN", "--mpi"]
-        if self.step:
-            launcher.engine_args = ["--log-level=WARN"]
         launcher.environment = full
         return cfg
 
@@ -269,15 +279,13 @@ class SlurmLauncher:
 
     def output(self, engine_set, lines: int = 40) -> str:
         if self.step:
-            out = engine_set.get_output() if engine_set is not None else ""
-        else:
-            # read the file each time: the launcher caches its first read
-            try:
-                with open(getattr(engine_set, "output_file", "") or os.devnull) as f:
-                    out = f.read()
-            except OSError:
-                out = ""
-        return "\n".join(out.rstrip().splitlines()[-lines:])
+            return tail(engine_set.get_output() if engine_set is not None else "", lines)
+        # read the file each time: the launcher caches its first read
+        try:
+            with open(getattr(engine_set, "output_file", "") or os.devnull) as f:
+                return tail(f.read(), lines)
+        except OSError:
+            return ""
 
     def stopped(self, engine_set, timeout: float) -> None:
         """After ``scancel``: wait until Slurm has the job's processes gone."""
@@ -290,10 +298,3 @@ class SlurmLauncher:
             if state is None or state[0] not in _ALIVE | {"COMPLETING"}:
                 return
             time.sleep(0.2)
-
-
-def _which(program: str) -> str:
-    exe = shutil.which(program)
-    if exe is None:
-        raise SlurmError(f"`{program}` is not on PATH; Slurm's client commands are needed.")
-    return exe

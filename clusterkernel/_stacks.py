@@ -19,11 +19,10 @@ import re
 import time
 
 from clusterkernel import _jobreport
-from clusterkernel._engine_setup import STACK_REQUEST, stack_path
+from clusterkernel._engine_setup import OURS, STACK_REQUEST, stack_path
 
 # A cell's frames on an engine: ipykernel names cell files per process and cell.
 _CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$|^<ipython-input-")
-_OURS = os.sep + "clusterkernel" + os.sep
 
 
 def request_frames(
@@ -83,7 +82,8 @@ def is_cell(frame: dict) -> bool:
 
 
 def is_ours(frame: dict) -> bool:
-    return frame.get("ours", _OURS in frame.get("file", ""))
+    # faulthandler frames (this machine, this install) carry no flag: ask the path
+    return frame.get("ours", frame.get("file", "").startswith(OURS))
 
 
 def cell_lines(frames: list[dict]) -> list[int]:

@@ -162,11 +162,15 @@ class Cluster:
             check_hosts_resolve(parsed)
             self.runtime = MPIRuntime.detect(mpiexec)
             self.launcher = MpiexecLauncher(
-                self.runtime, n or 4, parsed, hostfile, fault_tolerant=fault_tolerant
+                self.runtime,
+                n or 4,
+                parsed,
+                hostfile,
+                fault_tolerant=fault_tolerant,
+                controller_ip=controller_ip,
             )
         self.n = self.launcher.n
         self.multi_node = self.launcher.multi_node
-        self._controller_ip = controller_ip
         self.env = dict(env or {})
         self.timeout = timeout
         self.start_timeout = start_timeout
@@ -204,11 +208,6 @@ class Cluster:
         """The Slurm job of the engines (``launcher="slurm"`` outside an allocation)."""
         return getattr(self._engine_set(), "job_id", None) or None
 
-    def _controller_address(self) -> str | None:
-        if self._controller_ip is not None:
-            return self._controller_ip
-        return self.launcher.controller_ip()
-
     def start(self) -> Cluster:
         """Start the controller and ``n`` ranks; return ``self``.
 
@@ -222,11 +221,11 @@ class Cluster:
                 "This cluster is already running. Use restart() (%mpi restart) or stop() first."
             )
         self.lost = None
-        self._run_dir = make_run_dir()
         kwargs: dict[str, Any] = {}
-        ip = self._controller_address()
+        ip = self.launcher.controller_ip()  # may ask Slurm: before anything is made
         if ip:
             kwargs["controller_ip"] = ip
+        self._run_dir = make_run_dir()
         try:
             self._ipp = ipp.Cluster(
                 engines=self.launcher.engines(),

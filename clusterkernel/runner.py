@@ -158,7 +158,8 @@ class CellRun:
         if stuck and not stacks_first:
             stacks = self.cluster.stacks(stuck, code=self.code)
         # the heading already says "interrupted"; a timeout says how long it ran
-        what = f"still running after {timeout:g}s; " if kind == "timeout" else ""
+        ran = f"still running after {timeout:g}s" if kind == "timeout" else ""
+        what = f"{ran}; " if ran else ""
         items = []
         for r in self.ranks:
             if r in stuck:
@@ -183,9 +184,7 @@ class CellRun:
             )
         note = "\n".join(notes)
         if not items:
-            items = [
-                (r, kind, what.rstrip("; ") or "the kernel was interrupted", "") for r in self.ranks
-            ]
+            items = [(r, kind, ran or "the kernel was interrupted", "") for r in self.ranks]
         return CellInterrupted(group_failures(items), note=note)
 
     def _collect_errors(self) -> RankError | None:
