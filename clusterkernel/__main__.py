@@ -6,6 +6,7 @@ dispatches, so ``clusterkernel --help`` lists them all::
     clusterkernel export notebook.ipynb -o job.py --sbatch job.sbatch
     clusterkernel install-kernel -n 4 --user
     clusterkernel uninstall-kernel
+    clusterkernel notebooks my-notebooks
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("clusterkernel.export", "turn a notebook's %%mpi cells into a batch job"),
     "install-kernel": ("clusterkernel.kernel", 'install the "Python 3 (MPI, N ranks)" kernel'),
     "uninstall-kernel": ("clusterkernel.kernel", "remove the MPI kernel's kernelspec"),
+    "notebooks": ("clusterkernel.teaching_notebooks", "copy the teaching notebooks into a folder"),
 }
 
 

@@ -3,7 +3,8 @@
 Runs a few cells through a real IPython shell, exactly as you would type them,
 echoing each one first: start 4 ranks, run code on all of them, move a tensor
 with a collective, push and pull a variable, see an error grouped by rank, stop.
-The same cells make up ``notebooks/00_quickstart.ipynb`` for JupyterLab.
+The same cells make up the notebook ``00_quickstart.ipynb`` for JupyterLab, which
+``clusterkernel notebooks DIR`` copies out of the installed package with the others.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         result = shell.run_cell(code, store_history=True)
         if not result.success and "raise ValueError" not in code:
             failed += 1
-    print("\nDone. Open the same in JupyterLab: jupyter lab notebooks/00_quickstart.ipynb")
+    print(
+        "\nDone. The same cells, and more, as notebooks for JupyterLab:\n"
+        "  clusterkernel notebooks my-notebooks && jupyter lab my-notebooks/00_quickstart.ipynb"
+    )
     return 1 if failed else 0
 
 

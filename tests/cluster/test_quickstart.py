@@ -30,4 +30,7 @@ def test_quickstart_runs_in_a_terminal(no_shared_cluster):
     assert "{0: 42, 1: 43, 2: 44}" in out
     assert "[rank 1] error: ValueError: odd rank 1 says no" in out
     assert "Stopped all MPI ranks." in out
+    # a pip user has no notebooks/ folder: the last line names the command that copies
+    # them out of the package (tests/test_notebooks_command.py runs it)
+    assert out.splitlines()[-1].strip().startswith("clusterkernel notebooks my-notebooks && "), out
     assert not wait_no_cluster_processes(20)
