@@ -31,8 +31,8 @@ import psutil
 import zmq
 
 from clusterkernel import _wire, metrics
+from clusterkernel.records import KINDS
 
-KINDS = ("comm", "scalar", "span")
 _HWM = 64  # messages queued in ZMQ before sends wait in the thread
 _BEAT = 1.0  # seconds: send process stats this often even with no new records
 

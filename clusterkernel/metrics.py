@@ -30,10 +30,9 @@ import threading
 import time
 from typing import Any
 
-from clusterkernel.records import comm_record, scalar_record, span_record
+from clusterkernel.records import KINDS, comm_record, scalar_record, span_record
 
 _now = time.perf_counter
-KINDS = ("comm", "scalar", "span")
 DEFAULT_CAPACITY = 1_000_000
 
 

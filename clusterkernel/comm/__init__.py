@@ -21,8 +21,14 @@ to ``comm``::
   and object forms (:func:`broadcast_object`, :func:`gather_object`, ...).
 - Every call takes ``group=`` and ``async_op=``, and is timed into
   ``clusterkernel.metrics.recorder()``.
-- Check mode (:func:`set_check` or ``CLUSTERKERNEL_COMM_CHECK=1``) verifies that all
-  ranks entered the same collective with the same op, shape and dtype.
+- Mismatches are caught: the first call of each new signature (op, size, dtype,
+  reduce op, root) on a group is compared across its ranks before data moves, so a
+  rank passing another size raises :class:`CollectiveMismatchError` on every rank
+  instead of hanging or returning wrong sums. Check mode (:func:`set_check` or
+  ``CLUSTERKERNEL_COMM_CHECK=1``) compares every call, shapes included.
+- The flight recorder (:func:`flight`) keeps each rank's last calls (op, sequence
+  number per group, bytes, dtype, calling line); the notebook's hang report
+  compares them across ranks.
 
 CPU tensors travel zero-copy through mpi4py's buffer interface; float16 and
 bfloat16 are reduced in float32; non-contiguous and device tensors are staged
@@ -31,24 +37,20 @@ through a contiguous host copy (device tensors go direct when MPI is CUDA-aware)
 
 from __future__ import annotations
 
+from clusterkernel.comm._alltoall import all_to_all, all_to_all_single
 from clusterkernel.comm._check import check_enabled, set_check
-from clusterkernel.comm._collectives import (
+from clusterkernel.comm._dtypes import cuda_aware, force_staging
+from clusterkernel.comm._errors import CollectiveMismatchError, CommError
+from clusterkernel.comm._flight import flight, set_flight
+from clusterkernel.comm._fusion import DEFAULT_BUCKET_BYTES, all_reduce_coalesced
+from clusterkernel.comm._gathers import (
     all_gather,
     all_gather_into_tensor,
-    all_reduce,
-    all_to_all,
-    all_to_all_single,
     barrier,
     broadcast,
     gather,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_tensor,
     scatter,
 )
-from clusterkernel.comm._dtypes import cuda_aware, force_staging
-from clusterkernel.comm._errors import CollectiveMismatchError, CommError
-from clusterkernel.comm._fusion import DEFAULT_BUCKET_BYTES, all_reduce_coalesced
 from clusterkernel.comm._groups import (
     WORLD,
     Group,
@@ -69,6 +71,7 @@ from clusterkernel.comm._objects import (
 )
 from clusterkernel.comm._ops import AVG, MAX, MIN, PRODUCT, SUM, ReduceOp
 from clusterkernel.comm._p2p import irecv, isend, recv, recv_object, send, send_object
+from clusterkernel.comm._reductions import all_reduce, reduce, reduce_scatter, reduce_scatter_tensor
 
 # torch.distributed spellings, so ported code runs unchanged.
 get_rank = rank
@@ -117,6 +120,7 @@ __all__ = [
     "check_enabled",
     "cuda_aware",
     "destroy_group",
+    "flight",
     "force_staging",
     "gather",
     "gather_object",
@@ -140,6 +144,7 @@ __all__ = [
     "send",
     "send_object",
     "set_check",
+    "set_flight",
     "size",
     "split",
 ]

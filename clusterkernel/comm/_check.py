@@ -1,14 +1,23 @@
-"""Check mode: every rank of a group must enter the same collective with the same
-op, shape and dtype. Off by default; on with ``CLUSTERKERNEL_COMM_CHECK=1`` or
-:func:`set_check`.
+"""Checks that every rank of a group enters the same collective with the same op,
+size and dtype, so a mismatch raises instead of hanging or returning garbage.
 
-Before each collective the ranks exchange a small fixed-size signature (one
-``Allgather`` of 16 int64 on a private duplicate communicator, so it never mixes
-with user traffic). If signatures differ, every rank raises
-:class:`CollectiveMismatchError` naming the ranks and what each one called, instead
-of hanging or returning garbage. Point-to-point calls are not checked (they have
-no group-wide call to compare), nor can a rank that never enters any collective be
-named: the others wait for it in the signature exchange.
+Two levels:
+
+- **new signatures** (the default): the first call of each new signature (op,
+  dtype, element count, reduce op, root, algorithm) on a group is checked; repeats
+  of an agreed signature cost one set lookup. A rank whose call differs from the
+  others' is caught before any data moves, the first time it happens.
+- **every call** (``CLUSTERKERNEL_COMM_CHECK=1`` or :func:`set_check`): each call is
+  checked, shapes included.
+
+A check is one ``Allgather`` of 16 int64 (a signature) on a private duplicate
+communicator, so it never mixes with user traffic. If signatures differ, every rank
+raises :class:`CollectiveMismatchError` naming the ranks and what each one called.
+Why skipping agreed signatures is safe: every member adds a signature to its set only
+after all members agreed on it, so the sets are the same on every rank and all
+members make the same decision to check or not. A rank that passes an agreed
+signature while another passes a new one is left waiting (the hang report then names
+the mismatch from the flight recorder). Point-to-point calls are not checked.
 """
 
 from __future__ import annotations
@@ -48,15 +57,24 @@ CHECKED_CALLS = (
 )
 
 
+_MAX_SEEN = 256  # agreed signatures kept per group; cleared (on every member) when full
+_ENV = os.environ.get("CLUSTERKERNEL_COMM_CHECK", "").strip().lower()
+
+
 class _State:
-    on = os.environ.get("CLUSTERKERNEL_COMM_CHECK", "") not in ("", "0")
+    on = _ENV not in ("", "0", "off", "new")  # every call
+    new = _ENV != "off"  # new signatures (the default)
 
 
 STATE = _State()
 
 
-def set_check(on: bool = True) -> None:
-    """Turn check mode on or off on this rank (turn it on on every rank).
+def set_check(on: bool | str = True) -> None:
+    """Choose how calls are checked on this rank (choose the same on every rank).
+
+    ``True`` (or ``"all"``): every collective, shapes included. ``False`` (or
+    ``"new"``, the default): the first call of each new signature. ``"off"``: no check
+    (a mismatch may then hang or give wrong values).
 
     Example::
 
@@ -64,11 +82,16 @@ def set_check(on: bool = True) -> None:
         comm.all_reduce(t)   # raises CollectiveMismatchError on every rank if another
                              # rank called broadcast, or passed another shape/dtype
     """
-    STATE.on = bool(on)
+    modes = {True: "all", False: "new", "all": "all", "new": "new", "off": "off"}
+    mode = modes.get(on) if isinstance(on, (bool, str)) else None
+    if mode is None:
+        raise ValueError(f"set_check takes True, False, 'all', 'new' or 'off', got {on!r}")
+    STATE.on = mode == "all"
+    STATE.new = mode != "off"
 
 
 def check_enabled() -> bool:
-    """Whether check mode is on for this rank."""
+    """Whether every call is checked on this rank (``set_check(True)``)."""
     return STATE.on
 
 
@@ -93,8 +116,13 @@ def signature(
     alg: str | None = None,
     count: int = -1,
     extra: int = -1,
+    detail: str = "shape",
 ) -> np.ndarray:
-    """Encode one call as 16 int64 (unknown fields are -1)."""
+    """Encode one call as 16 int64 (unknown fields are -1).
+
+    ``detail`` says how much of the tensor must match: ``"shape"``, ``"size"`` (the
+    element count) or ``"dtype"`` (calls whose sizes may differ per rank).
+    """
     sig = np.full(_SIG_LEN, -1, dtype=np.int64)
     sig[0] = _code(name)
     if op is not None:
@@ -104,12 +132,14 @@ def signature(
         sig[2] = root if isinstance(root, int) else -2
     if isinstance(tensor, torch.Tensor):
         sig[3] = _DTYPE_CODES.get(_DTYPE_NAMES.get(tensor.dtype, ""), -2)
-        shape = tuple(tensor.shape)
-        sig[4] = len(shape)
-        sig[5] = tensor.numel()
-        sig[6 : 6 + min(len(shape), _MAX_DIMS)] = shape[:_MAX_DIMS]
-        if len(shape) > _MAX_DIMS:
-            sig[12] = _code(repr(shape[_MAX_DIMS:]))
+        if detail != "dtype":
+            sig[5] = tensor.numel()
+        if detail == "shape":
+            dims = tuple(tensor.shape)
+            sig[4] = len(dims)
+            sig[6 : 6 + min(len(dims), _MAX_DIMS)] = dims[:_MAX_DIMS]
+            if len(dims) > _MAX_DIMS:
+                sig[12] = _code(repr(dims[_MAX_DIMS:]))
     elif tensor is not None:
         sig[3] = -2  # not a tensor
     if alg is not None:
@@ -131,10 +161,17 @@ def describe(sig: np.ndarray) -> str:
     if sig[3] == -2:
         parts.append("<not a tensor>")
     elif sig[3] != -1:
-        dims = [int(d) for d in sig[6 : 6 + min(int(sig[4]), _MAX_DIMS)]]
-        more = ", ..." if sig[4] > _MAX_DIMS else ""
         dtype = _DTYPE_BY_CODE.get(int(sig[3]), "?")
-        parts.append(f"{dtype}[{', '.join(map(str, dims))}{more}]")
+        if sig[5] == -1:  # checked by dtype only
+            parts.append(dtype)
+        elif sig[4] == -1:  # checked by size only
+            n = int(sig[5])
+            nbytes = n * torch.empty(0, dtype=getattr(torch, dtype, torch.uint8)).element_size()
+            parts.append(f"{dtype}, {n} elements ({_human(nbytes)})")
+        else:
+            dims = [int(d) for d in sig[6 : 6 + min(int(sig[4]), _MAX_DIMS)]]
+            more = ", ..." if sig[4] > _MAX_DIMS else ""
+            parts.append(f"{dtype}[{', '.join(map(str, dims))}{more}]")
     if sig[14] != -1:
         parts.append(f"count={int(sig[14])}")
     if sig[15] != -1:
@@ -147,6 +184,29 @@ def describe(sig: np.ndarray) -> str:
         alg = _ALGS[int(sig[13])] if 0 <= sig[13] < len(_ALGS) else "?"
         parts.append(f"algorithm={alg}")
     return f"{name}({', '.join(parts)})"
+
+
+def _human(nbytes: int) -> str:
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    if nbytes < 1 << 20:
+        return f"{nbytes / 1024:.3g} KiB"
+    return f"{nbytes / (1 << 20):.3g} MiB"
+
+
+def agree(group, key: tuple, name: str, tensor: object = None, **fields: object) -> None:
+    """The default check: verify ``key``'s call unless the group already agreed on it.
+
+    ``key`` must hold exactly what the signature holds, in canonical form (parsed
+    op, world-rank root, dtype, element count), so equal keys mean equal signatures.
+    """
+    seen = group._sigs
+    if key in seen:
+        return
+    verify(group, name, tensor, **fields)
+    if len(seen) >= _MAX_SEEN:
+        seen.clear()
+    seen.add(key)
 
 
 def verify(group, name: str, tensor: object = None, **fields: object) -> None:

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 from mpi4py import MPI
 
 from clusterkernel.comm import _check, _hugepages, _ring
+from clusterkernel.comm._begin import begin
 from clusterkernel.comm._dtypes import DTYPES, F32, as_numpy, buf, dtype_of
 from clusterkernel.comm._groups import Group, member
-from clusterkernel.comm._handle import Work, _now, drive, note
+from clusterkernel.comm._handle import Call, Work, _now, drive, note
 from clusterkernel.comm._ops import AVG, SUM, ReduceOp, check_algorithm, op_for, parse_op
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # as torch DDP
@@ -110,6 +112,13 @@ def _buckets_for(key: tuple, bucket_bytes: int, tensors, op: ReduceOp) -> list[_
     return plan
 
 
+@lru_cache(maxsize=_CACHE_SIZE)
+def _layout_code(key: tuple) -> int:
+    """The check's code for a list's shapes and dtypes (cached: a model's gradients
+    keep one layout, and the code is a hash of its text)."""
+    return _check.layout_code(key)
+
+
 def all_reduce_coalesced(
     tensors: Sequence[torch.Tensor],
     op: ReduceOp = SUM,
@@ -137,31 +146,32 @@ def all_reduce_coalesced(
         for i, t in enumerate(tensors):
             dtype_of(t, f"tensors[{i}]")
         raise
-    if _check.STATE.on:
-        _check.verify(
-            g,
-            "all_reduce_coalesced",
-            tensors[0] if tensors else None,
-            op=op,
-            alg=algorithm,
-            count=len(tensors),
-            extra=_check.layout_code(key),
-        )
     op = parse_op(op)
     check_algorithm(algorithm)
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
     buckets = _buckets_for(key, bucket_bytes, tensors, op)
     nbytes = sum(b.nbytes for b in buckets)
+    entry = begin(
+        g,
+        "all_reduce_coalesced",
+        tensors[0] if tensors else None,
+        nbytes=nbytes,
+        op=op,
+        alg=algorithm,
+        count=len(tensors),
+        extra=_layout_code(key),
+    )
     for b in buckets:
         _copy_all(b.views, [tensors[i] for i in b.index] if len(buckets) > 1 else list(tensors))
         b.busy = True
     if algorithm == "ring":  # the ring divides for AVG itself
         steps = _ring_buckets(g, buckets, op, _Unpack(buckets, tensors, 1))
-        return drive("all_reduce_coalesced", nbytes, "ring", g.size, steps, async_op)
+        call = Call("all_reduce_coalesced", nbytes, "ring", g.size, entry)
+        return drive(call, steps, async_op)
     finish = _Unpack(buckets, tensors, g.size if op is AVG else 1)
     specs = [(buf(b.flat, b.info), op_for(op, b.info.kind, b.flat.dtype)) for b in buckets]
-    info = ("all_reduce_coalesced", nbytes, "mpi", g.size)
+    info = Call("all_reduce_coalesced", nbytes, "mpi", g.size, entry)
     t0 = _now()
     if async_op:
         reqs = [c.Iallreduce(_IN_PLACE, spec, mop) for spec, mop in specs]
@@ -169,7 +179,7 @@ def all_reduce_coalesced(
     for spec, mop in specs:
         c.Allreduce(_IN_PLACE, spec, mop)
     finish()
-    note(*info, t0, None)
+    note(info, t0, None)
     return None
 
 

@@ -26,7 +26,18 @@ class Group:
             comm.all_reduce(t, group=evens)
     """
 
-    __slots__ = ("comm", "ranks", "rank", "size", "name", "_index", "_inner", "_seq")
+    __slots__ = (
+        "comm",
+        "ranks",
+        "rank",
+        "size",
+        "name",
+        "_index",
+        "_inner",
+        "_seq",
+        "_calls",
+        "_sigs",
+    )
 
     def __init__(self, comm: MPI.Intracomm | None, ranks: tuple[int, ...], name: str):
         self.comm = comm
@@ -37,6 +48,8 @@ class Group:
         self._index = {r: i for i, r in enumerate(ranks)}
         self._inner: MPI.Intracomm | None = None
         self._seq = 0
+        self._calls = 0  # collectives entered: the flight recorder's sequence number
+        self._sigs: set = set()  # call signatures every member has agreed on (_check)
 
     def __repr__(self) -> str:
         return f"Group({self.name}, ranks={list(self.ranks)}, rank={self.rank})"

@@ -1,8 +1,10 @@
 """Running a call: the async :class:`Work` handle, the sync path, and the timing record.
 
-Every call ends in :func:`run` (one MPI call, blocking or nonblocking) or
-:func:`drive` (a multi-step algorithm written as a generator, such as the ring).
-Both append one record per call to the rank's metrics recorder.
+Every call is described by a :class:`Call` and ends in :func:`run` (one MPI call,
+blocking or nonblocking) or :func:`drive` (a multi-step algorithm written as a
+generator, such as the ring). Both write one record per call through :func:`note`
+(the only writer of the comm layer's timing records) and mark the call's flight
+recorder entry done.
 
 A step generator yields a list of MPI requests to wait for, or ``None`` to be
 polled again later (e.g. a probe found nothing yet), and returns the call's result.
@@ -12,11 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, NamedTuple
 
 from mpi4py import MPI
 
 from clusterkernel import metrics
+from clusterkernel.comm._flight import DONE
 
 _now = time.perf_counter
 _REC = metrics.recorder()
@@ -29,15 +32,27 @@ _testall = MPI.Request.Testall
 _ACTIVE: set[Work] = set()
 
 
-def note(name: str, nbytes: int, alg: str, gsize: int, t0: float, wait: float | None) -> None:
-    """Append one comm record; ``wait=None`` means a sync call (blocked throughout)."""
+class Call(NamedTuple):
+    """One communication call: its timing record's fields and its flight entry."""
+
+    name: str
+    nbytes: int
+    alg: str
+    gsize: int
+    entry: list | None = None  # the flight recorder's entry (None when it is off)
+
+
+def note(call: Call, t0: float, wait: float | None) -> None:
+    """Record a finished call; ``wait=None`` means a sync call (blocked throughout)."""
+    entry = call.entry
+    if entry is not None:
+        entry[DONE] = True
     rec = _REC
     if rec.enabled:
         dur = _now() - t0
-        store = rec.comm
-        store.append((name, nbytes, alg, gsize, t0, dur, dur if wait is None else wait))
-        if len(store) > rec.capacity:
-            rec.trim("comm")
+        rec.timing(
+            call.name, call.nbytes, t0, dur, dur if wait is None else wait, call.alg, call.gsize
+        )
 
 
 class Work:
@@ -72,7 +87,7 @@ class Work:
     def __init__(
         self,
         reqs: list | None,
-        info: tuple,
+        info: Call,
         t0: float,
         finish: Callable[[], Any] | None = None,
         steps: Generator | None = None,
@@ -84,7 +99,7 @@ class Work:
         self._steps = steps
         self._finish = finish
         self._keep = keep  # buffers MPI is still reading or writing
-        self._info = info  # (name, nbytes, algorithm, group size)
+        self._info = info
         self._t0 = t0
         self._waited = 0.0
         self._done = False
@@ -187,8 +202,7 @@ class Work:
         self._done = True
         self._keep = None
         _ACTIVE.discard(self)
-        name, nbytes, alg, gsize = self._info
-        note(name, nbytes, alg, gsize, self._t0, None if self._sync else self._waited)
+        note(self._info, self._t0, None if self._sync else self._waited)
 
 
 def _clear_mpi_error(name: str, exc: MPI.Exception, statuses: list | None) -> BaseException:
@@ -204,15 +218,13 @@ def _clear_mpi_error(name: str, exc: MPI.Exception, statuses: list | None) -> Ba
 
 
 def run(
-    name: str,
-    nbytes: int,
-    alg: str,
-    gsize: int,
+    call: Call,
     blocking: Callable,
     nonblocking: Callable,
     args: tuple,
-    finish: Callable[[], Any] | None,
-    async_op: bool,
+    *,
+    finish: Callable[[], Any] | None = None,
+    async_op: bool = False,
     keep: object = None,
     statuses: list | None = None,
 ) -> Any:
@@ -224,19 +236,17 @@ def run(
     t0 = _now()
     if async_op:
         req = nonblocking(*args)
-        return Work(
-            [req], (name, nbytes, alg, gsize), t0, finish, keep=(args, keep), statuses=statuses
-        )
+        return Work([req], call, t0, finish, keep=(args, keep), statuses=statuses)
     blocking(*args)
     result = finish() if finish is not None else None
-    note(name, nbytes, alg, gsize, t0, None)
+    note(call, t0, None)
     return result
 
 
-def drive(name: str, nbytes: int, alg: str, gsize: int, steps: Generator, async_op: bool) -> Any:
+def drive(call: Call, steps: Generator, async_op: bool) -> Any:
     """Run a step generator to completion now, or return a Work that steps it."""
     t0 = _now()
-    work = Work(None, (name, nbytes, alg, gsize), t0, steps=steps, sync=not async_op)
+    work = Work(None, call, t0, steps=steps, sync=not async_op)
     if async_op:
         return work
     work.wait()

@@ -14,22 +14,19 @@ from typing import Any
 
 from mpi4py.util import pkl5
 
-from clusterkernel.comm import _check
+from clusterkernel.comm._begin import begin
 from clusterkernel.comm._groups import Group, member
-from clusterkernel.comm._handle import Work, drive
+from clusterkernel.comm._handle import Call, Work, drive
 from clusterkernel.comm._p2p import object_recv_steps, object_send_steps
-
-_CHECK = _check.STATE
 
 
 def _setup(name: str, group: Group | None, root: object = None, what: str = "src", count: int = -1):
     g, _ = member(group)
-    if _CHECK.on:
-        _check.verify(g, name, root=root, count=count)
     groot = None if root is None else g.group_rank(root, what)
+    call = Call(name, 0, "pkl5", g.size, begin(g, name, root=root, count=count, detail="dtype"))
     # The tag is drawn on every member in the same call order, so concurrent
     # object collectives never take each other's messages.
-    return g, groot, pkl5.Intracomm(g.inner()), g.next_tag()
+    return g, groot, pkl5.Intracomm(g.inner()), g.next_tag(), call
 
 
 def _others(g: Group) -> list[int]:
@@ -61,10 +58,8 @@ def broadcast_object(
 
     Example: ``cfg = comm.broadcast_object(cfg if comm.rank() == 0 else None, src=0)``
     """
-    g, root, pkl, tag = _setup("broadcast_object", group, src)
-    return drive(
-        "broadcast_object", 0, "pkl5", g.size, _bcast_steps(g, root, pkl, tag, obj), async_op
-    )
+    g, root, pkl, tag, call = _setup("broadcast_object", group, src)
+    return drive(call, _bcast_steps(g, root, pkl, tag, obj), async_op)
 
 
 def broadcast_object_list(
@@ -78,13 +73,13 @@ def broadcast_object_list(
         comm.broadcast_object_list(objs, src=0)
     """
     _need_list(object_list, "object_list")
-    g, root, pkl, tag = _setup("broadcast_object_list", group, src, count=len(object_list))
+    g, root, pkl, tag, call = _setup("broadcast_object_list", group, src, count=len(object_list))
 
     def steps() -> Generator:
         got = yield from _bcast_steps(g, root, pkl, tag, list(object_list))
         object_list[:] = got
 
-    return drive("broadcast_object_list", 0, "pkl5", g.size, steps(), async_op)
+    return drive(call, steps(), async_op)
 
 
 def gather_object(
@@ -106,14 +101,14 @@ def gather_object(
         _need_list(object_gather_list, "object_gather_list", g.size)
     elif object_gather_list:
         raise ValueError("object_gather_list must be given only on the dst rank; pass None here")
-    g, root, pkl, tag = _setup("gather_object", group, dst, "dst")
+    g, root, pkl, tag, call = _setup("gather_object", group, dst, "dst")
 
     def steps() -> Generator:
         got = yield from _gather_steps(g, root, pkl, tag, obj)
         if got is not None:
             object_gather_list[:] = got
 
-    return drive("gather_object", 0, "pkl5", g.size, steps(), async_op)
+    return drive(call, steps(), async_op)
 
 
 def all_gather_object(
@@ -128,13 +123,13 @@ def all_gather_object(
     """
     g, _ = member(group)
     _need_list(object_list, "object_list", g.size)
-    g, _, pkl, tag = _setup("all_gather_object", group)
+    g, _, pkl, tag, call = _setup("all_gather_object", group)
 
     def steps() -> Generator:
         got = yield from _gather_steps(g, 0, pkl, tag, obj)
         object_list[:] = yield from _bcast_steps(g, 0, pkl, tag, got)
 
-    return drive("all_gather_object", 0, "pkl5", g.size, steps(), async_op)
+    return drive(call, steps(), async_op)
 
 
 def scatter_object_list(
@@ -163,7 +158,7 @@ def scatter_object_list(
         raise ValueError(
             "scatter_object_input_list must be given only on the src rank; pass None here"
         )
-    g, root, pkl, tag = _setup("scatter_object_list", group, src)
+    g, root, pkl, tag, call = _setup("scatter_object_list", group, src)
 
     def steps() -> Generator:
         if is_root:
@@ -176,7 +171,7 @@ def scatter_object_list(
         else:
             scatter_object_output_list[0] = yield from object_recv_steps(pkl, root, tag)
 
-    return drive("scatter_object_list", 0, "pkl5", g.size, steps(), async_op)
+    return drive(call, steps(), async_op)
 
 
 def _need_list(value: object, what: str, n: int | None = None) -> None:

@@ -16,8 +16,9 @@ from mpi4py import MPI
 from mpi4py.util import pkl5
 
 from clusterkernel.comm._dtypes import buf, unstage, wire
+from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._groups import Group, member
-from clusterkernel.comm._handle import Work, _now, drive, note, run
+from clusterkernel.comm._handle import Call, Work, _now, drive, note, run
 
 _ANY = MPI.ANY_SOURCE
 # Object messages live at tag + _OBJECT_TAGS; user tags must stay below it.
@@ -30,6 +31,14 @@ def _tag(tag: object) -> int:
     if type(tag) is int and 0 <= tag <= MAX_TAG:
         return tag
     raise ValueError(f"tag must be an int in 0..{MAX_TAG}, got {tag!r}")
+
+
+def _note(g: Group, name: str, tensor: torch.Tensor | None, peer: int) -> list | None:
+    """The flight entry of a point-to-point call (``peer`` a group rank, or any source)."""
+    world_peer = g.ranks[peer] if peer >= 0 else -1
+    nbytes = tensor.nbytes if tensor is not None else 0
+    dtype = tensor.dtype if tensor is not None else None
+    return FLIGHT.record(g, name, nbytes, dtype, peer=world_peer)
 
 
 def _peer(g: Group, rank: object, what: str) -> int:
@@ -57,18 +66,8 @@ def send(
     peer = _peer(g, dst, "dst")
     tag = _tag(tag)
     w, info = wire(tensor)
-    return run(
-        "send",
-        tensor.nbytes,
-        "mpi",
-        g.size,
-        c.Send,
-        c.Isend,
-        (buf(w, info), peer, tag),
-        None,
-        async_op,
-        w,
-    )
+    call = Call("send", tensor.nbytes, "mpi", g.size, _note(g, "send", tensor, peer))
+    return run(call, c.Send, c.Isend, (buf(w, info), peer, tag), async_op=async_op, keep=w)
 
 
 def isend(tensor: torch.Tensor, dst: int, group: Group | None = None, tag: int = 0) -> Work:
@@ -98,12 +97,13 @@ def recv(
     tag = _tag(tag)
     w, info = wire(tensor, copy_in=False)
     nbytes = w.numel() * info.itemsize
+    call = Call("recv", tensor.nbytes, "mpi", g.size, _note(g, "recv", tensor, peer))
     if async_op:
         status = MPI.Status()
         finish = partial(_received, g, tensor, w, status, nbytes)
         args = (buf(w, info), peer, tag)
         return run(
-            "recv", tensor.nbytes, "mpi", g.size, None, c.Irecv, args, finish, True, w, [status]
+            call, None, c.Irecv, args, finish=finish, async_op=True, keep=w, statuses=[status]
         )
     t0 = _now()
     status = MPI.Status()
@@ -114,7 +114,7 @@ def recv(
         raise ValueError(_size_error(g, status, got, tensor))
     msg.Recv(buf(w, info))
     unstage(tensor, w)
-    note("recv", tensor.nbytes, "mpi", g.size, t0, None)
+    note(call, t0, None)
     return g.ranks[status.Get_source()]
 
 
@@ -152,7 +152,9 @@ def send_object(
     g, c = member(group)
     peer = _peer(g, dst, "dst")
     steps = object_send_steps(pkl5.Intracomm(c), obj, [peer], _tag(tag) + _OBJECT_TAGS)
-    return drive("send_object", 0, "pkl5", g.size, steps, async_op)
+    return drive(
+        Call("send_object", 0, "pkl5", g.size, _note(g, "send_object", None, peer)), steps, async_op
+    )
 
 
 def recv_object(
@@ -170,7 +172,8 @@ def recv_object(
     g, c = member(group)
     peer = _ANY if src is None else _peer(g, src, "src")
     steps = object_recv_steps(pkl5.Intracomm(c), peer, _tag(tag) + _OBJECT_TAGS)
-    return drive("recv_object", 0, "pkl5", g.size, steps, async_op)
+    entry = _note(g, "recv_object", None, peer)
+    return drive(Call("recv_object", 0, "pkl5", g.size, entry), steps, async_op)
 
 
 def object_send_steps(pkl: pkl5.Intracomm, obj: Any, peers: list[int], tag: int) -> Generator:

@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from clusterkernel.comm import _hugepages
 from clusterkernel.comm._dtypes import DType, as_numpy, unstage
-from clusterkernel.comm._handle import Work, drive
+from clusterkernel.comm._handle import Call, Work, drive
 from clusterkernel.comm._ops import AVG, ReduceOp
 
 # Segment size: large enough that per-segment Python work is small against the
@@ -34,7 +34,13 @@ SEGMENT_BYTES = 256 * 1024
 
 
 def all_reduce(
-    group, tensor: torch.Tensor, w: torch.Tensor, info: DType, op: ReduceOp, async_op: bool
+    group,
+    tensor: torch.Tensor,
+    w: torch.Tensor,
+    info: DType,
+    op: ReduceOp,
+    async_op: bool,
+    entry: list | None = None,
 ) -> Work | None:
     """Ring allreduce of ``tensor`` (already on the wire as ``w``) over ``group``."""
     if not w.is_cpu:
@@ -45,7 +51,7 @@ def all_reduce(
     if data.nbytes >= _hugepages.THRESHOLD and w.is_cpu:
         _hugepages.note_buffer(w.data_ptr(), data.nbytes)
     steps = _steps_then_unstage(group, data, info, op, tensor, w)
-    return drive("all_reduce", tensor.nbytes, "ring", group.size, steps, async_op)
+    return drive(Call("all_reduce", tensor.nbytes, "ring", group.size, entry), steps, async_op)
 
 
 def _steps_then_unstage(group, data, info, op, tensor, w) -> Generator:
