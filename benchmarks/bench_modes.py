@@ -108,7 +108,7 @@ def _one_run(name: str, epochs: int, hidden: int, train, test) -> dict:
 
 
 def _per_rank(mode) -> int:
-    return BATCH // mode.train_shard()[1]
+    return BATCH // mode.shard()[1]
 
 
 def rank_job(args) -> None:

@@ -1,16 +1,41 @@
-"""Checkpoints: rank 0 writes one file, every rank reads it back."""
+"""Checkpoints in one shared file: rank 0 writes it, every rank reads it back.
+
+Two layouts, chosen by the mode (see :meth:`TrainingMode.save_state
+<clusterkernel.train.TrainingMode.save_state>`):
+
+- replicated: every rank holds the same state, so rank 0's stands for all;
+- gathered: every rank's state is collected into the file, and each rank gets
+  its own back on resume (same number of ranks).
+
+Both carry the Trainer's progress and every rank's torch RNG state. Modes whose
+ranks never meet in a collective mid-run (parameter servers) write files of
+their own instead (:mod:`clusterkernel.train.ps`).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
 from clusterkernel import comm
-from clusterkernel.train._sync import all_objects
+from clusterkernel.train._sync import all_objects, world_rank
 
 FORMAT = 1
+#: the file name under ``Trainer(checkpoint_dir=...)``
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+class Progress(Protocol):
+    """What a checkpoint saves and restores of the Trainer: how far training got."""
+
+    epoch: int
+    step_in_epoch: int
+    global_step: int
+    checkpoint_dir: Path | None
 
 
 def _agree(ok: bool, message: str, group: comm.Group | None) -> None:
@@ -67,3 +92,88 @@ def load(path: str | os.PathLike, group: comm.Group | None = None) -> dict | Non
         error = f"could not read {path}: {type(exc).__name__}: {exc}"
     _agree(not error, error, group)
     return ckpt
+
+
+def _gather(obj: Any, group: comm.Group | None) -> list | None:
+    """Every rank's ``obj`` on rank 0 of the group (``None`` elsewhere); collective."""
+    out = [None] * comm.size(group) if comm.rank(group) == 0 else None
+    comm.gather_object(obj, out, dst=world_rank(group, 0), group=group)
+    return out
+
+
+def save_shared(
+    path: Path,
+    state: dict,
+    progress: Progress,
+    *,
+    mode: str,
+    replicated: bool,
+    group: comm.Group | None = None,
+) -> None:
+    """Write this rank's ``state`` (and progress, RNG) into the one file; collective.
+
+    ``replicated``: rank 0's state stands for all; otherwise every rank's state
+    is gathered into the file.
+
+    Example (what a gathered mode's ``save_state`` does)::
+
+        save_shared(path, mode.state_dict(), trainer, mode="local", replicated=False)
+    """
+    states = [state] if replicated else _gather(state, group)
+    meta = {
+        "epoch": progress.epoch,
+        "step_in_epoch": progress.step_in_epoch,
+        "global_step": progress.global_step,
+        "world": comm.size(group),
+        "mode": mode,
+        "replicated": replicated,
+        # every rank's, even when rank 0's state stands for all: dropout and
+        # other random layers draw from it, so a resumed run repeats their draws
+        "torch_rng": _gather(torch.get_rng_state(), group),
+    }
+    save(path, states, meta, group)
+
+
+def load_shared(
+    path: Path,
+    progress: Progress,
+    load_state: Callable[[dict], None],
+    *,
+    mode: str,
+    group: comm.Group | None = None,
+) -> bool:
+    """Restore from :func:`save_shared`'s file on every rank; False if there is none.
+
+    ``load_state(state)`` gets this rank's state (rank 0's when replicated);
+    then the RNG and ``progress`` are restored.
+
+    Example::
+
+        load_shared(path, trainer, mode.load_state_dict, mode="local")
+    """
+    ckpt = load(path, group)
+    if ckpt is None:
+        return False
+    meta = ckpt["meta"]
+    if meta["mode"] != mode:
+        raise ValueError(
+            f"{path} was written by mode {meta['mode']!r}; this Trainer runs {mode!r}."
+        )
+    world, rank = comm.size(group), comm.rank(group)
+    if meta["replicated"]:
+        state = ckpt["ranks"][0]
+    else:
+        if meta["world"] != world:
+            raise ValueError(
+                f"{path} holds per-rank state for {meta['world']} ranks; this run has "
+                f"{world}. Resume with the same number of ranks."
+            )
+        state = ckpt["ranks"][rank]
+    load_state(state)
+    rng = meta.get("torch_rng")  # absent from checkpoints of earlier versions
+    if rng is not None and len(rng) == world:
+        torch.set_rng_state(rng[rank])
+    progress.epoch = meta["epoch"]
+    progress.step_in_epoch = meta["step_in_epoch"]
+    progress.global_step = meta["global_step"]
+    return True

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 
 import torch
+from torch import nn
 
 from clusterkernel import comm, metrics
 from clusterkernel.train._client import ServerClient
@@ -172,12 +173,13 @@ class EASGDMode(ServedMode):
         self.synchronous = bool(synchronous)
         self.lockstep = self.synchronous  # the all_reduce every tau steps is collective
         self.steps = 0
-        self.blocked = 0.0
 
-    def setup(self, model, optimizer):
+    def setup(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, group: comm.Group | None = None
+    ) -> nn.Module:
         if self.alpha is None:  # the paper's moving rate beta = workers * alpha = 0.9
-            self.alpha = 0.9 / max(1, comm.size(self.group) - self.servers)
-        return super().setup(model, optimizer)
+            self.alpha = 0.9 / max(1, comm.size(group) - self.servers)
+        return super().setup(model, optimizer, group)
 
     def _make_handler(self) -> CenterServer:
         return CenterServer(self.flat.read(), self.alpha, self.worker_ranks)
@@ -206,17 +208,17 @@ class EASGDMode(ServedMode):
     def _ask_save(self) -> None:
         self.client.save(self.progress(ahead=0))
 
-    def step(self, optimizer) -> None:
-        optimizer.step()
+    def step(self, step: int) -> None:
+        self.optimizer.step()
         self.steps += 1
-        self.blocked = 0.0
+        self.last_comm_seconds = 0.0
         if self.steps % self.tau:
             return
         if self.synchronous:
             self._elastic_allreduce()
         else:
             self.client.exchange(self.progress())
-            self.blocked = self.client.blocked
+            self.last_comm_seconds = self.client.blocked
 
     @torch.no_grad()
     def _elastic_allreduce(self) -> None:
@@ -226,19 +228,21 @@ class EASGDMode(ServedMode):
         self.flat.write(x)
         t0 = time.perf_counter()
         comm.all_reduce(d, op=comm.SUM, group=self.group)
-        self.blocked = time.perf_counter() - t0
+        self.last_comm_seconds = time.perf_counter() - t0
         self.center.add_(d)
 
-    def comm_seconds(self) -> float:
-        return self.blocked
-
     def state_dict(self) -> dict:
-        # the synchronous form checkpoints through the Trainer; the center is ours
-        return {"center": self.center.clone()} if self.synchronous else {}
+        # the synchronous form's shared checkpoint (see ServedMode.save_state) holds
+        # each rank's copy of the center too
+        state = super().state_dict()
+        if self.synchronous:
+            state["mode"] = {"center": self.center.clone()}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        if self.synchronous and "center" in state:
-            self.center.copy_(state["center"])
+        super().load_state_dict(state)
+        if self.synchronous and "center" in state["mode"]:
+            self.center.copy_(state["mode"]["center"])
 
 
 register_mode(EASGDMode.name, EASGDMode)

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from mpi4py import MPI
+from torch import nn
 
 from clusterkernel import comm
+from clusterkernel.train._checkpoint import Progress
 from clusterkernel.train._flat import FlatParams
 from clusterkernel.train._link import (
     HEADER_BYTES,
@@ -57,7 +60,6 @@ class GossipMode(TrainingMode):
     """
 
     name = "gossip"
-    replicated = False
 
     def __init__(
         self,
@@ -72,20 +74,22 @@ class GossipMode(TrainingMode):
         self.average_at_end = bool(average_at_end)
         self.seed = seed
         self.poller = Poller(spin=poll_spin)
-        self.blocked = 0.0
         self.sent = 0
         self.mixed = 0
 
-    def setup(self, model, optimizer):
-        n, me = comm.size(self.group), comm.rank(self.group)
+    def setup(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, group: comm.Group | None = None
+    ) -> nn.Module:
+        super().setup(model, optimizer, group)
+        n, me = comm.size(group), comm.rank(group)
         if n < 2:
             raise ValueError("gossip needs at least 2 ranks to mix; use mode='local' on one rank")
         self.n, self.me = n, me
         self.peers = [r for r in range(n) if r != me]
-        self.link = private_comm(self.group)
+        self.link = private_comm(group)
         self.flat = FlatParams(model)
-        check_same_model(self.flat.numel, self.flat.dtype, self.group)
-        sync_parameters(model, src=world_rank(self.group, 0), group=self.group)
+        check_same_model(self.flat.numel, self.flat.dtype, group)
+        sync_parameters(model, src=world_rank(group, 0), group=group)
         self.weight = 1.0 / n
         self.rng = random.Random(f"{self.seed}/{me}")
         nbytes = self.flat.numel * self.flat.empty().element_size()
@@ -96,13 +100,13 @@ class GossipMode(TrainingMode):
         return model
 
     # -- one step -------------------------------------------------------------------
-    def step(self, optimizer) -> None:
-        optimizer.step()
+    def step(self, step: int) -> None:
+        self.optimizer.step()
         t0 = _now()
         self._receive()
         if self.rng.random() < self.rate:
             self._send()
-        self.blocked = _now() - t0
+        self.last_comm_seconds = _now() - t0
 
     def _free_slot(self) -> int | None:
         for i, req in enumerate(self.pool_req):
@@ -151,7 +155,7 @@ class GossipMode(TrainingMode):
             note("gossip_recv", theirs.nbytes, 2, t0, 0.0)
 
     # -- fit ------------------------------------------------------------------------
-    def run(self, trainer, train) -> None:
+    def run(self, trainer: Progress, train: Callable[[], None]) -> None:
         self._done_from: set[int] = set()
         self._failed_peers: list[int] = []
         try:
@@ -193,18 +197,18 @@ class GossipMode(TrainingMode):
         self.flat.write(both[:-1] / both[-1])
         self.weight = 1.0 / self.n
 
-    def comm_seconds(self) -> float:
-        return self.blocked
-
     def teardown(self) -> None:
         free_comm(getattr(self, "link", None))
         self.link = None
 
     def state_dict(self) -> dict:
-        return {"weight": self.weight}
+        state = super().state_dict()
+        state["mode"] = {"weight": self.weight}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.weight = float(state.get("weight", 1.0 / self.n))
+        super().load_state_dict(state)
+        self.weight = float(state["mode"].get("weight", 1.0 / self.n))
 
 
 register_mode(GossipMode.name, GossipMode)

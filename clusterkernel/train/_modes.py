@@ -1,12 +1,9 @@
 """Training modes: how ranks cooperate inside :class:`~clusterkernel.train.Trainer`.
 
-A mode is a small strategy object. The Trainer's loop calls, for every batch::
+A mode is a small strategy object. For every batch the Trainer's loop calls::
 
-    loss = mode.forward_backward(module, batch, loss_fn)
-    mode.after_backward()
-    mode.before_step()
-    mode.step(optimizer)
-    mode.after_step(step)
+    loss = mode.forward_backward(module, batch, loss_fn, weight)
+    mode.step(global_step)
 
 and never needs to know which mode it runs. New modes (parameter server, async
 SGD, EASGD, gossip, ...) subclass :class:`TrainingMode`, override the hooks they
@@ -23,8 +20,10 @@ import torch
 from torch import nn
 
 from clusterkernel import comm
+from clusterkernel.train._checkpoint import Progress, load_shared, save_shared
 from clusterkernel.train._ddp import DataParallel
 from clusterkernel.train._pipeline import PipelineParallel
+from clusterkernel.train._sync import all_objects
 
 #: ``loss_fn(outputs, targets) -> loss``, e.g. ``torch.nn.functional.cross_entropy``
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -38,8 +37,7 @@ def register_mode(name: str, cls: type[TrainingMode]) -> type[TrainingMode]:
     Example::
 
         class EASGD(TrainingMode):
-            replicated = False
-            def after_step(self, step): ...   # elastic averaging every tau steps
+            def step(self, step): ...   # elastic averaging every tau steps
 
         register_mode("easgd", EASGD)
         Trainer(model, opt, loss_fn, data, mode="easgd", mode_options={"tau": 4})
@@ -75,28 +73,35 @@ def make_mode(mode: str | TrainingMode, options: dict | None = None) -> Training
 
 
 class TrainingMode:
-    """Base class of training modes; every hook has a do-nothing default.
+    """Base class of training modes; every hook has a working default.
 
-    Class attributes tell the Trainer how to treat the mode:
+    The Trainer calls these, on every rank, and never branches on which mode runs::
 
-    - ``shards_data``: each rank trains on its own shard of the data (True), or
-      every rank walks the same batches (False, e.g. pipeline stages);
-    - ``replicated``: every rank holds the same model and optimizer state after
-      each step, so a checkpoint needs only rank 0's (True), or each rank's
-      state is its own and is gathered (False);
-    - ``lockstep``: every step is collective, so all ranks must run the same
-      number of steps per epoch (checked before training starts).
+        module = mode.setup(model, optimizer, group)   # once
+        index, count = mode.shard()                     # this rank's share of the data
+        mode.check_batches(batches_per_epoch)           # before fit (collective)
+        mode.run(trainer, train)                        # fit: train() is the epoch loop
+        loss = mode.forward_backward(module, batch, loss_fn, weight)   # every batch
+        mode.step(global_step)                                          # every batch
+        out = mode.predict(module, x)                   # evaluate
+        mode.save_state(trainer, path)                  # checkpoints (collective)
+        mode.load_state(trainer, path)
+        mode.teardown()                                 # Trainer.close
+
+    and reads :attr:`serves` and :attr:`last_comm_seconds`. Checkpoints hold
+    :meth:`state_dict` (model, optimizer and the mode's own state); by default
+    every rank's is gathered into one file.
 
     Example (a mode that averages parameters every ``k`` steps)::
 
         class PeriodicAverage(TrainingMode):
             name = "periodic"
-            replicated = False      # replicas drift between averagings
 
             def __init__(self, k: int = 8):
                 self.k = k
 
-            def after_step(self, step: int) -> None:
+            def step(self, step: int) -> None:
+                super().step(step)
                 if step % self.k == 0:
                     average_parameters(self.model)   # your collective here
 
@@ -104,36 +109,35 @@ class TrainingMode:
     """
 
     name: ClassVar[str] = "base"
-    shards_data: ClassVar[bool] = True
-    replicated: ClassVar[bool] = True
+    #: every step is collective, so all training ranks must run the same number
+    #: of steps per epoch (checked before training starts)
     lockstep: ClassVar[bool] = True
-    #: ``optimizer.zero_grad(set_to_none=...)`` between steps; False keeps
-    #: gradient tensors alive (DataParallel's live in its buckets)
-    zero_grad_to_none: ClassVar[bool] = True
-    #: the mode writes and reads checkpoints itself (:meth:`save_checkpoint`),
-    #: e.g. parameter servers, whose ranks never meet in a collective mid-run
-    own_checkpoints: bool = False
-    #: this rank serves the others (a parameter server): it trains on no data
-    serves: bool = False
-    #: the ranks' gradients are averaged every step (synchronous data parallel):
-    #: when their batches differ in size, the Trainer sets :attr:`loss_scale` to
-    #: each rank's share, so the average is the global batch's gradient
-    averages_gradients: ClassVar[bool] = False
-    #: factor on the loss before ``backward`` (1 unless the Trainer weights shares)
-    loss_scale: float = 1.0
 
-    #: the ranks taking part (a ``comm.new_group`` group); None: all ranks
+    #: set by :meth:`setup`: this rank's model (what checkpoints hold), its
+    #: optimizer, and the ranks taking part (a ``comm.new_group`` group; None: all)
+    model: nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
     group: comm.Group | None = None
+    #: seconds this rank spent communicating in the last step (0 if unknown)
+    last_comm_seconds: float = 0.0
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> nn.Module:
-        """Prepare for training; return the module that forward passes go through."""
+    @property
+    def serves(self) -> bool:
+        """This rank serves the others (a parameter server): it trains on no data."""
+        return False
+
+    # -- lifecycle --------------------------------------------------------------
+    def setup(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, group: comm.Group | None = None
+    ) -> nn.Module:
+        """Prepare for training; return the module that forward passes go through.
+
+        Subclasses call ``super().setup(model, optimizer, group)`` first.
+        """
+        self.model, self.optimizer, self.group = model, optimizer, group
         return model
 
-    def train_shard(self) -> tuple[int, int]:
-        """``(index, count)``: which share of the training data this rank trains on."""
-        return comm.rank(self.group), comm.size(self.group)
-
-    def run(self, trainer: Any, train: Callable[[], None]) -> None:
+    def run(self, trainer: Progress, train: Callable[[], None]) -> None:
         """Run ``train()``, the Trainer's epoch loop, on this rank.
 
         Modes whose ranks have other jobs override it: a parameter server serves
@@ -142,59 +146,105 @@ class TrainingMode:
         """
         train()
 
-    def forward_backward(self, module: nn.Module, batch: Any, loss_fn: LossFn) -> float:
-        """Compute the loss of one batch and its gradients; return the loss."""
-        x, y = batch
-        loss = loss_fn(module(x), y)
-        (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
-        return loss.item()
+    def teardown(self) -> None:
+        """Undo ``setup`` side effects (hooks); called when the Trainer is closed."""
 
-    def after_backward(self) -> None:
-        """After gradients are computed, before the optimizer is involved."""
+    # -- data -------------------------------------------------------------------
+    def shard(self) -> tuple[int, int]:
+        """``(index, count)``: which share of the training and evaluation data this rank takes."""
+        return comm.rank(self.group), comm.size(self.group)
 
-    def before_step(self) -> None:
-        """Right before ``step`` (e.g. wait for averaged gradients)."""
+    def check_batches(self, count: int | None) -> None:
+        """Raise on every rank if the ranks' batch counts cannot work (collective).
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Apply the update."""
-        optimizer.step()
+        ``count`` is this rank's batches per epoch (None: unknown, the caller
+        vouches). Ranks that serve are not checked; every other rank needs at
+        least one batch and, if the mode is :attr:`lockstep`, the same number.
+        """
+        reports = all_objects((self.serves, count), self.group)
+        ranks = [r for r, (serves, _) in enumerate(reports) if not serves]
+        counts = [reports[r][1] for r in ranks]
+        if any(c is None for c in counts):
+            return  # iterables without a length: the caller vouches for them
+        empty = [r for r, c in zip(ranks, counts) if c == 0]
+        if empty:
+            raise ValueError(
+                f"rank(s) {empty} have no training batches (an empty data shard); batch "
+                f"counts per rank: {counts}. Give every rank data, e.g. with "
+                "distributed_loader() or DistributedSampler, or use fewer ranks."
+            )
+        if self.lockstep and len(set(counts)) > 1:
+            raise ValueError(
+                f"ranks have different numbers of batches per epoch: {counts}; they would "
+                "fall out of step in the collectives. Shard with distributed_loader() or "
+                "DistributedSampler (equal shards by padding or dropping)."
+            )
 
-    def after_step(self, step: int) -> None:
-        """After the update of global step ``step`` (e.g. periodic averaging)."""
+    # -- one batch --------------------------------------------------------------
+    def forward_backward(
+        self, module: nn.Module, batch: Any, loss_fn: LossFn, weight: float = 1.0
+    ) -> float:
+        """Clear the gradients, compute the loss of one batch and its gradients.
+
+        ``weight`` is this rank's share of the global batch relative to an even
+        split (1.0 unless the ranks' batches differ in size); modes that average
+        gradients over ranks scale the loss by it. The default ignores it.
+        Returns the loss.
+        """
+        self._optimizer().zero_grad()
+        return self._backward(module, batch, loss_fn)
+
+    def step(self, step: int) -> None:
+        """Apply the update of global step ``step`` (1 for the first)."""
+        self._optimizer().step()
 
     def predict(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """Outputs for evaluation, or ``None`` on ranks that produce none."""
         return module(x)
 
-    def eval_shard(self) -> tuple[int, int]:
-        """``(index, count)``: which strided share of evaluation data this rank takes."""
-        return comm.rank(self.group), comm.size(self.group)
+    def _optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError(
+                f"mode {self.name!r} has no optimizer: its setup() must call "
+                "super().setup(model, optimizer, group)."
+            )
+        return self.optimizer
 
-    def comm_seconds(self) -> float:
-        """Seconds this rank spent communicating in the last step (0 if unknown)."""
-        return 0.0
+    def _backward(
+        self, module: nn.Module, batch: Any, loss_fn: LossFn, scale: float = 1.0
+    ) -> float:
+        x, y = batch
+        loss = loss_fn(module(x), y)
+        (loss * scale if scale != 1.0 else loss).backward()
+        return loss.item()
 
-    def unwrap(self, module: nn.Module) -> nn.Module:
-        """The user's module inside whatever ``setup`` returned (for checkpoints)."""
-        return module
-
+    # -- state ------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Mode state to checkpoint (e.g. a center variable); default none."""
-        return {}
+        """This rank's state: model, optimizer, and the mode's own under ``"mode"``."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self._optimizer().state_dict(),
+            "mode": {},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
+        self.model.load_state_dict(state["model"])
+        self._optimizer().load_state_dict(state["optimizer"])
 
-    def save_checkpoint(self, trainer: Any, path: Path) -> None:
-        """Write a checkpoint this mode's own way (called when ``own_checkpoints``)."""
-        raise NotImplementedError(f"mode {self.name!r} does not write its own checkpoints")
+    def save_state(self, trainer: Progress, path: Path) -> None:
+        """Write a checkpoint to ``path`` (collective).
 
-    def load_checkpoint(self, trainer: Any, path: Path) -> bool:
-        """Restore from :meth:`save_checkpoint`'s files; False if there are none."""
-        raise NotImplementedError(f"mode {self.name!r} does not read its own checkpoints")
+        Default: rank 0 writes one file with every rank's :meth:`state_dict`,
+        the Trainer's progress and every rank's RNG state.
+        """
+        save_shared(
+            path, self.state_dict(), trainer, mode=self.name, replicated=False, group=self.group
+        )
 
-    def teardown(self) -> None:
-        """Undo ``setup`` side effects (hooks); called when the Trainer is closed."""
+    def load_state(self, trainer: Progress, path: Path) -> bool:
+        """Restore from :meth:`save_state`'s files, progress included; False if there are none."""
+        return load_shared(path, trainer, self.load_state_dict, mode=self.name, group=self.group)
 
 
 class LocalMode(TrainingMode):
@@ -208,7 +258,6 @@ class LocalMode(TrainingMode):
     """
 
     name = "local"
-    replicated = False
     lockstep = False
 
 
@@ -228,28 +277,37 @@ class AllReduceMode(TrainingMode):
     """
 
     name = "allreduce"
-    zero_grad_to_none = False
-    averages_gradients = True
 
     def __init__(self, **dp_options: Any):
         self.dp_options = dp_options
         self.dp: DataParallel | None = None
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> DataParallel:
+    def setup(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, group: comm.Group | None = None
+    ) -> DataParallel:
+        super().setup(model, optimizer, group)
         # Passing the optimizer checks it across ranks and makes a bare
-        # optimizer.step() safe too; the synchronize in before_step comes first,
-        # so the step hook then finds nothing left to do.
-        self.dp = DataParallel(model, optimizer=optimizer, group=self.group, **self.dp_options)
+        # optimizer.step() safe too; forward_backward synchronizes first, so the
+        # step hook then finds nothing left to do.
+        self.dp = DataParallel(model, optimizer=optimizer, group=group, **self.dp_options)
         return self.dp
 
-    def before_step(self) -> None:
-        self.dp.synchronize()
+    def forward_backward(
+        self, module: nn.Module, batch: Any, loss_fn: LossFn, weight: float = 1.0
+    ) -> float:
+        # the gradients live in DataParallel's buckets: set_to_none would make
+        # backward allocate fresh ones, copied into the buckets every step
+        self._optimizer().zero_grad(set_to_none=False)
+        loss = self._backward(module, batch, loss_fn, weight)
+        self.dp.synchronize()  # the averaged gradients, as one process's backward gives
+        self.last_comm_seconds = self.dp.last_comm_seconds
+        return loss
 
-    def comm_seconds(self) -> float:
-        return self.dp.last_comm_seconds
-
-    def unwrap(self, module: DataParallel) -> nn.Module:
-        return module.module
+    def save_state(self, trainer: Progress, path: Path) -> None:
+        # every rank holds the same model and optimizer: rank 0's stands for all
+        save_shared(
+            path, self.state_dict(), trainer, mode=self.name, replicated=True, group=self.group
+        )
 
     def teardown(self) -> None:
         if self.dp is not None:
@@ -260,7 +318,8 @@ class PipelineMode(TrainingMode):
     """Pipeline model parallelism through :class:`PipelineParallel`.
 
     The model must be an ``nn.Sequential``; options ``balance`` and ``chunks`` go
-    to ``PipelineParallel``. Every rank walks the same batches.
+    to ``PipelineParallel``. Every rank walks the same batches, and keeps (and
+    checkpoints) its own stage.
 
     Example (the loss is known on the last stage only)::
 
@@ -269,24 +328,27 @@ class PipelineMode(TrainingMode):
     """
 
     name = "pipeline"
-    shards_data = False
-    replicated = False
 
     def __init__(self, **pipe_options: Any):
         self.pipe_options = pipe_options
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> PipelineParallel:
-        return PipelineParallel(model, group=self.group, **self.pipe_options)
+    def setup(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, group: comm.Group | None = None
+    ) -> PipelineParallel:
+        super().setup(model, optimizer, group)
+        pipe = PipelineParallel(model, group=group, **self.pipe_options)
+        self.model = pipe.stage  # this rank's part of the model: what its checkpoint holds
+        return pipe
 
-    def forward_backward(self, module: PipelineParallel, batch: Any, loss_fn: LossFn) -> float:
+    def shard(self) -> tuple[int, int]:
+        return 0, 1  # every stage sees every batch
+
+    def forward_backward(
+        self, module: PipelineParallel, batch: Any, loss_fn: LossFn, weight: float = 1.0
+    ) -> float:
+        self._optimizer().zero_grad()
         x, y = batch
         return module.train_step(x, y, loss_fn)
-
-    def eval_shard(self) -> tuple[int, int]:
-        return 0, 1
-
-    def unwrap(self, module: PipelineParallel) -> nn.Module:
-        return module.stage
 
 
 for _cls in (LocalMode, AllReduceMode, PipelineMode):

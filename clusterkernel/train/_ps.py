@@ -19,13 +19,15 @@ leaves with ``os._exit`` is not reported, and its job cannot end.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
+from torch import nn
 
 from clusterkernel import comm
 from clusterkernel.train._codec import COMPRESSIONS, GradientCodec
 from clusterkernel.train._flat import shard_ranges
-from clusterkernel.train._modes import register_mode
+from clusterkernel.train._modes import LossFn, register_mode
 from clusterkernel.train._momentum import MomentumPlan, compensated_momentum
 from clusterkernel.train._ps_server import ShardServer, make_rule
 from clusterkernel.train._ps_worker import PSClient
@@ -110,11 +112,14 @@ class ParameterServerMode(ServedMode):
     def _codec(self, lo: int, hi: int) -> GradientCodec:
         return GradientCodec(self.compression, hi - lo, self.flat.dtype, self.topk_ratio)
 
-    def setup(self, model, optimizer):
-        self._rule = make_rule(optimizer, self.update, self._rule_options(optimizer))
-        return super().setup(model, optimizer)
+    def setup(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, group: comm.Group | None = None
+    ) -> nn.Module:
+        workers = comm.size(group) - self.servers
+        self._rule = make_rule(optimizer, self.update, self._rule_options(optimizer, workers))
+        return super().setup(model, optimizer, group)
 
-    def _rule_options(self, optimizer) -> dict | None:
+    def _rule_options(self, optimizer: torch.optim.Optimizer, workers: int) -> dict | None:
         """``update_options`` of the servers' rule (a subclass may adjust them)."""
         return self.update_options
 
@@ -156,16 +161,16 @@ class ParameterServerMode(ServedMode):
     def _ask_save(self) -> None:
         self.client.save(self.progress(ahead=0))
 
-    def forward_backward(self, module, batch, loss_fn) -> float:
+    def forward_backward(
+        self, module: nn.Module, batch: Any, loss_fn: LossFn, weight: float = 1.0
+    ) -> float:
         if self.inconsistent:
             self.client.poll_answers()  # whatever parameters have landed since the last step
-        return super().forward_backward(module, batch, loss_fn)
+        return super().forward_backward(module, batch, loss_fn, weight)
 
-    def step(self, optimizer) -> None:
-        self.client.step(optimizer, self.progress())
-
-    def comm_seconds(self) -> float:
-        return 0.0 if self.is_server else self.client.blocked
+    def step(self, step: int) -> None:
+        self.client.step(self.optimizer, self.progress())
+        self.last_comm_seconds = self.client.blocked
 
 
 class AsyncMode(ParameterServerMode):
@@ -196,7 +201,7 @@ class AsyncMode(ParameterServerMode):
 
     name = "async"
 
-    def __init__(self, compensate_momentum: bool = True, **options):
+    def __init__(self, compensate_momentum: bool = True, **options: Any):
         if not isinstance(compensate_momentum, bool):
             raise ValueError(
                 f"compensate_momentum must be True or False, got {compensate_momentum!r}"
@@ -206,8 +211,7 @@ class AsyncMode(ParameterServerMode):
         self.compensate_momentum = compensate_momentum
         self.momentum: MomentumPlan | None = None
 
-    def _rule_options(self, optimizer) -> dict | None:
-        workers = comm.size(self.group) - self.servers
+    def _rule_options(self, optimizer: torch.optim.Optimizer, workers: int) -> dict | None:
         if not self.compensate_momentum or workers < 1:  # no worker: setup explains
             return self.update_options
         options, self.momentum = compensated_momentum(
@@ -215,8 +219,10 @@ class AsyncMode(ParameterServerMode):
         )
         return options
 
-    def setup(self, model, optimizer):
-        model = super().setup(model, optimizer)
+    def setup(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, group: comm.Group | None = None
+    ) -> nn.Module:
+        model = super().setup(model, optimizer, group)
         plan = self.momentum
         if plan is not None and not self.is_server and self.index == 0:
             warnings.warn(plan.message(), UserWarning, stacklevel=4)

@@ -18,18 +18,20 @@ epoch and step.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from clusterkernel import comm, metrics
+from clusterkernel.train._checkpoint import CHECKPOINT_NAME, Progress
 from clusterkernel.train._flat import FlatParams
 from clusterkernel.train._link import Poller, check_same_model, free_comm, private_comm
 from clusterkernel.train._modes import TrainingMode
 from clusterkernel.train._serverloop import ServerLoop, log
 from clusterkernel.train._sync import all_objects, sync_parameters, world_rank
-from clusterkernel.train._trainer import CHECKPOINT_NAME
 
 FORMAT = 1
 
@@ -43,7 +45,6 @@ class ServedMode(TrainingMode):
     ``_start_worker()``/``_finish_worker()`` around the epoch loop, and ``step``.
     """
 
-    replicated = False
     lockstep = False
 
     def __init__(self, servers: int = 1, poll_spin: float = 2e-4):
@@ -53,15 +54,23 @@ class ServedMode(TrainingMode):
             raise ValueError(f"poll_spin must be seconds >= 0, got {poll_spin!r}")
         self.servers = servers
         self.poll_spin = float(poll_spin)
-        self.own_checkpoints = servers > 0
+        self.is_server = False
         self.failed_workers: list[int] = []
         self.stats: dict[str, Any] = {}
-        self.trainer = None
+        self.trainer: Progress | None = None
         self._serving = False
 
+    @property
+    def serves(self) -> bool:
+        """This rank is one of the servers (it trains on no data)."""
+        return self.is_server
+
     # -- roles ------------------------------------------------------------------
-    def setup(self, model, optimizer):
-        n, me = comm.size(self.group), comm.rank(self.group)
+    def setup(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, group: comm.Group | None = None
+    ) -> nn.Module:
+        super().setup(model, optimizer, group)
+        n, me = comm.size(group), comm.rank(group)
         if self.servers >= n:
             raise ValueError(
                 f"mode {self.name!r} with servers={self.servers} on {n} ranks leaves no "
@@ -69,30 +78,27 @@ class ServedMode(TrainingMode):
             )
         self.server_ranks = list(range(self.servers))
         self.worker_ranks = list(range(self.servers, n))
-        self.is_server = self.serves = me < self.servers
+        self.is_server = me < self.servers
         self.index = me if self.is_server else me - self.servers
-        self.model, self.optimizer = model, optimizer
-        self.link = private_comm(self.group)
+        self.link = private_comm(group)
         self.poller = Poller(spin=self.poll_spin)
         self.flat = FlatParams(model)
-        check_same_model(self.flat.numel, self.flat.dtype, self.group)
+        check_same_model(self.flat.numel, self.flat.dtype, group)
         # every rank starts from group rank 0's weights
-        sync_parameters(model, src=world_rank(self.group, 0), group=self.group)
+        sync_parameters(model, src=world_rank(group, 0), group=group)
         if self.is_server:
             self.handler = self._make_handler()
         else:
             self._setup_worker()
         return model
 
-    def train_shard(self) -> tuple[int, int]:
-        # A server never iterates its loader; worker 0's share makes the loader's
-        # checks (batch size, data size) run, and fail, on every rank alike.
+    def shard(self) -> tuple[int, int]:
+        # A server never iterates its loader (and predicts nothing); worker 0's
+        # share makes the loader's checks (batch size, data size) run, and fail,
+        # on every rank alike.
         return (0 if self.is_server else self.index), len(self.worker_ranks)
 
-    def eval_shard(self) -> tuple[int, int]:
-        return self.train_shard()  # servers predict nothing: they skip their share
-
-    def predict(self, module, x):
+    def predict(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         return None if self.is_server else module(x)
 
     def progress(self, ahead: int = 1) -> tuple[int, int, int]:
@@ -101,7 +107,7 @@ class ServedMode(TrainingMode):
         return t.epoch, t.step_in_epoch + ahead, t.global_step + ahead
 
     # -- fit ----------------------------------------------------------------------
-    def run(self, trainer, train) -> None:
+    def run(self, trainer: Progress, train: Callable[[], None]) -> None:
         self.trainer = trainer
         self._serving = True
         try:
@@ -116,7 +122,7 @@ class ServedMode(TrainingMode):
         finally:
             self._serving = False
 
-    def _serve(self, trainer) -> None:
+    def _serve(self, trainer: Progress) -> None:
         recv_bytes, send_bytes = self._message_bytes()
         loop = ServerLoop(
             self.link, self.worker_ranks, recv_bytes, send_bytes, self.handler, self.poller
@@ -147,13 +153,19 @@ class ServedMode(TrainingMode):
         """Where server ``k`` keeps its checkpoint, next to the Trainer's ``path``."""
         return path.with_name(f"{path.stem}.server{k}{path.suffix}")
 
-    def save_checkpoint(self, trainer, path: Path) -> None:
-        if self.is_server:
+    def save_state(self, trainer: Progress, path: Path) -> None:
+        """Servers write their own files; a worker asks them to (mid-run) or does nothing.
+
+        With ``servers=0`` (every rank trains) one shared file, as the base class.
+        """
+        if not self.servers:
+            super().save_state(trainer, path)
+        elif self.is_server:
             self._save_server(trainer, path)
         elif self._serving:
             self._ask_save()  # the servers write; a worker's progress rides along
 
-    def _save_server(self, trainer, path: Path | None = None) -> None:
+    def _save_server(self, trainer: Progress, path: Path | None = None) -> None:
         if path is None:
             if trainer.checkpoint_dir is None:
                 log.warning("a worker asked for a checkpoint but Trainer has no checkpoint_dir")
@@ -173,8 +185,10 @@ class ServedMode(TrainingMode):
         torch.save(state, tmp)
         tmp.replace(target)  # a crash mid-write leaves the previous file intact
 
-    def load_checkpoint(self, trainer, path: Path) -> bool:
+    def load_state(self, trainer: Progress, path: Path) -> bool:
         """Collective: servers load their files, workers get their progress back."""
+        if not self.servers:
+            return super().load_state(trainer, path)
         found, error, progress = False, None, None
         if self.is_server:
             target = self.server_file(path, self.index)
@@ -223,7 +237,7 @@ class ServedMode(TrainingMode):
         return None
 
     # -- subclass hooks -------------------------------------------------------
-    def _make_handler(self):
+    def _make_handler(self) -> Any:
         raise NotImplementedError
 
     def _message_bytes(self) -> tuple[int, int]:

@@ -15,14 +15,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from clusterkernel import comm, metrics
 from clusterkernel.partition import Partition, distributed_loader, set_epoch
-from clusterkernel.train import _checkpoint
+from clusterkernel.train._checkpoint import CHECKPOINT_NAME
 from clusterkernel.train._modes import TrainingMode, make_mode
 from clusterkernel.train._prefetch import Prefetcher, spare_core
-from clusterkernel.train._sync import all_objects, world_rank
 
 EVENTS = ("on_start", "on_batch_end", "on_epoch_end", "on_end")
-CHECKPOINT_NAME = "checkpoint.pt"
-_SERVES = "serves"
 
 
 class Trainer:
@@ -100,8 +97,7 @@ class Trainer:
         self.world = comm.size(group)
 
         self.mode = make_mode(mode, mode_options)
-        self.mode.group = group
-        self.module = self.mode.setup(model, optimizer)
+        self.module = self.mode.setup(model, optimizer, group)
         self.train_loader = self._loader(train_data, shuffle=True)
 
         self.hooks: dict[str, list[Callable]] = {e: [] for e in EVENTS}
@@ -117,12 +113,10 @@ class Trainer:
         self._recorder = metrics.recorder()
 
     # -- setup helpers ----------------------------------------------------------
-    def _loader(self, data, shuffle: bool) -> Iterable:
+    def _loader(self, data: Dataset | Iterable, shuffle: bool) -> Iterable:
         if not isinstance(data, Dataset) or isinstance(data, DataLoader):
             return data  # the caller's own iterable: already this rank's share
-        # A mode that does not shard has every rank walk the same global batches
-        # (e.g. pipeline stages): the loader of a one-rank world.
-        index, count = self.mode.train_shard() if self.mode.shards_data else (0, 1)
+        index, count = self.mode.shard()
         return distributed_loader(
             data, self.batch_size, shuffle=shuffle, seed=self.seed, size=count, rank=index
         )
@@ -139,34 +133,11 @@ class Trainer:
         for fn in self.hooks[event]:
             fn(self)
 
-    def _check_batches(self) -> int | None:
-        """Every rank must run the same number of steps, and at least one."""
+    def _batches_per_epoch(self) -> int | None:
         try:
-            mine = len(self.train_loader)
+            return len(self.train_loader)
         except TypeError:
-            mine = None
-        if self.mode.serves:
-            mine = _SERVES
-        counts = all_objects(mine, self.group)
-        # ranks that serve others (parameter servers) train on nothing: not checked
-        ranks = [r for r, c in enumerate(counts) if c != _SERVES]
-        counts = [counts[r] for r in ranks]
-        if any(c is None for c in counts):
-            return None  # iterables without a length: the caller vouches for them
-        empty = [r for r, c in zip(ranks, counts) if c == 0]
-        if empty:
-            raise ValueError(
-                f"rank(s) {empty} have no training batches (an empty data shard); batch "
-                f"counts per rank: {counts}. Give every rank data, e.g. with "
-                "distributed_loader() or DistributedSampler, or use fewer ranks."
-            )
-        if self.mode.lockstep and len(set(counts)) > 1:
-            raise ValueError(
-                f"ranks have different numbers of batches per epoch: {counts}; they would "
-                "fall out of step in the collectives. Shard with distributed_loader() or "
-                "DistributedSampler (equal shards by padding or dropping)."
-            )
-        return counts[0]
+            return None
 
     # -- training ---------------------------------------------------------------
     def fit(self, epochs: int, resume: bool = False) -> list[dict]:
@@ -177,7 +148,7 @@ class Trainer:
         """
         if resume:
             self.load_checkpoint()
-        self._check_batches()
+        self.mode.check_batches(self._batches_per_epoch())
         self.module.train()
         self._fire("on_start")
         self.mode.run(self, lambda: self._train_epochs(epochs))
@@ -202,24 +173,19 @@ class Trainer:
         return Prefetcher(it) if self.prefetch else _Plain(it)
 
     def _run_epoch(self) -> None:
-        mode, opt, rec = self.mode, self.optimizer, self._recorder
-        weight = _batch_weight(self.train_loader) if mode.averages_gradients else None
+        mode, rec = self.mode, self._recorder
+        weight = _batch_weight(self.train_loader)
         loss_sum, samples, t_epoch = 0.0, 0, time.perf_counter()
         with self._batches() as batches:
             for batch in batches:
                 t0 = time.perf_counter()
-                opt.zero_grad(set_to_none=mode.zero_grad_to_none)
-                if weight is not None:
-                    mode.loss_scale = weight(self.step_in_epoch)
+                share = weight(self.step_in_epoch) if weight is not None else 1.0
                 with rec.span("forward_backward"):
-                    loss = mode.forward_backward(self.module, batch, self.loss_fn)
-                    mode.after_backward()
-                mode.before_step()
+                    loss = mode.forward_backward(self.module, batch, self.loss_fn, share)
                 with rec.span("optimizer_step"):
-                    mode.step(opt)
+                    mode.step(self.global_step + 1)
                 self.global_step += 1
                 self.step_in_epoch += 1
-                mode.after_step(self.global_step)
                 dt = time.perf_counter() - t0
                 n = len(batch[0])
                 loss_sum += loss * n
@@ -230,7 +196,7 @@ class Trainer:
                         step=self.global_step,
                         loss=loss,
                         samples_per_s=n / dt if dt > 0 else 0.0,
-                        comm_s=mode.comm_seconds(),
+                        comm_s=mode.last_comm_seconds,
                     )
                 self._fire("on_batch_end")
                 if (
@@ -260,7 +226,7 @@ class Trainer:
         scores and targets are class indices.
         """
         if isinstance(data, Dataset) and not isinstance(data, DataLoader):
-            index, count = self.mode.eval_shard()
+            index, count = self.mode.shard()
             share = Partition(data, range(index, len(data), count))
             # its own generator: evaluating must not move the training's RNG
             data = DataLoader(
@@ -286,90 +252,30 @@ class Trainer:
         return {"loss": loss_sum / n, "accuracy": correct / n, "samples": int(n)}
 
     # -- checkpoints --------------------------------------------------------------
-    def _checkpoint_path(self, path) -> Path:
+    def _checkpoint_path(self, path: str | os.PathLike | None) -> Path:
         if path is not None:
             return Path(path)
         if self.checkpoint_dir is None:
             raise ValueError("no checkpoint path: pass one or set Trainer(checkpoint_dir=...).")
         return self.checkpoint_dir / CHECKPOINT_NAME
 
-    def _own_state(self) -> dict:
-        return {
-            "model": self.mode.unwrap(self.module).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "mode": self.mode.state_dict(),
-        }
-
-    def _gather(self, obj) -> list | None:
-        """Every rank's ``obj`` on rank 0 of the group (``None`` elsewhere); collective."""
-        out = [None] * self.world if self.rank == 0 else None
-        comm.gather_object(obj, out, dst=world_rank(self.group, 0), group=self.group)
-        return out
-
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
-        """Write model, optimizer, mode, progress and RNG; rank 0 writes (collective).
+        """Write model, optimizer, mode, progress and RNG state (collective).
 
-        For replicated modes rank 0's state stands for all; otherwise every
-        rank's state is collected into the file. Every rank's torch RNG state is
-        saved, and restored on resume with the same number of ranks, so random
-        layers (dropout) draw the same numbers as in an uninterrupted run.
+        The mode decides the layout (:meth:`TrainingMode.save_state`): a
+        replicated mode's rank 0 writes its state for all, other modes gather
+        every rank's state into the file, parameter servers write one file per
+        server. Every rank's torch RNG state is saved, and restored on resume
+        with the same number of ranks, so random layers (dropout) draw the same
+        numbers as in an uninterrupted run.
         """
         path = self._checkpoint_path(path)
-        if self.mode.own_checkpoints:
-            self.mode.save_checkpoint(self, path)
-            return path
-        own = self._own_state()
-        if self.mode.replicated:
-            states = [own]
-        else:
-            states = self._gather(own)
-        meta = {
-            "epoch": self.epoch,
-            "step_in_epoch": self.step_in_epoch,
-            "global_step": self.global_step,
-            "world": self.world,
-            "mode": self.mode.name,
-            "replicated": self.mode.replicated,
-            # every rank's, even when rank 0's state stands for all: dropout and
-            # other random layers draw from it, so a resumed run repeats their draws
-            "torch_rng": self._gather(torch.get_rng_state()),
-        }
-        _checkpoint.save(path, states, meta, self.group)
+        self.mode.save_state(self, path)
         return path
 
     def load_checkpoint(self, path: str | os.PathLike | None = None) -> bool:
         """Restore from a checkpoint on every rank; False (everywhere) if none exists."""
-        path = self._checkpoint_path(path)
-        if self.mode.own_checkpoints:
-            return self.mode.load_checkpoint(self, path)
-        ckpt = _checkpoint.load(path, self.group)
-        if ckpt is None:
-            return False
-        meta = ckpt["meta"]
-        if meta["mode"] != self.mode.name:
-            raise ValueError(
-                f"{path} was written by mode {meta['mode']!r}; this Trainer runs "
-                f"{self.mode.name!r}."
-            )
-        if meta["replicated"]:
-            state = ckpt["ranks"][0]
-        else:
-            if meta["world"] != self.world:
-                raise ValueError(
-                    f"{path} holds per-rank state for {meta['world']} ranks; this run has "
-                    f"{self.world}. Resume with the same number of ranks."
-                )
-            state = ckpt["ranks"][self.rank]
-        self.mode.unwrap(self.module).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.mode.load_state_dict(state["mode"])
-        rng = meta.get("torch_rng")  # absent from checkpoints of earlier versions
-        if rng is not None and len(rng) == self.world:
-            torch.set_rng_state(rng[self.rank])
-        self.epoch = meta["epoch"]
-        self.step_in_epoch = meta["step_in_epoch"]
-        self.global_step = meta["global_step"]
-        return True
+        return self.mode.load_state(self, self._checkpoint_path(path))
 
     def close(self) -> None:
         """Remove the mode's hooks from the model (it stays usable alone)."""

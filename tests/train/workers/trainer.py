@@ -179,20 +179,20 @@ class TutorialMode(TrainingMode):
 
     name = "tutorial"
 
-    def setup(self, model, optimizer):
+    def setup(self, model, optimizer, group=None):
         from clusterkernel.train import sync_parameters
 
         sync_parameters(model)
         self.steps = 0
-        return model
+        return super().setup(model, optimizer, group)
 
-    def before_step(self):
-        average_gradients(self.model_ref)
-
-    def forward_backward(self, module, batch, loss_fn):
-        self.model_ref = module
+    def forward_backward(self, module, batch, loss_fn, weight=1.0):
         self.steps += 1
-        return super().forward_backward(module, batch, loss_fn)
+        return super().forward_backward(module, batch, loss_fn, weight)
+
+    def step(self, step):
+        average_gradients(self.model)
+        super().step(step)
 
 
 def custom_mode() -> None:

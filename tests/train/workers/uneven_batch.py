@@ -45,7 +45,9 @@ class Unweighted(AllReduceMode):
     """allreduce without the share weighting: a plain mean of unequal batches."""
 
     name = "allreduce_unweighted"
-    averages_gradients = False
+
+    def forward_backward(self, module, batch, loss_fn, weight=1.0):
+        return super().forward_backward(module, batch, loss_fn, 1.0)
 
 
 register_mode(Unweighted.name, Unweighted)
