@@ -101,10 +101,17 @@ def _on_stack_request(kernel, stream, ident, parent) -> None:
             "status": "ok",
             "rank": _rank,
             "frames": main_thread_frames(with_locals=bool(content.get("locals"))),
+            "flight": _flight(),
         }
     except Exception as e:
         reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
     kernel.session.send(stream, STACK_REPLY, reply, parent, ident)
+
+
+def _flight() -> list[dict]:
+    """The comm flight recorder's entries, if this rank has used ``comm`` at all."""
+    recorder = sys.modules.get("clusterkernel.comm._flight")
+    return recorder.FLIGHT.snapshot() if recorder is not None else []
 
 
 def _install_stack_handler() -> None:

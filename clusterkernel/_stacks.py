@@ -29,6 +29,14 @@ def request_frames(
     client, engines: dict[int, int], with_locals: bool = False, timeout: float = 3.0
 ) -> dict[int, list[dict]]:
     """``{rank: frames}`` for each rank in ``engines`` (rank -> engine id) that answered."""
+    replies = request_state(client, engines, with_locals, timeout)
+    return {rank: reply.get("frames", []) for rank, reply in replies.items()}
+
+
+def request_state(
+    client, engines: dict[int, int], with_locals: bool = False, timeout: float = 3.0
+) -> dict[int, dict]:
+    """Each answering rank's reply: ``frames`` and ``flight`` (its last comm calls)."""
     if not engines:
         return {}
     futures = {}
@@ -46,7 +54,7 @@ def request_frames(
             continue
         content = msg.get("content", {})
         if content.get("status") == "ok":
-            out[rank] = content.get("frames", [])
+            out[rank] = content
     return out
 
 

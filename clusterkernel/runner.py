@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
 
+from clusterkernel import _hangreport
 from clusterkernel._jobreport import death_cause
 from clusterkernel.errors import (
     CellInterrupted,
@@ -148,6 +149,8 @@ class CellRun:
         """Interrupt busy ranks; stacks and a restart for the ones that stay stuck."""
         busy = self.busy_ranks()
         stacks = self.cluster.stacks(busy, code=self.code) if (stacks_first and busy) else {}
+        # Read before the interrupt unwinds anything: who waits in which call.
+        flight = _hangreport.summarize(self.cluster, self.ranks, busy) if busy else ""
         if busy:
             try:
                 self.cluster.interrupt(busy)
@@ -170,7 +173,9 @@ class CellRun:
                 items.append((r, kind, f"{what}SIGINT stopped it", detail))
         notes = []
         finished = [r for r in self.ranks if r not in busy]
-        if finished and busy:
+        if flight:
+            notes.append(f"Communication (each rank's last calls, compared):\n{flight}")
+        elif finished and busy:
             notes.append(
                 f"Rank {format_ranks(finished)} had finished the cell while "
                 f"{format_ranks(busy)} were still running: a rank that skipped a "

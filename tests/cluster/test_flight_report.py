@@ -1,0 +1,80 @@
+"""The hang report compares the ranks' flight recorders (real 4-rank cluster)."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from clusterkernel import Cluster, RankError
+from clusterkernel.errors import CellInterrupted
+from clusterkernel.output import TerminalRenderer
+
+# A fresh group in each cell: its sequence numbers start at 0 and it has agreed on
+# no signature yet, whatever earlier tests ran on these ranks.
+SETUP = "import torch\nfrom clusterkernel import comm\ng = comm.new_group()\n"
+
+
+def _quiet(cluster: Cluster) -> TerminalRenderer:
+    return TerminalRenderer(cluster.ranks, stream=io.StringIO())
+
+
+def test_skipped_collective_names_who_waits_and_who_is_behind(cluster: Cluster):
+    code = SETUP + (
+        "t = torch.ones(1024)\n"
+        "comm.all_reduce(t, group=g)\n"
+        "if comm.rank() != 2:\n"
+        "    comm.all_reduce(t, group=g)\n"
+    )
+    with pytest.raises(CellInterrupted) as info:
+        cluster.run(code, timeout=4, renderer=_quiet(cluster))
+    note = info.value.note
+    name = "group[0, 1, 2, 3]"
+    assert f"ranks 0-1,3 wait in all_reduce #1 ({name}, 4 KiB float32, cell line 7)" in note, note
+    assert (
+        f"rank 2's last collective in {name} was #0 (all_reduce, cell line 5), and it has finished the cell"
+        in note
+    )
+    assert "skipped a collective" not in note  # the old guess gives way to the comparison
+
+
+def test_size_mismatch_after_an_agreed_call_is_named_a_mismatch(cluster: Cluster):
+    # The first call agrees on 1000 floats; then rank 1 passes 10. Ranks 0,2,3 skip
+    # the check (agreed signature) and wait in the allreduce, rank 1 checks its new
+    # signature and waits in the check: a hang, which the report calls a mismatch.
+    code = SETUP + (
+        "comm.all_reduce(torch.ones(1000), group=g)\n"
+        "comm.all_reduce(torch.ones(10 if comm.rank() == 1 else 1000), group=g)\n"
+    )
+    with pytest.raises(CellInterrupted) as info:
+        cluster.run(code, timeout=4, renderer=_quiet(cluster))
+    note = info.value.note
+    want = (
+        "mismatch at group[0, 1, 2, 3] #1: ranks 0,2-3 called all_reduce (float32, 3.91 KiB); "
+        "rank 1 called all_reduce (float32, 40 B)"
+    )
+    assert want in note, note
+
+
+def test_first_call_size_mismatch_raises_on_every_rank(cluster: Cluster):
+    # The issue's example: silent wrong sums on some ranks before; an error now.
+    code = SETUP + (
+        "t = torch.ones(1000 if comm.rank() != 1 else 10)\n"
+        "comm.all_reduce(t, group=g)\n"
+        "print('sum', t.sum().item())\n"
+    )
+    pids = [row["pid"] for row in cluster.status()]
+    with pytest.raises(RankError) as info:
+        cluster.run(code, timeout=60, renderer=_quiet(cluster))
+    failures = info.value.failures
+    assert sorted(r for f in failures for r in f.ranks) == [0, 1, 2, 3]
+    text = str(info.value)
+    assert "CollectiveMismatchError" in text
+    assert re.search(r"rank 1: all_reduce\(float32, 10 elements \(40 B\)", text), text
+    assert "1000 elements" in text
+    # no restart was needed: the same processes run the next cell
+    out = _quiet(cluster)
+    cluster.run("print('still here')", renderer=out)
+    assert "[ranks 0-3] still here" in out.stream.getvalue()
+    assert [row["pid"] for row in cluster.status()] == pids
