@@ -22,71 +22,95 @@ from __future__ import annotations
 
 import os
 import sys
-import time
+from collections import deque
 
 import torch
 
-_now = time.perf_counter
 DEFAULT_SIZE = 64
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Frames skipped when looking for the line that made a call: clusterkernel's own
 # (training modes, DataParallel hooks) and torch's (autograd running those hooks).
-_SKIP = (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
-    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+_SKIP = (_PACKAGE + os.sep, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+# clusterkernel's source files: a set lookup on the first frame is cheaper than a
+# prefix test, and the first frame is the user's for every direct call.
+_OURS = frozenset(
+    os.path.join(root, name)
+    for root, _, names in os.walk(_PACKAGE)
+    for name in names
+    if name.endswith(".py")
 )
 # Entry layout: a list, so completion can flip DONE in place without a lookup.
-SEQ, OP, GROUP, NBYTES, DTYPE, PEER, CODE, LINE, T0, DONE = range(10)
+# The caller is kept as code and instruction offset; the line is worked out only
+# when someone reads the recorder (f_lineno costs more than the rest of a record).
+SEQ, OP, GROUP, NBYTES, DTYPE, PEER, CODE, LASTI, DONE = range(9)
+_getframe = sys._getframe
+
+
+def _outside(f):
+    """The first frame, from ``f`` outwards, outside clusterkernel and torch."""
+    skip = _SKIP
+    while f is not None and f.f_code.co_filename.startswith(skip):
+        f = f.f_back
+    return f
+
+
+def _line(code, lasti: int) -> int:
+    for start, end, line in code.co_lines():
+        if start <= lasti < end:
+            return line or 0
+    return 0
 
 
 class FlightRecorder:
     """A ring of the last ``size`` calls on this rank (see the module docstring)."""
 
-    __slots__ = ("ring", "size", "count", "on")
+    __slots__ = ("ring", "on")
 
     def __init__(self, size: int = DEFAULT_SIZE) -> None:
-        self.size = size
-        self.ring: list[list | None] = [None] * size
-        self.count = 0
+        self.ring: deque[list] = deque(maxlen=size)
         self.on = os.environ.get("CLUSTERKERNEL_FLIGHT", "1") not in ("0", "off")
 
     def record(
-        self, group, op: str, nbytes: int, dtype: object, peer: int | None = None
-    ) -> list | None:
+        self,
+        group,
+        op: str,
+        nbytes: int,
+        dtype: object,
+        peer: int | None = None,
+        depth: int = 2,
+    ) -> list:
         """Note one call as it starts; returns the entry (mark it done with ``e[DONE]``).
 
         ``peer`` is set for point-to-point calls (a world rank, -1 for any source);
-        those get no sequence number.
+        those get no sequence number. ``depth`` is the number of clusterkernel frames
+        between this call and the user's: the frame there is checked and, if it is
+        still clusterkernel's, the walk goes on outwards (so a call from a training
+        mode names the cell that ran it). It must not be larger than the true
+        depth. Callers test :attr:`on` first.
         """
-        if not self.on:
-            return None
         if peer is None:  # collectives: the per-group order every member shares
             seq = group._calls
             group._calls = seq + 1
         else:
             seq = -1
-        f = sys._getframe(1)
-        skip = _SKIP
-        while f is not None and f.f_code.co_filename.startswith(skip):
-            f = f.f_back
-        if f is None:
-            code, line = None, 0
-        else:
-            code, line = f.f_code, f.f_lineno
-        entry = [seq, op, group, nbytes, dtype, peer, code, line, _now(), False]
-        self.ring[self.count % self.size] = entry
-        self.count += 1
+        f = _getframe(depth)
+        code = f.f_code
+        if code.co_filename in _OURS:
+            f = _outside(f)
+            if f is None:
+                entry = [seq, op, group, nbytes, dtype, peer, None, 0, False]
+                self.ring.append(entry)
+                return entry
+            code = f.f_code
+        # code and offset, not the frame: a frame would keep the caller's tensors alive
+        entry = [seq, op, group, nbytes, dtype, peer, code, f.f_lasti, False]
+        self.ring.append(entry)
         return entry
 
     def snapshot(self) -> list[dict]:
         """The kept calls, oldest first, as plain dicts (safe to send to the client)."""
-        n, size = self.count, self.size
-        ring = list(self.ring)  # one copy: the main thread may append meanwhile
-        entries = [ring[i % size] for i in range(max(0, n - size), n)]
-        now = _now()
         out = []
-        for e in entries:
-            if e is None:
-                continue
+        for e in list(self.ring):  # one copy: the main thread may append meanwhile
             group = e[GROUP]
             dtype = e[DTYPE]
             out.append(
@@ -99,16 +123,14 @@ class FlightRecorder:
                     "dtype": str(dtype).replace("torch.", "") if dtype is not None else "",
                     "peer": e[PEER],  # None for collectives
                     "file": e[CODE].co_filename if e[CODE] is not None else "",
-                    "line": e[LINE],
+                    "line": _line(e[CODE], e[LASTI]) if e[CODE] is not None else 0,
                     "done": e[DONE],
-                    "age": now - e[T0],
                 }
             )
         return out
 
     def clear(self) -> None:
-        self.ring = [None] * self.size
-        self.count = 0
+        self.ring.clear()
 
 
 FLIGHT = FlightRecorder()
@@ -130,6 +152,5 @@ def set_flight(on: bool = True, size: int | None = None) -> None:
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be a positive int, got {size!r}")
-        FLIGHT.size = size
-        FLIGHT.clear()
+        FLIGHT.ring = deque(maxlen=size)
     FLIGHT.on = bool(on)

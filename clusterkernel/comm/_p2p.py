@@ -38,7 +38,7 @@ def _note(g: Group, name: str, tensor: torch.Tensor | None, peer: int) -> list |
     world_peer = g.ranks[peer] if peer >= 0 else -1
     nbytes = tensor.nbytes if tensor is not None else 0
     dtype = tensor.dtype if tensor is not None else None
-    return FLIGHT.record(g, name, nbytes, dtype, peer=world_peer)
+    return FLIGHT.record(g, name, nbytes, dtype, world_peer, 3) if FLIGHT.on else None
 
 
 def _peer(g: Group, rank: object, what: str) -> int:

@@ -117,17 +117,34 @@ def test_agreed_signatures_are_remembered_and_all_to_all_sizes_may_differ():
 
 
 def test_set_check_modes():
+    fresh = comm.new_group()
+    key = ("all_reduce", torch.float32, 5, comm.SUM, None, "mpi", -1, -1)
     try:
         comm.set_check("off")
-        comm.all_reduce(torch.ones(5))
-        off_skipped = ("all_reduce", torch.float32, 5, comm.SUM, None, "mpi", -1, -1) not in (
-            comm.WORLD._sigs
-        )
+        comm.all_reduce(torch.ones(5), group=fresh)
+        off_skipped = key not in fresh._sigs
+        comm.set_check(False)
+        comm.all_reduce(torch.ones(5), group=fresh)
+        new_checked = key in fresh._sigs
         comm.set_check(True)
         on = comm.check_enabled()
         with pytest.raises(ValueError, match="set_check takes"):
             comm.set_check("sometimes")
     finally:
         comm.set_check(False)
+    comm.destroy_group(fresh)
     WORLD.Barrier()
-    agree(off_skipped and on and not comm.check_enabled())
+    agree(off_skipped and new_checked and on and not comm.check_enabled())
+
+
+def test_every_kind_of_call_names_the_users_line():
+    here = _line_of_next_call()
+    comm.broadcast_object({"x": 1}, src=0)
+    comm.all_reduce_coalesced([torch.ones(2), torch.ones(3)])
+    comm.all_reduce(torch.ones(2, dtype=torch.float16))  # staged through float32
+    comm.all_reduce(torch.ones(8), algorithm="ring")
+    comm.all_to_all_single(torch.empty(SIZE), torch.ones(SIZE))
+    got = _since(5)
+    lines = [e["line"] for e in got]
+    files = {e["file"] for e in got}
+    agree(lines == list(range(here, here + 5)) and files == {__file__}, (lines, files))

@@ -1,0 +1,133 @@
+"""What the flight recorder and the default mismatch check cost an allreduce.
+
+Run from the repository root::
+
+    python benchmarks/bench_flight.py              # 2 and 4 ranks
+    python benchmarks/bench_flight.py --ranks 4 --rounds 9
+
+Starts itself under ``mpiexec -n N``. In one job, interleaved over several rounds
+(the order shuffled each round, the same on every rank), each variant runs
+``comm.all_reduce`` on float32 at 4 KB, 64 KB and 1 MB:
+
+- ``mpi4py``: raw ``MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, ndarray)``
+- ``bare``: ``comm.all_reduce`` with the flight recorder off and ``set_check("off")``
+- ``flight``: flight recorder on, no check
+- ``default``: flight recorder on and the default check (new signatures), as shipped
+- ``check-all``: ``set_check(True)``, every call checked (for reference)
+
+A time is the slowest rank's mean per call in one round; the table shows the
+median over rounds and, as the noise, the spread of ``bare`` over its rounds
+(max - min, relative to its median). "Within noise" means the default's median is
+closer to bare's than that spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KB = 1024
+SIZES = [4 * KB, 64 * KB, 1024 * KB]
+VARIANTS = ["mpi4py", "bare", "flight", "default", "check-all"]
+
+
+def _iters(nbytes: int) -> int:
+    return max(50, min(3000, (64 * 1024 * 1024) // nbytes))
+
+
+def worker(rounds: int) -> None:
+    import torch
+    from mpi4py import MPI
+
+    from clusterkernel import comm
+
+    world = MPI.COMM_WORLD
+    rng = random.Random(7)  # the same order on every rank
+
+    def setup(variant: str) -> None:
+        comm.set_flight(variant != "bare")
+        comm.set_check({"bare": "off", "flight": "off", "check-all": True}.get(variant, False))
+
+    results: dict[int, dict[str, list[float]]] = {}
+    for nbytes in SIZES:
+        t = torch.ones(nbytes // 4)
+        a = t.numpy()
+        iters = _iters(nbytes)
+        per = results.setdefault(nbytes, {v: [] for v in VARIANTS})
+        for variant in VARIANTS:  # warm up each path once (first signature checks)
+            setup(variant)
+            comm.all_reduce(t)
+        for _ in range(rounds):
+            order = VARIANTS[:]
+            rng.shuffle(order)
+            for variant in order:
+                setup(variant)
+                world.Barrier()
+                t0 = time.perf_counter()
+                if variant == "mpi4py":
+                    for _ in range(iters):
+                        world.Allreduce(MPI.IN_PLACE, a)
+                else:
+                    for _ in range(iters):
+                        comm.all_reduce(t)
+                mean = (time.perf_counter() - t0) / iters
+                per[variant].append(world.allreduce(mean, op=MPI.MAX))
+    setup("default")
+    if world.Get_rank() == 0:
+        print("RESULT " + json.dumps({"ranks": world.Get_size(), "results": results}))
+
+
+def _mpiexec() -> list[str]:
+    exe = str(Path(sys.executable).with_name("mpiexec"))
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [exe, *extra, "--oversubscribe", "--bind-to", "none"]
+
+
+def run(n: int, rounds: int) -> dict:
+    cmd = [*_mpiexec(), "-n", str(n), sys.executable, __file__, "--worker", "--rounds", str(rounds)]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise SystemExit(f"no result from {n} ranks:\n{out.stdout}\n{out.stderr}")
+
+
+def report(res: dict) -> str:
+    lines = [
+        f"{res['ranks']} ranks | " + " | ".join(VARIANTS) + " | default / bare | bare's noise",
+        "---|" + "---|" * len(VARIANTS) + "---|---",
+    ]
+    for nbytes, per in res["results"].items():
+        med = {v: statistics.median(per[v]) for v in VARIANTS}
+        bare = per["bare"]
+        noise = (max(bare) - min(bare)) / med["bare"]
+        cells = " | ".join(f"{med[v] * 1e6:.1f} us" for v in VARIANTS)
+        ratio = med["default"] / med["bare"]
+        lines.append(f"{int(nbytes) // KB} KB | {cells} | {ratio:.3f}x | +-{noise / 2:.1%}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="*", default=[2, 4])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.rounds)
+        return
+    for n in args.ranks:
+        print(report(run(n, args.rounds)))
+        print()
+
+
+if __name__ == "__main__":
+    main()
