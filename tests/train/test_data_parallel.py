@@ -1,20 +1,16 @@
 """DataParallel on 1-3 real MPI ranks (see workers/data_parallel.py)."""
 
+from itertools import chain
+
 import pytest
 
-
-def _by_scenario(results):
-    out = {}
-    for rank, recs in results.items():
-        for rec in recs:
-            out.setdefault(rec["scenario"], {})[rank] = rec
-    return out
+from tests._results import by_scenario
 
 
 @pytest.fixture(scope="module", params=[2, 3, 1])
 def dp(request, run_ranks):
     n = request.param
-    return n, _by_scenario(run_ranks(n, "data_parallel", timeout=150))
+    return n, by_scenario(chain.from_iterable(run_ranks(n, "data_parallel", timeout=150).values()))
 
 
 def test_matches_single_process_and_replicas_bit_identical(dp):

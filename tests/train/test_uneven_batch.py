@@ -1,18 +1,17 @@
 """A global batch of 64 on 3 real MPI ranks (22/21/21): allreduce training equals one
 process with the whole batch (see workers/uneven_batch.py)."""
 
+from itertools import chain
+
 import pytest
 
 from clusterkernel.partition import batch_shares
+from tests._results import by_scenario as _by_scenario
 
 
 @pytest.fixture(scope="module")
 def by_scenario(run_ranks):
-    by: dict[str, dict[int, dict]] = {}
-    for rank, recs in run_ranks(3, "uneven_batch", timeout=180).items():
-        for rec in recs:
-            by.setdefault(rec["scenario"], {})[rank] = rec
-    return by
+    return _by_scenario(chain.from_iterable(run_ranks(3, "uneven_batch", timeout=180).values()))
 
 
 def test_uneven_global_batch_equals_one_process(by_scenario):

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tests._mpirun import MPIRun, run_mpi
+from tests._results import by_scenario, parse_results
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
 def results(run: MPIRun) -> dict[str, dict[int, dict]]:
     """``{scenario: {rank: result}}`` from a job's output."""
-    out: dict[str, dict[int, dict]] = {}
-    for line in run.stdout.splitlines():
-        if line.startswith("RESULT "):
-            rec = json.loads(line[len("RESULT ") :])
-            out.setdefault(rec["scenario"], {})[rec["rank"]] = rec
-    return out
+    return by_scenario(parse_results(run.stdout))
 
 
 def run_worker(n: int, worker: str, *args: str, timeout: float = 180, **kw) -> MPIRun:

@@ -1,28 +1,14 @@
 """What worker scripts share: report a result line, build small deterministic models."""
 
 import hashlib
-import json
-import sys
 
 import torch
 from torch import nn
 
 from clusterkernel import comm
+from tests._results import params_hash, report  # noqa: F401  (the workers import them here)
 
 torch.set_num_threads(1)
-
-
-def report(**values) -> None:
-    """One ``RESULT`` line for the test process to parse."""
-    print("RESULT " + json.dumps({"rank": comm.rank(), **values}), flush=True)
-    sys.stdout.flush()
-
-
-def params_hash(model: nn.Module) -> str:
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def digest(data: bytes) -> str:
