@@ -1,5 +1,5 @@
 """Shared fixtures: one real 4-rank MPI cluster per test session, process counting,
-the two-node Slurm test bed.
+the two-node Slurm test bed; the ``cluster`` and ``slow`` markers (``tests/_markers.py``).
 
 Only one cluster runs at a time on these 2-core machines: tests that start their own
 (in a notebook kernel, say) take ``no_shared_cluster``, which stops the shared one;
@@ -13,8 +13,18 @@ import os
 import pytest
 
 from clusterkernel import Cluster
+from tests._markers import markers_for
 from tests._procs import wait_no_cluster_processes
 from tests.slurm._testbed import SlurmTestbed, missing_programs
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test ``cluster`` and ``slow`` as ``tests/_markers.py`` says."""
+    for item in items:
+        module = getattr(item, "module", None)
+        module_names = vars(module) if module is not None else ()
+        for name in sorted(markers_for(item.nodeid, item.fixturenames, module_names)):
+            item.add_marker(name)
 
 
 class _Shared:

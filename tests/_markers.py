@@ -1,0 +1,82 @@
+"""Which tests carry the ``cluster`` and ``slow`` markers (``tests/conftest.py`` applies them).
+
+- ``cluster``: the test starts MPI ranks or an ipyparallel cluster, so it must run
+  under the shared lock, one at a time. A test is marked when a fixture it uses
+  (directly or through other fixtures) manages the session's cluster or starts ranks
+  (:data:`CLUSTER_FIXTURES`), when its module runs jobs on ranks with one of
+  :data:`RANK_RUNNERS` (``tests._mpirun.run_mpi`` and what wraps it), or when it is
+  listed in :data:`STARTS_RANKS` because it starts ``mpiexec`` its own way.
+- ``slow``: the test took 10 s or more on its own (each notebook, the Binder venv
+  build, the browser tests, the longest kernel, fault and Slurm runs), listed in
+  :data:`SLOW` with its time. ``pytest -m "not slow"`` runs the rest in a few minutes.
+
+A listed name is a module (``.py``) or one of its tests, parameters aside. Example::
+
+    markers_for("tests/x.py::test_a[2]", {"tmp_path", "cluster"}, set())   # {"cluster"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+# ``_shared_holder`` is behind ``cluster`` and ``no_shared_cluster`` (and a module's own
+# cluster fixture that stops the shared one); ``mpi_kernel`` reaches it too
+CLUSTER_FIXTURES = frozenset({"_shared_holder", "slurm_testbed", "run_ranks"})
+
+# a module that holds one of these names runs its tests' jobs on real ranks
+RANK_RUNNERS = frozenset({"run_mpi", "run_worker"})
+
+# tests that start ranks without those
+STARTS_RANKS = frozenset(
+    {
+        "tests/dashboard/test_stream.py::test_fast_loop_never_waits_for_a_slow_notebook_and_nothing_is_lost",
+    }
+)
+
+# Tests of 10 s or more, with the seconds one took (setup, call and teardown) in a run
+# of the whole suite on the 2-core machine, other work beside it (issue 15 item 7)
+SLOW: dict[str, float] = {
+    "tests/notebooks/test_notebooks.py::test_notebook_executes_and_gives_the_stored_outputs": 18,
+    "tests/notebooks/test_notebooks.py::test_notebook_08_runs_on_two_slurm_nodes": 70,
+    "tests/notebooks/test_notebooks.py::test_notebook_08_without_slurm_runs_on_this_machine": 25,
+    "tests/test_binder.py::test_fresh_venv_from_binder_runs_the_quick_start": 70,
+    "tests/dashboard/test_browser.py": 154,
+    "tests/kernel/test_browser.py": 46,
+    "tests/slurm/test_export_job.py::test_exported_notebook_as_a_batch_job_matches_the_notebook": 23,
+    "tests/cluster/test_notebook_kernel.py::test_interrupt_frees_ranks_and_killed_kernel_leaves_nothing": 22,
+    "tests/cluster/test_lifecycle_files.py::test_a_jupyter_servers_log_stays_clean_while_a_cluster_runs": 20,
+    "tests/kernel/test_restart.py::test_interrupt_reaches_the_ranks_and_restart_replaces_them": 19,
+    "tests/dashboard/test_stream.py::test_fast_loop_never_waits_for_a_slow_notebook_and_nothing_is_lost": 18,
+    "tests/cluster/test_multi_host.py::test_ranks_on_two_hosts": 18,
+    "tests/cluster/test_fault_tolerant.py::test_dead_rank_is_reported_and_the_others_carry_on": 17,
+    "tests/dashboard/test_notebook_model.py::test_widgets_hold_exactly_what_every_rank_logged": 17,
+    "tests/cluster/test_flight_report.py::test_skipped_collective_names_who_waits_and_who_is_behind": 17,
+    "tests/slurm/test_slurm_cluster.py::test_stacks_and_locals_of_ranks_on_the_other_node": 14,
+    "tests/train_async/test_resume.py::test_server_checkpoint_and_resume_continue_training": 13,
+    "tests/slurm/test_slurm_cluster.py::test_a_rank_that_dies_on_the_other_node_is_named": 12,
+    "tests/dashboard/test_kernel_status.py::test_dashboard_cell_stays_busy_through_jupyterlabs_subshell_requests": 11,
+    "tests/cluster/test_quickstart.py::test_quickstart_runs_in_a_terminal": 10,
+    "tests/cluster/test_lifecycle_files.py::test_stop_after_restart_returns_when_every_process_is_gone": 10,
+}
+
+
+def _names(nodeid: str) -> tuple[str, str]:
+    module, _, rest = nodeid.partition("::")
+    return module, f"{module}::{rest.split('[', 1)[0]}"
+
+
+def markers_for(nodeid: str, fixturenames: Iterable[str], module_names: Iterable[str]) -> set[str]:
+    """The markers of test ``nodeid`` (as pytest names it from the rootdir), given the
+    names of the fixtures it uses (all of them: pytest's ``item.fixturenames``) and of
+    its module's globals."""
+    names = _names(nodeid)
+    out = set()
+    if (
+        CLUSTER_FIXTURES.intersection(fixturenames)
+        or RANK_RUNNERS.intersection(module_names)
+        or any(n in STARTS_RANKS for n in names)
+    ):
+        out.add("cluster")
+    if any(n in SLOW for n in names):
+        out.add("slow")
+    return out
