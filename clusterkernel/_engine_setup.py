@@ -10,6 +10,9 @@ thread is busy, even blocked inside an MPI call:
   through ipyparallel's signed control channel, so it works for ranks on any host;
 - ``faulthandler`` on SIGUSR1, written to a file: the fallback for a rank whose
   control thread cannot run (a C extension holding the GIL), local hosts only.
+
+It also arms the debugger (:mod:`clusterkernel._debugger`): ``breakpoint()`` in a
+cell, and post-mortem of a failed cell, driven through the same control channel.
 """
 
 from __future__ import annotations
@@ -74,16 +77,27 @@ def main_thread_frames(with_locals: bool = False) -> list[dict]:
             "ours": code.co_filename.startswith(OURS),
         }
         if with_locals and not entry["ours"]:
-            names = dict(frame.f_locals)
-            if code.co_name == "<module>":  # a cell's locals are the rank's globals
-                names = {k: v for k, v in names.items() if not k.startswith("_")}
-                names = {k: v for k, v in names.items() if k not in ("In", "Out", "exit", "quit")}
-                names = {k: v for k, v in names.items() if not _is_module_or_function(v)}
-            entry["locals"] = {k: _safe_repr(v) for k, v in names.items()}
+            entry["locals"] = frame_locals(frame)
         frames.append(entry)
         frame = frame.f_back
     frames.reverse()
     return frames
+
+
+def frame_locals(frame) -> dict[str, str]:
+    """A frame's locals as short reprs; a cell's (the rank's globals) without
+    modules, functions, classes and IPython's own names.
+
+    Example::
+
+        frame_locals(sys._getframe())   # {"x": "10", "name": "'rank 1'"}
+    """
+    names = dict(frame.f_locals)
+    if frame.f_code.co_name == "<module>":
+        names = {k: v for k, v in names.items() if not k.startswith("_")}
+        names = {k: v for k, v in names.items() if k not in ("In", "Out", "exit", "quit")}
+        names = {k: v for k, v in names.items() if not _is_module_or_function(v)}
+    return {k: _safe_repr(v) for k, v in names.items()}
 
 
 def _is_module_or_function(value) -> bool:
@@ -126,6 +140,9 @@ def _install_stack_handler() -> None:
     kernel.control_handlers[STACK_REQUEST] = lambda stream, ident, parent: _on_stack_request(
         kernel, stream, ident, parent
     )
+    from clusterkernel import _debugger  # breakpoint() and post-mortem, same channel
+
+    _debugger.install(kernel)
 
 
 def setup(stack_dir: str | None) -> dict:

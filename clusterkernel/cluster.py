@@ -5,7 +5,8 @@ the processes and the transport; this class adds what a notebook user of an MPI
 job needs on top: a launcher (``mpiexec`` here or on a host list, or a Slurm
 job), the engine-id to rank map, fast and clear start-up errors, status per rank,
 a guard process that stops the cluster if the notebook kernel dies, stacks of
-busy ranks on any host, and :meth:`run`, the call behind ``%%mpi``.
+busy ranks on any host, pdb on ranks (:meth:`debug`), and :meth:`run`, the call
+behind ``%%mpi``.
 
 Example::
 
@@ -525,6 +526,24 @@ class Cluster:
             else "(no stack: the rank did not answer)"
             for r in ranks
         }
+
+    def debug(self, ranks: list[int] | None = None, timeout: float = 10.0):
+        """A :class:`~clusterkernel.debug.DebugSession`: pdb on ``ranks``, one command at a time.
+
+        Each rank is debugged at its ``breakpoint()`` if a running cell stopped
+        there, else post-mortem on its last failed cell. Default ranks: those at a
+        breakpoint, else those with a traceback. ``timeout``: seconds a command may
+        take before its answer says the rank runs on.
+
+        Example::
+
+            with cluster.debug(ranks=[1, 3]) as dbg:
+                dbg.send("p x")      # {1: "10", 3: "30"}
+        """
+        from clusterkernel.debug import DebugSession
+
+        self._require_running()
+        return DebugSession(self, ranks, timeout=timeout)
 
     def _faulthandler_frames(self, ranks: list[int]) -> dict[int, list]:
         return _stacks.faulthandler_frames(
