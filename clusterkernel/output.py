@@ -468,6 +468,9 @@ class NotebookRenderer:
     def notice(self, text: str) -> None:
         from IPython.display import display
 
+        # the ranks' areas stay above a notice (and the prompt that may follow it)
+        self._draw_due(force=True)
+        self._ensure_areas()
         display({"text/plain": text}, raw=True)
 
     def finish(self) -> None:

@@ -5,13 +5,17 @@
 and watches for the three ways a cell goes wrong that plain ``%%px`` handles
 badly:
 
-- a kernel interrupt: SIGINT goes to every busy rank; ranks that do not stop
-  (blocked in MPI, where SIGINT cannot reach Python) are named with their stacks
-  and the engines are restarted so the next cell works;
+- a kernel interrupt: ranks stopped at ``breakpoint()`` quit their pdb, SIGINT
+  goes to every busy rank; ranks that do not stop (blocked in MPI, where SIGINT
+  cannot reach Python) are named with their stacks and the engines are restarted
+  so the next cell works;
 - a watchdog ``timeout``: stacks of the busy ranks first (this is how a user finds
   the rank that skipped a collective), then the same as an interrupt;
 - a rank dying: mpiexec ends the whole job; the cell ends naming the rank and how
   it died, and the cluster is marked lost until ``%mpi restart``.
+
+It also notices ranks that stop at ``breakpoint()`` and prompts for their pdb
+commands (:mod:`clusterkernel._breakpoints`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING
 import ipyparallel as ipp
 
 from clusterkernel import _hangreport
+from clusterkernel._breakpoints import Stops
 from clusterkernel._jobreport import death_cause
 from clusterkernel.errors import (
     CellInterrupted,
@@ -65,6 +70,7 @@ class CellRun:
         # before this line runs (the lookup would then make a new, empty one).
         mds = self.ar.metadata
         self._mds = mds if isinstance(mds, list) else [mds]
+        self._stops = Stops(cluster, self.ranks, self._mds, self.renderer)
         self.started = time.monotonic()
         self.done = False
         # the notebook's cell this run belongs to (a --noblock run is waited on later)
@@ -126,6 +132,8 @@ class CellRun:
                 self._pump()
                 return None
             self._pump()
+            # time at a breakpoint prompt does not count towards the watchdog
+            self.started += self._stops.check()
             dead = self.cluster.dead_ranks()
             if dead is not None:
                 return self._job_ended(*dead)
@@ -151,6 +159,8 @@ class CellRun:
         stacks = self.cluster.stacks(busy, code=self.code) if (stacks_first and busy) else {}
         # Read before the interrupt unwinds anything: who waits in which call.
         flight = _hangreport.summarize(self.cluster, self.ranks, busy) if busy else ""
+        released = self._release_breakpoints(busy) if busy else []
+        busy = self.busy_ranks()
         if busy:
             try:
                 self.cluster.interrupt(busy)
@@ -171,8 +181,10 @@ class CellRun:
             elif r in busy:
                 detail = stacks.get(r, "")
                 items.append((r, kind, f"{what}SIGINT stopped it", detail))
+            elif r in released:
+                items.append((r, kind, f"{what}stopped at breakpoint(); its pdb quit", ""))
         notes = []
-        finished = [r for r in self.ranks if r not in busy]
+        finished = [r for r in self.ranks if r not in busy and r not in released]
         if flight:
             notes.append(f"Communication (each rank's last calls, compared):\n{flight}")
         elif finished and busy:
@@ -191,6 +203,20 @@ class CellRun:
         if not items:
             items = [(r, kind, ran or "the kernel was interrupted", "") for r in self.ranks]
         return CellInterrupted(group_failures(items), note=note)
+
+    def _release_breakpoints(self, ranks: list[int]) -> list[int]:
+        """Quit the pdb of ranks stopped at ``breakpoint()``, give them a moment to end;
+        the ranks released."""
+        try:
+            released = self._stops.release(ranks)
+        except Exception:  # the control channel may be gone with the rank
+            return []
+        deadline = time.monotonic() + _GRACE
+        while released and time.monotonic() < deadline:
+            if not set(released) & set(self.busy_ranks()):
+                break
+            self.ar.wait(_POLL)
+        return released
 
     def _collect_errors(self) -> RankError | None:
         results = self.ar.get(return_exceptions=True)
