@@ -11,6 +11,7 @@ magic                  plain Python
 ``%mpi status``        ``cluster.status()``
 ``%mpi push x``        ``cluster.push({"x": x})``
 ``%mpi pull x``        ``cluster.pull("x")``
+``%mpi debug``         ``cluster.debug().send("p x")``
 ``%mpi restart``       ``cluster.restart()``
 ``%mpi stop``          ``cluster.stop()``
 ``%mpi export job.py`` ``clusterkernel.export.write_job(cells, ...)``
@@ -40,10 +41,17 @@ from clusterkernel.mpiexec import HostError, MPINotFoundError
 def _ranks_arg(text: str | None) -> list[int] | None:
     if text is None:
         return None
+    ranks: set[int] = set()
     try:
-        return sorted({int(x) for x in text.split(",") if x.strip()})
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            first, _, last = part.partition("-")
+            span = range(int(first), int(last or first) + 1)
+            if not span:
+                raise ValueError(part)
+            ranks.update(span)
     except ValueError:
-        raise UsageError(f"--ranks takes comma-separated ranks like 0,2; got {text!r}.") from None
+        raise UsageError(f"--ranks takes ranks like 0,2 or 0-3; got {text!r}.") from None
+    return sorted(ranks)
 
 
 def _auto_mpi(lines: list[str]) -> list[str]:
@@ -89,6 +97,20 @@ def _start_args(line):
 @argument("--all-frames", action="store_true", help="show clusterkernel's own frames too")
 def _where_args(line):
     """%mpi where: each running rank's stack, the cell's lines first, even inside MPI."""
+
+
+@magic_arguments()
+@argument(
+    "--ranks",
+    help="ranks, e.g. 1,3 or 0-3 (default: those at a breakpoint, else those whose cell raised)",
+)
+@argument("-c", dest="command", metavar="CMD", help='one pdb command, e.g. -c "p x"; no prompt')
+def _debug_args(line):
+    """%mpi debug: pdb on ranks stopped at breakpoint(), or post-mortem after a cell raised.
+
+    Each command goes to every rank; identical answers show once under their ranks.
+    Without -c, a prompt (Pdb ranks 1,3) asks for commands until q (or EOF).
+    """
 
 
 @magic_arguments()
@@ -296,6 +318,20 @@ class MPIMagics(Magics):
         for text, same in sorted(by_text.items(), key=lambda kv: kv[1]):
             print(f"[{rank_label(same)}]\n{text}")
 
+    def _sub_debug(self, rest: str) -> None:
+        from clusterkernel.magics._debug import run_debug
+
+        args = parse_argstring(_debug_args, rest)
+        cluster = self._require_cluster()
+        try:
+            session = cluster.debug(_ranks_arg(args.ranks))
+        except (ValueError, ClusterError) as e:
+            raise UsageError(str(e)) from None
+        command = args.command
+        if command and len(command) > 1 and command[0] == command[-1] and command[0] in "'\"":
+            command = command[1:-1]  # IPython's argument split keeps the quotes
+        run_debug(session, command)
+
     def _sub_pull(self, rest: str):
         args = parse_argstring(_pull_args, rest)
         cluster = self._require_cluster()
@@ -401,6 +437,7 @@ _HELP_ROWS = [
     ("%mpi push name [name ...] | %mpi push name=expr", "copy variables to every rank"),
     (_pull_args, "%mpi pull"),
     (_where_args, "%mpi where"),
+    (_debug_args, "%mpi debug"),
     ("%mpi timeout S | off", "default watchdog for %%mpi cells"),
     ("%mpi dashboard", "live per-rank loss, comm, timeline, status"),
     (_export_args, "%mpi export"),
