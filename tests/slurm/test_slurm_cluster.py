@@ -105,6 +105,32 @@ def test_stacks_and_locals_of_ranks_on_the_other_node(sc):
     sc.run("print('usable again')", renderer=_quiet(sc))
 
 
+def test_debug_a_rank_on_the_other_node(sc):
+    # post-mortem of rank 2's error, then its breakpoint(): both through node2's engine
+    code = "import socket\nfrom mpi4py import MPI\nhost = socket.gethostname()\n"
+    with pytest.raises(RankError):
+        sc.run(
+            code + "if MPI.COMM_WORLD.Get_rank() == 2:\n    raise ValueError(host)\n",
+            renderer=_quiet(sc),
+        )
+    with sc.debug([2]) as dbg:
+        assert dbg.send("p host") == {2: "'node2'"}
+    code = "if MPI.COMM_WORLD.Get_rank() == 2:\n    breakpoint()\n    mark = host + '!'\nx = 1\n"
+    run = sc.run(code, block=False, renderer=_quiet(sc))
+    try:
+        deadline = time.monotonic() + 30
+        while sc.debug([2]).state[2] != "breakpoint":
+            assert time.monotonic() < deadline, "rank 2 did not stop at breakpoint()"
+            time.sleep(0.2)
+        dbg = sc.debug([2])
+        dbg.send("n")
+        assert dbg.send("p mark") == {2: "'node2!'"}
+        dbg.send("c")
+        run.wait(timeout=30)
+    finally:
+        sc.debug([2]).release()
+
+
 def test_interrupt_reaches_ranks_on_both_nodes(sc):
     pids = [r["pid"] for r in sc.status()]
     timer = threading.Timer(2.0, _thread.interrupt_main)  # what a kernel interrupt does
