@@ -58,14 +58,14 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def load_ipython_extension(ipython) -> None:
+def load_ipython_extension(ipython: Any) -> None:
     """Register the ``%mpi`` / ``%%mpi`` magics (``%load_ext clusterkernel``)."""
     from clusterkernel.magics import load_ipython_extension as _load
 
     _load(ipython)
 
 
-def unload_ipython_extension(ipython) -> None:
+def unload_ipython_extension(ipython: Any) -> None:
     from clusterkernel.magics import unload_ipython_extension as _unload
 
     _unload(ipython)

@@ -15,9 +15,13 @@ and the same number with a different op or size is a mismatch.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from clusterkernel._stacks import cell_lines, is_cell, request_state
 from clusterkernel.errors import rank_label
+
+if TYPE_CHECKING:
+    from clusterkernel.cluster import Cluster
 
 # Calls whose size must be the same on every member (all-to-all and objects may differ).
 _SIZED = {
@@ -148,7 +152,7 @@ def _pending_p2p(flights: dict[int, list[dict]]) -> list[str]:
     return lines
 
 
-def summarize(cluster, ranks: list[int], busy: list[int]) -> str:
+def summarize(cluster: Cluster, ranks: list[int], busy: list[int]) -> str:
     """Ask the cell's ranks for their flight records and compare them (see :func:`compare`).
 
     Ranks still running are asked through their control channel, so this works while

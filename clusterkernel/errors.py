@@ -9,6 +9,7 @@ four copies of the same traceback.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -16,7 +17,7 @@ class ClusterError(RuntimeError):
     """The engine set could not be started, is not running, or was lost."""
 
 
-def format_ranks(ranks) -> str:
+def format_ranks(ranks: Iterable[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2,5"``.
 
     Example::
@@ -39,7 +40,7 @@ def format_ranks(ranks) -> str:
     return ",".join(parts)
 
 
-def rank_label(ranks) -> str:
+def rank_label(ranks: Iterable[int]) -> str:
     """``"rank 1"`` for one rank, ``"ranks 1,3"`` or ``"ranks 0-15"`` for several.
 
     Example::

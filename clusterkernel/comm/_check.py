@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from clusterkernel.comm._errors import CollectiveMismatchError
+from clusterkernel.comm._groups import Group
 from clusterkernel.comm._ops import ALL_OPS, ReduceOp
 
 _SIG_LEN = 16
@@ -194,7 +195,7 @@ def _human(nbytes: int) -> str:
     return f"{nbytes / (1 << 20):.3g} MiB"
 
 
-def agree(group, key: tuple, name: str, tensor: object = None, **fields: object) -> None:
+def agree(group: Group, key: tuple, name: str, tensor: object = None, **fields: object) -> None:
     """The default check: verify ``key``'s call unless the group already agreed on it.
 
     ``key`` must hold exactly what the signature holds, in canonical form (parsed
@@ -209,7 +210,7 @@ def agree(group, key: tuple, name: str, tensor: object = None, **fields: object)
     seen.add(key)
 
 
-def verify(group, name: str, tensor: object = None, **fields: object) -> None:
+def verify(group: Group, name: str, tensor: object = None, **fields: object) -> None:
     """Exchange signatures over ``group``; raise on every rank if they differ."""
     mine = signature(name, tensor, **fields)
     everyone = np.empty((group.size, _SIG_LEN), dtype=np.int64)
@@ -219,7 +220,7 @@ def verify(group, name: str, tensor: object = None, **fields: object) -> None:
     raise CollectiveMismatchError(mismatch_message(group, everyone))
 
 
-def mismatch_message(group, everyone: np.ndarray) -> str:
+def mismatch_message(group: Group, everyone: np.ndarray) -> str:
     variants: dict[bytes, list[int]] = {}
     for i, row in enumerate(everyone):
         variants.setdefault(row.tobytes(), []).append(group.ranks[i])

@@ -26,6 +26,8 @@ from collections import deque
 
 import torch
 
+from clusterkernel.comm._groups import Group
+
 DEFAULT_SIZE = 64
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Frames skipped when looking for the line that made a call: clusterkernel's own
@@ -72,7 +74,7 @@ class FlightRecorder:
 
     def record(
         self,
-        group,
+        group: Group,
         op: str,
         nbytes: int,
         dtype: object,

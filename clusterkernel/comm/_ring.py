@@ -25,6 +25,7 @@ from mpi4py import MPI
 
 from clusterkernel.comm import _hugepages
 from clusterkernel.comm._dtypes import DType, as_numpy, unstage
+from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Call, Work, drive
 from clusterkernel.comm._ops import AVG, ReduceOp
 
@@ -34,7 +35,7 @@ SEGMENT_BYTES = 256 * 1024
 
 
 def all_reduce(
-    group,
+    group: Group,
     tensor: torch.Tensor,
     w: torch.Tensor,
     info: DType,
@@ -59,7 +60,7 @@ def _steps_then_unstage(group, data, info, op, tensor, w) -> Generator:
     unstage(tensor, w)
 
 
-def ring_steps(group, data: np.ndarray, info: DType, op: ReduceOp) -> Generator:
+def ring_steps(group: Group, data: np.ndarray, info: DType, op: ReduceOp) -> Generator:
     """Step generator reducing the flat array ``data`` in place over ``group``."""
     n = group.size
     if n == 1 or data.size == 0:
