@@ -5,8 +5,8 @@ the processes and the transport; this class adds what a notebook user of an MPI
 job needs on top: a launcher (``mpiexec`` here or on a host list, or a Slurm
 job), the engine-id to rank map, fast and clear start-up errors, status per rank,
 a guard process that stops the cluster if the notebook kernel dies, stacks of
-busy ranks on any host, pdb on ranks (:meth:`debug`), and :meth:`run`, the call
-behind ``%%mpi``.
+busy ranks on any host, pdb on ranks (:meth:`debug`), its live dashboard
+(:meth:`dashboard`), and :meth:`run`, the call behind ``%%mpi``.
 
 Example::
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 import psutil
@@ -38,6 +38,10 @@ from clusterkernel._launch import (
 from clusterkernel._status import RankStatus
 from clusterkernel.errors import CellInterrupted, ClusterError, RankError, format_ranks
 from clusterkernel.mpiexec import MPIRuntime, check_hosts_resolve, parse_hosts
+
+if TYPE_CHECKING:
+    from clusterkernel.dashboard import Dashboard
+    from clusterkernel.runner import CellRun
 
 __all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted"]
 
@@ -188,6 +192,7 @@ class Cluster:
         self._guard: Guard | None = None
         self.lost: str | None = None  # why the engine set is gone, if it is
         self.dead: dict[int, str] = {}  # rank -> how it died (fault-tolerant jobs)
+        self._dashboard: Dashboard | None = None  # the one the ranks stream to
 
     # ------------------------------------------------------------------ lifecycle
     def __repr__(self) -> str:
@@ -330,6 +335,9 @@ class Cluster:
         self._rank_info = {}
         self._engine_of = {}
         self.dead = {}
+        dash, self._dashboard = self._dashboard, None
+        if dash is not None:  # after the ranks, so its last picture shows them stopped
+            dash._cluster_stopped()
 
     def restart(self) -> None:
         """Stop all ranks (stuck ones included) and start a full set again.
@@ -468,7 +476,8 @@ class Cluster:
         timeout: float | None = None,
         block: bool = True,
         renderer=None,
-    ):
+        dashboard: bool = False,
+    ) -> CellRun:
         """Run ``code`` on the ranks, streaming each rank's output; the call behind ``%%mpi``.
 
         Raises :class:`RankError` naming the failing ranks, and
@@ -478,6 +487,9 @@ class Cluster:
 
         With ``block=False`` returns a :class:`~clusterkernel.runner.CellRun` at
         once; call its ``wait()`` to stream and collect.
+
+        ``dashboard=True`` (``%%mpi --dashboard``) shows :meth:`dashboard` first
+        and, when the cell has run, collects its last records into it.
         """
         from clusterkernel.runner import CellRun
 
@@ -485,10 +497,54 @@ class Cluster:
         ranks = self.live_ranks if ranks is None else sorted(set(ranks))
         for r in ranks:
             self.engine_id(r)  # clear error for a rank that does not exist
-        run = CellRun(self, code, ranks, renderer=renderer)
-        if not block:
-            return run
-        return run.wait(timeout=self.timeout if timeout is None else timeout)
+        dash = self.dashboard() if dashboard else None
+        if dash is not None:
+            dash.show()
+        try:
+            run = CellRun(self, code, ranks, renderer=renderer)
+            if not block:
+                return run
+            return run.wait(timeout=self.timeout if timeout is None else timeout)
+        finally:
+            if dash is not None and block:
+                dash.cell_finished()
+
+    # ------------------------------------------------------------------ dashboard
+    def dashboard(self) -> Dashboard:
+        """This cluster's live dashboard, streaming; made on first use.
+
+        One per cluster: ``%mpi dashboard`` and ``%%mpi --dashboard`` show this one,
+        so every cell that asks for it shows the same live panels. It stops when
+        the cluster stops (its panels keep their last picture); after
+        :meth:`restart` this call makes the new ranks stream to it.
+
+        Example::
+
+            dash = cluster.dashboard()
+            dash.show()                 # the panels, or a progress line in a terminal
+            cluster.run("import clusterkernel; clusterkernel.log(step=0, loss=1.0)")
+            dash.sync(); dash.records("scalar")
+        """
+        from clusterkernel.dashboard import Dashboard
+
+        dash = self._dashboard
+        if dash is None or dash.closed:
+            return Dashboard(self)  # becomes this cluster's (_dashboard_streaming)
+        dash.attach()  # after a restart the new ranks need their streams
+        return dash
+
+    def _dashboard_streaming(self, dash: Dashboard) -> None:
+        """``dash`` now receives the ranks' records: it is this cluster's; an older one goes quiet."""
+        old, self._dashboard = self._dashboard, dash
+        if old is not None and old is not dash:
+            old._quiet()
+
+    def _dashboard_closed(self, dash: Dashboard) -> bool:
+        """``dash`` is closing: True if it was this cluster's (it no longer is)."""
+        if self._dashboard is not dash:
+            return False
+        self._dashboard = None
+        return True
 
     # --------------------------------------------------------- fault handling
     def frames(self, ranks: list[int], with_locals: bool = False) -> dict[int, list[dict]]:

@@ -19,7 +19,7 @@ Example::
 
 from __future__ import annotations
 
-from clusterkernel.dashboard._dashboard import Dashboard, dashboard_for
+from clusterkernel.dashboard._dashboard import Dashboard
 from clusterkernel.dashboard._export import (
     chrome_trace,
     export,
@@ -39,7 +39,6 @@ __all__ = [
     "Receiver",
     "TerminalProgress",
     "chrome_trace",
-    "dashboard_for",
     "export",
     "summary",
     "thin",

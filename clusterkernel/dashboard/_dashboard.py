@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from clusterkernel import metrics
+from clusterkernel import _session, metrics
 from clusterkernel.dashboard import _export
 from clusterkernel.dashboard._receiver import Receiver, lower_thread_priority
 from clusterkernel.dashboard._store import MetricsStore
@@ -34,18 +34,15 @@ if TYPE_CHECKING:
     from clusterkernel.dashboard._views import DashboardView
 
 
-def _current_cluster() -> Cluster | None:
-    from clusterkernel.magics import current_cluster
-
-    return current_cluster()
-
-
 class Dashboard:
     """Live loss, communication timings, timeline, throughput and status of every rank.
 
     Parameters
     ----------
     cluster : the :class:`~clusterkernel.Cluster`; default: the one ``%mpi start`` started.
+        The ranks stream to one dashboard: a new one becomes the cluster's
+        (:meth:`Cluster.dashboard <clusterkernel.Cluster.dashboard>`) and an older
+        one goes quiet, keeping its last picture.
     rate : redraws per second at most (the view skips a redraw when nothing changed).
     window : seconds of history in the timeline panel.
     metric : the scalar the loss panel shows first (any logged name can be picked).
@@ -55,7 +52,7 @@ class Dashboard:
 
     Example::
 
-        dash = clusterkernel.Dashboard()   # or %mpi dashboard
+        dash = clusterkernel.Dashboard()   # or cluster.dashboard(), %mpi dashboard
         dash                               # shows it; it updates while cells run
         %%mpi
         for step in range(100):
@@ -73,7 +70,7 @@ class Dashboard:
         max_points: int = 300,
         interval: float = 0.1,
     ) -> None:
-        cluster = cluster if cluster is not None else _current_cluster()
+        cluster = cluster if cluster is not None else _session.cluster()
         if cluster is None or not cluster.running:
             raise ClusterError(
                 "No MPI ranks are running, so there is nothing to watch. Start them "
@@ -113,10 +110,7 @@ class Dashboard:
             raise
         # The ranks now stream here, so this is the cluster's dashboard from now on
         # (what %mpi dashboard and %%mpi --dashboard show); an older one goes quiet.
-        old = _DASHBOARDS.get(id(cluster))
-        _DASHBOARDS[id(cluster)] = self
-        if old is not None and old is not self and old.cluster is cluster:
-            old._quiet()
+        cluster._dashboard_streaming(self)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self.store.ranks())} ranks streaming"
@@ -316,14 +310,15 @@ class Dashboard:
         """Stop redrawing and receiving, and stop the ranks' streams. Safe to call twice."""
         if self.closed:
             return
-        if (
-            self.cluster.running
-            and not self.cluster.lost
-            and _DASHBOARDS.get(id(self.cluster)) is self
-        ):
+        cluster = self.cluster
+        if cluster._dashboard_closed(self) and cluster.running and not cluster.lost:
             # not waited for: a running cell would hold it up
-            self.cluster.view().apply_async(metrics.stop_stream)
-            del _DASHBOARDS[id(self.cluster)]
+            cluster.view().apply_async(metrics.stop_stream)
+        self._quiet()
+
+    def _cluster_stopped(self) -> None:
+        """The cluster stopped: draw the last picture (ranks stopped), then go quiet."""
+        self.refresh(everything=True)
         self._quiet()
 
     def _quiet(self) -> None:
@@ -336,20 +331,3 @@ class Dashboard:
             self._terminal.finish()
             self._terminal = None
         self.receiver.stop()
-
-
-_DASHBOARDS: dict[int, Dashboard] = {}
-
-
-def dashboard_for(cluster: Cluster) -> Dashboard:
-    """The dashboard of ``cluster`` (one per cluster), streaming; made on first use.
-
-    This is what ``%mpi dashboard`` and ``%%mpi --dashboard`` use, so every cell
-    that asks for it shows the same live panels.
-    """
-    dash = _DASHBOARDS.get(id(cluster))
-    if dash is None or dash.closed or dash.cluster is not cluster:
-        dash = Dashboard(cluster)  # registers itself
-    else:
-        dash.attach()  # after %mpi restart the new ranks need their streams
-    return dash

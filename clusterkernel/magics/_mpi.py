@@ -33,6 +33,7 @@ from IPython.core.magic_arguments import (
     parse_argstring,
 )
 
+from clusterkernel import _session
 from clusterkernel.cluster import Cluster
 from clusterkernel.errors import ClusterError, rank_label
 from clusterkernel.mpiexec import HostError, MPINotFoundError
@@ -153,8 +154,18 @@ class MPIMagics(Magics):
 
     def __init__(self, shell) -> None:
         super().__init__(shell)
-        self.cluster: Cluster | None = None
+        self.cluster = None
         atexit.register(self._stop_quietly)
+
+    @property
+    def cluster(self) -> Cluster | None:
+        """The cluster ``%mpi start`` started; also the session's (``Dashboard()``'s default)."""
+        return self._cluster
+
+    @cluster.setter
+    def cluster(self, cluster: Cluster | None) -> None:
+        self._cluster = cluster
+        _session.set_cluster(cluster)
 
     def _stop_quietly(self) -> None:
         if self.cluster is not None:
@@ -384,12 +395,8 @@ class MPIMagics(Magics):
             raise UsageError(str(e)) from None
         print("Wrote " + ", ".join(map(str, written)))
 
-    def _sub_dashboard(self, rest: str):
-        from clusterkernel.dashboard import dashboard_for
-
-        dash = dashboard_for(self._require_cluster())
-        dash.show()
-        return None
+    def _sub_dashboard(self, rest: str) -> None:
+        self._require_cluster().dashboard().show()
 
     # ---------------------------------------------------------------- cell
     def _run_cell(self, line: str, cell: str):
@@ -400,19 +407,16 @@ class MPIMagics(Magics):
             bad = [r for r in ranks if r not in cluster.ranks]
             if bad:
                 raise UsageError(f"No rank {bad}; ranks are 0..{cluster.n - 1}.")
-        dash = None
-        if args.dashboard:
-            from clusterkernel.dashboard import dashboard_for
-
-            dash = dashboard_for(cluster)
-            dash.show()
         try:
-            result = cluster.run(cell, ranks=ranks, timeout=args.timeout, block=not args.noblock)
+            result = cluster.run(
+                cell,
+                ranks=ranks,
+                timeout=args.timeout,
+                block=not args.noblock,
+                dashboard=args.dashboard,
+            )
         except ClusterError as e:
             raise UsageError(str(e)) from None
-        finally:
-            if dash is not None and not args.noblock:
-                dash.cell_finished()
         return result if args.noblock else None
 
 

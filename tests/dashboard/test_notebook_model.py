@@ -44,7 +44,7 @@ report["metric_options"] = list(dash._view.loss.choice.options)
 report["status_html"] = dash._view.status.widget.value
 paths = dash.export(EXPORT_DIR)
 report["paths"] = {k: str(v) for k, v in paths.items()}
-report["same_dashboard"] = __import__("clusterkernel").dashboard.dashboard_for(cluster) is dash
+report["same_dashboard"] = cluster.dashboard() is dash
 print("REPORT " + json.dumps(report))
 """
 
