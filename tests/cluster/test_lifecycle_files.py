@@ -4,12 +4,14 @@ and nothing that Jupyter's ipyparallel server extension would adopt and log abou
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import psutil
 
@@ -76,7 +78,13 @@ def test_a_jupyter_servers_log_stays_clean_while_a_cluster_runs(no_shared_cluste
         )
         with Cluster(n=2) as cluster:
             cluster.run("x = 1", renderer=_Silent())
-            time.sleep(8)  # the extension polls the profiles every few seconds
+            # What JupyterLab's "IPython Clusters" panel does while it is open: the
+            # extension reloads every cluster file it finds on each request.
+            ours = []
+            for _ in range(8):
+                time.sleep(1)
+                ours += [c for c in _list_clusters(port) if cluster._run_dir in c]
+            assert not ours, f"the server adopted clusterkernel's cluster: {ours[:1]}"
         time.sleep(2)
     finally:
         server.terminate()
@@ -85,6 +93,13 @@ def test_a_jupyter_servers_log_stays_clean_while_a_cluster_runs(no_shared_cluste
     text = (tmp_path / "server.log").read_text()
     noise = [ln for ln in text.splitlines() if _NOISE.search(ln)]
     assert not noise, "\n".join(noise)
+
+
+def _list_clusters(port: int) -> list[str]:
+    """The cluster files the ipyparallel server extension lists (its REST API)."""
+    url = f"http://127.0.0.1:{port}/ipyparallel/clusters"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return [json.dumps(c) for c in json.load(reply)]
 
 
 class _Silent:
