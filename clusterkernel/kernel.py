@@ -162,11 +162,11 @@ def _kernel_cell(lines: list[str]) -> list[str]:
     The ``%%local`` line is dropped rather than run as a magic, so the cell is an
     ordinary cell: its last value is shown, its error fails the cell.
     """
-    from clusterkernel.magics._mpi import _auto_mpi
+    from clusterkernel.magics._subcommands import auto_mpi
 
     if lines and lines[0].split()[:1] == ["%%local"]:
         return lines[1:]
-    return _auto_mpi(lines)
+    return auto_mpi(lines)
 
 
 _kernel_cell.sends_to_ranks = True

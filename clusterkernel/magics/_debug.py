@@ -1,6 +1,6 @@
 """``%mpi debug``: a pdb prompt for several ranks at once (client side).
 
-The magic's parser is in :mod:`clusterkernel.magics._mpi`; this is its prompt loop
+The magic's parser is in :mod:`clusterkernel.magics._args`; this is its prompt loop
 over a :class:`~clusterkernel.debug.DebugSession`. ``input()`` asks for each
 command (a text box in the notebook), every rank of the session answers, and
 identical answers show once under their ranks.

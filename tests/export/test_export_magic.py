@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import clusterkernel.magics as ck_magics
-from clusterkernel.magics import _mpi
+from clusterkernel.magics import _args
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_help_is_generated_from_the_parsers(shell, capsys):
     shell.run_cell("%mpi?")
     text = capsys.readouterr().out
     assert "%%mpi start" not in text and "%%mpi pull" not in text and "%%%mpi" not in text
-    parsers = [row[0].parser for row in _mpi._HELP_ROWS if not isinstance(row[0], str)]
+    parsers = [row[0].parser for row in _args.HELP_ROWS if not isinstance(row[0], str)]
     assert {p.prog for p in parsers} >= {"%mpi start", "%mpi pull", "%mpi export", "%%mpi"}
     for parser in parsers:
         options = [o for action in parser._actions for o in action.option_strings]

@@ -9,7 +9,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from clusterkernel.kernel import kernel_mode
-from clusterkernel.magics._mpi import _auto_mpi
+from clusterkernel.magics._subcommands import auto_mpi as _auto_mpi
 
 
 @pytest.fixture

@@ -1,0 +1,240 @@
+"""The ``%mpi`` subcommands (``%mpi start``, ``stop``, ``status``, ``push``, ...) (client side).
+
+Each is a method ``_sub_NAME(rest)`` of :class:`Subcommands`, a thin parser over one
+:class:`~clusterkernel.Cluster` call; :class:`~clusterkernel.magics.MPIMagics`
+mixes them in and dispatches ``%mpi NAME rest`` to them. :func:`auto_mpi` is the
+input transformer behind ``%mpi on``.
+
+Example::
+
+    %mpi start -n 4        # Subcommands._sub_start("-n 4")
+    %mpi push x            # Subcommands._sub_push("x")
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import parse_argstring
+
+from clusterkernel.cluster import Cluster
+from clusterkernel.errors import ClusterError, rank_label
+from clusterkernel.magics._args import (
+    debug_args,
+    export_args,
+    pull_args,
+    ranks_arg,
+    start_args,
+    where_args,
+)
+from clusterkernel.mpiexec import HostError, MPINotFoundError
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+
+def auto_mpi(lines: list[str]) -> list[str]:
+    """Input transformer for ``%mpi on``: run every cell on the ranks.
+
+    Example::
+
+        auto_mpi(["x = 1\\n"])   # ["%%mpi\\n", "x = 1\\n"]
+    """
+    if not lines or not "".join(lines).strip():
+        return lines
+    first = lines[0].lstrip()
+    if first.startswith(("%mpi", "%%mpi", "%%local")):
+        return lines  # %mpi off (and explicit %%mpi, %%local) run as written
+    return ["%%mpi\n", *lines]
+
+
+auto_mpi.sends_to_ranks = True  # %%local runs its cell without it
+
+
+class Subcommands:
+    """The ``%mpi`` subcommands, mixed into :class:`~clusterkernel.magics.MPIMagics`.
+
+    That class provides ``shell``, the ``cluster`` ``%mpi start`` made, and
+    ``_require_cluster()`` (which starts ranks in kernel mode).
+    """
+
+    shell: InteractiveShell
+    cluster: Cluster | None
+
+    def _sub_start(self, rest: str) -> None:
+        args = parse_argstring(start_args, rest)
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError(
+                f"MPI ranks are already running ({self.cluster.n} ranks). "
+                "Use %mpi restart, or %mpi stop first."
+            )
+        slurm = {"nodes": args.nodes, "partition": args.partition, "account": args.account}
+        if not args.slurm and any(slurm.values()):
+            raise UsageError("--nodes, --partition and --account go with --slurm.")
+        try:
+            cluster = Cluster(
+                n=args.n,
+                hosts=args.hosts,
+                hostfile=args.hostfile,
+                mpiexec=args.mpiexec,
+                launcher="slurm" if args.slurm else None,
+                time=args.time,
+                timeout=args.timeout,
+                fault_tolerant=args.fault_tolerant,
+                **{k: v for k, v in slurm.items() if v is not None},
+            )
+        except (ValueError, FileNotFoundError, HostError, MPINotFoundError, ClusterError) as e:
+            raise UsageError(str(e)) from None
+        cluster.start()
+        self.cluster = cluster
+        where = sorted({row["host"] for row in cluster.status()})
+        on = f" on {len(where)} nodes ({', '.join(where)})" if len(where) > 1 else ""
+        print(f"Started {cluster.n} MPI ranks ({cluster.launcher.describe()}){on}.")
+
+    def _sub_stop(self, rest: str) -> None:
+        if self.cluster is None or not self.cluster.running:
+            print("No MPI ranks are running.")
+            return
+        self.cluster.stop()
+        self.cluster = None
+        self._sub_off("")
+        print("Stopped all MPI ranks.")
+
+    def _sub_restart(self, rest: str) -> None:
+        cluster = self._require_cluster()
+        cluster.restart()
+        print(f"Restarted {cluster.n} MPI ranks.")
+
+    def _sub_status(self, rest: str) -> list[dict]:
+        rows = self._require_cluster().status()
+        print(f"{'rank':>4}  {'host':<16} {'pid':>8}  {'state':<6} {'cpu %':>6} {'mem MiB':>8}")
+        for r in rows:
+            cpu = "-" if r["cpu"] is None else f"{r['cpu']:.0f}"
+            mem = "-" if r["memory_mib"] is None else f"{r['memory_mib']:.0f}"
+            print(
+                f"{r['rank']:>4}  {r['host']:<16} {r['pid']:>8}  {r['state']:<6} {cpu:>6} {mem:>8}"
+            )
+        return None
+
+    def _sub_on(self, rest: str) -> None:
+        self._require_cluster()
+        transforms = self.shell.input_transformers_cleanup
+        if auto_mpi not in transforms:
+            transforms.append(auto_mpi)
+        print("Every cell now runs on the MPI ranks; %mpi off to stop.")
+
+    def _sub_off(self, rest: str) -> None:
+        transforms = self.shell.input_transformers_cleanup
+        if auto_mpi in transforms:
+            transforms.remove(auto_mpi)
+            print("Cells run locally again.")
+
+    def _sub_push(self, rest: str) -> None:
+        cluster = self._require_cluster()
+        if not rest.strip():
+            raise UsageError("Usage: %mpi push name [name ...]  or  %mpi push name=expression")
+        ns = {}
+        if "=" in rest:
+            name, _, expr = rest.partition("=")
+            name = name.strip()
+            if not name.isidentifier():
+                raise UsageError(f"{name!r} is not a variable name.")
+            # The expression is the user's own code in their own namespace, as
+            # typed into a cell; IPython's shell.ev is the documented way to run it.
+            ns[name] = self.shell.ev(expr)
+        else:
+            for name in shlex.split(rest):
+                if name not in self.shell.user_ns:
+                    raise UsageError(f"No variable named {name!r} in this notebook.")
+                ns[name] = self.shell.user_ns[name]
+        cluster.push(ns)
+
+    def _sub_where(self, rest: str) -> None:
+        args = parse_argstring(where_args, rest)
+        cluster = self._require_cluster()
+        ranks = ranks_arg(args.ranks)
+        if ranks is None:
+            ranks = [row["rank"] for row in cluster.status() if row["state"] == "busy"]
+        if not ranks:
+            print("No rank is running a cell (--ranks asks idle ones too).")
+            return
+        try:
+            stacks = cluster.stacks(ranks, with_locals=args.locals, all_frames=args.all_frames)
+        except (ValueError, ClusterError) as e:
+            raise UsageError(str(e)) from None
+        by_text: dict[str, list[int]] = {}
+        for rank, text in stacks.items():
+            by_text.setdefault(text or "  (idle: no cell running)", []).append(rank)
+        for text, same in sorted(by_text.items(), key=lambda kv: kv[1]):
+            print(f"[{rank_label(same)}]\n{text}")
+
+    def _sub_debug(self, rest: str) -> None:
+        from clusterkernel.magics._debug import run_debug
+
+        args = parse_argstring(debug_args, rest)
+        cluster = self._require_cluster()
+        try:
+            session = cluster.debug(ranks_arg(args.ranks))
+        except (ValueError, ClusterError) as e:
+            raise UsageError(str(e)) from None
+        command = args.command
+        if command and len(command) > 1 and command[0] == command[-1] and command[0] in "'\"":
+            command = command[1:-1]  # IPython's argument split keeps the quotes
+        run_debug(session, command)
+
+    def _sub_pull(self, rest: str):
+        args = parse_argstring(pull_args, rest)
+        cluster = self._require_cluster()
+        if args.rank is not None:
+            try:
+                cluster.engine_id(args.rank)
+            except (ValueError, ClusterError) as e:
+                raise UsageError(str(e)) from None
+            return cluster.pull(args.name, ranks=[args.rank])[args.rank]
+        return cluster.pull(args.name)
+
+    def _sub_timeout(self, rest: str) -> None:
+        cluster = self._require_cluster()
+        value = rest.strip()
+        if value in ("", "off", "none", "None"):
+            cluster.timeout = None
+            print("No default watchdog for %%mpi cells.")
+            return
+        try:
+            cluster.timeout = float(value)
+        except ValueError:
+            raise UsageError(f"%mpi timeout takes seconds or 'off', got {value!r}.") from None
+        print(f"%%mpi cells running longer than {cluster.timeout:g}s will be reported and freed.")
+
+    def _sub_export(self, rest: str) -> None:
+        """%mpi export job.py: see ``export_args``; the work is clusterkernel.export's."""
+        from clusterkernel import export
+
+        args = parse_argstring(export_args, rest)
+        cells = list(self.shell.history_manager.input_hist_raw)
+        running = self.cluster.n if self.cluster is not None and self.cluster.running else None
+        auto = getattr(self, "autostart", None) is not None  # the MPI kernel: cells on the ranks
+        try:
+            written = export.write_job(
+                cells,
+                args.path,
+                pushed=export.live_pushes(cells, self.shell.user_ns, self.shell.ev, auto),
+                names=[f"In [{i}]" for i in range(len(cells))],
+                source=str(self.shell.user_ns.get("__session__") or "an IPython session"),
+                sbatch=args.sbatch,
+                ranks=running,
+                auto=auto,
+                nodes=args.nodes,
+                ntasks_per_node=args.ntasks_per_node,
+                time=args.time,
+                partition=args.partition,
+                account=args.account,
+            )
+        except export.ExportError as e:
+            raise UsageError(str(e)) from None
+        print("Wrote " + ", ".join(map(str, written)))
+
+    def _sub_dashboard(self, rest: str) -> None:
+        self._require_cluster().dashboard().show()
