@@ -1,7 +1,8 @@
 """Distributed training (engine side): data parallel, pipeline parallel, Trainer.
 
 - :func:`sync_parameters`, :func:`average_gradients` the tutorial's building blocks;
-- :class:`DataParallel` bucketed, overlapped gradient averaging (synchronous SGD);
+- :class:`DataParallel` bucketed, overlapped gradient averaging (synchronous SGD),
+  with torch-style communication hooks (:mod:`~clusterkernel.train.comm_hooks`);
 - :class:`PipelineParallel` an ``nn.Sequential`` split into stages, GPipe schedule;
 - :class:`Trainer` ``fit`` / ``evaluate`` / hooks / checkpoints, with a pluggable
   ``mode`` (:class:`TrainingMode`, :func:`register_mode`);
@@ -16,6 +17,7 @@ Example (on every rank)::
     opt.step()
 """
 
+from clusterkernel.train import comm_hooks
 from clusterkernel.train._ddp import DataParallel
 
 # importing a mode's module registers it ("ps", "async", "easgd", "gossip")
@@ -62,6 +64,7 @@ __all__ = [
     "average_gradients",
     "broadcast_tensors",
     "check_replicas",
+    "comm_hooks",
     "register_mode",
     "spare_core",
     "sync_parameters",

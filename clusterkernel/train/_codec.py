@@ -7,6 +7,8 @@ import math
 import numpy as np
 import torch
 
+from clusterkernel.train import _fp16
+
 COMPRESSIONS = (None, "fp16", "topk")
 
 
@@ -24,7 +26,8 @@ class GradientCodec:
     """Encodes one shard of ``numel`` gradient values into bytes and back.
 
     - ``None``: the values as they are;
-    - ``"fp16"``: values as float16 (half the bytes; magnitudes above 65504 overflow);
+    - ``"fp16"``: values as float16 (:mod:`~clusterkernel.train._fp16`: half the
+      bytes; magnitudes above 65504 overflow);
     - ``"topk"``: only the ``ratio * numel`` largest-magnitude values and their
       indices. What is left out is kept in a residual and added to the next
       gradient (error feedback), so every gradient component is sent eventually.
@@ -55,14 +58,14 @@ class GradientCodec:
         if kind == "topk":
             self.max_bytes = _align8(4 * self.k) + self.k * self.itemsize
         elif kind == "fp16":
-            self.max_bytes = 2 * numel
+            self.max_bytes = _fp16.nbytes(numel)
         else:
             self.max_bytes = numel * self.itemsize
 
     def encode(self, grad: torch.Tensor, out: np.ndarray) -> int:
         """Write ``grad`` (1-D, ``numel`` values) into ``out``; returns bytes used."""
         if self.kind == "fp16":
-            _view(out, 0, self.numel, torch.float16).copy_(grad)
+            _fp16.compress(grad, _view(out, 0, self.numel, _fp16.WIRE_DTYPE))
         elif self.kind == "topk":
             if self.residual is None:
                 self.residual = torch.zeros(self.numel, dtype=self.dtype)
@@ -83,7 +86,7 @@ class GradientCodec:
                 "workers and servers disagree on the model or the compression"
             )
         if self.kind == "fp16":
-            out.copy_(_view(payload, 0, self.numel, torch.float16))
+            _fp16.decompress(_view(payload, 0, self.numel, _fp16.WIRE_DTYPE), out)
         elif self.kind == "topk":
             idx = _view(payload, 0, self.k, torch.int32).long()
             out.zero_()

@@ -12,6 +12,7 @@ from torch import nn
 from clusterkernel import comm
 from clusterkernel.train._reducer import GradReducer
 from clusterkernel.train._sync import broadcast_tensors, check_replicas, world_rank
+from clusterkernel.train.comm_hooks import CommHook, fp16_compress_hook
 
 _COMPRESSION = (None, "fp16")
 _BUFFERS = ("average", "broadcast", "none")
@@ -27,9 +28,9 @@ class DataParallel(nn.Module):
     averaging allreduce starts asynchronously, so communication overlaps the rest
     of backward. :meth:`synchronize` waits for all buckets; it runs by itself
     before ``optimizer.step()`` when the optimizer is passed in, otherwise call it
-    yourself. After every step all ranks hold bit-identical parameters. The
-    bucket that completes last (at the end of backward) is reduced with a
-    blocking call, which MPI runs faster than a nonblocking one.
+    yourself. After every step all ranks hold bit-identical parameters. How a
+    bucket is averaged is a comm hook, as in torch DDP (default: an ``all_reduce``;
+    see :meth:`register_comm_hook` and :mod:`clusterkernel.train.comm_hooks`).
 
     ``p.grad`` of every parameter is a view into its bucket. With
     ``zero_grad(set_to_none=True)`` (torch's default) each step's fresh
@@ -56,6 +57,7 @@ class DataParallel(nn.Module):
             the bytes, and are summed in float32 (an all-to-all of fp16 chunks,
             a local sum, an all-gather). Costs gradient precision (~1e-3
             relative); pays off when the network, not compute, is the limit.
+            The same as ``register_comm_hook(None, comm_hooks.fp16_compress_hook)``.
         buffers: ``"average"`` (default) averages floating buffers such as
             BatchNorm running statistics at every synchronize, ``"broadcast"``
             copies rank 0's, ``"none"`` leaves them per rank.
@@ -95,7 +97,10 @@ class DataParallel(nn.Module):
         broadcast_tensors([*module.parameters(), *module.buffers()], self._root, group)
 
         params = [p for p in module.parameters() if p.requires_grad]  # shared ones once
-        self._reducer = GradReducer(params, bucket_bytes, compression, group)
+        self._reducer = GradReducer(params, bucket_bytes, group)
+        self._hook_set = False
+        if compression == "fp16":
+            self.register_comm_hook(None, fp16_compress_hook)
         # cached: walking the module tree every step is slow for many small layers
         self._buffers_list = list(module.buffers())
         self._step_hook = None
@@ -117,6 +122,39 @@ class DataParallel(nn.Module):
         """Parameter names per bucket, in launch order."""
         names = {id(p): n for n, p in self.module.named_parameters()}
         return [[names[id(p)] for p in b.params] for b in self._reducer.buckets]
+
+    def register_comm_hook(self, state: Any, hook: CommHook) -> None:
+        """Average each bucket with ``hook(state, bucket)`` instead of the default.
+
+        As torch DDP's: call it once, before the first backward. ``hook`` gets a
+        :class:`~clusterkernel.train.comm_hooks.GradBucket` and returns a
+        :class:`~clusterkernel.train.comm_hooks.CommFuture` whose value is the
+        bucket's average over the ranks (a tensor of the bucket's size); ``state``
+        is passed as is (the built-in hooks take a group, or None for this
+        model's).
+
+        Example::
+
+            from clusterkernel.train import comm_hooks
+
+            model = DataParallel(net, optimizer=opt)
+            model.register_comm_hook(None, comm_hooks.fp16_compress_hook)
+        """
+        if not callable(hook):
+            raise TypeError(f"hook must be callable as hook(state, bucket), got {hook!r}.")
+        if self._hook_set:
+            what = "compression='fp16'" if self.compression else "register_comm_hook"
+            raise RuntimeError(
+                f"DataParallel already has a comm hook (set by {what}); register at most "
+                "one, and pass compression=None to register your own."
+            )
+        if self._reducer.dirty:
+            raise RuntimeError(
+                "DataParallel: register_comm_hook during a step; register before the "
+                "first forward, or after synchronize()."
+            )
+        self._reducer.hook, self._reducer.state = hook, state
+        self._hook_set = True
 
     def synchronize(self) -> None:
         """Finish the gradient averaging of this step (and the buffer sync).

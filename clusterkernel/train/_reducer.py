@@ -1,5 +1,8 @@
 """Gradient buckets and their asynchronous averaging (the engine under DataParallel).
 
+Each bucket is averaged by a comm hook (:mod:`clusterkernel.train.comm_hooks`),
+started as soon as its last gradient arrives during backward.
+
 A plain object rather than an ``nn.Module``: its state changes on every gradient
 hook, and ``nn.Module.__setattr__`` costs microseconds per assignment, which adds
 up over models with many small layers.
@@ -8,11 +11,13 @@ up over models with many small layers.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from torch import nn
 
 from clusterkernel import comm
+from clusterkernel.train.comm_hooks import CommFuture, CommHook, GradBucket, allreduce_hook
 
 _now = time.perf_counter
 
@@ -31,11 +36,10 @@ class Bucket:
         "flat",
         "views",
         "used",
-        "wire",
-        "inbox",
+        "scratch",
         "fired",
         "pending",
-        "handle",
+        "future",
     )
 
     def __init__(self, params: list[nn.Parameter]):
@@ -48,14 +52,14 @@ class Bucket:
             self.views.append(self.flat[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         self.used = self.flat[self.numel :]
-        self.wire: torch.Tensor | None = None  # fp16 compression buffers
-        self.inbox: torch.Tensor | None = None
+        self.scratch: dict = {}  # the comm hook's working tensors (GradBucket.scratch)
         self.reset()
 
     def reset(self) -> None:
+        """Ready for the next step: no gradient arrived, nothing on the wire."""
         self.fired = [False] * len(self.params)
         self.pending = len(self.params)
-        self.handle = None
+        self.future: CommFuture | None = None
 
 
 def make_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[Bucket]:
@@ -73,18 +77,15 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[Bucket]:
 
 
 class GradReducer:
-    """Average gradients over a group bucket by bucket, started from grad hooks."""
+    """Average gradients over a group bucket by bucket, started from grad hooks.
 
-    def __init__(
-        self,
-        params: list[nn.Parameter],
-        bucket_bytes: int,
-        compression: str | None,
-        group: comm.Group | None,
-    ):
+    ``hook(state, bucket)`` averages one bucket (default: :func:`allreduce_hook`).
+    """
+
+    def __init__(self, params: list[nn.Parameter], bucket_bytes: int, group: comm.Group | None):
         self.group = group
-        self.world = comm.size(group)
-        self.compression = compression
+        self.hook: CommHook = allreduce_hook
+        self.state: Any = None
         self.buckets = make_buckets(params, bucket_bytes)
         self.next = 0  # index of the next bucket to launch, to keep launch order
         self.enabled = True  # False inside no_sync()
@@ -99,6 +100,7 @@ class GradReducer:
         ]
 
     def remove(self) -> None:
+        """Detach the gradient hooks from the parameters."""
         for h in self.hooks:
             h.remove()
         self.hooks = []
@@ -145,35 +147,10 @@ class GradReducer:
                 b.used[j] = 1.0 if fired else 0.0
                 if not fired:
                     b.views[j].zero_()
-        if self.compression == "fp16":
-            self._launch_fp16(b)
-        elif b is self.buckets[-1]:
-            # The last bucket is complete only when backward is done: nothing is
-            # left to overlap with, and MPI's blocking allreduce is markedly
-            # faster than its nonblocking one (measured ~1.7x at 800 KB here).
-            comm.all_reduce(b.flat, op=comm.AVG, group=self.group)
-        else:
-            b.handle = comm.all_reduce(b.flat, op=comm.AVG, async_op=True, group=self.group)
+        last = b is self.buckets[-1]
+        bucket = GradBucket(self.next, b.flat, b.params, last, self.group, b.scratch)
+        b.future = self.hook(self.state, bucket)
         self.comm_seconds += _now() - t0
-
-    def _launch_fp16(self, b: Bucket) -> None:
-        # MPI has no half-precision sum, and a reduction through float32 would
-        # send float32. So: an all-to-all of fp16 chunks (each rank receives
-        # every rank's copy of its own chunk), a local float32 sum, and an
-        # all-gather of the summed fp16 chunks. Halves on the wire both ways.
-        n = self.world
-        if b.wire is None:
-            padded = -(-b.flat.numel() // n) * n
-            b.wire = torch.zeros(padded, dtype=torch.float16)
-            b.inbox = torch.empty(padded, dtype=torch.float16)
-        # scale first: the average, not the sum, must fit fp16's range
-        b.wire[: b.flat.numel()].copy_(b.flat.mul_(1.0 / n))
-        b.handle = comm.all_to_all_single(b.inbox, b.wire, group=self.group, async_op=True)
-
-    def _finish_fp16(self, b: Bucket):
-        b.handle.wait()
-        mine = b.inbox.view(self.world, -1).float().sum(0).to(torch.float16)
-        return comm.all_gather_into_tensor(b.wire, mine, group=self.group, async_op=True)
 
     def synchronize(self) -> bool:
         """Launch what is left, wait for everything; False if there was nothing to do."""
@@ -183,14 +160,17 @@ class GradReducer:
         for b in self.buckets[self.next :]:
             b.pending = 0
         self._launch_ready()
-        if self.compression == "fp16":
-            gathers = [self._finish_fp16(b) for b in self.buckets]
-            for b, g in zip(self.buckets, gathers):
-                g.wait()
-                b.flat.copy_(b.wire[: b.flat.numel()])
         for b in self.buckets:
-            if b.handle is not None:
-                b.handle.wait()
+            average = b.future.wait()
+            if average is not b.flat:
+                if not isinstance(average, torch.Tensor) or average.numel() != b.flat.numel():
+                    raise RuntimeError(
+                        f"DataParallel: comm hook {getattr(self.hook, '__name__', self.hook)} "
+                        f"gave {type(average).__name__} for a bucket of {b.flat.numel()} "
+                        "values; its future's value must be the bucket's average, a tensor "
+                        "of the same size."
+                    )
+                b.flat.copy_(average.view_as(b.flat))
             if not bool(b.used.all()):
                 # some rank skipped some parameter: None where no rank used it
                 for p, view, u in zip(b.params, b.views, b.used.tolist()):
