@@ -18,26 +18,16 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
-import psutil
 
-from clusterkernel import _engine_setup, _ipp_dates, _stacks
-from clusterkernel._jobreport import dead_ranks, job_report
-from clusterkernel._launch import (
-    Guard,
-    MpiexecLauncher,
-    make_run_dir,
-    private_cluster_file,
-    remove_run_dir,
-    wait_for_engines,
-)
+from clusterkernel import _ipp_dates, _lifecycle, _rank_faults
+from clusterkernel._launch import Guard
+from clusterkernel._launcher_choice import choose_launcher
 from clusterkernel._status import RankStatus
 from clusterkernel.errors import CellInterrupted, ClusterError, RankError, format_ranks
-from clusterkernel.mpiexec import MPIRuntime, check_hosts_resolve, parse_hosts
 
 if TYPE_CHECKING:
     from clusterkernel.dashboard import Dashboard
@@ -45,32 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted"]
 
-LAUNCHERS = ("mpiexec", "slurm")
-
 _ipp_dates.install()  # ~49 us less per rank and cell in the notebook (BENCHMARKS.md, issue 11)
-
-
-def _ipp_log(level: int) -> logging.Logger:
-    """ipyparallel's logger for our clusters, kept out of the notebook.
-
-    In a kernel ipyparallel logs to the cell's stdout, so ``%mpi stop`` would print
-    every engine's start-up log and "exit_code 1" (mpiexec's normal exit when its
-    ranks are stopped). What matters (failed starts, dead ranks) this module reports
-    itself; the log is still there for ``logging`` configured by the user.
-    """
-    log = logging.getLogger("clusterkernel.ipyparallel")
-    log.setLevel(level)
-    if not log.handlers:  # no "last resort" printing to stderr either
-        log.addHandler(logging.NullHandler())
-    return log
-
-
-def _live_line(text: str | None) -> None:
-    """A status line rewritten in place (terminal and notebook both honour ``\\r``)."""
-    if text is None:
-        print(flush=True)
-    else:
-        print(f"\r{text}   ", end="", flush=True)
 
 
 class Cluster:
@@ -131,49 +96,20 @@ class Cluster:
         log_level: int = logging.WARNING,
         fault_tolerant: bool = False,
     ) -> None:
-        from clusterkernel import _slurm
-
-        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-            raise ValueError(f"n must be a positive integer number of ranks, got {n!r}.")
-        if hosts and hostfile:
-            raise ValueError("Give either hosts= or hostfile=, not both.")
-        if hostfile and not os.path.isfile(hostfile):
-            raise FileNotFoundError(f"Hostfile {hostfile!r} does not exist.")
-        if launcher is None:
-            launcher = "slurm" if _slurm.in_allocation() and not (hosts or hostfile) else "mpiexec"
-        if launcher not in LAUNCHERS:
-            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}; got {launcher!r}.")
-        if launcher == "slurm":
-            if hosts or hostfile:
-                raise ValueError("Slurm chooses the hosts: leave out hosts=/hostfile=.")
-            if fault_tolerant:
-                raise ValueError("fault_tolerant=True needs launcher='mpiexec' (Open MPI's ULFM).")
-            self.launcher = _slurm.SlurmLauncher(
-                n,
-                nodes=nodes,
-                partition=partition,
-                time=time,
-                account=account,
-                slurm_args=slurm_args,
-                controller_ip=controller_ip,
-            )
-            self.runtime = None
-        else:
-            if nodes or partition or account or slurm_args:
-                raise ValueError(
-                    "nodes=, partition=, account= and slurm_args= are for launcher='slurm'."
-                )
-            parsed = parse_hosts(hosts)
-            check_hosts_resolve(parsed)
-            self.runtime = MPIRuntime.detect(mpiexec)
-            self.launcher = MpiexecLauncher(
-                self.runtime,
-                n or 4,
-                parsed,
-                hostfile,
-                fault_tolerant=fault_tolerant,
-                controller_ip=controller_ip,
-            )
+        self.launcher, self.runtime = choose_launcher(
+            n,
+            hosts,
+            hostfile,
+            mpiexec,
+            launcher=launcher,
+            nodes=nodes,
+            partition=partition,
+            time=time,
+            account=account,
+            slurm_args=slurm_args,
+            controller_ip=controller_ip,
+            fault_tolerant=fault_tolerant,
+        )
         self.n = self.launcher.n
         self.multi_node = self.launcher.multi_node
         self.env = dict(env or {})
@@ -222,44 +158,8 @@ class Cluster:
         job waiting in the queue shows its state on a live line; a kernel
         interrupt cancels it.
         """
-        if self.running:
-            raise ClusterError(
-                "This cluster is already running. Use restart() (%mpi restart) or stop() first."
-            )
-        self.lost = None
-        kwargs: dict[str, Any] = {}
-        ip = self.launcher.controller_ip()  # may ask Slurm: before anything is made
-        if ip:
-            kwargs["controller_ip"] = ip
-        self._run_dir = make_run_dir()
-        try:
-            self._ipp = ipp.Cluster(
-                engines=self.launcher.engines(),
-                n=self.n,
-                profile_dir=self._run_dir,
-                config=self.launcher.config(self._engine_env(), self._run_dir),
-                log_level=self.log_level,
-                log=_ipp_log(self.log_level),
-                **kwargs,
-            )
-            self._ipp.start_controller_sync()
-            self._client = self._ipp.connect_client_sync()
-            private_cluster_file(self._ipp)
-            if self.guard:
-                self._guard = Guard(self._ipp.cluster_file, self._run_dir)
-            self._ipp.start_engines_sync(self.n)
-            self._ipp.update_cluster_file()  # now with the job id, for the guard
-            self._wait_for_new_engines(old_pids=set())
-        except BaseException:
-            self._teardown()
-            raise
+        _lifecycle.start(self)
         return self
-
-    def _engine_env(self) -> dict[str, str]:
-        env = dict(self.env)
-        # Figures made on a rank are sent to the notebook when shown.
-        env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-        return env
 
     def _engine_set(self):
         if self._ipp is None:
@@ -269,37 +169,6 @@ class Cluster:
     def _engine_output(self, lines: int = 40) -> str:
         return self.launcher.output(self._engine_set(), lines)
 
-    def _wait_for_new_engines(self, old_pids: set[int]) -> None:
-        assert self._client is not None
-        infos = wait_for_engines(
-            self._client,
-            self.n,
-            old_pids=old_pids,
-            timeout=self.start_timeout,
-            query=self._query_setup,
-            ended=lambda: self.launcher.ended(self._engine_set()),
-            output=self._engine_output,
-            waiting=lambda: self.launcher.waiting(self._engine_set()),
-            progress=_live_line,
-        )
-        ranks = sorted(info["rank"] for info in infos.values())
-        if ranks != list(range(self.n)):
-            raise ClusterError(
-                f"Expected MPI ranks 0..{self.n - 1}, engines reported {ranks}: the engines "
-                "did not form one MPI job (for Slurm, srun's --mpi=pmix must work)."
-            )
-        self._rank_info = {info["rank"]: {**info, "engine": eid} for eid, info in infos.items()}
-        self._engine_of = {r: info["engine"] for r, info in self._rank_info.items()}
-
-    def _query_setup(self, ids: list[int]) -> dict[int, dict] | None:
-        assert self._client is not None
-        try:
-            ar = self._client[ids].apply_async(_engine_setup.setup, self._run_dir)
-            results = ar.get(timeout=10)
-        except (ipp.error.EngineError, ipp.error.TimeoutError, ipp.error.CompositeError):
-            return None
-        return dict(zip(ids, results))
-
     def stop(self) -> None:
         """Stop every rank and the controller; return once their processes are gone.
 
@@ -307,55 +176,19 @@ class Cluster:
         """
         if not self.running:
             return
-        self._teardown()
-
-    def _teardown(self) -> None:
-        guard = self._guard.pid if self._guard is not None else None
-        procs = [p for p in map(_process, self.processes()) if p is not None and p.pid != guard]
-        engine_set = self._engine_set()
-        if self._client is not None:
-            try:
-                self._client.close()
-            except Exception:  # the controller may already be gone
-                pass
-            self._client = None
-        if self._ipp is not None:
-            try:
-                self._ipp.stop_cluster_sync()
-                self.launcher.stopped(engine_set, timeout=30)
-            finally:
-                self._ipp = None
-        # ipyparallel returns before the engines' nannies have exited
-        psutil.wait_procs(procs, timeout=10)
-        if self._guard is not None:
-            self._guard.release()
-            self._guard = None
-        remove_run_dir(self._run_dir)
-        self._run_dir = None
-        self._rank_info = {}
-        self._engine_of = {}
-        self.dead = {}
-        dash, self._dashboard = self._dashboard, None
-        if dash is not None:  # after the ranks, so its last picture shows them stopped
-            dash._cluster_stopped()
+        try:
+            _lifecycle.teardown(self)
+        finally:
+            dash, self._dashboard = self._dashboard, None
+            if dash is not None:  # after the ranks, so its last picture shows them stopped
+                dash._cluster_stopped()
 
     def restart(self) -> None:
         """Stop all ranks (stuck ones included) and start a full set again.
 
         Engine state is lost: re-run imports and setup cells afterwards.
         """
-        if not self.running:
-            raise ClusterError("The cluster is not running; use start() (%mpi start).")
-        assert self._ipp is not None
-        old_pids = {info["pid"] for info in self._rank_info.values()}
-        engine_set = self._engine_set()
-        self._ipp.stop_engines_sync()
-        self.launcher.stopped(engine_set, timeout=30)
-        self._ipp.start_engines_sync(self.n)
-        self._ipp.update_cluster_file()
-        self._wait_for_new_engines(old_pids)
-        self.lost = None
-        self.dead = {}
+        _lifecycle.restart(self)
 
     def mark_lost(self, why: str) -> None:
         """Record that the whole engine set is gone (until :meth:`restart`)."""
@@ -377,22 +210,13 @@ class Cluster:
     @property
     def live_ranks(self) -> list[int]:
         """The ranks cells run on by default: all but those that died."""
-        self._note_lost_engines()
+        _rank_faults.note_lost_engines(self)
         return [r for r in self.ranks if r not in self.dead]
 
     def mark_dead(self, ranks: list[int], why: str) -> None:
         """Record ranks of a fault-tolerant job as dead (the job carries on)."""
         for r in ranks:
             self.dead.setdefault(r, why)
-
-    def _note_lost_engines(self) -> None:
-        # A rank that died between cells: its nanny has told the controller, which
-        # unregistered the engine; the job itself lives on (fault-tolerant only).
-        if not self.fault_tolerant or self._client is None:
-            return
-        ids = set(self._client.ids)
-        gone = [r for r, eid in self._engine_of.items() if eid not in ids and r not in self.dead]
-        self.mark_dead(gone, "its process exited between cells")
 
     def engine_id(self, rank: int) -> int:
         self._require_running()
@@ -436,23 +260,7 @@ class Cluster:
 
     def processes(self) -> list[int]:
         """Pids of every local process of this cluster (controller, mpiexec, ranks...)."""
-        pids: set[int] = set()
-        if self._ipp is None:
-            return []
-        launchers = [self._ipp.controller, *self._ipp.engines.values()]
-        for launcher in launchers:
-            pid = getattr(launcher, "pid", None) if launcher is not None else None
-            if not pid:
-                continue
-            try:
-                proc = psutil.Process(pid)
-                pids.add(pid)
-                pids.update(c.pid for c in proc.children(recursive=True))
-            except psutil.Error:
-                pass
-        if self._guard is not None:
-            pids.add(self._guard.pid)
-        return sorted(pids)
+        return _lifecycle.processes(self)
 
     # ------------------------------------------------------------------ data
     def push(self, namespace: dict, ranks: list[int] | None = None) -> None:
@@ -465,7 +273,7 @@ class Cluster:
         try:
             values = self.view(ranks).pull(name, block=True)
         except ipp.error.CompositeError as e:
-            raise RankError(_failures_from_composite(self, e, ranks)) from None
+            raise RankError(_rank_faults.pull_failures(self, e)) from None
         return dict(zip(ranks, values))
 
     # ------------------------------------------------------------------ run
@@ -556,12 +364,7 @@ class Cluster:
         ``faulthandler`` instead, if it runs on this machine; if neither works,
         it is missing from the result.
         """
-        engines = {r: self.engine_id(r) for r in ranks}
-        out = _stacks.request_frames(self.client, engines, with_locals=with_locals)
-        missing = [r for r in ranks if r not in out]
-        if missing:
-            out.update(self._faulthandler_frames(missing))
-        return out
+        return _rank_faults.frames(self, ranks, with_locals)
 
     def stacks(
         self,
@@ -575,13 +378,7 @@ class Cluster:
         ``code`` (the cell's source) fills in the text of cell lines; clusterkernel's
         own frames show only with ``all_frames``.
         """
-        found = self.frames(ranks, with_locals=with_locals)
-        return {
-            r: _stacks.format_stack(found[r], code, all_frames=all_frames, with_locals=with_locals)
-            if r in found
-            else "(no stack: the rank did not answer)"
-            for r in ranks
-        }
+        return _rank_faults.stacks(self, ranks, code, with_locals, all_frames)
 
     def debug(self, ranks: list[int] | None = None, timeout: float = 10.0):
         """A :class:`~clusterkernel.debug.DebugSession`: pdb on ``ranks``, one command at a time.
@@ -601,11 +398,6 @@ class Cluster:
         self._require_running()
         return DebugSession(self, ranks, timeout=timeout)
 
-    def _faulthandler_frames(self, ranks: list[int]) -> dict[int, list]:
-        return _stacks.faulthandler_frames(
-            self._run_dir or "", ranks, lambda rs: self.signal(_engine_setup.STACK_SIGNAL, rs)
-        )
-
     def signal(self, sig: int, ranks: list[int] | None = None) -> None:
         """Send ``sig`` to the given ranks only (through each engine's nanny)."""
         ranks = self.live_ranks if ranks is None else ranks
@@ -616,30 +408,4 @@ class Cluster:
 
     def dead_ranks(self) -> tuple[list[int], str] | None:
         """If the MPI job has ended, ``(ranks that died first, the launcher's report)``."""
-        if not self.launcher.ended(self._engine_set()):
-            return None
-        report = job_report(self._engine_output(lines=200))
-        return dead_ranks(report, self.n), report
-
-
-def _failures_from_composite(cluster: Cluster, err, ranks):
-    from clusterkernel.errors import group_failures
-
-    items = []
-    for ename, evalue, _tb, engine_info in err.elist:
-        eid = (engine_info or {}).get("engine_id")
-        try:
-            rank = cluster.rank_of(eid)
-        except KeyError:
-            rank = -1
-        # A failed pull is a missing or unpicklable name: the traceback would
-        # only show ipyparallel's internals.
-        items.append((rank, "error", f"{ename}: {evalue}", ""))
-    return group_failures(items)
-
-
-def _process(pid: int) -> psutil.Process | None:
-    try:
-        return psutil.Process(pid)
-    except psutil.Error:
-        return None
+        return _rank_faults.dead_ranks(self)
