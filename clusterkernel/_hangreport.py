@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from clusterkernel._stacks import cell_lines, is_cell, request_state
 from clusterkernel.errors import rank_label
+from clusterkernel.records import human_bytes
 
 if TYPE_CHECKING:
     from clusterkernel.cluster import Cluster
@@ -38,14 +39,6 @@ _SIZED = {
 }
 
 
-def _size(nbytes: int) -> str:
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    if nbytes < 1 << 20:
-        return f"{nbytes / 1024:.3g} KiB"
-    return f"{nbytes / (1 << 20):.3g} MiB"
-
-
 def place(entry: dict) -> str:
     """Where a call was made: ``cell line 12`` or ``train.py:40``."""
     path = entry.get("file") or ""
@@ -57,7 +50,11 @@ def place(entry: dict) -> str:
 
 
 def _what(e: dict) -> str:
-    size = f"{_size(e['nbytes'])} {e['dtype']}".strip() if e["dtype"] else _size(e["nbytes"])
+    size = (
+        f"{human_bytes(e['nbytes'])} {e['dtype']}".strip()
+        if e["dtype"]
+        else human_bytes(e["nbytes"])
+    )
     return f"{e['op']} #{e['seq']} ({e['group']}, {size}, {place(e)})"
 
 
@@ -99,7 +96,8 @@ def _compare_group(name, members, per_rank, flights, positions) -> list[str]:
     for r, e in sorted(waiting.items()):
         by_call.setdefault(_what(e), []).append(r)
     for what, ranks in by_call.items():
-        lines.append(f"{rank_label(ranks)} wait in {what}")
+        verb = "waits" if len(ranks) == 1 else "wait"
+        lines.append(f"{rank_label(ranks)} {verb} in {what}")
     front = max(e["seq"] for e in waiting.values())
     for r in members:
         if r in waiting or r not in flights:
@@ -132,7 +130,11 @@ def _mismatch(name: str, per_rank: dict[int, list[dict]]) -> str:
             parts = []
             for _, ranks in sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[1])):
                 e = calls[ranks[0]]
-                size = f"{e['dtype']}, {_size(e['nbytes'])}" if e["dtype"] else _size(e["nbytes"])
+                size = (
+                    f"{e['dtype']}, {human_bytes(e['nbytes'])}"
+                    if e["dtype"]
+                    else human_bytes(e["nbytes"])
+                )
                 parts.append(f"{rank_label(ranks)} called {e['op']} ({size})")
             return f"mismatch at {name} #{seq}: " + "; ".join(parts)
     return ""
@@ -147,7 +149,7 @@ def _pending_p2p(flights: dict[int, list[dict]]) -> list[str]:
                 direction = "to" if e["op"].startswith("send") else "from"
                 lines.append(
                     f"rank {rank} waits in {e['op']} {direction} {peer} "
-                    f"({_size(e['nbytes'])}, {place(e)})"
+                    f"({human_bytes(e['nbytes'])}, {place(e)})"
                 )
     return lines
 

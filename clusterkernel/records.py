@@ -47,3 +47,12 @@ def scalar_record(rank: int, step: int, time: float, values: dict) -> dict:
 
 def span_record(rank: int, name: str, start: float, duration: float) -> dict:
     return {"kind": "span", "rank": rank, "name": name, "start": start, "duration": duration}
+
+
+def human_bytes(nbytes: int) -> str:
+    """``40 B``, ``3.91 KiB``, ``4 MiB``: a size as reports show it (both sides use it)."""
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    if nbytes < 1 << 20:
+        return f"{nbytes / 1024:.3g} KiB"
+    return f"{nbytes / (1 << 20):.3g} MiB"

@@ -31,6 +31,7 @@ import torch
 from clusterkernel.comm._errors import CollectiveMismatchError
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._ops import ALL_OPS, ReduceOp
+from clusterkernel.records import human_bytes
 
 _SIG_LEN = 16
 _MAX_DIMS = 6
@@ -168,7 +169,7 @@ def describe(sig: np.ndarray) -> str:
         elif sig[4] == -1:  # checked by size only
             n = int(sig[5])
             nbytes = n * torch.empty(0, dtype=getattr(torch, dtype, torch.uint8)).element_size()
-            parts.append(f"{dtype}, {n} elements ({_human(nbytes)})")
+            parts.append(f"{dtype}, {n} elements ({human_bytes(nbytes)})")
         else:
             dims = [int(d) for d in sig[6 : 6 + min(int(sig[4]), _MAX_DIMS)]]
             more = ", ..." if sig[4] > _MAX_DIMS else ""
@@ -185,14 +186,6 @@ def describe(sig: np.ndarray) -> str:
         alg = _ALGS[int(sig[13])] if 0 <= sig[13] < len(_ALGS) else "?"
         parts.append(f"algorithm={alg}")
     return f"{name}({', '.join(parts)})"
-
-
-def _human(nbytes: int) -> str:
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    if nbytes < 1 << 20:
-        return f"{nbytes / 1024:.3g} KiB"
-    return f"{nbytes / (1 << 20):.3g} MiB"
 
 
 def agree(group: Group, key: tuple, name: str, tensor: object = None, **fields: object) -> None:
