@@ -7,7 +7,8 @@
 - :class:`Trainer` ``fit`` / ``evaluate`` / hooks / checkpoints, with a pluggable
   ``mode`` (:class:`TrainingMode`, :func:`register_mode`);
 - asynchronous modes: :class:`ParameterServerMode` (``"ps"``), :class:`AsyncMode`
-  (``"async"``), :class:`EASGDMode` (``"easgd"``), :class:`GossipMode` (``"gossip"``).
+  (``"async"``) in :mod:`~clusterkernel.train.ps` with the server/worker machinery,
+  and beside it :class:`EASGDMode` (``"easgd"``), :class:`GossipMode` (``"gossip"``).
 
 Example (on every rank)::
 
@@ -23,7 +24,6 @@ from clusterkernel.train._ddp import DataParallel
 # importing a mode's module registers it ("ps", "async", "easgd", "gossip")
 from clusterkernel.train._easgd import EASGDMode
 from clusterkernel.train._gossip import GossipMode
-from clusterkernel.train._link import PeerFailedError
 from clusterkernel.train._modes import (
     AllReduceMode,
     LocalMode,
@@ -34,7 +34,6 @@ from clusterkernel.train._modes import (
 )
 from clusterkernel.train._pipeline import PipelineError, PipelineParallel
 from clusterkernel.train._prefetch import Prefetcher, spare_core
-from clusterkernel.train._ps import AsyncMode, ParameterServerMode
 from clusterkernel.train._sync import (
     ReplicaMismatchError,
     average_gradients,
@@ -43,6 +42,7 @@ from clusterkernel.train._sync import (
     sync_parameters,
 )
 from clusterkernel.train._trainer import Trainer
+from clusterkernel.train.ps import AsyncMode, ParameterServerMode, PeerFailedError
 
 __all__ = [
     "AllReduceMode",

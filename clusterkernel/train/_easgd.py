@@ -23,11 +23,11 @@ import torch
 from torch import nn
 
 from clusterkernel import comm, metrics
-from clusterkernel.train._client import ServerClient
-from clusterkernel.train._flat import FlatParams
 from clusterkernel.train._modes import register_mode
-from clusterkernel.train._served import ServedMode
-from clusterkernel.train._serverloop import (
+from clusterkernel.train.ps._client import ServerClient
+from clusterkernel.train.ps._flat import FlatParams
+from clusterkernel.train.ps._served import ServedMode
+from clusterkernel.train.ps._serverloop import (
     EXCHANGE,
     KIND,
     PULL,

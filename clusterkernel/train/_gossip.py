@@ -27,8 +27,10 @@ from torch import nn
 
 from clusterkernel import comm
 from clusterkernel.train._checkpoint import Progress
-from clusterkernel.train._flat import FlatParams
-from clusterkernel.train._link import (
+from clusterkernel.train._modes import TrainingMode, register_mode
+from clusterkernel.train._sync import sync_parameters, world_rank
+from clusterkernel.train.ps._flat import FlatParams
+from clusterkernel.train.ps._link import (
     HEADER_BYTES,
     Poller,
     check_same_model,
@@ -37,8 +39,6 @@ from clusterkernel.train._link import (
     note,
     private_comm,
 )
-from clusterkernel.train._modes import TrainingMode, register_mode
-from clusterkernel.train._sync import sync_parameters, world_rank
 
 _TAG = 3
 _MIX, _DONE = 1, 3

@@ -4,9 +4,9 @@ server rule, and the bad input the option refuses."""
 import pytest
 import torch
 
-from clusterkernel.train._momentum import compensated_momentum, implicit_momentum
-from clusterkernel.train._ps import AsyncMode
-from clusterkernel.train._ps_server import make_rule
+from clusterkernel.train.ps._modes import AsyncMode
+from clusterkernel.train.ps._momentum import compensated_momentum, implicit_momentum
+from clusterkernel.train.ps._shard import make_rule
 
 
 def _params():

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from clusterkernel.train._codec import GradientCodec
-from clusterkernel.train._flat import FlatParams, shard_ranges
-from clusterkernel.train._ps_server import make_rule
+from clusterkernel.train.ps._codec import GradientCodec
+from clusterkernel.train.ps._flat import FlatParams, shard_ranges
+from clusterkernel.train.ps._shard import make_rule
 
 
 @settings(deadline=None)

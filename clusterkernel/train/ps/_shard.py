@@ -26,9 +26,9 @@ from __future__ import annotations
 import torch
 
 from clusterkernel import metrics
-from clusterkernel.train._codec import GradientCodec
-from clusterkernel.train._flat import FlatParams
-from clusterkernel.train._serverloop import (
+from clusterkernel.train.ps._codec import GradientCodec
+from clusterkernel.train.ps._flat import FlatParams
+from clusterkernel.train.ps._serverloop import (
     CLOCK,
     FLAGS,
     KIND,

@@ -23,7 +23,7 @@ import torch
 from mpi4py import MPI
 
 from clusterkernel import metrics
-from clusterkernel.train._link import (
+from clusterkernel.train.ps._link import (
     HEADER_BYTES,
     TO_SERVER,
     TO_WORKER,

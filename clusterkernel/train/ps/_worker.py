@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from clusterkernel.train._client import ServerClient
-from clusterkernel.train._codec import GradientCodec
-from clusterkernel.train._serverloop import PULL, PUSH, WANT_REPLY
+from clusterkernel.train.ps._client import ServerClient
+from clusterkernel.train.ps._codec import GradientCodec
+from clusterkernel.train.ps._serverloop import PULL, PUSH, WANT_REPLY
 
 
 class PSClient(ServerClient):

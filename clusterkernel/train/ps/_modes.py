@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 from clusterkernel import comm
-from clusterkernel.train._codec import COMPRESSIONS, GradientCodec
-from clusterkernel.train._flat import shard_ranges
 from clusterkernel.train._modes import LossFn, register_mode
-from clusterkernel.train._momentum import MomentumPlan, compensated_momentum
-from clusterkernel.train._ps_server import ShardServer, make_rule
-from clusterkernel.train._ps_worker import PSClient
-from clusterkernel.train._served import ServedMode
+from clusterkernel.train.ps._codec import COMPRESSIONS, GradientCodec
+from clusterkernel.train.ps._flat import shard_ranges
+from clusterkernel.train.ps._momentum import MomentumPlan, compensated_momentum
+from clusterkernel.train.ps._served import ServedMode
+from clusterkernel.train.ps._shard import ShardServer, make_rule
+from clusterkernel.train.ps._worker import PSClient
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -56,7 +56,7 @@ class ParameterServerMode(ServedMode):
     - ``poll_spin`` (2e-4 s): how long a waiting rank spins before it sleeps.
 
     Every applied gradient's ``staleness`` and ``delay`` are logged on the server
-    (see :mod:`clusterkernel.train._ps_server`); workers record ``ps_push`` and
+    (see :mod:`clusterkernel.train.ps._shard`); workers record ``ps_push`` and
     ``ps_pull`` timings. After ``fit`` every worker holds the final parameters;
     ``trainer.mode.stats`` on a server has updates/s, max staleness and failed workers.
 

@@ -2,7 +2,7 @@
 
 Ranks ``0 .. servers-1`` of the group serve; the others train, each on its own
 share of the data. Inside :meth:`Trainer.fit <clusterkernel.train.Trainer.fit>` a
-server runs :class:`~clusterkernel.train._serverloop.ServerLoop` until every
+server runs :class:`~clusterkernel.train.ps._serverloop.ServerLoop` until every
 worker is done (or dead); a worker fetches parameters, runs the epoch loop, then
 says done and receives the final parameters, so after ``fit`` every worker holds
 the same model. With ``servers=0`` every rank is a worker and the subclass
@@ -27,11 +27,11 @@ from torch import nn
 
 from clusterkernel import comm, metrics
 from clusterkernel.train._checkpoint import CHECKPOINT_NAME, Progress
-from clusterkernel.train._flat import FlatParams
-from clusterkernel.train._link import Poller, check_same_model, free_comm, private_comm
 from clusterkernel.train._modes import TrainingMode
-from clusterkernel.train._serverloop import ServerLoop, log
 from clusterkernel.train._sync import all_objects, sync_parameters, world_rank
+from clusterkernel.train.ps._flat import FlatParams
+from clusterkernel.train.ps._link import Poller, check_same_model, free_comm, private_comm
+from clusterkernel.train.ps._serverloop import ServerLoop, log
 
 FORMAT = 1
 

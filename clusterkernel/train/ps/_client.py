@@ -12,8 +12,8 @@ import time
 import torch
 from mpi4py import MPI
 
-from clusterkernel.train._flat import FlatParams
-from clusterkernel.train._link import (
+from clusterkernel.train.ps._flat import FlatParams
+from clusterkernel.train.ps._link import (
     HEADER_BYTES,
     TO_SERVER,
     TO_WORKER,
@@ -25,7 +25,7 @@ from clusterkernel.train._link import (
     note,
     wait_all,
 )
-from clusterkernel.train._serverloop import CLOCK, DONE, FINAL, KIND, PULL, REPLY, SAVE, VERSION
+from clusterkernel.train.ps._serverloop import CLOCK, DONE, FINAL, KIND, PULL, REPLY, SAVE, VERSION
 
 _now = time.perf_counter
 
