@@ -317,8 +317,15 @@ class Dashboard:
         self._quiet()
 
     def _cluster_stopped(self) -> None:
-        """The cluster stopped: draw the last picture (ranks stopped), then go quiet."""
-        self.refresh(everything=True)
+        """The cluster stopped: draw the last picture (ranks stopped), then go quiet.
+
+        Never raises: a panel that cannot redraw (say, at interpreter exit) must not
+        fail the cluster's stop.
+        """
+        try:
+            self.refresh(everything=True)
+        except Exception as exc:
+            self.error = exc
         self._quiet()
 
     def _quiet(self) -> None:
