@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
+from mpi4py import MPI
 from torch import nn
 
 from clusterkernel import comm, metrics
 from clusterkernel.train._modes import register_mode
-from clusterkernel.train.ps._client import ServerClient
+from clusterkernel.train.ps._client import ServerClient, ServerPeer
 from clusterkernel.train.ps._flat import FlatParams
+from clusterkernel.train.ps._link import Poller
 from clusterkernel.train.ps._served import ServedMode
 from clusterkernel.train.ps._serverloop import (
     EXCHANGE,
@@ -33,6 +36,7 @@ from clusterkernel.train.ps._serverloop import (
     PULL,
     REPLY,
     SAVE,
+    StepProgress,
     header_progress,
 )
 
@@ -50,7 +54,7 @@ class CenterServer:
         self._rec = metrics.recorder()
 
     @torch.no_grad()
-    def on_message(self, w: int, header, payload) -> None:
+    def on_message(self, w: int, header: np.ndarray, payload: np.ndarray) -> None:
         kind = header[KIND]
         if kind == EXCHANGE:
             x = torch.from_numpy(payload).view(self.center.dtype)
@@ -70,7 +74,7 @@ class CenterServer:
     def after_events(self) -> None:
         pass
 
-    def on_done(self, w: int, header) -> None:
+    def on_done(self, w: int, header: np.ndarray) -> None:
         pass
 
     def on_failure(self, w: int) -> None:
@@ -106,14 +110,14 @@ class _ElasticClient(ServerClient):
 
     pull_op = "easgd_center"
 
-    def __init__(self, comm_, flat: FlatParams, alpha: float, poller):
+    def __init__(self, comm_: MPI.Intracomm, flat: FlatParams, alpha: float, poller: Poller):
         n = flat.numel * flat.empty().element_size()
         super().__init__(comm_, [0], [(0, flat.numel)], flat, [n], poller)
         self.alpha = alpha
         self.x = flat.empty()
         self._exchanging = False
 
-    def exchange(self, progress) -> None:
+    def exchange(self, progress: StepProgress) -> None:
         self.blocked = 0.0
         s = self.peers[0]
         x = self.flat.read(self.x)
@@ -132,7 +136,7 @@ class _ElasticClient(ServerClient):
             self._exchanging = False
 
     @torch.no_grad()
-    def take(self, s, kind: int, values: torch.Tensor) -> None:
+    def take(self, s: ServerPeer, kind: int, values: torch.Tensor) -> None:
         if self._exchanging:  # values: the center before this exchange moved it
             self.x.sub_(self.x - values, alpha=self.alpha)
             self.flat.write(self.x)

@@ -8,7 +8,9 @@ parameter-server worker and the EASGD worker build their exchanges on it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -25,7 +27,17 @@ from clusterkernel.train.ps._link import (
     note,
     wait_all,
 )
-from clusterkernel.train.ps._serverloop import CLOCK, DONE, FINAL, KIND, PULL, REPLY, SAVE, VERSION
+from clusterkernel.train.ps._serverloop import (
+    CLOCK,
+    DONE,
+    FINAL,
+    KIND,
+    PULL,
+    REPLY,
+    SAVE,
+    VERSION,
+    StepProgress,
+)
 
 _now = time.perf_counter
 
@@ -93,13 +105,21 @@ class ServerClient:
                 raise PeerFailedError(f"server rank {s.rank} has failed") from None
             raise
 
-    def send_ctrl(self, s: ServerPeer, kind: int, progress) -> None:
+    def send_ctrl(self, s: ServerPeer, kind: int, progress: StepProgress) -> None:
         """A header-only message (PULL, SAVE, DONE) carrying this worker's progress."""
         self.blocked += self._wait(s.ctrl_req, s, "sending to a server")
         s.ctrl_head[:] = [kind, 0, s.clock, s.version, *progress, 0]
         s.ctrl_req = self._isend(s, s.ctrl_buf)
 
-    def send_data(self, s: ServerPeer, kind: int, flags: int, progress, encode, op: str) -> None:
+    def send_data(
+        self,
+        s: ServerPeer,
+        kind: int,
+        flags: int,
+        progress: StepProgress,
+        encode: Callable[[np.ndarray], int],
+        op: str,
+    ) -> None:
         """A header plus the payload ``encode(buffer) -> bytes written`` fills in."""
         t0 = _now()
         waited = self._wait(s.data_req, s, "sending to a server")
@@ -154,7 +174,7 @@ class ServerClient:
                 self._wait(s.recv_req, s, "waiting for a server's answer")  # raises
 
     # -- the common protocol ----------------------------------------------------
-    def fetch(self, progress) -> None:
+    def fetch(self, progress: StepProgress) -> None:
         """Ask every server for its values and wait (a worker's first read of a fit)."""
         for s in self.peers:
             if s.abort_req is None:
@@ -163,12 +183,12 @@ class ServerClient:
             self.send_ctrl(s, PULL, progress)
         self.wait_answers()
 
-    def save(self, progress) -> None:
+    def save(self, progress: StepProgress) -> None:
         """Ask every server to write its checkpoint now."""
         for s in self.peers:
             self.send_ctrl(s, SAVE, progress)
 
-    def finish(self, progress) -> None:
+    def finish(self, progress: StepProgress) -> None:
         """Say done, and load the servers' final values when every worker is done."""
         self.wait_answers()  # answers still in flight
         for s in self.peers:

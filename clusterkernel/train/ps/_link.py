@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from mpi4py import MPI
 
 from clusterkernel import comm, metrics
@@ -38,7 +39,7 @@ def is_failure(exc: MPI.Exception) -> bool:
     return exc.Get_error_class() in _FAILURE_CLASSES
 
 
-def private_comm(group=None) -> MPI.Intracomm:
+def private_comm(group: comm.Group | None = None) -> MPI.Intracomm:
     """A duplicate of the group's communicator that returns errors (collective)."""
     base = (group or comm.WORLD).member_comm()
     dup = base.Dup()
@@ -55,7 +56,7 @@ def free_comm(link: MPI.Intracomm | None) -> None:
             pass  # a communicator with failed ranks may refuse; nothing else to do
 
 
-def check_same_model(numel: int, dtype, group=None) -> None:
+def check_same_model(numel: int, dtype: torch.dtype, group: comm.Group | None = None) -> None:
     """Raise on every rank unless all ranks hold models of the same size and dtype.
 
     Collective. The messages of these modes are sized from the local model, so a

@@ -41,8 +41,11 @@ WANT_REPLY = 1  # flag on a push: answer with parameters
 
 log = logging.getLogger("clusterkernel.train")
 
+#: ``(epoch, step_in_epoch, global_step)``: how far a worker got, sent in every header
+StepProgress = tuple[int, int, int]
 
-def header_progress(header: np.ndarray) -> tuple[int, int, int]:
+
+def header_progress(header: np.ndarray) -> StepProgress:
     """``(epoch, step_in_epoch, global_step)`` a worker sent in a header."""
     return int(header[EPOCH]), int(header[STEP_IN_EPOCH]), int(header[GLOBAL_STEP])
 

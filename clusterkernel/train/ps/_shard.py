@@ -23,6 +23,9 @@ minimum, so they never hold the others back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
 import torch
 
 from clusterkernel import metrics
@@ -42,9 +45,11 @@ from clusterkernel.train.ps._serverloop import (
 )
 
 UPDATES = ("sgd", "adam")
+#: builds a server's update rule for its shard parameter
+Rule = Callable[[torch.nn.Parameter], torch.optim.Optimizer]
 
 
-def make_rule(optimizer: torch.optim.Optimizer, update: str | None, options: dict | None):
+def make_rule(optimizer: torch.optim.Optimizer, update: str | None, options: dict | None) -> Rule:
     """A function building the server's update rule for one shard parameter.
 
     ``update=None`` copies the workers' optimizer: same class, same
@@ -94,7 +99,7 @@ class ShardServer:
         self,
         values: torch.Tensor,
         lo: int,
-        rule,
+        rule: Rule,
         codec: GradientCodec,
         staleness: int | None,
         workers: list[int],
@@ -123,7 +128,7 @@ class ShardServer:
         return max(self.pushes.values(), default=0)
 
     # -- loop handler ---------------------------------------------------------
-    def on_message(self, w: int, header, payload) -> None:
+    def on_message(self, w: int, header: np.ndarray, payload: np.ndarray) -> None:
         kind = header[KIND]
         if kind == PUSH:
             self._apply(w, header, payload)
@@ -137,7 +142,7 @@ class ShardServer:
             raise RuntimeError(f"parameter server: unexpected message kind {kind} from rank {w}")
 
     @torch.no_grad()
-    def _apply(self, w: int, header, payload) -> None:
+    def _apply(self, w: int, header: np.ndarray, payload: np.ndarray) -> None:
         staleness = self.clock() - int(header[CLOCK])
         delay = self.version - int(header[VERSION])
         self.param.grad = self.codec.decode(payload, self._grad)
@@ -163,7 +168,7 @@ class ShardServer:
                 del self.waiting[w]
                 self.send(w, [REPLY, 0, clock, self.version], self.param.detach())
 
-    def on_done(self, w: int, header) -> None:
+    def on_done(self, w: int, header: np.ndarray) -> None:
         self.live.discard(w)
         self.waiting.pop(w, None)
 

@@ -19,10 +19,13 @@ Reads are
 from __future__ import annotations
 
 import torch
+from mpi4py import MPI
 
 from clusterkernel.train.ps._client import ServerClient
 from clusterkernel.train.ps._codec import GradientCodec
-from clusterkernel.train.ps._serverloop import PULL, PUSH, WANT_REPLY
+from clusterkernel.train.ps._flat import FlatParams
+from clusterkernel.train.ps._link import Poller
+from clusterkernel.train.ps._serverloop import PULL, PUSH, WANT_REPLY, StepProgress
 
 
 class PSClient(ServerClient):
@@ -39,15 +42,15 @@ class PSClient(ServerClient):
 
     def __init__(
         self,
-        comm,
+        comm: MPI.Intracomm,
         servers: list[int],
         ranges: list[tuple[int, int]],
-        flat,
+        flat: FlatParams,
         codecs: list[GradientCodec],
         push_every: int = 1,
         fetch_every: int = 1,
         inconsistent: bool = False,
-        poller=None,
+        poller: Poller | None = None,
     ):
         super().__init__(comm, servers, ranges, flat, [c.max_bytes for c in codecs], poller)
         self.codecs = codecs
@@ -58,12 +61,12 @@ class PSClient(ServerClient):
         self.acc = flat.empty().zero_() if push_every > 1 else None
         self.steps = 0
 
-    def _push(self, i: int, grad: torch.Tensor, flags: int, progress) -> None:
+    def _push(self, i: int, grad: torch.Tensor, flags: int, progress: StepProgress) -> None:
         s, codec = self.peers[i], self.codecs[i]
         encode = lambda out: codec.encode(grad[s.lo : s.hi], out)  # noqa: E731
         self.send_data(s, PUSH, flags, progress, encode, "ps_push")
 
-    def step(self, optimizer: torch.optim.Optimizer, progress) -> None:
+    def step(self, optimizer: torch.optim.Optimizer, progress: StepProgress) -> None:
         """After backward: accumulate, push, fetch, as the schedule says."""
         self.blocked = 0.0
         self.steps += 1
@@ -93,7 +96,7 @@ class PSClient(ServerClient):
         elif fetch:
             self.wait_answers()
 
-    def finish(self, progress) -> None:
+    def finish(self, progress: StepProgress) -> None:
         """Push what is left in the accumulator, then the common done protocol."""
         left = self.steps % self.push_every
         if self.acc is not None and left:
