@@ -17,7 +17,7 @@ from functools import lru_cache
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm import _check, _hugepages, _ring
+from clusterkernel.comm import _check, _hugepages, _ring, _shm
 from clusterkernel.comm._begin import begin
 from clusterkernel.comm._dtypes import DTYPES, F32, as_numpy, buf, dtype_of
 from clusterkernel.comm._groups import Group, member
@@ -165,6 +165,10 @@ def all_reduce_coalesced(
     for b in buckets:
         _copy_all(b.views, [tensors[i] for i in b.index] if len(buckets) > 1 else list(tensors))
         b.busy = True
+    if algorithm == "shm":  # shm divides for AVG itself
+        call = Call("all_reduce_coalesced", nbytes, "shm", g.size, entry)
+        then = _Unpack(buckets, tensors, 1)
+        return _shm.all_reduce_flats(g, call, [b.flat for b in buckets], op, async_op, then)
     if algorithm == "ring":  # the ring divides for AVG itself
         steps = _ring_buckets(g, buckets, op, _Unpack(buckets, tensors, 1))
         call = Call("all_reduce_coalesced", nbytes, "ring", g.size, entry)

@@ -12,22 +12,35 @@ from functools import partial
 
 import torch
 
+from clusterkernel.comm import _shm
 from clusterkernel.comm._begin import begin
-from clusterkernel.comm._dtypes import bbuf, buf, unstage, wire
+from clusterkernel.comm._dtypes import bbuf, buf, dtype_of, unstage, wire
 from clusterkernel.comm._groups import Group, member
 from clusterkernel.comm._handle import Call, Work, run
+from clusterkernel.comm._ops import DATA_ALGORITHMS, check_algorithm
 from clusterkernel.comm._tensorlists import check_list, pack, root_only, same_dtype, unpack
 
 
 def broadcast(
-    tensor: torch.Tensor, src: int = 0, group: Group | None = None, async_op: bool = False
+    tensor: torch.Tensor,
+    src: int = 0,
+    group: Group | None = None,
+    async_op: bool = False,
+    algorithm: str = "mpi",
 ) -> Work | None:
     """Copy ``tensor`` from rank ``src`` to every rank of the group, in place.
+
+    ``algorithm="shm"`` goes through the group's shared memory (one node).
 
     Example: ``comm.broadcast(weights, src=0)``
     """
     g, c = member(group)
     root = g.group_rank(src, "src")
+    if algorithm != "mpi":
+        check_algorithm(algorithm, DATA_ALGORITHMS, "broadcast")
+        dtype_of(tensor)
+        entry = begin(g, "broadcast", tensor, root=src, alg=algorithm)
+        return _shm.broadcast(g, tensor, root, async_op, entry)
     is_root = g.rank == root
     w, info = wire(tensor, copy_in=is_root)
     finish = None if (w is tensor or is_root) else partial(unstage, tensor, w)
@@ -121,8 +134,11 @@ def all_gather(
     tensor: torch.Tensor,
     group: Group | None = None,
     async_op: bool = False,
+    algorithm: str = "mpi",
 ) -> Work | None:
     """Every rank receives every rank's ``tensor`` into ``tensor_list`` (group rank order).
+
+    ``algorithm="shm"`` goes through the group's shared memory (one node).
 
     Example::
 
@@ -130,6 +146,14 @@ def all_gather(
         comm.all_gather(out, torch.full((3,), float(comm.rank())))
     """
     g, c = member(group)
+    if algorithm != "mpi":
+        check_algorithm(algorithm, DATA_ALGORITHMS, "all_gather")
+        dtype_of(tensor)
+        outs = check_list(tensor_list, g.size, tensor, "tensor_list")
+        nbytes = tensor.nbytes * g.size
+        entry = begin(g, "all_gather", tensor, nbytes=nbytes, alg=algorithm)
+        call = Call("all_gather", nbytes, "shm", g.size, entry)
+        return _shm.all_gather(g, call, tensor, outs, None, async_op)
     w, info = wire(tensor)
     outs = check_list(tensor_list, g.size, tensor, "tensor_list")
     packed = torch.empty((g.size, *tensor.shape), dtype=tensor.dtype)
@@ -147,10 +171,15 @@ def all_gather(
 
 
 def all_gather_into_tensor(
-    output: torch.Tensor, input: torch.Tensor, group: Group | None = None, async_op: bool = False
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: Group | None = None,
+    async_op: bool = False,
+    algorithm: str = "mpi",
 ) -> Work | None:
     """Gather every rank's ``input`` into ``output`` (``size * input.numel()`` elements,
-    group rank order), without per-rank copies.
+    group rank order), without per-rank copies. ``algorithm="shm"`` goes through the
+    group's shared memory (one node).
 
     Example::
 
@@ -164,6 +193,12 @@ def all_gather_into_tensor(
             f"all_gather_into_tensor: output has {output.numel()} elements, needs "
             f"{g.size} x {input.numel()} = {g.size * input.numel()}"
         )
+    if algorithm != "mpi":
+        check_algorithm(algorithm, DATA_ALGORITHMS, "all_gather_into_tensor")
+        name = "all_gather_into_tensor"
+        entry = begin(g, name, input, nbytes=output.nbytes, alg=algorithm)
+        call = Call(name, output.nbytes, "shm", g.size, entry)
+        return _shm.all_gather(g, call, input, None, output, async_op)
     wi, info = wire(input)
     wo, _ = wire(output, copy_in=False)
     finish = None if wo is output else partial(unstage, output, wo)

@@ -37,6 +37,7 @@ class Group:
         "_seq",
         "_calls",
         "_sigs",
+        "_shm",
     )
 
     def __init__(self, comm: MPI.Intracomm | None, ranks: tuple[int, ...], name: str):
@@ -50,6 +51,7 @@ class Group:
         self._seq = 0
         self._calls = 0  # collectives entered: the flight recorder's sequence number
         self._sigs: set = set()  # call signatures every member has agreed on (_check)
+        self._shm = None  # the shared-memory segment of algorithm="shm" (_shm_segment)
 
     def __repr__(self) -> str:
         return f"Group({self.name}, ranks={list(self.ranks)}, rank={self.rank})"
@@ -98,6 +100,9 @@ class Group:
 
     def free(self) -> None:
         """Release the communicators (collective over the group's members)."""
+        if self._shm is not None:
+            self._shm.free()
+            self._shm = None
         for c in (self._inner, self.comm):
             if c is not None and c != MPI.COMM_NULL and c is not _WORLD_COMM:
                 c.Free()

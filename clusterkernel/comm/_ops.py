@@ -90,10 +90,13 @@ def _undefined(op: ReduceOp, kind: str, dtype: object) -> str:
     return f"op {op.name} is not supported for {dtype}"
 
 
-ALGORITHMS = ("mpi", "ring")
+ALGORITHMS = ("mpi", "ring", "shm")  # for all_reduce
+DATA_ALGORITHMS = ("mpi", "shm")  # broadcast, all_gather, reduce_scatter (no ring)
 
 
-def check_algorithm(algorithm: object) -> None:
-    """Raise a clear error for an allreduce algorithm other than "mpi" or "ring"."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; use one of {ALGORITHMS}")
+def check_algorithm(
+    algorithm: object, allowed: tuple[str, ...] = ALGORITHMS, what: str = "all_reduce"
+) -> None:
+    """Raise a clear error for an algorithm not in ``allowed`` (default: all_reduce's)."""
+    if algorithm not in allowed:
+        raise ValueError(f"unknown algorithm {algorithm!r} for {what}; use one of {allowed}")

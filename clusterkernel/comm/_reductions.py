@@ -14,7 +14,7 @@ from functools import partial
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm import _ring
+from clusterkernel.comm import _ring, _shm
 from clusterkernel.comm._begin import begin
 from clusterkernel.comm._check import STATE as _CHECK
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
@@ -24,7 +24,15 @@ from clusterkernel.comm._dtypes import DType, bbuf, buf, dtype_of, unstage, wire
 from clusterkernel.comm._flight import FLIGHT as _FLIGHT
 from clusterkernel.comm._groups import WORLD, Group, member, resolve
 from clusterkernel.comm._handle import Call, Work, _now, note, run
-from clusterkernel.comm._ops import AVG, SUM, ReduceOp, check_algorithm, op_for, parse_op
+from clusterkernel.comm._ops import (
+    AVG,
+    DATA_ALGORITHMS,
+    SUM,
+    ReduceOp,
+    check_algorithm,
+    op_for,
+    parse_op,
+)
 from clusterkernel.comm._tensorlists import check_list, pack, same_dtype
 
 _IN_PLACE = MPI.IN_PLACE
@@ -58,7 +66,8 @@ def all_reduce(
     """Reduce ``tensor`` across the group, in place, on every rank.
 
     ``algorithm="mpi"`` uses MPI's own allreduce; ``"ring"`` the project's chunked,
-    pipelined ring (reduce-scatter then all-gather).
+    pipelined ring (reduce-scatter then all-gather); ``"shm"`` the group's shared
+    memory (every rank of the group on one node).
 
     Example::
 
@@ -87,6 +96,9 @@ def all_reduce(
         and not _STAGING.force
     ):
         w = tensor  # zero copy: MPI works on the tensor's own memory
+    elif algorithm == "shm":
+        w = tensor  # shm copies (and casts halves) into its slots itself
+        info = dtype_of(tensor)
     else:
         w, info = wire(tensor, reduce=True)
     mpi_op = op.mpi.get(info.kind)
@@ -107,6 +119,8 @@ def all_reduce(
     else:
         entry = None
     if algorithm != "mpi":
+        if algorithm == "shm":
+            return _shm.all_reduce(g, tensor, info, op, async_op, entry)
         return _ring.all_reduce(g, tensor, w, info, op, async_op, entry)
     spec = [_fromaddress(w.data_ptr(), nbytes), count, info.mpi] if nbytes < _BIG else buf(w, info)
     finish = None if (w is tensor and op is not AVG) else _reduce_finisher(tensor, w, op, g.size)
@@ -153,8 +167,11 @@ def reduce_scatter(
     op: ReduceOp = SUM,
     group: Group | None = None,
     async_op: bool = False,
+    algorithm: str = "mpi",
 ) -> Work | None:
     """Reduce ``input_list[i]`` across ranks into group rank ``i``'s ``output``.
+
+    ``algorithm="shm"`` goes through the group's shared memory (one node).
 
     Example::
 
@@ -163,8 +180,14 @@ def reduce_scatter(
     """
     g, c = member(group)
     op = parse_op(op)
-    dtype_of(output, "output")
+    info = dtype_of(output, "output")
     ins = check_list(input_list, g.size, output, "input_list")
+    if algorithm != "mpi":
+        check_algorithm(algorithm, DATA_ALGORITHMS, "reduce_scatter")
+        op_for(op, info.kind, output.dtype)  # raises for an op undefined on the dtype
+        entry = begin(g, "reduce_scatter", output, op=op, alg=algorithm)
+        call = Call("reduce_scatter", output.nbytes * g.size, "shm", g.size, entry)
+        return _shm.reduce_scatter(g, call, output, ins, None, op, async_op)
     wo, info = wire(output, reduce=True, copy_in=False)
     mpi_op = _mpi_op(op, info, output.dtype)
     packed = pack(ins, wo.dtype)
@@ -189,9 +212,11 @@ def reduce_scatter_tensor(
     op: ReduceOp = SUM,
     group: Group | None = None,
     async_op: bool = False,
+    algorithm: str = "mpi",
 ) -> Work | None:
     """Reduce ``input`` (``size * output.numel()`` elements) across ranks; group rank
-    ``i`` gets block ``i`` of the result in ``output``.
+    ``i`` gets block ``i`` of the result in ``output``. ``algorithm="shm"`` goes
+    through the group's shared memory (one node).
 
     Example::
 
@@ -206,6 +231,13 @@ def reduce_scatter_tensor(
             f"reduce_scatter_tensor: input has {input.numel()} elements, needs "
             f"{g.size} x {output.numel()} = {g.size * output.numel()}"
         )
+    if algorithm != "mpi":
+        check_algorithm(algorithm, DATA_ALGORITHMS, "reduce_scatter_tensor")
+        op_for(op, _DTYPES[output.dtype].kind, output.dtype)  # raises if undefined
+        name = "reduce_scatter_tensor"
+        entry = begin(g, name, output, op=op, nbytes=input.nbytes, alg=algorithm)
+        call = Call(name, input.nbytes, "shm", g.size, entry)
+        return _shm.reduce_scatter(g, call, output, None, input, op, async_op)
     wi, info = wire(input, reduce=True)
     wo, _ = wire(output, reduce=True, copy_in=False)
     mpi_op = _mpi_op(op, info, output.dtype)

@@ -1,6 +1,7 @@
 """Data-movement collectives on every rank: broadcast, scatter, gather, all_gather,
 all_to_all (and their tensor/single forms), barrier; every dtype, sync and async,
-non-contiguous tensors, and the host staging path used for device tensors."""
+algorithm "mpi" and "shm" where there is a choice, non-contiguous tensors, and the
+host staging path used for device tensors."""
 
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ def _wait(w, async_op):
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=_name)
 @pytest.mark.parametrize("async_op", [False, True])
-def test_broadcast_from_every_root(dtype, async_op):
+@pytest.mark.parametrize("algorithm", ["mpi", "shm"])
+def test_broadcast_from_every_root(dtype, async_op, algorithm):
     for root in range(SIZE):
         t = data(root, RANK, (2, 3), dtype)
-        _wait(comm.broadcast(t, src=root, async_op=async_op), async_op)
+        _wait(comm.broadcast(t, src=root, async_op=async_op, algorithm=algorithm), async_op)
         agree(torch.equal(t, data(root, root, (2, 3), dtype)), f"root {root}")
 
 
@@ -59,13 +61,17 @@ def test_scatter_and_gather_every_root(dtype, async_op):
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=_name)
 @pytest.mark.parametrize("async_op", [False, True])
-def test_all_gather_both_forms(dtype, async_op):
+@pytest.mark.parametrize("algorithm", ["mpi", "shm"])
+def test_all_gather_both_forms(dtype, async_op, algorithm):
     mine = data(3, RANK, (2, 2), dtype)
     outs = [torch.empty(2, 2, dtype=dtype) for _ in range(SIZE)]
-    _wait(comm.all_gather(outs, mine, async_op=async_op), async_op)
+    _wait(comm.all_gather(outs, mine, async_op=async_op, algorithm=algorithm), async_op)
     ok = all(torch.equal(o, data(3, r, (2, 2), dtype)) for r, o in enumerate(outs))
     flat = torch.empty(SIZE * 2, 2, dtype=dtype)
-    _wait(comm.all_gather_into_tensor(flat, mine, async_op=async_op), async_op)
+    _wait(
+        comm.all_gather_into_tensor(flat, mine, async_op=async_op, algorithm=algorithm),
+        async_op,
+    )
     ok = ok and torch.equal(flat, torch.cat(outs))
     agree(ok, _name(dtype))
 
@@ -104,18 +110,23 @@ def test_barrier(async_op):
     agree(True)
 
 
-def test_non_contiguous_tensors_in_place():
+@pytest.mark.parametrize("algorithm", ["mpi", "shm"])
+def test_non_contiguous_tensors_in_place(algorithm):
     base = torch.zeros(4, 6)
     col = base[:, 1]  # stride 6
     col += RANK + 1
-    comm.all_reduce(col)
+    comm.all_reduce(col, algorithm=algorithm)
     ok = torch.all(base[:, 1] == SIZE * (SIZE + 1) / 2) and torch.all(base[:, 0] == 0)
     tt = (torch.arange(6.0).view(2, 3) * (RANK == 0)).t()
-    comm.broadcast(tt, src=0)
+    comm.broadcast(tt, src=0, algorithm=algorithm)
     ok = ok and torch.equal(tt, torch.arange(6.0).view(2, 3).t())
     outs = [torch.empty(3, 2).t() for _ in range(SIZE)]
-    comm.all_gather(outs, torch.full((2, 3), float(RANK)))
+    comm.all_gather(outs, torch.full((2, 3), float(RANK)), algorithm=algorithm)
     ok = ok and all(torch.all(o == r) for r, o in enumerate(outs))
+    flat = torch.empty(2, 3 * SIZE).t()  # non-contiguous output
+    comm.all_gather_into_tensor(flat, torch.full((3, 2), float(RANK)), algorithm=algorithm)
+    want = torch.arange(float(SIZE)).repeat_interleave(3).unsqueeze(1).expand(-1, 2)
+    ok = ok and torch.equal(flat, want)
     agree(bool(ok), "non-contiguous")
 
 
@@ -132,10 +143,11 @@ def test_contiguous_cpu_tensors_are_not_copied():
     agree(True)
 
 
-def test_requires_grad_parameter_is_updated():
+@pytest.mark.parametrize("algorithm", ["mpi", "shm"])
+def test_requires_grad_parameter_is_updated(algorithm):
     p = torch.nn.Parameter(torch.full((3,), float(RANK)))
-    comm.broadcast(p, src=SIZE - 1)
-    comm.all_reduce(p, op=comm.MAX)
+    comm.broadcast(p, src=SIZE - 1, algorithm=algorithm)
+    comm.all_reduce(p, op=comm.MAX, algorithm=algorithm)
     agree(bool(torch.all(p.detach() == SIZE - 1)) and p.requires_grad, "parameter")
 
 

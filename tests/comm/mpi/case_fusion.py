@@ -1,4 +1,4 @@
-"""all_reduce_coalesced on every rank: buckets, mixed dtypes and shapes, ring, async."""
+"""all_reduce_coalesced on every rank: buckets, mixed dtypes and shapes, ring, shm, async."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _check(ts, seed, op):
 
 
 @pytest.mark.parametrize("bucket_bytes", [1, 40, 1 << 20])
-@pytest.mark.parametrize("algorithm", ["mpi", "ring"])
+@pytest.mark.parametrize("algorithm", ["mpi", "ring", "shm"])
 @pytest.mark.parametrize("async_op", [False, True])
 def test_coalesced_matches_reference(bucket_bytes, algorithm, async_op):
     ts = _tensors(5)
@@ -47,20 +47,23 @@ def test_coalesced_matches_reference(bucket_bytes, algorithm, async_op):
     agree(_check(ts, 5, comm.SUM), f"{bucket_bytes} {algorithm}")
 
 
-def test_coalesced_avg_on_float_grads_repeated():
+@pytest.mark.parametrize("algorithm", ["mpi", "shm"])
+def test_coalesced_avg_on_float_grads_repeated(algorithm):
     # The same layout every step reuses cached buckets; results must stay right.
     for step in range(3):
         grads = [torch.full(s, float(RANK + step)) for s in [(10,), (3, 3), (1,)]]
-        comm.all_reduce_coalesced(grads, op=comm.AVG)
+        comm.all_reduce_coalesced(grads, op=comm.AVG, algorithm=algorithm)
         want = (SIZE - 1) / 2 + step
         agree(all(torch.allclose(g, torch.full_like(g, want)) for g in grads), f"step {step}")
 
 
-def test_two_outstanding_coalesced_with_same_layout():
+@pytest.mark.parametrize("algorithm", ["mpi", "shm"])
+def test_two_outstanding_coalesced_with_same_layout(algorithm):
     a = [torch.ones(5) * RANK, torch.ones(2) * RANK]
     b = [torch.ones(5) * (RANK + 1), torch.ones(2) * (RANK + 1)]
-    wa = comm.all_reduce_coalesced(a, async_op=True)
-    wb = comm.all_reduce_coalesced(b, async_op=True)  # must not share a's buffers
+    wa = comm.all_reduce_coalesced(a, async_op=True, algorithm=algorithm, bucket_bytes=20)
+    # must not share a's buffers
+    wb = comm.all_reduce_coalesced(b, async_op=True, algorithm=algorithm, bucket_bytes=20)
     wb.wait()
     wa.wait()
     ok = all(torch.all(x == SIZE * (SIZE - 1) / 2) for x in a)

@@ -1,5 +1,5 @@
-"""Reductions on every rank: all_reduce (mpi and ring), reduce, reduce_scatter,
-for every dtype and op, sync and async, against a numpy reference."""
+"""Reductions on every rank: all_reduce (mpi, ring and shm), reduce, reduce_scatter
+(mpi and shm), for every dtype and op, sync and async, against a numpy reference."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _expected(seed, shape, dtype, op):
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-@pytest.mark.parametrize("algorithm", ["mpi", "ring"])
+@pytest.mark.parametrize("algorithm", ["mpi", "ring", "shm"])
 @pytest.mark.parametrize("async_op", [False, True])
 def test_all_reduce_every_dtype_and_op(case, algorithm, async_op):
     dtype, op = case
@@ -59,7 +59,7 @@ def test_all_reduce_every_dtype_and_op(case, algorithm, async_op):
     agree(close(t, want, dtype) and t.data_ptr() == ptr, f"{dtype} {op} {algorithm}")
 
 
-@pytest.mark.parametrize("algorithm", ["mpi", "ring"])
+@pytest.mark.parametrize("algorithm", ["mpi", "ring", "shm"])
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 7, 8, 9, 1000, 4099])
 def test_all_reduce_awkward_sizes(n, algorithm):
     t = torch.arange(n, dtype=torch.float64) * (RANK + 1)
@@ -100,7 +100,7 @@ def test_ring_large_multi_segment():
     shape=st.lists(st.integers(0, 6), min_size=0, max_size=3),
     dtype=st.sampled_from([torch.float32, torch.int32, torch.bfloat16, torch.float64]),
     op=st.sampled_from([comm.SUM, comm.MAX, comm.MIN, comm.PRODUCT]),
-    algorithm=st.sampled_from(["mpi", "ring"]),
+    algorithm=st.sampled_from(["mpi", "ring", "shm"]),
     transpose=st.booleans(),
 )
 def test_all_reduce_random_shapes(shape, dtype, op, algorithm, transpose):
@@ -134,26 +134,46 @@ def test_reduce_to_each_root(dtype, async_op):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32, torch.bool])
 @pytest.mark.parametrize("async_op", [False, True])
-def test_reduce_scatter(dtype, async_op):
+@pytest.mark.parametrize("algorithm", ["mpi", "shm"])
+def test_reduce_scatter(dtype, async_op, algorithm):
     inputs = [data(10 + i, RANK, (2, 3), dtype) for i in range(SIZE)]
     out = torch.empty((2, 3), dtype=dtype)
-    w = comm.reduce_scatter(out, inputs, op=comm.SUM, async_op=async_op)
+    w = comm.reduce_scatter(out, inputs, op=comm.SUM, async_op=async_op, algorithm=algorithm)
     if async_op:
         w.wait()
     ok = close(out, _expected(10 + RANK, (2, 3), dtype, comm.SUM), dtype)
     flat_in = torch.cat([x.reshape(-1) for x in inputs])
     out2 = torch.empty(6, dtype=dtype)
-    w = comm.reduce_scatter_tensor(out2, flat_in, async_op=async_op)
+    w = comm.reduce_scatter_tensor(out2, flat_in, async_op=async_op, algorithm=algorithm)
     if async_op:
         w.wait()
     ok = ok and torch.equal(out2.view(2, 3), out)
     agree(ok, f"reduce_scatter {dtype}")
 
 
-def test_reduce_scatter_avg_float():
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("async_op", [False, True])
+def test_shm_reduce_scatter_every_dtype_and_op(case, async_op):
+    dtype, op = case
+    inputs = [data(20 + i, RANK, (3,), dtype, op) for i in range(SIZE)]
+    out = torch.empty(3, dtype=dtype)
+    w = comm.reduce_scatter(out, inputs, op=op, async_op=async_op, algorithm="shm")
+    if async_op:
+        w.wait()
+    ok = close(out, _expected(20 + RANK, (3,), dtype, op), dtype)
+    flat = torch.stack(inputs).t()  # non-contiguous: block j is column j
+    out2 = torch.empty(3, dtype=dtype)
+    w = comm.reduce_scatter_tensor(out2, flat.t(), op=op, async_op=async_op, algorithm="shm")
+    if async_op:
+        w.wait()
+    agree(ok and torch.equal(out2, out), f"shm reduce_scatter {dtype} {op}")
+
+
+@pytest.mark.parametrize("algorithm", ["mpi", "shm"])
+def test_reduce_scatter_avg_float(algorithm):
     inputs = [torch.full((3,), float(RANK + i)) for i in range(SIZE)]
     out = torch.empty(3)
-    comm.reduce_scatter(out, inputs, op=comm.AVG)
+    comm.reduce_scatter(out, inputs, op=comm.AVG, algorithm=algorithm)
     want = np.mean([r + RANK for r in range(SIZE)])
     agree(np.allclose(out.numpy(), want), "reduce_scatter AVG")
 
@@ -190,6 +210,24 @@ def test_invalid_ops_fail_locally_with_clear_errors():
     )
     expect_error(
         ValueError, comm.all_reduce, torch.ones(2), algorithm="tree", match="unknown algorithm"
+    )
+    expect_error(ValueError, comm.broadcast, torch.ones(2), algorithm="ring", match="broadcast")
+    expect_error(
+        ValueError,
+        comm.all_reduce,
+        torch.ones(2, dtype=torch.int32),
+        op=comm.AVG,
+        algorithm="shm",
+        match="AVG needs a floating-point",
+    )
+    expect_error(
+        ValueError,
+        comm.reduce_scatter,
+        torch.ones(2, dtype=torch.complex64),
+        [torch.ones(2, dtype=torch.complex64)] * SIZE,
+        op=comm.MIN,
+        algorithm="shm",
+        match="not defined for complex",
     )
     expect_error(TypeError, comm.all_reduce, np.ones(2), match="must be a torch.Tensor")
     expect_error(
