@@ -21,7 +21,7 @@ size, in turn:
 Raw ipyparallel gets the very MPI job clusterkernel starts: ``mpiexec`` and its flags
 and environment from ``clusterkernel.mpiexec.MPIRuntime`` (root, oversubscription,
 shared-memory transport), set through ``MPIEngineSetLauncher.mpi_cmd/mpi_args/
-environment`` as ``clusterkernel/_launch.py`` does.
+environment`` as ``clusterkernel/cluster/_launch.py`` does.
 
 Per cell: wall time and the notebook process's CPU time (``time.process_time()``: every
 thread, ipyparallel's IO thread included; ``time.thread_time()`` for the calling thread
@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from clusterkernel import Cluster  # noqa: E402
-from clusterkernel._launch import HEARTBEAT_MS, LOCAL_ONLY_ENV  # noqa: E402
+from clusterkernel.cluster._launch import HEARTBEAT_MS, LOCAL_ONLY_ENV  # noqa: E402
 from clusterkernel.mpiexec import MPIRuntime  # noqa: E402
 from clusterkernel.output import TerminalRenderer  # noqa: E402
 
@@ -609,9 +609,9 @@ def _idle_by_group(cluster: Cluster, seconds: float) -> dict[str, float]:
 def heartbeat(n: int, periods: list[int], seconds: float, cells: int) -> dict:
     """Idle CPU of one ``Cluster(n)`` per heartbeat period: fresh, then after ``cells`` cells.
 
-    ``clusterkernel._launch.HEARTBEAT_MS`` is patched in this process for each period.
+    ``clusterkernel.cluster._launch.HEARTBEAT_MS`` is patched in this process for each period.
     """
-    from clusterkernel import _launch
+    from clusterkernel.cluster import _launch
 
     res = {}
     saved = _launch.HEARTBEAT_MS

@@ -10,7 +10,7 @@ returns the answers by rank. A rank is debugged where it is:
   ``up``/``down``, ``p``, ``pp``, ``list``, ``args``, ``locals``).
 
 Commands travel on ipyparallel's signed control channel and are answered by each
-engine's control thread (:mod:`clusterkernel._debugger`), so ranks on other hosts
+engine's control thread (:mod:`clusterkernel.engine._debugger`), so ranks on other hosts
 work, and a rank answers while its cell runs.
 
 Example::
@@ -30,7 +30,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from clusterkernel._debugger import DEBUG_REQUEST
+from clusterkernel.engine._debugger import DEBUG_REQUEST
 from clusterkernel.errors import ClusterError, format_ranks, rank_label
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ _MARKERS = (
     "ipyparallel.controller",
     "prterun",
     "prted",
-    "clusterkernel._guard",
+    "clusterkernel.cluster._guard",
 )
 
 

@@ -19,7 +19,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from clusterkernel import _session, metrics
+from clusterkernel import metrics
+from clusterkernel.cluster import _session
 from clusterkernel.dashboard import _export
 from clusterkernel.dashboard._receiver import Receiver, lower_thread_priority
 from clusterkernel.dashboard._store import MetricsStore

@@ -29,8 +29,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, magics_class
 from IPython.core.magic_arguments import parse_argstring
 
-from clusterkernel import _session
-from clusterkernel.cluster import Cluster
+from clusterkernel.cluster import Cluster, _session
 from clusterkernel.errors import ClusterError
 from clusterkernel.magics._args import SUBCOMMANDS, cell_args, mpi_help, ranks_arg, start_args
 from clusterkernel.magics._subcommands import Subcommands

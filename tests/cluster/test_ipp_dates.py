@@ -7,7 +7,7 @@ import warnings
 import pytest
 from ipyparallel import util
 
-from clusterkernel import _ipp_dates
+from clusterkernel.cluster import _ipp_dates
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from clusterkernel import _stream, comm, metrics
+from clusterkernel import comm, metrics
+from clusterkernel.metrics import _stream
 
 address, steps, out_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 max_batch = int(sys.argv[4]) if len(sys.argv) > 4 else 20_000

@@ -6,7 +6,7 @@ said. Two launchers sit side by side:
 
 - :class:`MpiexecLauncher`: ``mpiexec`` on this machine or a host list
   (ipyparallel's ``MPIEngineSetLauncher``);
-- :class:`clusterkernel._slurm.SlurmLauncher`: a Slurm job (``sbatch``), or a job
+- :class:`clusterkernel.cluster._slurm.SlurmLauncher`: a Slurm job (``sbatch``), or a job
   step (``srun``) when the notebook already runs inside an allocation.
 
 Around them, what every launcher needs: a private directory for the cluster's
@@ -194,12 +194,12 @@ class Guard:
 
     It holds the read end of a pipe; EOF without a final ``stopped`` line means we
     died. It then stops every process in the cluster file, cancels its batch jobs
-    and removes the run directory (``clusterkernel._guard``).
+    and removes the run directory (``clusterkernel.cluster._guard``).
     """
 
     def __init__(self, cluster_file: str, run_dir: str) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "clusterkernel._guard", cluster_file, run_dir],
+            [sys.executable, "-m", "clusterkernel.cluster._guard", cluster_file, run_dir],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

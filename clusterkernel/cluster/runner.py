@@ -15,7 +15,7 @@ badly:
   it died, and the cluster is marked lost until ``%mpi restart``.
 
 It also notices ranks that stop at ``breakpoint()`` and prompts for their pdb
-commands (:mod:`clusterkernel._breakpoints`).
+commands (:mod:`clusterkernel.cluster._breakpoints`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
 
-from clusterkernel import _hangreport
-from clusterkernel._breakpoints import Stops
-from clusterkernel._jobreport import death_cause
+from clusterkernel.cluster import _hangreport
+from clusterkernel.cluster._breakpoints import Stops
+from clusterkernel.cluster._jobreport import death_cause
 from clusterkernel.errors import (
     CellInterrupted,
     RankError,

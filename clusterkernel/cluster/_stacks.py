@@ -1,7 +1,7 @@
 """Stacks of running ranks, on any host (client side).
 
 Asks each engine's control thread for its main thread's frames (the handler is
-installed by :mod:`clusterkernel._engine_setup`); the request travels on
+installed by :mod:`clusterkernel.engine._engine_setup`); the request travels on
 ipyparallel's signed control channel, so a rank on another node answers like a
 local one, and answers while blocked inside an MPI call. Frames come back as
 plain JSON (file, line, name, source, locals as short reprs); nothing is unpickled.
@@ -18,8 +18,8 @@ import os
 import re
 import time
 
-from clusterkernel import _jobreport
-from clusterkernel._engine_setup import OURS, STACK_REQUEST, stack_path
+from clusterkernel.cluster import _jobreport
+from clusterkernel.engine._engine_setup import OURS, STACK_REQUEST, stack_path
 
 # A cell's frames on an engine: ipykernel names cell files per process and cell.
 _CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$|^<ipython-input-")

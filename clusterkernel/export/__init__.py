@@ -29,12 +29,12 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
-from clusterkernel._cellcode import ExportError, ipy_call, python_of, rank_cell
-from clusterkernel._pushcode import push_block, push_items
+from clusterkernel.export._cellcode import ExportError, ipy_call, python_of, rank_cell
+from clusterkernel.export._pushcode import push_block, push_items
 
 __all__ = ["ExportError", "export_cells", "sbatch_script", "write_job", "live_pushes"]
 
-_PRELUDE_FILE = Path(__file__).with_name("_job_prelude.py")
+_PRELUDE_FILE = Path(__file__).parent.parent / "engine" / "_job_prelude.py"
 
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 _SLURM_NAME = re.compile(r"^[\w.+-]+$")

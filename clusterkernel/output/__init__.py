@@ -24,9 +24,9 @@ Example::
 
 from __future__ import annotations
 
-from clusterkernel._notebook_renderer import NotebookRenderer
-from clusterkernel._rank_output import RankOutput, Renderer
-from clusterkernel._terminal_renderer import TerminalRenderer, group_lines
+from clusterkernel.output._notebook_renderer import NotebookRenderer
+from clusterkernel.output._rank_output import RankOutput, Renderer
+from clusterkernel.output._terminal_renderer import TerminalRenderer, group_lines
 
 __all__ = [
     "NotebookRenderer",

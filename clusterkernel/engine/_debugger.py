@@ -33,7 +33,7 @@ import sys
 import threading
 from collections import OrderedDict
 
-from clusterkernel._engine_setup import frame_locals
+from clusterkernel.engine._frames import frame_locals
 
 DEBUG_REQUEST = "clusterkernel_debug_request"
 DEBUG_REPLY = "clusterkernel_debug_reply"

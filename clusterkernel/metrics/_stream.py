@@ -26,12 +26,16 @@ import os
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import psutil
 import zmq
 
-from clusterkernel import _wire, metrics
+from clusterkernel import _wire
 from clusterkernel.records import KINDS
+
+if TYPE_CHECKING:  # the recorder is handed in: this module never imports metrics
+    from clusterkernel.metrics import Recorder
 
 _HWM = 64  # messages queued in ZMQ before sends wait in the thread
 _BEAT = 1.0  # seconds: send process stats this often even with no new records
@@ -53,7 +57,7 @@ class Publisher:
         self,
         address: str,
         key: bytes,
-        recorder: metrics.Recorder,
+        recorder: Recorder,
         interval: float = 0.1,
         max_batch: int = 1_000,
     ) -> None:
@@ -196,17 +200,16 @@ class Publisher:
 _PUBLISHER: Publisher | None = None
 
 
-def start(address: str, key: bytes, interval: float = 0.1) -> dict:
-    """Start this process's stream (replacing one to another address); return identity."""
+def start(address: str, key: bytes, recorder: Recorder, interval: float = 0.1) -> dict:
+    """Stream ``recorder`` to ``address`` (replacing a stream to another); return identity."""
     global _PUBLISHER
     pub = _PUBLISHER
     alive = pub is not None and pub._thread is not None and pub._thread.is_alive()
     if not (alive and pub.address == address and pub.key == key):
         if pub is not None:
             pub.stop()
-        rec = metrics.recorder()
-        _PUBLISHER = Publisher(address, key, rec, interval=interval).start()
-    return {"rank": metrics.recorder().rank, "host": socket.gethostname(), "pid": os.getpid()}
+        _PUBLISHER = Publisher(address, key, recorder, interval=interval).start()
+    return {"rank": recorder.rank, "host": socket.gethostname(), "pid": os.getpid()}
 
 
 def stop() -> None:

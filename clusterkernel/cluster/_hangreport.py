@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from clusterkernel._stacks import cell_lines, is_cell, request_state
+from clusterkernel.cluster._stacks import cell_lines, is_cell, request_state
 from clusterkernel.errors import rank_label
 from clusterkernel.records import human_bytes
 

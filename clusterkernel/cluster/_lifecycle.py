@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 import ipyparallel as ipp
 import psutil
 
-from clusterkernel import _engine_setup
-from clusterkernel._launch import (
+from clusterkernel.cluster._launch import (
     Guard,
     make_run_dir,
     private_cluster_file,
     remove_run_dir,
     wait_for_engines,
 )
+from clusterkernel.engine import _engine_setup
 from clusterkernel.errors import ClusterError
 
 if TYPE_CHECKING:

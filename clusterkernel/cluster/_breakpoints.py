@@ -1,7 +1,7 @@
 """Ranks stopped at ``breakpoint()`` while a cell runs, and a prompt for each (client side).
 
 The engine announces each stop on IOPub (``publish_data``, see
-:mod:`clusterkernel._debugger`); ipyparallel files it in the cell's metadata, which
+:mod:`clusterkernel.engine._debugger`); ipyparallel files it in the cell's metadata, which
 the cell runner reads anyway, so noticing a stop costs one dict lookup per rank
 and poll. For a stop, :class:`Stops` asks for pdb commands with ``input()``
 (``(Pdb rank 1) ``; a text box in the notebook), sends each to the rank and shows
@@ -10,7 +10,7 @@ that does not send it, a script, a test) it says how to debug the rank instead
 (``--noblock`` with ``%mpi debug`` / ``cluster.debug``) and lets the rank run on,
 so a cell never hangs at a prompt nobody can see.
 
-Example (inside :class:`~clusterkernel.runner.CellRun`)::
+Example (inside :class:`~clusterkernel.cluster.runner.CellRun`)::
 
     stops = Stops(cluster, ranks, metadata, renderer)
     spent = stops.check()     # prompts for new stops; seconds spent at the prompt
@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from clusterkernel._debugger import PAUSE_KEY
 from clusterkernel.debug import Answers, DebugSession, control_request
+from clusterkernel.engine._debugger import PAUSE_KEY
 
 if TYPE_CHECKING:
     from clusterkernel.cluster import Cluster

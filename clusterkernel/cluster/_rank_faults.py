@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from clusterkernel import _engine_setup, _jobreport, _stacks
+from clusterkernel.cluster import _jobreport, _stacks
+from clusterkernel.engine import _engine_setup
 from clusterkernel.errors import RankFailure, group_failures
 
 if TYPE_CHECKING:

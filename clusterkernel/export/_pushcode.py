@@ -18,7 +18,7 @@ import base64
 import pickle
 import shlex
 
-from clusterkernel._cellcode import ExportError
+from clusterkernel.export._cellcode import ExportError
 
 
 def _names(stmt: ast.AST, ctx: type) -> set[str]:

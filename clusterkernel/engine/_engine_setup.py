@@ -11,7 +11,7 @@ thread is busy, even blocked inside an MPI call:
 - ``faulthandler`` on SIGUSR1, written to a file: the fallback for a rank whose
   control thread cannot run (a C extension holding the GIL), local hosts only.
 
-It also arms the debugger (:mod:`clusterkernel._debugger`): ``breakpoint()`` in a
+It also arms the debugger (:mod:`clusterkernel.engine._debugger`): ``breakpoint()`` in a
 cell, and post-mortem of a failed cell, driven through the same control channel.
 """
 
@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import reprlib
 import signal
 import socket
 import sys
 import threading
+
+from clusterkernel.engine._frames import frame_locals
 
 STACK_SIGNAL = signal.SIGUSR1
 STACK_REQUEST = "clusterkernel_stack_request"
@@ -35,23 +36,12 @@ _rank: int | None = None
 # Frames of the engine's own machinery, below the cell: dropped from every stack.
 _MACHINERY = ("IPython/core/interactiveshell.py",)
 # clusterkernel's own frames: shown only when asked (the user's cell comes first).
-OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-_repr = reprlib.Repr()
-_repr.maxstring = 120
-_repr.maxother = 120
-_repr.maxlist = _repr.maxtuple = _repr.maxdict = 8
+# (this file is in clusterkernel/engine/, so two levels up)
+OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def stack_path(stack_dir: str, rank: int) -> str:
     return os.path.join(stack_dir, f"stack-rank{rank}.txt")
-
-
-def _safe_repr(value) -> str:
-    try:
-        return _repr.repr(value)
-    except Exception as e:  # a broken __repr__ must not break the report
-        return f"<unprintable {type(value).__name__}: {e}>"
 
 
 def main_thread_frames(with_locals: bool = False) -> list[dict]:
@@ -82,29 +72,6 @@ def main_thread_frames(with_locals: bool = False) -> list[dict]:
         frame = frame.f_back
     frames.reverse()
     return frames
-
-
-def frame_locals(frame) -> dict[str, str]:
-    """A frame's locals as short reprs; a cell's (the rank's globals) without
-    modules, functions, classes and IPython's own names.
-
-    Example::
-
-        frame_locals(sys._getframe())   # {"x": "10", "name": "'rank 1'"}
-    """
-    names = dict(frame.f_locals)
-    if frame.f_code.co_name == "<module>":
-        names = {k: v for k, v in names.items() if not k.startswith("_")}
-        names = {k: v for k, v in names.items() if k not in ("In", "Out", "exit", "quit")}
-        names = {k: v for k, v in names.items() if not _is_module_or_function(v)}
-    return {k: _safe_repr(v) for k, v in names.items()}
-
-
-def _is_module_or_function(value) -> bool:
-    import types
-
-    kinds = (types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)
-    return isinstance(value, kinds) or isinstance(value, type)
 
 
 def _on_stack_request(kernel, stream, ident, parent) -> None:
@@ -140,7 +107,7 @@ def _install_stack_handler() -> None:
     kernel.control_handlers[STACK_REQUEST] = lambda stream, ident, parent: _on_stack_request(
         kernel, stream, ident, parent
     )
-    from clusterkernel import _debugger  # breakpoint() and post-mortem, same channel
+    from clusterkernel.engine import _debugger  # breakpoint() and post-mortem, same channel
 
     _debugger.install(kernel)
 

@@ -27,8 +27,8 @@ from collections import Counter, deque
 from collections.abc import Hashable
 from typing import TypeVar
 
-from clusterkernel._rank_output import RankOutput, plain_text
 from clusterkernel.errors import rank_label
+from clusterkernel.output._rank_output import RankOutput, plain_text
 
 T = TypeVar("T", bound=Hashable)
 

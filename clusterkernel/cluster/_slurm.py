@@ -32,7 +32,7 @@ from collections import Counter
 
 from traitlets.config import Config
 
-from clusterkernel._launch import _base_config, process_ended, tail
+from clusterkernel.cluster._launch import _base_config, process_ended, tail
 from clusterkernel.errors import ClusterError
 
 # Job states in which the engines are still to come or still there.

@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from clusterkernel import _ipp_dates, _lifecycle, _rank_faults
-from clusterkernel._launch import Guard
-from clusterkernel._launcher_choice import choose_launcher
-from clusterkernel._status import RankStatus
+from clusterkernel.cluster import _ipp_dates, _lifecycle, _rank_faults
+from clusterkernel.cluster._launch import Guard
+from clusterkernel.cluster._launcher_choice import choose_launcher
+from clusterkernel.cluster._status import RankStatus
 from clusterkernel.errors import CellInterrupted, ClusterError, RankError, format_ranks
 
 if TYPE_CHECKING:
+    from clusterkernel.cluster.runner import CellRun
     from clusterkernel.dashboard import Dashboard
-    from clusterkernel.runner import CellRun
 
 __all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted"]
 
@@ -293,13 +293,13 @@ class Cluster:
         (default: ``self.timeout``) passes; stuck ranks are reported with their
         stacks and freed, by a restart if nothing else works.
 
-        With ``block=False`` returns a :class:`~clusterkernel.runner.CellRun` at
+        With ``block=False`` returns a :class:`~clusterkernel.cluster.runner.CellRun` at
         once; call its ``wait()`` to stream and collect.
 
         ``dashboard=True`` (``%%mpi --dashboard``) shows :meth:`dashboard` first
         and, when the cell has run, collects its last records into it.
         """
-        from clusterkernel.runner import CellRun
+        from clusterkernel.cluster.runner import CellRun
 
         self._require_running()
         ranks = self.live_ranks if ranks is None else sorted(set(ranks))

@@ -1,4 +1,4 @@
-"""Stops a cluster when the process that started it dies (``python -m clusterkernel._guard``).
+"""Stops a cluster when the process that started it dies (``python -m clusterkernel.cluster._guard``).
 
 ipyparallel's ``shutdown_atexit`` does not run when the notebook kernel is killed
 outright, and the controller and mpiexec run in sessions of their own, so nothing
@@ -33,7 +33,7 @@ def _cluster_pids(cluster_file: str) -> list[int]:
 
 
 def _cancel_jobs(cluster_file: str) -> None:
-    from clusterkernel._launch import batch_jobs
+    from clusterkernel.cluster._launch import batch_jobs
 
     jobs = batch_jobs(cluster_file)
     scancel = shutil.which("scancel")

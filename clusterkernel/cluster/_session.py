@@ -6,7 +6,7 @@ and the dashboard do not import each other.
 
 Example::
 
-    from clusterkernel import _session
+    from clusterkernel.cluster import _session
     _session.cluster()   # None before %mpi start, then the running Cluster
 """
 

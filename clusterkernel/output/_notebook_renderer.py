@@ -25,8 +25,8 @@ import json
 import time
 from collections import Counter, deque
 
-from clusterkernel._rank_output import RankOutput, plain_text
 from clusterkernel.errors import _ANSI, rank_label
+from clusterkernel.output._rank_output import RankOutput, plain_text
 
 _STYLE = (
     "<style>.ck-rank{margin:2px 0;border-left:3px solid #7a9cc6;padding-left:6px}"

@@ -8,7 +8,7 @@ anything it cannot read still goes to ipyparallel's own parser.
 
 Example::
 
-    from clusterkernel import _ipp_dates
+    from clusterkernel.cluster import _ipp_dates
     _ipp_dates.install()   # once; a second call does nothing
 """
 

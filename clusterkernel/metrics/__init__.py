@@ -276,20 +276,20 @@ def stream(address: str, key: bytes, interval: float = 0.1) -> dict:
 
         metrics.stream("tcp://127.0.0.1:5555", key=b"secret")
     """
-    from clusterkernel import _stream
+    from clusterkernel.metrics import _stream
 
-    return _stream.start(address, key, interval)
+    return _stream.start(address, key, recorder(), interval)
 
 
 def stop_stream() -> None:
     """Send what is left and stop this rank's stream (no-op if none runs)."""
-    from clusterkernel import _stream
+    from clusterkernel.metrics import _stream
 
     _stream.stop()
 
 
 def flush_stream(timeout: float = 10.0) -> int:
     """Send everything recorded so far now; return the last message's sequence number."""
-    from clusterkernel import _stream
+    from clusterkernel.metrics import _stream
 
     return _stream.flush(timeout)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from clusterkernel._launch import Launcher, MpiexecLauncher
+from clusterkernel.cluster._launch import Launcher, MpiexecLauncher
 from clusterkernel.mpiexec import MPIRuntime, check_hosts_resolve, parse_hosts
 
 LAUNCHERS = ("mpiexec", "slurm")
@@ -37,7 +37,7 @@ def choose_launcher(
 ) -> tuple[Launcher, MPIRuntime | None]:
     """The launcher for these :class:`~clusterkernel.Cluster` arguments, and the MPI
     runtime it uses (None for Slurm, whose ``srun`` starts the ranks)."""
-    from clusterkernel import _slurm
+    from clusterkernel.cluster import _slurm
 
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise ValueError(f"n must be a positive integer number of ranks, got {n!r}.")
