@@ -6,8 +6,10 @@ else would stop them. The starting process holds the write end of our stdin: EOF
 without a final ``stopped`` line means it died. Then there is nobody left to be
 graceful for: batch jobs named in the cluster file are cancelled (``scancel``),
 every local process of the cluster (with all their descendants: ranks, nannies)
-gets SIGTERM, then SIGKILL a few seconds later, and the cluster's private
-directory is removed.
+gets SIGTERM, then SIGKILL a few seconds later, the job's files in this host's
+/dev/shm that mpiexec did not get to remove are removed (by the names the ranks
+noted, :mod:`clusterkernel._shm_names`), and the cluster's private directory is
+removed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import subprocess
 import sys
 
 import psutil
+
+from clusterkernel import _shm_names
 
 _GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 
@@ -81,6 +85,7 @@ def main(cluster_file: str, run_dir: str | None = None) -> int:
         if os.path.exists(cluster_file):
             os.remove(cluster_file)
         if run_dir:
+            _shm_names.remove(run_dir)
             shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 

@@ -12,7 +12,8 @@ thread is busy, even blocked inside an MPI call:
   control thread cannot run (a C extension holding the GIL), local hosts only.
 
 It also arms the debugger (:mod:`clusterkernel.engine._debugger`): ``breakpoint()`` in a
-cell, and post-mortem of a failed cell, driven through the same control channel.
+cell, and post-mortem of a failed cell, driven through the same control channel,
+and notes the job's /dev/shm file names for the guard (:mod:`clusterkernel._shm_names`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import socket
 import sys
 import threading
 
+from clusterkernel import _shm_names
 from clusterkernel.engine._frames import frame_locals
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -131,6 +133,9 @@ def setup(stack_dir: str | None) -> dict:
             _stack_file = None
         else:
             faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+    if stack_dir:
+        # The job's /dev/shm names, for the guard to remove if mpiexec cannot.
+        _shm_names.note(stack_dir, rank)
     return {
         "rank": rank,
         "size": world.Get_size(),

@@ -1,0 +1,100 @@
+"""Names of an Open MPI job's files in /dev/shm: noted by the ranks, removed by the guard.
+
+Open MPI keeps two kinds of files of a job in /dev/shm (measured with Open MPI 5.0):
+
+- ``sm_segment.<host>.<uid>.<jobid>.<local rank>``, 16 MB each: the shared-memory
+  transport's segment of each rank, for the job's whole life. ``mpiexec``
+  (prterun) removes them when the job ends, also when a rank was killed; they
+  stay behind when prterun itself is killed before it can (SIGKILL, or a guard
+  whose SIGTERM it did not answer in time).
+- ``osc_sm.<host>.<jobid>.<rank>.<cid>``: the backing file of an MPI shared window
+  (``comm``'s ``algorithm="shm"``). Open MPI unlinks it as soon as every rank has
+  mapped it, so only a crash during the window's creation could leave it.
+
+Each rank writes its job's name prefixes (``sm_segment.<host>.<uid>.<jobid>.`` and
+``osc_sm.<host>.<jobid>.``, read from its own memory map) into the cluster's run
+directory; a guard that stops a cluster whose starter died removes the files of
+this host's /dev/shm that start with one of them, and nothing else: other jobs'
+and other users' files carry other job ids.
+
+Example::
+
+    note(run_dir, rank=0)      # on a rank, after MPI_Init
+    remove(run_dir)            # in the guard, once the job's processes are gone
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+SHM_DIR = "/dev/shm"
+_SEGMENT = re.compile(r"sm_segment\.(?P<host>[^/\s]+)\.(?P<uid>\d+)\.(?P<job>[0-9a-f]+)\.\d+")
+_PREFIX = re.compile(r"(sm_segment\.[^/\s]+\.\d+\.[0-9a-f]+\.|osc_sm\.[^/\s]+\.[0-9a-f]+\.)")
+_NOTE = "shm-names-rank{}.txt"
+
+
+def job_prefixes(maps: str | None = None) -> list[str]:
+    """This process's MPI job's /dev/shm name prefixes, from ``/proc/self/maps``.
+
+    Empty when the job has mapped no such file (one rank alone, or not Open MPI).
+    """
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return []
+    found = set()
+    for line in maps.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or not fields[5].startswith(SHM_DIR + "/"):
+            continue
+        m = _SEGMENT.fullmatch(os.path.basename(fields[5]))
+        if m:
+            found.add(f"sm_segment.{m['host']}.{m['uid']}.{m['job']}.")
+            found.add(f"osc_sm.{m['host']}.{m['job']}.")
+    return sorted(found)
+
+
+def note(run_dir: str, rank: int) -> None:
+    """Write this rank's job prefixes into ``run_dir`` (quietly nothing if it is missing,
+    as on a node that does not share the client's file system)."""
+    prefixes = job_prefixes()
+    if not prefixes:
+        return
+    path = Path(run_dir) / _NOTE.format(rank)
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(p + "\n" for p in prefixes))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def remove(run_dir: str) -> list[str]:
+    """Remove the files of this host's /dev/shm named by the prefixes noted in
+    ``run_dir``; return their names."""
+    prefixes: set[str] = set()
+    for path in Path(run_dir).glob(_NOTE.format("*")):
+        try:
+            lines = path.read_text().split()
+        except OSError:
+            continue
+        prefixes.update(p for p in lines if _PREFIX.fullmatch(p))
+    if not prefixes:
+        return []
+    starts = tuple(prefixes)
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith(starts):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except OSError:
+                continue
+            removed.append(name)
+    return removed
