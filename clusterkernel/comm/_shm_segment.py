@@ -46,6 +46,7 @@ class Segment:
         "cap",
         "mem",
         "views",
+        "plans",
         "issued",
         "done",
         "last",
@@ -60,6 +61,7 @@ class Segment:
         self.cap = 0  # bytes per slot
         self.mem: torch.Tensor | None = None  # uint8 [2, n, cap] over the window
         self.views: dict[torch.dtype, torch.Tensor] = {}  # typed [2, n, cap // itemsize]
+        self.plans: dict[tuple, tuple] = {}  # per call shape: views into a bank (_shm)
         self.issued = 0  # calls started on this group (their tickets)
         self.done = 0  # calls finished: call k may run once done == k
         self.last: Work | None = None  # the latest async call (waiting it drains all)
@@ -106,6 +108,7 @@ class Segment:
         if self.win is None:
             return
         self.views.clear()
+        self.plans.clear()
         self.mem = None
         # Every member must be done reading before the memory goes away.
         self.comm.Barrier()

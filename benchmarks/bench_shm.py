@@ -1,0 +1,161 @@
+"""Shared-memory allreduce (``algorithm="shm"``) beside MPI, the ring and the memory floor.
+
+Run from the repository root (under the MPI lock, on a quiet machine)::
+
+    python benchmarks/bench_shm.py                       # 2 and 4 ranks; 4 KB, 1 MB, 64 MB
+    python benchmarks/bench_shm.py --ranks 2 --sizes 4KB,4MB
+
+Starts itself under ``mpiexec -n N``. Inside one job every method runs interleaved
+over several rounds; a time is the slowest rank's mean per call, the best round is
+kept (the machine is shared and noisy). float32 SUM, in place, OMP_NUM_THREADS=1.
+
+- ``mpi4py``: ``MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, ndarray)``
+- ``mpi`` / ``ring`` / ``shm``: ``comm.all_reduce(t, algorithm=...)``
+- ``floor``: the data movement of ``shm`` alone, every rank at once, with no
+  synchronization: copy the input into this rank's slot of the same shared window,
+  reduce this rank's share across all slots, copy the whole result out. No
+  algorithm that moves the data through shared memory this way can beat it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KB, MB = 1024, 1024 * 1024
+ROUNDS = 5
+BYTES_PER_MEASUREMENT = 256 * MB  # iterations shrink as messages grow
+METHODS = ("mpi4py", "mpi", "ring", "shm", "floor")
+
+
+def _iters(nbytes: int) -> int:
+    return max(5, min(2000, BYTES_PER_MEASUREMENT // nbytes))
+
+
+def _fmt(n: int) -> str:
+    return f"{n // MB} MB" if n >= MB else f"{n // KB} KB"
+
+
+def _parse(text: str) -> int:
+    text = text.strip().upper()
+    for unit, mult in (("MB", MB), ("KB", KB), ("B", 1)):
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * mult)
+    return int(text)
+
+
+def run_job(n: int, sizes: list[int]) -> dict:
+    sys.path.insert(0, str(REPO))
+    from clusterkernel.mpiexec import MPIRuntime
+
+    rt = MPIRuntime.detect()
+    env = rt.env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [*rt.command(n), sys.executable, __file__, "--worker", str(out)]
+        cmd += ["--sizes", ",".join(map(str, sizes))]
+        subprocess.run(cmd, env=env, check=True, timeout=1800)
+        return json.loads(out.read_text())
+
+
+def report(n: int, rows: list[dict]) -> None:
+    print(f"\n=== {n} ranks: time per allreduce (us), best of {ROUNDS} rounds ===")
+    head = " | ".join(f"{m:>9}" for m in METHODS)
+    print(f"{'size':>6} | {head} | {'shm/mpi':>7} | {'shm/ring':>8} | {'floor/shm':>9}")
+    for row in rows:
+        cells = " | ".join(f"{row[m] * 1e6:9.1f}" for m in METHODS)
+        print(
+            f"{_fmt(row['bytes']):>6} | {cells} | {row['mpi'] / row['shm']:6.2f}x |"
+            f" {row['ring'] / row['shm']:7.2f}x | {row['floor'] / row['shm']:8.2f}x"
+        )
+    print("(shm/mpi, shm/ring: speed of shm relative to each; floor/shm: fraction of the floor)")
+
+
+def parent(args: argparse.Namespace) -> None:
+    for n in args.ranks:
+        report(n, run_job(n, args.sizes))
+
+
+def worker(out_path: str, sizes: list[int]) -> None:
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    from clusterkernel import comm, metrics
+    from clusterkernel.comm import _shm_steps
+
+    torch.set_num_threads(1)
+    metrics.enable(False)  # the same for every method; this measures the data path
+    world = MPI.COMM_WORLD
+    rank, n = world.Get_rank(), world.Get_size()
+
+    def timed(fn, iters: int) -> float:
+        for _ in range(min(3, iters)):
+            fn()
+        world.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return world.allreduce(time.perf_counter() - t0, op=MPI.MAX) / iters
+
+    rows = []
+    for nb in sizes:
+        count = nb // 4
+        arr = np.zeros(count, dtype=np.float32)  # zeros stay zeros under repeated sums
+        ts = {m: torch.zeros(count) for m in ("mpi", "ring", "shm", "floor")}
+        comm.all_reduce(ts["shm"], algorithm="shm")  # makes (or grows) the segment
+        seg = comm.WORLD._shm
+        slots = seg.rows(0, torch.float32)[:, :count]
+        a, b = _shm_steps.share(count, n, rank, 4)
+        ft = ts["floor"]
+
+        def floor(slots=slots, a=a, b=b, ft=ft):
+            slots[rank].copy_(ft)
+            acc = slots[0, a:b]
+            for j in range(1, n):
+                acc.add_(slots[j, a:b])
+            ft.copy_(slots[0])
+
+        methods = {
+            "mpi4py": lambda arr=arr: world.Allreduce(MPI.IN_PLACE, arr),
+            "mpi": lambda t=ts["mpi"]: comm.all_reduce(t),
+            "ring": lambda t=ts["ring"]: comm.all_reduce(t, algorithm="ring"),
+            "shm": lambda t=ts["shm"]: comm.all_reduce(t, algorithm="shm"),
+            "floor": floor,
+        }
+        best = dict.fromkeys(methods, float("inf"))
+        for _ in range(ROUNDS):  # interleaved: noise hits every method alike
+            for name, fn in methods.items():
+                best[name] = min(best[name], timed(fn, _iters(nb)))
+        best["bytes"] = nb
+        rows.append(best)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--sizes", default="4KB,1MB,64MB")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    sizes = [_parse(s) for s in args.sizes.split(",")]
+    if args.worker:
+        sys.path.insert(0, str(REPO))
+        worker(args.worker, sizes)
+    else:
+        args.sizes = sizes
+        parent(args)
+
+
+if __name__ == "__main__":
+    main()
