@@ -171,6 +171,19 @@ comm.all_reduce(t, op=comm.SUM)
 total = (t.min().item(), t.max().item())
 """
 
+# algorithm="shm" needs one node: the world group spans two and says so on every
+# rank; each host's node group reduces through its own shared memory.
+_SHM = """
+try:
+    comm.all_reduce(torch.ones(4), algorithm="shm")
+    shm_error = ""
+except comm.CommError as exc:
+    shm_error = str(exc)
+x = torch.full((1000,), float(comm.rank()))
+comm.all_reduce(x, group=comm.node_group(), algorithm="shm")
+node_sum = (x.min().item(), x.max().item())
+"""
+
 
 def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
     env = {
@@ -200,6 +213,16 @@ def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
         assert cluster.pull("total") == {r: (10.0, 10.0) for r in range(4)}
         # Host 2 cannot know the sum without host 1's partial sum (4 MiB) or more.
         assert crossed >= 4 * (1 << 20), crossed
+
+        cluster.run(_SHM)
+        errors = cluster.pull("shm_error")
+        assert all("several nodes" in errors[r] for r in range(4)), errors
+        assert cluster.pull("node_sum") == {
+            0: (1.0, 1.0),
+            1: (1.0, 1.0),
+            2: (5.0, 5.0),
+            3: (5.0, 5.0),
+        }
 
         rows = cluster.status()
         assert [r["rank"] for r in rows] == [0, 1, 2, 3]
