@@ -10,6 +10,7 @@ to ``comm``::
     w = comm.all_reduce(t, op=comm.AVG, async_op=True)   # returns a Work
     w.wait()
     comm.all_reduce(t, algorithm="ring")                 # the project's own ring
+    comm.all_reduce(t, algorithm="shm")                  # through shared memory (one node)
     comm.all_reduce_coalesced(grads, bucket_bytes=1 << 20)
     pair = comm.new_group([0, 1])
 
@@ -21,6 +22,9 @@ to ``comm``::
   and object forms (:func:`broadcast_object`, :func:`gather_object`, ...).
 - Every call takes ``group=`` and ``async_op=``, and is timed into
   ``clusterkernel.metrics.recorder()``.
+- ``algorithm="shm"`` (all_reduce, broadcast, all_gather, reduce_scatter and their
+  tensor forms, all_reduce_coalesced) moves data through an MPI-3 shared window
+  of the group's ranks, which must share one node; the default stays ``"mpi"``.
 - Mismatches are caught: the first call of each new signature (op, size, dtype,
   reduce op, root) on a group is compared across its ranks before data moves, so a
   rank passing another size raises :class:`CollectiveMismatchError` on every rank
