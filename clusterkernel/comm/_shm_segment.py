@@ -30,7 +30,7 @@ from clusterkernel.comm._errors import CommError
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Work
 
-MIN_SLOT = 64 * 1024  # bytes; slots grow in powers of two from here
+MIN_SLOT = 64 * 1024  # bytes; slot sizes are multiples of it
 _LIVE: list[Segment] = []  # in creation order, which is the same on every member
 _EXIT_HOOK: list = []  # registered once
 
@@ -80,9 +80,9 @@ class Segment:
         if nbytes <= self.cap:
             return
         self.drain()
-        cap = MIN_SLOT
-        while cap < nbytes:
-            cap *= 2
+        # The first size exactly (rounded to MIN_SLOT), then at least doubling, so a
+        # slowly growing size regrows O(log) times.
+        cap = max(-(-nbytes // MIN_SLOT) * MIN_SLOT, 2 * self.cap)
         self._release()
         size = 2 * self.n * cap if self.rank == 0 else 0
         win = MPI.Win.Allocate_shared(size, 1, comm=self.comm)
