@@ -17,6 +17,9 @@ directory; a guard that stops a cluster whose starter died removes the files of
 this host's /dev/shm that start with one of them, and nothing else: other jobs'
 and other users' files carry other job ids.
 
+A process started without mpiexec (an MPI "singleton") has no prterun to remove
+its segment: ``comm`` removes it at exit (:mod:`clusterkernel.comm._shm_segment`).
+
 Example::
 
     note(run_dir, rank=0)      # on a rank, after MPI_Init
@@ -82,6 +85,12 @@ def remove(run_dir: str) -> list[str]:
         except OSError:
             continue
         prefixes.update(p for p in lines if _PREFIX.fullmatch(p))
+    return remove_prefixed(prefixes)
+
+
+def remove_prefixed(prefixes: set[str] | list[str]) -> list[str]:
+    """Remove the files of this host's /dev/shm whose names start with one of
+    ``prefixes`` (job prefixes, as :func:`job_prefixes` gives); return their names."""
     if not prefixes:
         return []
     starts = tuple(prefixes)

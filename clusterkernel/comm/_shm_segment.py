@@ -16,7 +16,9 @@ A call larger than the slots grows the window: at the call, in program order (so
 every member grows at the same call), after this rank's earlier calls on the group
 have finished. The window is freed with the group (:func:`comm.destroy_group`) and
 at exit. Open MPI's backing file (``/dev/shm/osc_sm.<host>.<jobid>...``) is unlinked
-as soon as every rank has mapped it, so a crash leaves no file behind.
+as soon as every rank has mapped it, so a crash leaves no file behind. A job of
+one process removes Open MPI's own shared-memory segment at exit (a singleton has
+no mpiexec to do it).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import atexit
 import torch
 from mpi4py import MPI
 
+from clusterkernel import _shm_names
 from clusterkernel.comm._errors import CommError
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Work
@@ -165,6 +168,17 @@ def _make(group: Group) -> Segment:
     seg = Segment(node, group.size, group.rank)
     _LIVE.append(seg)
     return seg
+
+
+def _remove_singleton_files() -> None:
+    # A job of one process has nobody else using its files, and a singleton (no
+    # mpiexec) has no prterun to remove them: Open MPI 5 leaves its 16 MB
+    # shared-memory segment in /dev/shm after every such run otherwise.
+    _shm_names.remove_prefixed(_shm_names.job_prefixes())
+
+
+if MPI.COMM_WORLD.Get_size() == 1:
+    atexit.register(_remove_singleton_files)
 
 
 def _free_all() -> None:
