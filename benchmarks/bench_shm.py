@@ -28,27 +28,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_comm import _fmt_bytes, _iters, _parse_bytes  # one size/iteration policy
+
 REPO = Path(__file__).resolve().parents[1]
 KB, MB = 1024, 1024 * 1024
 ROUNDS = 5
-BYTES_PER_MEASUREMENT = 256 * MB  # iterations shrink as messages grow
 METHODS = ("mpi4py", "mpi", "ring", "shm", "floor")
-
-
-def _iters(nbytes: int) -> int:
-    return max(5, min(2000, BYTES_PER_MEASUREMENT // nbytes))
-
-
-def _fmt(n: int) -> str:
-    return f"{n // MB} MB" if n >= MB else f"{n // KB} KB"
-
-
-def _parse(text: str) -> int:
-    text = text.strip().upper()
-    for unit, mult in (("MB", MB), ("KB", KB), ("B", 1)):
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * mult)
-    return int(text)
 
 
 def run_job(n: int, sizes: list[int]) -> dict:
@@ -74,7 +59,7 @@ def report(n: int, rows: list[dict]) -> None:
     for row in rows:
         cells = " | ".join(f"{row[m] * 1e6:9.1f}" for m in METHODS)
         print(
-            f"{_fmt(row['bytes']):>6} | {cells} | {row['mpi'] / row['shm']:6.2f}x |"
+            f"{_fmt_bytes(row['bytes']):>6} | {cells} | {row['mpi'] / row['shm']:6.2f}x |"
             f" {row['ring'] / row['shm']:7.2f}x | {row['floor'] / row['shm']:8.2f}x"
         )
     print("(shm/mpi, shm/ring: speed of shm relative to each; floor/shm: fraction of the floor)")
@@ -148,7 +133,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="4KB,1MB,64MB")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    sizes = [_parse(s) for s in args.sizes.split(",")]
+    sizes = [_parse_bytes(s) for s in args.sizes.split(",")]
     if args.worker:
         sys.path.insert(0, str(REPO))
         worker(args.worker, sizes)
