@@ -50,6 +50,19 @@ def _fmt_bytes(n: int) -> str:
     return f"{n // MB} MB" if n >= MB else f"{n // KB} KB"
 
 
+def time_calls(world, fn, iters: int) -> float:
+    """Seconds per call of ``fn`` on the slowest rank (after a short warm-up)."""
+    from mpi4py import MPI
+
+    for _ in range(min(3, iters)):
+        fn()
+    world.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return world.allreduce(time.perf_counter() - t0, op=MPI.MAX) / iters
+
+
 def _parse_bytes(text: str) -> int:
     text = text.strip().upper()
     for unit, mult in (("MB", MB), ("KB", KB), ("B", 1)):
@@ -204,14 +217,7 @@ def worker(out_path: str, sizes: list[int]) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
 
     def timed(fn, iters: int) -> float:
-        for _ in range(min(3, iters)):
-            fn()
-        world.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        elapsed = time.perf_counter() - t0
-        return world.allreduce(elapsed, op=MPI.MAX) / iters
+        return time_calls(world, fn, iters)
 
     def best_of(methods: dict, iters: int) -> dict:
         best = dict.fromkeys(methods, float("inf"))

@@ -25,10 +25,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench_comm import _fmt_bytes, _iters, _parse_bytes  # one size/iteration policy
+from bench_comm import _fmt_bytes, _iters, _parse_bytes, time_calls  # one size/iteration policy
 
 REPO = Path(__file__).resolve().parents[1]
 KB, MB = 1024, 1024 * 1024
@@ -84,13 +83,7 @@ def worker(out_path: str, sizes: list[int]) -> None:
     rank, n = world.Get_rank(), world.Get_size()
 
     def timed(fn, iters: int) -> float:
-        for _ in range(min(3, iters)):
-            fn()
-        world.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return world.allreduce(time.perf_counter() - t0, op=MPI.MAX) / iters
+        return time_calls(world, fn, iters)
 
     rows = []
     for nb in sizes:

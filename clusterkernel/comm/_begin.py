@@ -45,17 +45,13 @@ def begin(
     # signature while the others passed an agreed one) still shows this call.
     flight = FLIGHT
     entry = flight.record(g, name, nbytes, dtype, depth=3) if flight.on else None
-    if _CHECK.on:
-        try:
+    try:
+        if _CHECK.on:
             _check.verify(g, name, tensor, op=op, root=root, alg=alg, count=count, extra=extra)
-        except BaseException:
-            _closed(entry)
-            raise
-    elif _CHECK.new:
-        numel = tensor.numel() if tensor is not None and detail != "dtype" else -1
-        key = (name, dtype, numel, op, root, alg, count, extra)
-        if key not in g._sigs:
-            try:
+        elif _CHECK.new:
+            numel = tensor.numel() if tensor is not None and detail != "dtype" else -1
+            key = (name, dtype, numel, op, root, alg, count, extra)
+            if key not in g._sigs:
                 _check.agree(
                     g,
                     key,
@@ -68,12 +64,8 @@ def begin(
                     extra=extra,
                     detail=detail,
                 )
-            except BaseException:
-                _closed(entry)
-                raise
+    except BaseException:
+        if entry is not None:
+            entry[DONE] = True  # it raised on every rank: nobody waits in it
+        raise
     return entry
-
-
-def _closed(entry: list | None) -> None:
-    if entry is not None:
-        entry[DONE] = True  # it raised on every rank: nobody waits in it

@@ -189,14 +189,13 @@ def describe(sig: np.ndarray) -> str:
 
 
 def agree(group: Group, key: tuple, name: str, tensor: object = None, **fields: object) -> None:
-    """The default check: verify ``key``'s call unless the group already agreed on it.
+    """The default check, for a ``key`` the group has not agreed on yet (callers test
+    ``key in group._sigs`` first): verify the call, then remember ``key``.
 
     ``key`` must hold exactly what the signature holds, in canonical form (parsed
     op, world-rank root, dtype, element count), so equal keys mean equal signatures.
     """
     seen = group._sigs
-    if key in seen:
-        return
     verify(group, name, tensor, **fields)
     if len(seen) >= _MAX_SEEN:
         seen.clear()
