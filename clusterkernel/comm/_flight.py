@@ -35,7 +35,7 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP = (_PACKAGE + os.sep, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 # clusterkernel's source files: a set lookup on the first frame is cheaper than a
 # prefix test, and the first frame is the user's for every direct call.
-_OURS = frozenset(
+OURS = frozenset(
     os.path.join(root, name)
     for root, _, names in os.walk(_PACKAGE)
     for name in names
@@ -97,7 +97,7 @@ class FlightRecorder:
             seq = -1
         f = _getframe(depth)
         code = f.f_code
-        if code.co_filename in _OURS:
+        if code.co_filename in OURS:
             f = _outside(f)
             if f is None:
                 entry = [seq, op, group, nbytes, dtype, peer, None, 0, False]

@@ -44,15 +44,13 @@ class Call(NamedTuple):
 
 def note(call: Call, t0: float, wait: float | None) -> None:
     """Record a finished call; ``wait=None`` means a sync call (blocked throughout)."""
-    entry = call.entry
+    name, nbytes, alg, gsize, entry = call  # a Call, or the same fields as a plain tuple
     if entry is not None:
         entry[DONE] = True
     rec = _REC
     if rec.enabled:
         dur = _now() - t0
-        rec.timing(
-            call.name, call.nbytes, t0, dur, dur if wait is None else wait, call.alg, call.gsize
-        )
+        rec.timing(name, nbytes, t0, dur, dur if wait is None else wait, alg, gsize)
 
 
 class Work:
