@@ -157,6 +157,11 @@ class MPIRuntime:
                 env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             # Open MPI 5 maps with PRRTE; this is the knob that still works there.
             env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+            # Open MPI 5.0's UCX one-sided component prints a false "priority ...
+            # failed" error for every shared window (comm's algorithm="shm") on
+            # machines without UCX hardware (open-mpi/ompi#14086); shared windows
+            # never need it.
+            env.setdefault("OMPI_MCA_osc", "^ucx")
         bindir = str(Path(self.mpiexec).parent)
         if bindir not in env.get("PATH", "").split(os.pathsep):
             env["PATH"] = bindir + os.pathsep + env.get("PATH", "")

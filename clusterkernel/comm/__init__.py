@@ -10,6 +10,7 @@ to ``comm``::
     w = comm.all_reduce(t, op=comm.AVG, async_op=True)   # returns a Work
     w.wait()
     comm.all_reduce(t, algorithm="ring")                 # the project's own ring
+    comm.all_reduce(t, algorithm="mpi")                  # MPI's (default: "auto" picks)
     comm.all_reduce(t, algorithm="shm")                  # through shared memory (one node)
     comm.all_reduce_coalesced(grads, bucket_bytes=1 << 20)
     pair = comm.new_group([0, 1])
@@ -24,7 +25,12 @@ to ``comm``::
   ``clusterkernel.metrics.recorder()``.
 - ``algorithm="shm"`` (all_reduce, broadcast, all_gather, reduce_scatter and their
   tensor forms, all_reduce_coalesced) moves data through an MPI-3 shared window
-  of the group's ranks, which must share one node; the default stays ``"mpi"``.
+  of the group's ranks, which must share one node.
+- ``algorithm="auto"``, the default of every call that takes ``algorithm=``, picks
+  MPI, the ring or shared memory by size, group size and node layout from a table
+  measured on this machine (:func:`tune`) or shipped with the package;
+  :func:`auto_choice` tells what it picks, and each timing record names what ran.
+  ``CLUSTERKERNEL_ALGORITHM=mpi`` forces one algorithm everywhere.
 - Mismatches are caught: the first call of each new signature (op, size, dtype,
   reduce op, root) on a group is compared across its ranks before data moves, so a
   rank passing another size raises :class:`CollectiveMismatchError` on every rank
@@ -42,6 +48,7 @@ through a contiguous host copy (device tensors go direct when MPI is CUDA-aware)
 from __future__ import annotations
 
 from clusterkernel.comm._alltoall import all_to_all, all_to_all_single
+from clusterkernel.comm._auto import auto_choice
 from clusterkernel.comm._check import check_enabled, set_check
 from clusterkernel.comm._dtypes import cuda_aware, force_staging
 from clusterkernel.comm._errors import CollectiveMismatchError, CommError
@@ -76,6 +83,7 @@ from clusterkernel.comm._objects import (
 from clusterkernel.comm._ops import AVG, MAX, MIN, PRODUCT, SUM, ReduceOp
 from clusterkernel.comm._p2p import irecv, isend, recv, recv_object, send, send_object
 from clusterkernel.comm._reductions import all_reduce, reduce, reduce_scatter, reduce_scatter_tensor
+from clusterkernel.comm._tune import tune
 
 # torch.distributed spellings, so ported code runs unchanged.
 get_rank = rank
@@ -117,6 +125,7 @@ __all__ = [
     "all_reduce_coalesced",
     "all_to_all",
     "all_to_all_single",
+    "auto_choice",
     "barrier",
     "broadcast",
     "broadcast_object",
@@ -151,4 +160,5 @@ __all__ = [
     "set_flight",
     "size",
     "split",
+    "tune",
 ]

@@ -17,7 +17,7 @@ from functools import lru_cache
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm import _check, _hugepages, _ring, _shm
+from clusterkernel.comm import _auto, _check, _hugepages, _ring, _shm
 from clusterkernel.comm._begin import begin
 from clusterkernel.comm._dtypes import DTYPES, F32, as_numpy, buf, dtype_of
 from clusterkernel.comm._groups import Group, member
@@ -125,12 +125,13 @@ def all_reduce_coalesced(
     group: Group | None = None,
     async_op: bool = False,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    algorithm: str = "mpi",
+    algorithm: str = "auto",
 ) -> Work | None:
     """Allreduce a list of tensors in place, packed into buckets of ``bucket_bytes``.
 
     One allreduce per bucket instead of one per tensor; tensors may differ in shape
-    and dtype (each bucket holds one dtype).
+    and dtype (each bucket holds one dtype). ``algorithm`` as in :func:`all_reduce`
+    (``"auto"`` chooses by the largest bucket's size).
 
     Example::
 
@@ -147,11 +148,15 @@ def all_reduce_coalesced(
             dtype_of(t, f"tensors[{i}]")
         raise
     op = parse_op(op)
-    check_algorithm(algorithm)
+    if algorithm != "auto":
+        check_algorithm(algorithm)
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
     buckets = _buckets_for(key, bucket_bytes, tensors, op)
     nbytes = sum(b.nbytes for b in buckets)
+    if algorithm == "auto":
+        biggest = max((b.nbytes for b in buckets), default=0)
+        algorithm = _auto.choose(g, "all_reduce_coalesced", biggest)
     entry = begin(
         g,
         "all_reduce_coalesced",

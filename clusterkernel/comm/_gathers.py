@@ -12,7 +12,7 @@ from functools import partial
 
 import torch
 
-from clusterkernel.comm import _shm
+from clusterkernel.comm import _auto, _shm
 from clusterkernel.comm._begin import begin
 from clusterkernel.comm._dtypes import bbuf, buf, dtype_of, unstage, wire
 from clusterkernel.comm._groups import Group, member
@@ -26,16 +26,20 @@ def broadcast(
     src: int = 0,
     group: Group | None = None,
     async_op: bool = False,
-    algorithm: str = "mpi",
+    algorithm: str = "auto",
 ) -> Work | None:
     """Copy ``tensor`` from rank ``src`` to every rank of the group, in place.
 
-    ``algorithm="shm"`` goes through the group's shared memory (one node).
+    ``algorithm="shm"`` goes through the group's shared memory (one node); ``"auto"``
+    (the default) picks it or ``"mpi"`` by size.
 
     Example: ``comm.broadcast(weights, src=0)``
     """
     g, c = member(group)
     root = g.group_rank(src, "src")
+    if algorithm == "auto":
+        dtype_of(tensor)  # a clear error for a non-tensor, before any message
+        algorithm = _auto.choose(g, "broadcast", tensor.nbytes)
     if algorithm != "mpi":
         check_algorithm(algorithm, DATA_ALGORITHMS, "broadcast")
         dtype_of(tensor)
@@ -134,11 +138,12 @@ def all_gather(
     tensor: torch.Tensor,
     group: Group | None = None,
     async_op: bool = False,
-    algorithm: str = "mpi",
+    algorithm: str = "auto",
 ) -> Work | None:
     """Every rank receives every rank's ``tensor`` into ``tensor_list`` (group rank order).
 
-    ``algorithm="shm"`` goes through the group's shared memory (one node).
+    ``algorithm="shm"`` goes through the group's shared memory (one node); ``"auto"``
+    (the default) picks it or ``"mpi"`` by size.
 
     Example::
 
@@ -146,6 +151,9 @@ def all_gather(
         comm.all_gather(out, torch.full((3,), float(comm.rank())))
     """
     g, c = member(group)
+    if algorithm == "auto":
+        dtype_of(tensor)  # a clear error for a non-tensor, before any message
+        algorithm = _auto.choose(g, "all_gather", tensor.nbytes * g.size)
     if algorithm != "mpi":
         check_algorithm(algorithm, DATA_ALGORITHMS, "all_gather")
         dtype_of(tensor)
@@ -175,11 +183,11 @@ def all_gather_into_tensor(
     input: torch.Tensor,
     group: Group | None = None,
     async_op: bool = False,
-    algorithm: str = "mpi",
+    algorithm: str = "auto",
 ) -> Work | None:
     """Gather every rank's ``input`` into ``output`` (``size * input.numel()`` elements,
     group rank order), without per-rank copies. ``algorithm="shm"`` goes through the
-    group's shared memory (one node).
+    group's shared memory (one node); ``"auto"`` (the default) picks it or ``"mpi"``.
 
     Example::
 
@@ -193,6 +201,8 @@ def all_gather_into_tensor(
             f"all_gather_into_tensor: output has {output.numel()} elements, needs "
             f"{g.size} x {input.numel()} = {g.size * input.numel()}"
         )
+    if algorithm == "auto":
+        algorithm = _auto.choose(g, "all_gather_into_tensor", output.nbytes)
     if algorithm != "mpi":
         check_algorithm(algorithm, DATA_ALGORITHMS, "all_gather_into_tensor")
         name = "all_gather_into_tensor"

@@ -38,6 +38,7 @@ class Group:
         "_calls",
         "_sigs",
         "_shm",
+        "_auto",
     )
 
     def __init__(self, comm: MPI.Intracomm | None, ranks: tuple[int, ...], name: str):
@@ -52,6 +53,7 @@ class Group:
         self._calls = 0  # collectives entered: the flight recorder's sequence number
         self._sigs: set = set()  # call signatures every member has agreed on (_check)
         self._shm = None  # the shared-memory segment of algorithm="shm" (_shm_segment)
+        self._auto: dict | None = None  # algorithm="auto"'s rules for this group (_auto)
 
     def __repr__(self) -> str:
         return f"Group({self.name}, ranks={list(self.ranks)}, rank={self.rank})"

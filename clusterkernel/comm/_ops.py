@@ -99,4 +99,7 @@ def check_algorithm(
 ) -> None:
     """Raise a clear error for an algorithm not in ``allowed`` (default: all_reduce's)."""
     if algorithm not in allowed:
-        raise ValueError(f"unknown algorithm {algorithm!r} for {what}; use one of {allowed}")
+        raise ValueError(
+            f"unknown algorithm {algorithm!r} for {what}; use 'auto' (the default) or one "
+            f"of {allowed}"
+        )

@@ -10,12 +10,13 @@ call, blocking or nonblocking (``async_op=True`` returns a
 from __future__ import annotations
 
 import sys
+from bisect import bisect_right as _bisect
 from functools import partial
 
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm import _ring, _shm
+from clusterkernel.comm import _auto, _ring, _shm
 from clusterkernel.comm._begin import begin
 from clusterkernel.comm._check import STATE as _CHECK
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
@@ -64,13 +65,15 @@ def all_reduce(
     op: ReduceOp = SUM,
     group: Group | None = None,
     async_op: bool = False,
-    algorithm: str = "mpi",
+    algorithm: str = "auto",
 ) -> Work | None:
     """Reduce ``tensor`` across the group, in place, on every rank.
 
-    ``algorithm="mpi"`` uses MPI's own allreduce; ``"ring"`` the project's chunked,
-    pipelined ring (reduce-scatter then all-gather); ``"shm"`` the group's shared
-    memory (every rank of the group on one node).
+    ``algorithm="auto"`` (the default) picks one of the others by size, group size
+    and node layout (:func:`~clusterkernel.comm.auto_choice`); ``"mpi"`` uses MPI's
+    own allreduce; ``"ring"`` the project's chunked, pipelined ring (reduce-scatter
+    then all-gather); ``"shm"`` the group's shared memory (every rank of the group
+    on one node).
 
     Example::
 
@@ -92,6 +95,15 @@ def all_reduce(
     except AttributeError:
         dtype = None  # not a tensor: wire() below says so
     info = _DTYPES.get(dtype)
+    if algorithm == "auto":
+        if info is None:
+            algorithm = "mpi"  # not a tensor, or no such dtype: wire() below says so
+        else:  # _auto.choose() inlined
+            rules = g._auto
+            if rules is None:
+                rules = _auto.setup(g, "all_reduce")
+            limits, algs = rules["all_reduce"]
+            algorithm = algs[_bisect(limits, tensor.nbytes)]
     if (
         info is not None
         and info.kind in "fib"  # halves reduce staged in float32; complex may be conj
@@ -178,11 +190,12 @@ def reduce_scatter(
     op: ReduceOp = SUM,
     group: Group | None = None,
     async_op: bool = False,
-    algorithm: str = "mpi",
+    algorithm: str = "auto",
 ) -> Work | None:
     """Reduce ``input_list[i]`` across ranks into group rank ``i``'s ``output``.
 
-    ``algorithm="shm"`` goes through the group's shared memory (one node).
+    ``algorithm="shm"`` goes through the group's shared memory (one node); ``"auto"``
+    (the default) picks it or ``"mpi"`` by size.
 
     Example::
 
@@ -193,6 +206,8 @@ def reduce_scatter(
     op = parse_op(op)
     info = dtype_of(output, "output")
     ins = check_list(input_list, g.size, output, "input_list")
+    if algorithm == "auto":
+        algorithm = _auto.choose(g, "reduce_scatter", output.nbytes * g.size)
     if algorithm != "mpi":
         check_algorithm(algorithm, DATA_ALGORITHMS, "reduce_scatter")
         op_for(op, info.kind, output.dtype)  # raises for an op undefined on the dtype
@@ -223,11 +238,12 @@ def reduce_scatter_tensor(
     op: ReduceOp = SUM,
     group: Group | None = None,
     async_op: bool = False,
-    algorithm: str = "mpi",
+    algorithm: str = "auto",
 ) -> Work | None:
     """Reduce ``input`` (``size * output.numel()`` elements) across ranks; group rank
     ``i`` gets block ``i`` of the result in ``output``. ``algorithm="shm"`` goes
-    through the group's shared memory (one node).
+    through the group's shared memory (one node); ``"auto"`` (the default) picks it
+    or ``"mpi"`` by size.
 
     Example::
 
@@ -242,6 +258,8 @@ def reduce_scatter_tensor(
             f"reduce_scatter_tensor: input has {input.numel()} elements, needs "
             f"{g.size} x {output.numel()} = {g.size * output.numel()}"
         )
+    if algorithm == "auto":
+        algorithm = _auto.choose(g, "reduce_scatter_tensor", input.nbytes)
     if algorithm != "mpi":
         check_algorithm(algorithm, DATA_ALGORITHMS, "reduce_scatter_tensor")
         op_for(op, _DTYPES[output.dtype].kind, output.dtype)  # raises if undefined

@@ -1,0 +1,162 @@
+"""algorithm="auto" on every rank: rules from a table file, the forced algorithm,
+errors raised on every rank, the choice in the timing record, and comm.tune()."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from _helpers import RANK, SIZE, WORLD, agree, expect_error
+
+from clusterkernel import comm, metrics
+from clusterkernel.comm import _auto
+
+KB = 1024
+
+
+@pytest.fixture
+def table_file(tmp_path_factory):
+    """A table file (same path on every rank) and the env pointing at it, undone after."""
+    path = Path(WORLD.bcast(str(tmp_path_factory.mktemp("auto")) if RANK == 0 else None))
+
+    def write(rules: list[dict]) -> None:
+        if RANK == 0:
+            path.joinpath("t.json").write_text(json.dumps({"version": 1, "rules": rules}))
+        WORLD.Barrier()
+        os.environ[_auto.ENV_TABLE] = str(path / "t.json")
+
+    yield write
+    os.environ.pop(_auto.ENV_TABLE, None)
+    os.environ.pop(_auto.ENV_ALGORITHM, None)
+
+
+def _row(op, limits, algs, nodes=1, ranks=SIZE):
+    return {"op": op, "nodes": nodes, "ranks": ranks, "limits": limits, "algs": algs}
+
+
+def _fresh():
+    """A new group of every rank: its first auto call reads the table anew."""
+    return comm.new_group(list(range(SIZE)))
+
+
+def test_rules_from_a_table_pick_by_size_and_are_recorded(table_file):
+    table_file([_row("all_reduce", [16 * KB, 1 << 20], ["mpi", "shm", "ring"])])
+    g = _fresh()
+    picks = [comm.auto_choice("all_reduce", n, g) for n in (4 * KB, 64 * KB, 4 << 20)]
+    agree(picks == ["mpi", "shm", "ring"], f"picks {picks}")
+    rec = metrics.recorder()
+    ok = True
+    for n in (1024, 16 * 1024, 1 << 20):  # float32: 4 KB, 64 KB, 4 MB
+        t = torch.full((n,), float(RANK + 1))
+        comm.all_reduce(t, group=g)
+        ok = ok and bool((t == SIZE * (SIZE + 1) / 2).all())
+    algs = [r["algorithm"] for r in rec.records("comm") if r["op"] == "all_reduce"][-3:]
+    agree(ok, "sums")
+    agree(algs == ["mpi", "shm", "ring"], f"recorded {algs}")
+    comm.destroy_group(g)
+
+
+def test_the_nearest_group_size_and_a_missing_op_fall_back(table_file):
+    # Only a rule for 64 ranks (the nearest there is) and none for broadcast.
+    table_file([_row("all_reduce", [100], ["mpi", "shm"], ranks=64)])
+    g = _fresh()
+    agree(comm.auto_choice("all_reduce", 4 * KB, g) == "shm", "nearest size")
+    agree(comm.auto_choice("broadcast", 1 << 26, g) == "mpi", "no rule: mpi")
+    comm.destroy_group(g)
+
+
+def test_rules_for_several_nodes_never_use_shared_memory():
+    rules = _auto.rules_for([_row("all_reduce", [100], ["mpi", "shm"], nodes=2)], 2, 4)
+    assert rules["all_reduce"] == ((100,), ("mpi", "mpi"))
+    one_node = _auto.rules_for([_row("all_reduce", [100], ["mpi", "shm"], nodes=2)], 1, 4)
+    assert one_node["all_reduce"] == ((), ("mpi",))  # a several-node row is not used
+
+
+def test_forced_algorithm_applies_where_the_op_has_it(table_file):
+    table_file([_row("broadcast", [], ["shm"])])
+    os.environ[_auto.ENV_ALGORITHM] = "ring"
+    g = _fresh()
+    agree(comm.auto_choice("all_reduce", 4 * KB, g) == "ring", "forced ring")
+    agree(comm.auto_choice("broadcast", 4 * KB, g) == "shm", "broadcast has no ring")
+    t = torch.full((10,), float(RANK))
+    comm.all_reduce(t, group=g)
+    agree(bool((t == SIZE * (SIZE - 1) / 2).all()), "ring sum")
+    comm.destroy_group(g)
+
+
+def test_a_bad_forced_algorithm_on_one_rank_raises_on_every_rank(table_file):
+    table_file([])
+    if RANK == SIZE - 1:
+        os.environ[_auto.ENV_ALGORITHM] = "tree"
+    g = _fresh()
+    msg = expect_error(comm.CommError, comm.all_reduce, torch.ones(4), group=g)
+    agree(f"rank {SIZE - 1}: " in msg and "'tree'" in msg, msg)
+    comm.destroy_group(g)
+
+
+def test_auto_against_an_explicit_algorithm_is_a_mismatch(table_file):
+    if SIZE == 1:
+        pytest.skip("a mismatch needs two ranks")
+    table_file([])
+    g = _fresh()
+    alg = "mpi" if RANK == 0 else "auto"
+    msg = expect_error(
+        comm.CollectiveMismatchError, comm.all_reduce, torch.ones(4), group=g, algorithm=alg
+    )
+    agree("algorithm=auto" in msg and "algorithm=mpi" in msg, msg)
+    comm.destroy_group(g)
+
+
+def test_tune_measures_applies_and_caches_privately(tmp_path_factory):
+    cache = Path(WORLD.bcast(str(tmp_path_factory.mktemp("cache")) if RANK == 0 else None))
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    try:
+        g = _fresh()
+        table = comm.tune(g, ops=("all_reduce", "broadcast"), sizes=(4 * KB, 256 * KB), rounds=1)
+        r = table["all_reduce"]
+        agree(set(r["times"]) == {"mpi", "ring", "shm"}, f"measured {set(r['times'])}")
+        agree(all(t > 0 for ts in r["times"].values() for t in ts), "times")
+        # What tune found is what auto now picks.
+        limits, algs = r["limits"], r["algs"]
+        want = algs[0] if not limits or 4 * KB < limits[0] else algs[1]
+        agree(comm.auto_choice("all_reduce", 4 * KB, g) == want, "applied")
+        WORLD.Barrier()
+        path = _auto.cache_path()
+        ok = path.exists() and stat.S_IMODE(path.stat().st_mode) == 0o600
+        rows = json.loads(path.read_text())["machines"][_auto.machine_id()]["rules"]
+        ok = ok and {(x["op"], x["ranks"]) for x in rows} == {
+            ("all_reduce", SIZE),
+            ("broadcast", SIZE),
+        }
+        agree(ok, f"cache {path}")
+        # A new group reads the cache (no table file set): the same rule.
+        g2 = _fresh()
+        agree(g2._auto is None and comm.auto_choice("all_reduce", 4 * KB, g2) == want, "cached")
+        comm.destroy_group(g)
+        comm.destroy_group(g2)
+    finally:
+        if old is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = old
+
+
+@pytest.mark.parametrize("n", [1, 1000, 300_000])
+def test_default_auto_is_correct_for_every_data_op(n):
+    # Whatever the shipped table picks at these sizes, the results are right.
+    x = torch.full((n,), float(RANK + 1))
+    comm.all_reduce(x)
+    b = torch.full((n,), float(RANK))
+    comm.broadcast(b, src=SIZE - 1)
+    out = torch.empty(SIZE * n)
+    comm.all_gather_into_tensor(out, torch.full((n,), float(RANK)))
+    rs = torch.empty(n)
+    comm.reduce_scatter_tensor(rs, torch.ones(SIZE * n))
+    ok = bool((x == SIZE * (SIZE + 1) / 2).all()) and bool((b == SIZE - 1).all())
+    ok = ok and bool((out.view(SIZE, n) == torch.arange(SIZE).view(SIZE, 1)).all())
+    agree(ok and bool((rs == SIZE).all()), f"n={n}")
