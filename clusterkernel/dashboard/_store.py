@@ -106,6 +106,7 @@ class _Rank:
         self.count = dict.fromkeys(KINDS, 0)
         self.series: dict[str, tuple[_Column, _Column]] = {}
         self.comm_totals: dict[str, list[float]] = {}  # op -> [count, bytes, secs, wait]
+        self.comm_algs: dict[str, set[str]] = {}  # op -> algorithms it ran with ("auto"'s picks)
         self.offset = 0.0  # wall - perf_counter on that rank
         self.seq = 0
         self.gaps = 0  # messages missing between sequence numbers
@@ -221,7 +222,14 @@ class MetricsStore:
         dur = _numeric(cols["duration"])
         wait = _numeric(cols["wait"])
         end = start + dur
+        algs = cols["alg"]
+        alg_codes = np.frombuffer(algs.codes, dtype=np.int64) if len(algs.names) > 1 else None
         for op, part in _by_code(cols["op"]):
+            used = r.comm_algs.setdefault(op, set())
+            if alg_codes is None:
+                used.add(algs.names[0])
+            else:
+                used.update(algs.names[i] for i in np.unique(alg_codes[part]))
             tot = r.comm_totals.setdefault(op, [0, 0, 0.0, 0.0])
             tot[0] += len(dur[part])
             tot[1] += int(nbytes[part].sum())
@@ -278,7 +286,8 @@ class MetricsStore:
             return out
 
     def comm_table(self) -> list[dict]:
-        """One row per rank and op: count, bytes, seconds in the call, seconds waited."""
+        """One row per rank and op: count, bytes, seconds in the call, seconds waited,
+        and the algorithms it ran with (what ``algorithm="auto"`` picked)."""
         with self._lock:
             rows = []
             for rank, r in sorted(self._ranks.items()):
@@ -287,6 +296,7 @@ class MetricsStore:
                         {
                             "rank": rank,
                             "op": op,
+                            "algorithms": sorted(r.comm_algs.get(op, ())),
                             "count": int(count),
                             "nbytes": int(nbytes),
                             "seconds": secs,

@@ -124,6 +124,9 @@ def _bytes(n: float) -> str:
     return f"{n:.1f}\u00a0GiB"
 
 
+_COMM_HEAD = ("rank", "op", "algorithm", "count", "bytes", "total s", "wait s", "mean ms", "")
+
+
 class CommPanel:
     """Time in each communication op per rank: a table with bars (count, bytes, wait).
 
@@ -141,12 +144,10 @@ class CommPanel:
             return
         self._last = rows
         top = max(r["seconds"] for r in rows) or 1.0
-        head = "".join(
-            f"<th>{h}</th>"
-            for h in ("rank", "op", "count", "bytes", "total s", "wait s", "mean ms", "")
-        )
+        head = "".join(f"<th>{h}</th>" for h in _COMM_HEAD)
         body = "".join(
-            f"<tr><td>{r['rank']}</td><td>{html.escape(str(r['op']))}</td><td>{r['count']}</td>"
+            f"<tr><td>{r['rank']}</td><td>{html.escape(str(r['op']))}</td>"
+            f"<td>{html.escape(', '.join(r['algorithms']))}</td><td>{r['count']}</td>"
             f"<td>{_bytes(r['nbytes'])}</td><td>{r['seconds']:.4f}</td><td>{r['wait_s']:.4f}</td>"
             f"<td>{1e3 * r['seconds'] / max(r['count'], 1):.3f}</td>"
             f"<td style='width:120px;text-align:left'><div style='background:{rank_color(r['rank'])};"

@@ -60,6 +60,7 @@ def test_store_series_comm_totals_gaps_and_records():
     assert row == {
         "rank": 0,
         "op": "all_reduce",
+        "algorithms": ["mpi"],
         "count": 3,
         "nbytes": 1200,
         "seconds": pytest.approx(0.3),
@@ -244,6 +245,20 @@ def test_comm_table_keeps_numbers_and_units_on_one_line():
     assert "overflow-x:auto" in page.styles["div"].replace(" ", "")  # too narrow: it scrolls
     sizes = [c for c in page.cells if c.endswith(("B", "KiB", "MiB", "GiB"))]
     assert sizes == ["36.9\u00a0KiB", "4.8\u00a0MiB"]  # a no-break space to its number
+
+
+def test_comm_table_names_every_algorithm_an_op_ran_with():
+    # What algorithm="auto" picked per size shows up next to the op.
+    s = MetricsStore()
+    comm = [("all_reduce", 4096, "mpi", 2, 100.0, 1e-5, 0.0)] * 2
+    comm += [("all_reduce", 1 << 26, "shm", 2, 100.1, 0.02, 0.0)]
+    comm += [("broadcast", 4096, "mpi", 2, 100.2, 1e-5, 0.0)]
+    s.ingest(_msg(0, 1, comm=comm))
+    rows = {r["op"]: r["algorithms"] for r in s.comm_table()}
+    assert rows == {"all_reduce": ["mpi", "shm"], "broadcast": ["mpi"]}
+    view = DashboardView()
+    view.comm.update(s)
+    assert "<td>mpi, shm</td>" in view.comm.widget.value
 
 
 def test_thin_always_keeps_the_latest_point():
