@@ -122,8 +122,8 @@ def all_reduce(
         op_for(op, info.kind, dtype)  # raises
     if algorithm != "mpi":
         check_algorithm(algorithm)
-    count = w.numel()
-    nbytes = count * info.itemsize
+    nbytes = w.nbytes  # cheaper to read than numel()
+    count = nbytes // info.itemsize
     # begin() inlined for the common case, an agreed signature (the key is begin's)
     chk = _CHECK
     key = ("all_reduce", dtype, count, op, None, algorithm, -1, -1)

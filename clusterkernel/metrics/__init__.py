@@ -164,8 +164,11 @@ class Recorder:
             req.wait()                   # e.g. a raw mpi4py exchange
             metrics.recorder().timing("halo", 8192, t0, time.perf_counter() - t0)
         """
-        if self.enabled:
-            self._append("comm", (op, nbytes, algorithm, group_size, start, duration, wait))
+        if self.enabled:  # _append() inlined: every comm call lands here
+            store = self.comm
+            store.append((op, nbytes, algorithm, group_size, start, duration, wait))
+            if len(store) > self.capacity:
+                self.trim("comm")
 
     def log(self, step: int | None = None, **scalars: float) -> None:
         """Record scalar values (loss, accuracy, ...) at a training step.
