@@ -6,7 +6,10 @@ Run (from the repository root; one MPI job at a time on a shared machine):
 
 Same data, same models, global batch 128, plain SGD, samples/s of:
 
-- ``clusterkernel``  ``DataParallel`` (bucketed async allreduce from grad hooks), 2 ranks
+- ``clusterkernel``  ``DataParallel`` (bucketed async allreduce from grad hooks), 2 ranks,
+  with comm's default ``algorithm="auto"``
+- ``ck_mpi``         the same on a group whose ``auto`` is forced to MPI (issue 13's
+  end-to-end comparison)
 - ``ddp_gloo``       ``torch.nn.parallel.DistributedDataParallel`` over gloo, 2 ranks
 - ``mpi4py_flat``    hand-written loop: flatten grads, one ``MPI.Allreduce``, unflatten
 - ``per_param``      the tutorial's ``average_gradients`` (one allreduce per tensor)
@@ -40,7 +43,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 128
-VARIANTS = ("clusterkernel", "ddp_gloo", "mpi4py_flat", "per_param", "no_comm")
+VARIANTS = ("clusterkernel", "ck_mpi", "ddp_gloo", "mpi4py_flat", "per_param", "no_comm")
+_CK = ("clusterkernel", "ck_mpi")
 
 
 def mpi_launch():
@@ -114,6 +118,19 @@ def run_single(model_name: str, steps: int, warmup: int) -> dict:
     return {"samples_per_s": steps * GLOBAL_BATCH / elapsed}
 
 
+def mpi_only_group():
+    """Every rank, as a group whose ``algorithm="auto"`` always runs MPI (collective)."""
+    from clusterkernel import comm
+
+    g = comm.new_group(list(range(comm.size())))
+    os.environ["CLUSTERKERNEL_ALGORITHM"] = "mpi"
+    try:
+        comm.auto_choice("all_reduce", 0, g)  # the group's rules are made now, forced
+    finally:
+        del os.environ["CLUSTERKERNEL_ALGORITHM"]
+    return g
+
+
 def _make_step(variant: str, model_name: str, world, comm_times: list[float]):
     """One training step of ``variant`` on its own copy of the model."""
     import torch
@@ -127,14 +144,16 @@ def _make_step(variant: str, model_name: str, world, comm_times: list[float]):
     model = make_model(model_name)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     net = model
-    if variant == "clusterkernel":
-        net = DataParallel(model, optimizer=opt)  # opt.step() waits for the averages
+    if variant in _CK:  # opt.step() waits for the averages
+        net = DataParallel(
+            model, optimizer=opt, group=mpi_only_group() if variant == "ck_mpi" else None
+        )
     elif variant == "ddp_gloo":
         net = DDP(model)
     params = list(model.parameters())
 
     def exchange() -> None:
-        if variant == "clusterkernel":
+        if variant in _CK:
             comm_times.append(net.last_comm_seconds)
         elif variant == "mpi4py_flat":
             flat = torch.cat([p.grad.reshape(-1) for p in params])
@@ -154,10 +173,10 @@ def _make_step(variant: str, model_name: str, world, comm_times: list[float]):
     def step(b) -> None:
         opt.zero_grad(set_to_none=False)
         F.cross_entropy(net(b[0]), b[1]).backward()
-        if variant != "clusterkernel":
+        if variant not in _CK:
             exchange()
         opt.step()
-        if variant == "clusterkernel":
+        if variant in _CK:
             exchange()
 
     return step
