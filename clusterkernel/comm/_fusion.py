@@ -22,7 +22,15 @@ from clusterkernel.comm._begin import begin
 from clusterkernel.comm._dtypes import DTYPES, F32, as_numpy, buf, dtype_of
 from clusterkernel.comm._groups import Group, member
 from clusterkernel.comm._handle import Call, Work, _now, drive, note
-from clusterkernel.comm._ops import AVG, SUM, ReduceOp, check_algorithm, op_for, parse_op
+from clusterkernel.comm._ops import (
+    AVG,
+    FUSED_ALGORITHMS,
+    SUM,
+    ReduceOp,
+    check_algorithm,
+    op_for,
+    parse_op,
+)
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # as torch DDP
 _CACHE_SIZE = 16
@@ -147,7 +155,7 @@ def all_reduce_coalesced(
             dtype_of(t, f"tensors[{i}]")
         raise
     op = parse_op(op)
-    check_algorithm(algorithm)
+    check_algorithm(algorithm, FUSED_ALGORITHMS, "all_reduce_coalesced")
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
     buckets = _buckets_for(key, bucket_bytes, tensors, op)

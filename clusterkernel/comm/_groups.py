@@ -38,6 +38,7 @@ class Group:
         "_calls",
         "_sigs",
         "_shm",
+        "_hier",
     )
 
     def __init__(self, comm: MPI.Intracomm | None, ranks: tuple[int, ...], name: str):
@@ -52,6 +53,7 @@ class Group:
         self._calls = 0  # collectives entered: the flight recorder's sequence number
         self._sigs: set = set()  # call signatures every member has agreed on (_check)
         self._shm = None  # the shared-memory segment of algorithm="shm" (_shm_segment)
+        self._hier = None  # algorithm="hier"'s node and leader communicators (_hier)
 
     def __repr__(self) -> str:
         return f"Group({self.name}, ranks={list(self.ranks)}, rank={self.rank})"
@@ -100,6 +102,9 @@ class Group:
 
     def free(self) -> None:
         """Release the communicators (collective over the group's members)."""
+        if self._hier is not None:
+            self._hier.free()
+            self._hier = None
         if self._shm is not None:
             self._shm.free()
             self._shm = None

@@ -40,6 +40,7 @@ class Call(NamedTuple):
     alg: str
     gsize: int
     entry: list | None = None  # the flight recorder's entry (None when it is off)
+    record: bool = True  # False: a step of another call (hier), timed as part of it
 
 
 def note(call: Call, t0: float, wait: float | None) -> None:
@@ -48,7 +49,7 @@ def note(call: Call, t0: float, wait: float | None) -> None:
     if entry is not None:
         entry[DONE] = True
     rec = _REC
-    if rec.enabled:
+    if rec.enabled and call.record:
         dur = _now() - t0
         rec.timing(
             call.name, call.nbytes, t0, dur, dur if wait is None else wait, call.alg, call.gsize
