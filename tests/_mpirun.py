@@ -59,6 +59,7 @@ def run_mpi(
     cwd: str | Path | None = None,
     tag_output: bool = False,
     fault_tolerant: bool = False,
+    hosts: list[tuple[str, int | None]] | None = None,
 ) -> MPIRun:
     """Run ``python <python_args>`` on ``n`` ranks under ``mpiexec``; return its output.
 
@@ -66,7 +67,8 @@ def run_mpi(
     ``"-m", "pytest", "case.py"``. ``env`` adds to (and overrides) the runtime's
     environment. ``tag_output`` prefixes every line with its rank (Open MPI's
     ``--tag-output``), which helps read a failure of many ranks. ``fault_tolerant``
-    keeps the job alive when a rank dies (see :meth:`MPIRuntime.env`).
+    keeps the job alive when a rank dies (see :meth:`MPIRuntime.env`). ``hosts``
+    (``[(name, slots), ...]``) places the ranks on those machines.
 
     Fails the calling test, showing stdout and stderr, if the job exits non-zero or
     outlives ``timeout`` seconds (then every process of the job is killed first).
@@ -77,7 +79,12 @@ def run_mpi(
     full_env["OMP_NUM_THREADS"] = "1"  # ranks share 2 cores; more threads only contend
     full_env.update(env or {})
     tag = ["--tag-output"] if tag_output else []
-    cmd = [*rt.command(n, fault_tolerant=fault_tolerant), *tag, sys.executable, *python_args]
+    cmd = [
+        *rt.command(n, fault_tolerant=fault_tolerant, hosts=hosts),
+        *tag,
+        sys.executable,
+        *python_args,
+    ]
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,

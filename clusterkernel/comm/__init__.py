@@ -12,6 +12,7 @@ to ``comm``::
     comm.all_reduce(t, algorithm="ring")                 # the project's own ring
     comm.all_reduce(t, algorithm="mpi")                  # MPI's (default: "auto" picks)
     comm.all_reduce(t, algorithm="shm")                  # through shared memory (one node)
+    comm.all_reduce(t, algorithm="hier")                 # shm per node, MPI between nodes
     comm.all_reduce_coalesced(grads, bucket_bytes=1 << 20)
     pair = comm.new_group([0, 1])
 

@@ -35,7 +35,7 @@ from clusterkernel.records import human_bytes
 
 _SIG_LEN = 16
 _MAX_DIMS = 6
-_ALGS = ("mpi", "ring", "shm", "auto")
+_ALGS = ("mpi", "ring", "shm", "hier", "auto")
 # Every checked call; a rank must be able to name a call it did not make itself.
 CHECKED_CALLS = (
     "barrier",

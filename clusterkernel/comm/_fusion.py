@@ -22,7 +22,15 @@ from clusterkernel.comm._begin import begin
 from clusterkernel.comm._dtypes import DTYPES, F32, as_numpy, buf, dtype_of
 from clusterkernel.comm._groups import Group, member
 from clusterkernel.comm._handle import Call, Work, _now, drive, note
-from clusterkernel.comm._ops import AVG, SUM, ReduceOp, check_algorithm, op_for, parse_op
+from clusterkernel.comm._ops import (
+    AVG,
+    FUSED_ALGORITHMS,
+    SUM,
+    ReduceOp,
+    check_algorithm,
+    op_for,
+    parse_op,
+)
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # as torch DDP
 _CACHE_SIZE = 16
@@ -149,7 +157,7 @@ def all_reduce_coalesced(
         raise
     op = parse_op(op)
     if algorithm != "auto":
-        check_algorithm(algorithm)
+        check_algorithm(algorithm, FUSED_ALGORITHMS, "all_reduce_coalesced")
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
     buckets = _buckets_for(key, bucket_bytes, tensors, op)
@@ -157,6 +165,8 @@ def all_reduce_coalesced(
     if algorithm == "auto":
         biggest = max((b.nbytes for b in buckets), default=0)
         algorithm = _auto.choose(g, "all_reduce_coalesced", biggest)
+        if algorithm not in FUSED_ALGORITHMS:  # no hierarchy for buckets (yet): MPI
+            algorithm = "mpi"
     entry = begin(
         g,
         "all_reduce_coalesced",

@@ -38,6 +38,7 @@ class Group:
         "_calls",
         "_sigs",
         "_shm",
+        "_hier",
         "_auto",
     )
 
@@ -53,6 +54,7 @@ class Group:
         self._calls = 0  # collectives entered: the flight recorder's sequence number
         self._sigs: set = set()  # call signatures every member has agreed on (_check)
         self._shm = None  # the shared-memory segment of algorithm="shm" (_shm_segment)
+        self._hier = None  # algorithm="hier"'s node and leader communicators (_hier)
         self._auto: dict | None = None  # algorithm="auto"'s rules for this group (_auto)
 
     def __repr__(self) -> str:
@@ -102,6 +104,9 @@ class Group:
 
     def free(self) -> None:
         """Release the communicators (collective over the group's members)."""
+        if self._hier is not None:
+            self._hier.free()
+            self._hier = None
         if self._shm is not None:
             self._shm.free()
             self._shm = None

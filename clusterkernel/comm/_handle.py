@@ -40,15 +40,16 @@ class Call(NamedTuple):
     alg: str
     gsize: int
     entry: list | None = None  # the flight recorder's entry (None when it is off)
+    record: bool = True  # False: a step of another call (hier), timed as part of it
 
 
 def note(call: Call, t0: float, wait: float | None) -> None:
     """Record a finished call; ``wait=None`` means a sync call (blocked throughout)."""
-    name, nbytes, alg, gsize, entry = call  # a Call, or the same fields as a plain tuple
+    name, nbytes, alg, gsize, entry, record = call  # a Call, or its fields as a plain tuple
     if entry is not None:
         entry[DONE] = True
     rec = _REC
-    if rec.enabled:
+    if rec.enabled and record:
         dur = _now() - t0
         rec.timing(name, nbytes, t0, dur, dur if wait is None else wait, alg, gsize)
 

@@ -90,7 +90,8 @@ def _undefined(op: ReduceOp, kind: str, dtype: object) -> str:
     return f"op {op.name} is not supported for {dtype}"
 
 
-ALGORITHMS = ("mpi", "ring", "shm")  # for all_reduce
+ALGORITHMS = ("mpi", "ring", "shm", "hier")  # for all_reduce
+FUSED_ALGORITHMS = ("mpi", "ring", "shm")  # all_reduce_coalesced
 DATA_ALGORITHMS = ("mpi", "shm")  # broadcast, all_gather, reduce_scatter (no ring)
 
 

@@ -16,7 +16,7 @@ from functools import partial
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm import _auto, _ring, _shm
+from clusterkernel.comm import _auto, _hier, _ring, _shm
 from clusterkernel.comm._begin import begin
 from clusterkernel.comm._check import STATE as _CHECK
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
@@ -73,7 +73,8 @@ def all_reduce(
     and node layout (:func:`~clusterkernel.comm.auto_choice`); ``"mpi"`` uses MPI's
     own allreduce; ``"ring"`` the project's chunked, pipelined ring (reduce-scatter
     then all-gather); ``"shm"`` the group's shared memory (every rank of the group
-    on one node).
+    on one node); ``"hier"`` shared memory in each node and MPI between one leader
+    per node (for a group spanning nodes).
 
     Example::
 
@@ -112,8 +113,8 @@ def all_reduce(
         and not _STAGING.force
     ):
         w = tensor  # zero copy: MPI works on the tensor's own memory
-    elif algorithm == "shm":
-        w = tensor  # shm copies (and casts halves) into its slots itself
+    elif algorithm == "shm" or algorithm == "hier":
+        w = tensor  # shm and hier copy (and cast halves) themselves
         info = dtype_of(tensor)
     else:
         w, info = wire(tensor, reduce=True)
@@ -144,6 +145,8 @@ def all_reduce(
     if algorithm != "mpi":
         if algorithm == "shm":
             return _shm.all_reduce(g, tensor, info, op, async_op, entry)
+        if algorithm == "hier":
+            return _hier.all_reduce(g, tensor, op, async_op, entry)
         return _ring.all_reduce(g, tensor, w, info, op, async_op, entry)
     spec = [_fromaddress(w.data_ptr(), nbytes), count, info.mpi] if nbytes < _BIG else buf(w, info)
     finish = None if (w is tensor and op is not AVG) else _reduce_finisher(tensor, w, op, g.size)
@@ -153,7 +156,7 @@ def all_reduce(
     c.Allreduce(_IN_PLACE, spec, mpi_op)
     if finish is not None:
         finish()
-    note(("all_reduce", nbytes, "mpi", g.size, entry), t0, None)  # a Call's fields, unboxed
+    note(("all_reduce", nbytes, "mpi", g.size, entry, True), t0, None)  # a Call's fields
     return None
 
 

@@ -11,151 +11,29 @@ sshd on the CI machine). Everything else is the real thing.
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
+import json
 import os
-import re
-import shutil
 import socket
-import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 
 from clusterkernel import Cluster, ClusterError
+from tests._mpirun import run_mpi
+from tests._netns import NetnsHost, NoSecondHost, ip, second_host, ssh_agent, two_host_env
 from tests._procs import wait_no_cluster_processes
-
-# Another fixture (a Slurm test bed) takes 10.231.x.0/24: ours start above it.
-_FIRST_SUBNET = ipaddress.ip_network("10.232.0.0/24")
-_LAST_SUBNET = ipaddress.ip_network("10.239.255.0/24")
-
-
-@dataclass
-class _NetnsHost:
-    ns: str  # namespace name
-    hostname: str  # the host name processes inside it see
-    veth: str  # this machine's end of the link
-    subnet: str  # the link's network, e.g. "10.232.0.0/24"
-    host_ip: str  # this machine's address on it (.1)
-    ns_ip: str  # the other "machine"'s (.2)
-
-    def pids(self) -> list[int]:
-        out = _ip("netns", "pids", self.ns).stdout
-        return [int(p) for p in out.split()]
-
-    def inode(self) -> int:
-        """The namespace's inode, what ``/proc/self/ns/net`` shows inside it."""
-        return os.stat(f"/run/netns/{self.ns}").st_ino
-
-    def link_bytes(self) -> int:
-        """Bytes sent plus received on this machine's end of the link."""
-        stats = Path("/sys/class/net", self.veth, "statistics")
-        return sum(int((stats / f).read_text()) for f in ("rx_bytes", "tx_bytes"))
-
-
-def _which(program: str) -> str:
-    path = shutil.which(program) or shutil.which(program, path="/usr/sbin:/sbin:/usr/bin:/bin")
-    if path is None:
-        pytest.skip(f"needs `{program}` to stand in for a second machine")
-    return path
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([_which("ip"), *args], capture_output=True, text=True, check=check)
-
-
-def _free_subnet() -> ipaddress.IPv4Network:
-    """The first 10.23x.y.0/24 from 10.232.0.0 that no route or address here touches.
-
-    A fixed subnet collides with a link another test (or anything else) set up.
-    """
-    shown = _ip("-4", "route", "show", "table", "all").stdout + _ip("-4", "-br", "addr").stdout
-    used = [
-        ipaddress.ip_network(m, strict=False)
-        for m in re.findall(r"\b\d+\.\d+\.\d+\.\d+(?:/\d+)?", shown)
-    ]
-    net = _FIRST_SUBNET
-    while net.network_address <= _LAST_SUBNET.network_address:
-        if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
-            return net
-        net = ipaddress.ip_network((int(net.network_address) + 256, 24))
-    pytest.skip(f"no free /24 between {_FIRST_SUBNET} and {_LAST_SUBNET}")
 
 
 @pytest.fixture(scope="module")
 def netns_host():
-    """A second "machine": a network namespace at .2 of a free subnet, routed to this one."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a network namespace")
-    tag = str(os.getpid())
-    subnet = _free_subnet()
-    host = _NetnsHost(
-        ns=f"ck-host2-{tag}",
-        hostname=f"ck-host2-{tag}",
-        veth=f"ckh{tag}",
-        subnet=str(subnet),
-        host_ip=str(subnet.network_address + 1),
-        ns_ip=str(subnet.network_address + 2),
-    )
-    peer = f"ckn{tag}"
-    etc = Path("/etc/netns", host.ns)
+    """A second "machine": a network namespace at .2 of a free subnet (tests/_netns.py)."""
     try:
-        made = _ip("netns", "add", host.ns, check=False)
-        if made.returncode != 0:
-            pytest.skip(f"cannot create a network namespace here: {made.stderr.strip()}")
-        for cmd in (
-            ["link", "add", host.veth, "type", "veth", "peer", "name", peer],
-            ["link", "set", peer, "netns", host.ns],
-            ["addr", "add", f"{host.host_ip}/24", "dev", host.veth],
-            ["link", "set", host.veth, "up"],
-            ["-n", host.ns, "addr", "add", f"{host.ns_ip}/24", "dev", peer],
-            ["-n", host.ns, "link", "set", peer, "up"],
-            ["-n", host.ns, "link", "set", "lo", "up"],
-            # Through this machine's end, the namespace reaches every address of it.
-            ["-n", host.ns, "route", "add", "default", "via", host.host_ip],
-        ):
-            _ip(*cmd)
-        # Its own /etc/hosts (`ip netns exec` mounts /etc/netns/<ns>/*), as on a
-        # real second machine: our host name means our address on the link, not
-        # the loopback address our own /etc/hosts may give it.
-        etc.mkdir(parents=True)
-        (etc / "hosts").write_text(
-            f"127.0.0.1 localhost\n{host.host_ip} {socket.gethostname()}\n"
-            f"{host.ns_ip} {host.hostname}\n"
-        )
-        yield host
-    finally:
-        for pid in host.pids():  # whatever a failed test left running in there
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()
-        _ip("netns", "del", host.ns, check=False)  # deletes the veth pair with it
-        _ip("link", "del", host.veth, check=False)
-        shutil.rmtree(etc, ignore_errors=True)
-
-
-def _ssh_agent(path: Path, host: _NetnsHost) -> Path:
-    """What mpiexec runs instead of ssh: ``agent <host> <command...>``.
-
-    Like ssh it hands the command to a shell on the other host: in the namespace,
-    under that host's name (a UTS namespace of its own), since Open MPI tells
-    nodes apart by host name. Each call is logged to ``<path>.log`` for a failure
-    to show.
-    """
-    ip, unshare, hostname = _which("ip"), _which("unshare"), _which("hostname")
-    path.write_text(
-        "#!/bin/sh\n"
-        f'echo "called with: $*" >> {path}.log\n'
-        'while [ "${1#-}" != "$1" ]; do shift; done  # ssh options, if any\n'
-        "shift  # the host name: there is only one other host\n"
-        # Full paths: mpiexec's PATH need not have the system's sbin/.
-        f"exec {ip} netns exec {host.ns} {unshare} --uts "
-        f'sh -c "{hostname} {host.hostname} && $*"\n'
-    )
-    path.chmod(0o755)
-    return path
+        with second_host() as host:
+            yield host
+    except NoSecondHost as exc:
+        pytest.skip(str(exc))
 
 
 _WHERE = """
@@ -186,12 +64,8 @@ node_sum = (x.min().item(), x.max().item())
 
 
 def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
-    env = {
-        "PRTE_MCA_plm_ssh_agent": str(_ssh_agent(tmp_path / "ssh", netns_host)),
-        # Ranks on different hosts use TCP (shared memory within a host); only
-        # the veth link may carry it, so a right sum means data crossed it.
-        "OMPI_MCA_btl_tcp_if_include": netns_host.subnet,
-    }
+    # Only the veth link may carry the ranks' TCP: a right sum means data crossed it.
+    env = two_host_env(netns_host, ssh_agent(tmp_path / "ssh", netns_host))
     here = socket.gethostname()
     cluster = Cluster(n=4, hosts=f"{here}:2,{netns_host.ns_ip}:2", env=env, start_timeout=60)
     assert cluster.multi_node
@@ -240,12 +114,44 @@ def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
     assert not left, f"left in the other host: {[_cmdline(p) for p in left]}"
 
 
-def _diagnose(host: _NetnsHost, agent_log: Path) -> str:
+def test_hier_all_reduce_across_two_hosts(netns_host, tmp_path):
+    """algorithm="hier" on 2 + 2 ranks (tests/cluster/_hier_two_hosts.py): every case
+    matches numpy, and of a large call only the leaders' blocks crossed the link."""
+    here = socket.gethostname()
+    env = two_host_env(netns_host, ssh_agent(tmp_path / "ssh", netns_host))
+    env["HIER_LINK_STATS"] = f"/sys/class/net/{netns_host.veth}/statistics"
+    script = Path(__file__).with_name("_hier_two_hosts.py")
+    hosts = [(here, 2), (netns_host.ns_ip, 2)]
+    out = run_mpi(4, str(script), hosts=hosts, env=env, timeout=300).stdout
+    line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+    res = json.loads(line.removeprefix("RESULT "))
+    there = netns_host.hostname
+    assert res["where"] == [[here, [0, 1]]] * 2 + [[there, [2, 3]]] * 2
+    assert res["layout"] == [2, True]
+    assert res["bad"] == [{"world": [], "0,1,2": [], "0,2": []}] + [
+        {"world": [], "0,1,2": []},
+        {"world": [], "0,1,2": [], "0,2": []},
+        {"world": []},
+    ], res["bad"]
+    n = res["bytes"]
+    # Each host needs the other's partial sum of every element: n bytes each way
+    # at least. The leaders' allreduces (block i between the two local ranks i)
+    # move just that, plus headers; if every rank's data crossed it would be 2x.
+    assert 2 * n <= res["hier"] <= 2.5 * n, res
+    left = netns_host.pids()
+    deadline = time.monotonic() + 20  # the launcher's shell exits after its daemon
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = netns_host.pids()
+    assert not left, f"left in the other host: {[_cmdline(p) for p in left]}"
+
+
+def _diagnose(host: NetnsHost, agent_log: Path) -> str:
     """What happened on the way to the other host, for a failed start."""
     calls = agent_log.read_text() if agent_log.exists() else "(mpiexec never called it)\n"
     procs = "\n".join(_cmdline(p) for p in host.pids()) or "(none)"
-    here = _ip("-br", "addr", check=False).stdout
-    there = _ip("-n", host.ns, "-br", "addr", check=False).stdout
+    here = ip("-br", "addr", check=False).stdout
+    there = ip("-n", host.ns, "-br", "addr", check=False).stdout
     return (
         f"ssh stand-in {agent_log.with_suffix('')}:\n{calls}"
         f"processes in {host.ns}:\n{procs}\n"
