@@ -346,7 +346,7 @@ def worker(out_path: str, sizes: list[int]) -> None:
     rec = metrics.recorder()
     t0 = time.perf_counter()
     for _ in range(100000):
-        _handle.note(("all_reduce", 4096, "mpi", n, None), t0, None)
+        _handle.note(("all_reduce", 4096, "mpi", n, None, True), t0, None)
     note_cost = (time.perf_counter() - t0) / 100000
     rec.clear()
 
