@@ -120,6 +120,7 @@ def test_hier_all_reduce_across_two_hosts(netns_host, tmp_path):
     here = socket.gethostname()
     env = two_host_env(netns_host, ssh_agent(tmp_path / "ssh", netns_host))
     env["HIER_LINK_STATS"] = f"/sys/class/net/{netns_host.veth}/statistics"
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # auto: the shipped table, no user's cache
     script = Path(__file__).with_name("_hier_two_hosts.py")
     hosts = [(here, 2), (netns_host.ns_ip, 2)]
     out = run_mpi(4, str(script), hosts=hosts, env=env, timeout=300).stdout
@@ -138,6 +139,11 @@ def test_hier_all_reduce_across_two_hosts(netns_host, tmp_path):
     # at least. The leaders' allreduces (block i between the two local ranks i)
     # move just that, plus headers; if every rank's data crossed it would be 2x.
     assert 2 * n <= res["hier"] <= 2.5 * n, res
+    # auto on a group across hosts: MPI for small calls, hier in the middle, the
+    # ring for the largest (the shipped several-node rule), and a right sum.
+    picks = {int(k): v for k, v in res["auto"]["picks"].items()}
+    assert picks == {4096: "mpi", 1 << 20: "hier", 64 << 20: "ring"}, res["auto"]
+    assert res["auto"]["sum_ok"], res["auto"]
     left = netns_host.pids()
     deadline = time.monotonic() + 20  # the launcher's shell exits after its daemon
     while left and time.monotonic() < deadline:
