@@ -106,12 +106,7 @@ def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
     finally:
         cluster.stop()
     assert not wait_no_cluster_processes(20)
-    left = netns_host.pids()
-    deadline = time.monotonic() + 20  # the launcher's shell exits after its daemon
-    while left and time.monotonic() < deadline:
-        time.sleep(0.25)
-        left = netns_host.pids()
-    assert not left, f"left in the other host: {[_cmdline(p) for p in left]}"
+    _assert_other_host_empty(netns_host)
 
 
 def test_hier_all_reduce_across_two_hosts(netns_host, tmp_path):
@@ -144,11 +139,15 @@ def test_hier_all_reduce_across_two_hosts(netns_host, tmp_path):
     picks = {int(k): v for k, v in res["auto"]["picks"].items()}
     assert picks == {4096: "mpi", 1 << 20: "hier", 64 << 20: "ring"}, res["auto"]
     assert res["auto"]["sum_ok"], res["auto"]
-    left = netns_host.pids()
+    _assert_other_host_empty(netns_host)
+
+
+def _assert_other_host_empty(host: NetnsHost) -> None:
+    left = host.pids()
     deadline = time.monotonic() + 20  # the launcher's shell exits after its daemon
     while left and time.monotonic() < deadline:
         time.sleep(0.25)
-        left = netns_host.pids()
+        left = host.pids()
     assert not left, f"left in the other host: {[_cmdline(p) for p in left]}"
 
 
