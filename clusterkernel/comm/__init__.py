@@ -11,6 +11,8 @@ to ``comm``::
     w.wait()
     comm.all_reduce(t, algorithm="ring")                 # the project's own ring
     comm.all_reduce(t, algorithm="shm")                  # through shared memory (one node)
+    g = comm.shm_empty(1 << 24)                          # a tensor in shared memory
+    comm.all_reduce(g, algorithm="shm")                  # reduced without copies in/out
     comm.all_reduce_coalesced(grads, bucket_bytes=1 << 20)
     pair = comm.new_group([0, 1])
 
@@ -25,6 +27,8 @@ to ``comm``::
 - ``algorithm="shm"`` (all_reduce, broadcast, all_gather, reduce_scatter and their
   tensor forms, all_reduce_coalesced) moves data through an MPI-3 shared window
   of the group's ranks, which must share one node; the default stays ``"mpi"``.
+  :func:`shm_empty` allocates a tensor inside that shared memory (collective);
+  all-reduce on such tensors skips the copy in and out.
 - Mismatches are caught: the first call of each new signature (op, size, dtype,
   reduce op, root) on a group is compared across its ranks before data moves, so a
   rank passing another size raises :class:`CollectiveMismatchError` on every rank
@@ -76,6 +80,7 @@ from clusterkernel.comm._objects import (
 from clusterkernel.comm._ops import AVG, MAX, MIN, PRODUCT, SUM, ReduceOp
 from clusterkernel.comm._p2p import irecv, isend, recv, recv_object, send, send_object
 from clusterkernel.comm._reductions import all_reduce, reduce, reduce_scatter, reduce_scatter_tensor
+from clusterkernel.comm._shm_alloc import shm_empty
 
 # torch.distributed spellings, so ported code runs unchanged.
 get_rank = rank
@@ -149,6 +154,7 @@ __all__ = [
     "send_object",
     "set_check",
     "set_flight",
+    "shm_empty",
     "size",
     "split",
 ]
