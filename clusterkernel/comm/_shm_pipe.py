@@ -36,7 +36,7 @@ IN, RED, OUT = 0, 1, 2  # columns of a rank's counter line: progress
 ARENA, OFFSET = 3, 4  # and which shm_empty allocation (1-based; 0: none) at what offset
 MIN_CHUNK = 16 * 1024  # bytes: below this a chunk costs more in Python than in copies
 _MAX_VIEWS = 64  # cached view sets per segment (a training loop has a handful of sizes)
-SMALL = 32 * 1024  # bytes: up to this, one exchange and every rank reduces it all
+SMALL = 64 * 1024  # bytes: up to this, one exchange and every rank reduces it all
 PIECES = 1  # a mid-size tensor is cut into about this many chunks, so it pipelines
 
 _sched_yield = os.sched_yield
