@@ -14,7 +14,14 @@ kept (the machine is shared and noisy). float32 SUM, in place, OMP_NUM_THREADS=1
 - ``floor``: the data movement of ``shm`` alone, every rank at once, with no
   synchronization: copy the input into this rank's slot of the same shared window,
   reduce this rank's share across all slots, copy the whole result out. No
-  algorithm that moves the data through shared memory this way can beat it.
+  algorithm that moves the data through shared memory this way can beat it
+  (``shm`` streams cache-sized chunks through small stage buffers instead, which
+  can beat it).
+- ``shm_zc``: ``comm.all_reduce(t, algorithm="shm")`` on a tensor from
+  ``comm.shm_empty``: no copy in or out.
+- ``floor_zc``: the data movement of ``shm_zc`` alone, every rank at once, with no
+  synchronization: reduce this rank's share across all ranks' ``shm_empty``
+  tensors into its own, then write that share into every other rank's tensor.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from bench_comm import _fmt_bytes, _iters, _parse_bytes, time_calls  # one size/
 REPO = Path(__file__).resolve().parents[1]
 KB, MB = 1024, 1024 * 1024
 ROUNDS = 5
-METHODS = ("mpi4py", "mpi", "ring", "shm", "floor")
+METHODS = ("mpi4py", "mpi", "ring", "shm", "floor", "shm_zc", "floor_zc")
 
 
 def run_job(n: int, sizes: list[int]) -> dict:
@@ -54,14 +61,21 @@ def run_job(n: int, sizes: list[int]) -> dict:
 def report(n: int, rows: list[dict]) -> None:
     print(f"\n=== {n} ranks: time per allreduce (us), best of {ROUNDS} rounds ===")
     head = " | ".join(f"{m:>9}" for m in METHODS)
-    print(f"{'size':>6} | {head} | {'shm/mpi':>7} | {'shm/ring':>8} | {'floor/shm':>9}")
+    ratios = ("shm/mpi4py", "floor/shm", "zc/mpi4py", "flzc/zc")
+    print(f"{'size':>6} | {head} | " + " | ".join(f"{r:>10}" for r in ratios))
     for row in rows:
         cells = " | ".join(f"{row[m] * 1e6:9.1f}" for m in METHODS)
-        print(
-            f"{_fmt_bytes(row['bytes']):>6} | {cells} | {row['mpi'] / row['shm']:6.2f}x |"
-            f" {row['ring'] / row['shm']:7.2f}x | {row['floor'] / row['shm']:8.2f}x"
+        got = (
+            row["mpi4py"] / row["shm"],
+            row["floor"] / row["shm"],
+            row["mpi4py"] / row["shm_zc"],
+            row["floor_zc"] / row["shm_zc"],
         )
-    print("(shm/mpi, shm/ring: speed of shm relative to each; floor/shm: fraction of the floor)")
+        print(f"{_fmt_bytes(row['bytes']):>6} | {cells} | " + " | ".join(f"{x:9.2f}x" for x in got))
+    print(
+        "(shm/mpi4py, zc/mpi4py: speed relative to mpi4py; floor/shm: fraction of the floor's "
+        "speed reached by shm; flzc/zc: the same for shm_zc and floor_zc)"
+    )
 
 
 def parent(args: argparse.Namespace) -> None:
@@ -90,8 +104,9 @@ def worker(out_path: str, sizes: list[int]) -> None:
         count = nb // 4
         arr = np.zeros(count, dtype=np.float32)  # zeros stay zeros under repeated sums
         ts = {m: torch.zeros(count) for m in ("mpi", "ring", "shm", "floor")}
-        comm.all_reduce(ts["shm"], algorithm="shm")  # makes (or grows) the segment
+        comm.all_reduce(ts["shm"], algorithm="shm")  # makes the segment
         seg = comm.WORLD._shm
+        seg.reserve(nb)  # the floor's full-size slots (collective: every rank grows)
         slots = seg.rows(0, torch.float32)[:, :count]
         a, b = _shm_steps.share(count, n, rank, 4)
         ft = ts["floor"]
@@ -103,12 +118,28 @@ def worker(out_path: str, sizes: list[int]) -> None:
                 acc.add_(slots[j, a:b])
             ft.copy_(slots[0])
 
+        zt = comm.shm_empty(count)  # collective: every rank, same shape
+        zt.zero_()
+        arena = seg.arenas[-1]
+        zs = [p[: count * 4].view(torch.float32) for p in arena.parts]
+
+        def floor_zc(zs=zs, a=a, b=b):
+            acc = zs[rank][a:b]
+            for j in range(n):
+                if j != rank:
+                    acc.add_(zs[j][a:b])
+            for j in range(n):
+                if j != rank:
+                    zs[j][a:b].copy_(acc)
+
         methods = {
             "mpi4py": lambda arr=arr: world.Allreduce(MPI.IN_PLACE, arr),
             "mpi": lambda t=ts["mpi"]: comm.all_reduce(t),
             "ring": lambda t=ts["ring"]: comm.all_reduce(t, algorithm="ring"),
             "shm": lambda t=ts["shm"]: comm.all_reduce(t, algorithm="shm"),
             "floor": floor,
+            "shm_zc": lambda t=zt: comm.all_reduce(t, algorithm="shm"),
+            "floor_zc": floor_zc,
         }
         best = dict.fromkeys(methods, float("inf"))
         for _ in range(ROUNDS):  # interleaved: noise hits every method alike

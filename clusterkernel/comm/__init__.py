@@ -13,6 +13,8 @@ to ``comm``::
     comm.all_reduce(t, algorithm="mpi")                  # MPI's (default: "auto" picks)
     comm.all_reduce(t, algorithm="shm")                  # through shared memory (one node)
     comm.all_reduce(t, algorithm="hier")                 # shm per node, MPI between nodes
+    g = comm.shm_empty(1 << 24)                          # a tensor in shared memory
+    comm.all_reduce(g, algorithm="shm")                  # reduced without copies in/out
     comm.all_reduce_coalesced(grads, bucket_bytes=1 << 20)
     pair = comm.new_group([0, 1])
 
@@ -26,7 +28,9 @@ to ``comm``::
   ``clusterkernel.metrics.recorder()``.
 - ``algorithm="shm"`` (all_reduce, broadcast, all_gather, reduce_scatter and their
   tensor forms, all_reduce_coalesced) moves data through an MPI-3 shared window
-  of the group's ranks, which must share one node.
+  of the group's ranks, which must share one node. :func:`shm_empty` allocates a
+  tensor inside that shared memory (collective); all-reduce on such tensors skips
+  the copy in and out.
 - ``algorithm="auto"``, the default of every call that takes ``algorithm=``, picks
   MPI, the ring or shared memory by size, group size and node layout from a table
   measured on this machine (:func:`tune`) or shipped with the package;
@@ -84,6 +88,7 @@ from clusterkernel.comm._objects import (
 from clusterkernel.comm._ops import AVG, MAX, MIN, PRODUCT, SUM, ReduceOp
 from clusterkernel.comm._p2p import irecv, isend, recv, recv_object, send, send_object
 from clusterkernel.comm._reductions import all_reduce, reduce, reduce_scatter, reduce_scatter_tensor
+from clusterkernel.comm._shm_alloc import shm_empty
 from clusterkernel.comm._tune import tune
 
 # torch.distributed spellings, so ported code runs unchanged.
@@ -159,6 +164,7 @@ __all__ = [
     "send_object",
     "set_check",
     "set_flight",
+    "shm_empty",
     "size",
     "split",
     "tune",

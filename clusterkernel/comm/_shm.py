@@ -4,9 +4,10 @@ Every call works in its bank of the group's segment (:mod:`._shm_segment`): ``n`
 slots, one per group rank, in the tensor's dtype (float32 for float16/bfloat16,
 which are reduced in float32 as everywhere in comm).
 
-- all_reduce: each rank copies its input into its slot; barrier; each rank reduces
-  its ``1/n`` share across all slots into slot 0 (in place: nobody else touches
-  that share); barrier; each rank copies slot 0 out.
+- all_reduce: a pipeline of cache-sized chunks through the segment's fixed stage
+  buffers, synchronized by progress counters in shared memory (:mod:`._shm_pipe`):
+  each rank copies a chunk in, reduces its ``1/n`` share of it across the ranks'
+  buffers into rank 0's, and copies the result out.
 - reduce_scatter: each rank copies its ``n`` blocks into its slot; barrier; rank
   ``i`` reduces block ``i`` across the slots and copies it out.
 - all_gather: each rank copies its input into its slot; barrier; each copies all
@@ -34,15 +35,19 @@ from clusterkernel.comm._flight import DONE
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import _ACTIVE, Call, Work, _now, drive, note
 from clusterkernel.comm._ops import AVG, ReduceOp
+from clusterkernel.comm._shm_pipe import (
+    SMALL,
+    large_steps,
+    small_now,
+    small_steps,
+    steps_for,
+)
 from clusterkernel.comm._shm_segment import Segment, segment
 from clusterkernel.comm._shm_steps import (
     FOLDS,
     all_gather_steps,
-    all_reduce_now,
-    all_reduce_steps,
     broadcast_steps,
     fold_for,
-    reduce_plan,
     reduce_scatter_steps,
     slot_dtype,
 )
@@ -58,29 +63,38 @@ def all_reduce(
     if seg is None or seg.error:
         seg = _segment(g, entry)
     sdt = torch.float32 if info.kind == "h" else tensor.dtype
-    count = tensor.numel()
-    if count * sdt.itemsize > seg.cap:
-        seg.reserve(count * sdt.itemsize)
-    ticket = seg.issued
-    key = (ticket & 1, sdt, tensor.shape)
-    plan = seg.plans.get(key)
-    if plan is None:
-        plan = reduce_plan(seg, ticket, sdt, tensor.shape, count)
     fold = FOLDS.get((op, sdt)) or fold_for(op, sdt)
     divisor = g.size if op is AVG else 1
     t = tensor.detach()
     call = Call("all_reduce", tensor.nbytes, "shm", g.size, entry)
-    if not async_op and seg.done == ticket and not _ACTIVE:
-        # Nothing outstanding anywhere: the steps inline, without a generator or Work.
-        t0 = _now()
-        seg.issued = ticket + 1
-        try:
-            all_reduce_now(seg, plan, t, fold, divisor)
-        finally:
-            seg.done = ticket + 1
-        note(call, t0, None)
-        return None
-    return _launch(seg, call, all_reduce_steps(seg, plan, t, fold, divisor), async_op)
+    ticket = seg.issued
+    small = t.numel() * sdt.itemsize <= SMALL
+    if t.is_contiguous():
+        flat = t if t.dim() == 1 else t.view(-1)
+        if not async_op and seg.done == ticket and not _ACTIVE:
+            # Nothing outstanding anywhere: the steps inline, without a Work.
+            t0 = _now()
+            seg.issued = ticket + 1
+            try:
+                if small:
+                    small_now(seg, flat, sdt, fold, divisor)
+                else:
+                    for _ in large_steps(seg, flat, sdt, fold, divisor):
+                        pass  # a wait: the steps gave up the core already; look again
+            finally:
+                seg.done = ticket + 1
+            note(call, t0, None)
+            return None
+        steps = (small_steps if small else large_steps)(seg, flat, sdt, fold, divisor)
+    else:
+        steps = _through_copy(seg, t, sdt, fold, divisor)
+    return _launch(seg, call, steps, async_op)
+
+
+def _through_copy(seg: Segment, t: torch.Tensor, sdt: torch.dtype, fold, divisor: int) -> Generator:
+    flat = t.contiguous().view(-1)
+    yield from steps_for(seg, flat, sdt, fold, divisor)
+    t.copy_(flat.view(t.shape))
 
 
 def broadcast(
@@ -144,13 +158,13 @@ def all_reduce_flats(
     """Allreduce several contiguous host tensors (fusion buckets) one after the
     other, then call ``then()``; AVG is divided here."""
     seg = _segment(g, call.entry)
-    seg.reserve(max((f.numel() * f.dtype.itemsize for f in flats), default=0))
     first = seg.issued
     divisor = g.size if op is AVG else 1
     parts = []
     for f in flats:
-        plan = reduce_plan(seg, seg.issued, f.dtype, f.shape, f.numel())
-        parts.append(_issue(seg, all_reduce_steps(seg, plan, f, fold_for(op, f.dtype), divisor)))
+        sdt = slot_dtype(f.dtype)
+        steps = steps_for(seg, f.view(-1), sdt, fold_for(op, sdt), divisor)
+        parts.append(_issue(seg, steps))
     return _run(seg, call, _chain(parts, then), async_op, first)
 
 
@@ -189,7 +203,8 @@ def _run(seg: Segment, call: Call, gen: Generator, async_op: bool, first: int) -
         # Nothing else is outstanding: run the steps here, without a Work.
         t0 = _now()
         for reqs in gen:
-            _waitall(reqs)
+            if reqs:
+                _waitall(reqs)
         note(call, t0, None)
         return None
     work = drive(call, gen, async_op)

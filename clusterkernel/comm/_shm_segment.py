@@ -12,6 +12,11 @@ wrote; so when call ``k + 2`` writes into bank ``k % 2`` again, every rank has l
 call ``k``. That is why broadcast, all-gather and reduce-scatter need one barrier
 and all-reduce two.
 
+All-reduce does not use the banks: it streams through a small fixed *pipe* window
+made with the segment (:mod:`._shm_pipe`): per rank one cache line of progress
+counters and :data:`PIPE_DEPTH` stage buffers of :data:`PIPE_CHUNK` bytes, so it
+never grows and stays in cache.
+
 A call larger than the slots grows the window: at the call, in program order (so
 every member grows at the same call), after this rank's earlier calls on the group
 have finished. The window is freed with the group (:func:`comm.destroy_group`) and
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -34,6 +40,9 @@ from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Work
 
 MIN_SLOT = 64 * 1024  # bytes; slot sizes are multiples of it
+PIPE_CHUNK = 256 * 1024  # bytes per stage buffer of the all-reduce pipe
+PIPE_DEPTH = 4  # stage buffers per rank: chunk g uses buffer g % PIPE_DEPTH
+_LINE = 64  # one rank's progress counters: a cache line of its own
 _LIVE: list[Segment] = []  # in creation order, which is the same on every member
 _EXIT_HOOK: list = []  # registered once
 
@@ -49,11 +58,20 @@ class Segment:
         "cap",
         "mem",
         "views",
-        "plans",
         "issued",
         "done",
         "last",
         "error",
+        "pipe_win",
+        "ctl",
+        "stage",
+        "stages",
+        "seq",
+        "pipes",
+        "_scratch",
+        "mine",
+        "cols",
+        "arenas",
     )
 
     def __init__(self, comm: MPI.Intracomm | None, n: int, rank: int, error: str = ""):
@@ -64,11 +82,51 @@ class Segment:
         self.cap = 0  # bytes per slot
         self.mem: torch.Tensor | None = None  # uint8 [2, n, cap] over the window
         self.views: dict[torch.dtype, torch.Tensor] = {}  # typed [2, n, cap // itemsize]
-        self.plans: dict[tuple, tuple] = {}  # per call shape: views into a bank (_shm)
         self.issued = 0  # calls started on this group (their tickets)
         self.done = 0  # calls finished: call k may run once done == k
         self.last: Work | None = None  # the latest async call (waiting it drains all)
         self.error = error  # why shm cannot run on this group ("" when it can)
+        self.pipe_win: MPI.Win | None = None
+        self.ctl = None  # numpy int64 [n, 8]: rank j's progress counters in row j
+        self.mine = None  # ctl[rank]
+        self.cols: tuple = ()  # ctl's first three columns (every rank's counters)
+        self.stage: torch.Tensor | None = None  # uint8 [n, PIPE_DEPTH, PIPE_CHUNK]
+        self.stages: dict[torch.dtype, torch.Tensor] = {}  # typed views of stage
+        self.pipes: dict[tuple, tuple] = {}  # views of the stages per chunk size (_shm_pipe)
+        self._scratch: torch.Tensor | None = None  # private float32 for small halves
+        self.arenas: list = []  # shm_empty allocations on this group (_shm_alloc)
+        self.seq = 0  # all-reduce chunks started on this group (same on every member)
+
+    def open_pipe(self) -> None:
+        """Make the all-reduce pipe window (collective over the node communicator)."""
+        head = -(-self.n * _LINE // 4096) * 4096
+        body = self.n * PIPE_DEPTH * PIPE_CHUNK
+        win = MPI.Win.Allocate_shared(head + body if self.rank == 0 else 0, 1, comm=self.comm)
+        mem, _ = win.Shared_query(0)
+        win.Lock_all(MPI.MODE_NOCHECK)
+        raw = np.frombuffer(mem, dtype=np.uint8)
+        self.ctl = raw[: self.n * _LINE].view(np.int64).reshape(self.n, _LINE // 8)
+        self.ctl[self.rank] = 0  # the standard does not promise zeroed memory
+        self.mine = self.ctl[self.rank]
+        self.cols = (self.ctl[:, 0], self.ctl[:, 1], self.ctl[:, 2])
+        self.stage = torch.from_numpy(raw[head : head + body]).view(self.n, PIPE_DEPTH, PIPE_CHUNK)
+        self.pipe_win = win
+        win.Sync()
+        self.comm.Barrier()  # nobody reads a counter before its owner zeroed it
+        win.Sync()
+
+    def scratch(self, dtype: torch.dtype, count: int) -> torch.Tensor:
+        """A private buffer of ``count`` elements of ``dtype`` (up to one stage buffer)."""
+        if self._scratch is None:
+            self._scratch = torch.empty(PIPE_CHUNK, dtype=torch.uint8)
+        return self._scratch.view(dtype)[:count]
+
+    def stage_rows(self, dtype: torch.dtype) -> torch.Tensor:
+        """The stage buffers as ``[n, PIPE_DEPTH, PIPE_CHUNK // itemsize]`` of ``dtype``."""
+        typed = self.stages.get(dtype)
+        if typed is None:
+            typed = self.stages[dtype] = self.stage.view(dtype)
+        return typed
 
     def rows(self, ticket: int, dtype: torch.dtype) -> torch.Tensor:
         """The bank of call ``ticket`` as ``[n, cap // itemsize]`` elements of ``dtype``."""
@@ -111,7 +169,6 @@ class Segment:
         if self.win is None:
             return
         self.views.clear()
-        self.plans.clear()
         self.mem = None
         # Every member must be done reading before the memory goes away.
         self.comm.Barrier()
@@ -129,6 +186,15 @@ class Segment:
         if drain:
             self.drain()
         self._release()
+        if self.pipe_win is not None:
+            self.stages.clear()
+            self.pipes.clear()
+            self.ctl = self.stage = self.mine = None
+            self.cols = ()
+            self.comm.Barrier()  # nobody still reads the counters or stages
+            self.pipe_win.Unlock_all()
+            self.pipe_win.Free()
+            self.pipe_win = None
         self.comm.Free()
         self.comm = None
 
@@ -166,6 +232,7 @@ def _make(group: Group) -> Segment:
         atexit.register(_free_all)
         _EXIT_HOOK.append(_free_all)
     seg = Segment(node, group.size, group.rank)
+    seg.open_pipe()
     _LIVE.append(seg)
     return seg
 
@@ -187,3 +254,6 @@ def _free_all() -> None:
     # call never waited for is not waited for now.
     for seg in list(_LIVE):
         seg.free(drain=False)
+    from clusterkernel.comm import _shm_alloc  # imports this module
+
+    _shm_alloc.free_all()

@@ -3,10 +3,8 @@ the reductions, and the barriers between phases.
 
 A step generator yields ``[Ibarrier request]`` where every rank must have finished
 the phase before anyone reads what it wrote (``Win.Sync`` on both sides of it, as
-the MPI shared-memory model asks), and is driven by :func:`._shm._run`. The
-all_reduce views of one call shape are made once and kept on the segment (a
-*plan*), so a repeated call does no tensor indexing; its blocking form
-(:func:`all_reduce_now`) runs the same phases without a generator.
+the MPI shared-memory model asks), and is driven by :func:`._shm._run`.
+All-reduce has its own pipeline (:mod:`._shm_pipe`).
 """
 
 from __future__ import annotations
@@ -20,62 +18,12 @@ from clusterkernel.comm._shm_segment import Segment
 
 _UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
 _LINE = 64  # bytes: shares start on cache lines, so no two ranks write one line
-_MAX_PLANS = 64  # cached view sets per segment (a training loop has a handful)
 
 
 def barrier(seg: Segment) -> list:
     """End a phase: publish this rank's stores, then the barrier request to wait for."""
     seg.sync()
     return [seg.comm.Ibarrier()]
-
-
-def reduce_plan(seg: Segment, ticket: int, sdt: torch.dtype, shape, count: int) -> tuple:
-    """Views of all_reduce's bank: (my slot, my share of slot 0, the others' shares,
-    slot 0), shaped like the tensor; cached per (bank, dtype, shape)."""
-    rows = seg.rows(ticket, sdt)[:, :count]
-    a, b = share(count, seg.n, seg.rank, sdt.itemsize)
-    plan = (
-        rows[seg.rank].view(shape),
-        rows[0, a:b] if a < b else None,
-        tuple(rows[j, a:b] for j in range(1, seg.n)),
-        rows[0].view(shape),
-    )
-    if len(seg.plans) >= _MAX_PLANS:
-        seg.plans.clear()
-    seg.plans[(ticket & 1, sdt, shape)] = plan
-    return plan
-
-
-def _reduce_share(plan: tuple, fold, divisor: int) -> None:
-    acc = plan[1]
-    if acc is not None:
-        for other in plan[2]:
-            fold(acc, other)
-        if divisor != 1:
-            acc.div_(divisor)
-
-
-def all_reduce_now(seg: Segment, plan: tuple, t: torch.Tensor, fold, divisor: int) -> None:
-    win, comm = seg.win, seg.comm
-    plan[0].copy_(t)
-    win.Sync()
-    comm.Ibarrier().Wait()
-    win.Sync()
-    _reduce_share(plan, fold, divisor)
-    win.Sync()
-    comm.Ibarrier().Wait()
-    win.Sync()
-    t.copy_(plan[3])
-
-
-def all_reduce_steps(seg: Segment, plan: tuple, t: torch.Tensor, fold, divisor: int) -> Generator:
-    plan[0].copy_(t)
-    yield barrier(seg)
-    seg.sync()
-    _reduce_share(plan, fold, divisor)
-    yield barrier(seg)
-    seg.sync()
-    t.copy_(plan[3])
 
 
 def broadcast_steps(seg: Segment, row: torch.Tensor, t: torch.Tensor, root: int) -> Generator:

@@ -31,13 +31,15 @@ def test_sizes_that_grow_the_segment(dtype, op):
 
 
 def test_window_is_reused_across_calls():
+    # all_reduce streams through fixed stage buffers; the others use the banks.
     g = comm.new_group(list(range(SIZE)))
-    comm.all_reduce(torch.ones(1000), group=g, algorithm="shm")
-    win, cap = g._shm.win, g._shm.cap
-    for n in (10, 1000, 3):
+    comm.broadcast(torch.ones(1000), src=0, group=g, algorithm="shm")
+    win, cap, pipe = g._shm.win, g._shm.cap, g._shm.pipe_win
+    for n in (10, 1000, 3, 1 << 20):
+        comm.broadcast(torch.ones(n % 5000), src=0, group=g, algorithm="shm")
         comm.all_reduce(torch.ones(n), group=g, algorithm="shm")
-    same = g._shm.win is win and g._shm.cap == cap
-    comm.all_reduce(torch.ones(cap), group=g, algorithm="shm")  # 4 bytes each: grows
+    same = g._shm.win is win and g._shm.cap == cap and g._shm.pipe_win is pipe
+    comm.broadcast(torch.ones(cap), src=0, group=g, algorithm="shm")  # 4 bytes each: grows
     grown = g._shm.cap > cap
     comm.destroy_group(g)
     agree(same and grown and g._shm is None, "reuse")
