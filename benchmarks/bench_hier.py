@@ -102,7 +102,7 @@ def worker(out_path: str, sizes: list[int], rounds: int) -> None:
         ts = {m: torch.zeros(count) for m in ("mpi", "hier", "ring")}
         methods = {
             "mpi4py": lambda arr=arr: world.Allreduce(MPI.IN_PLACE, arr),
-            "mpi": lambda t=ts["mpi"]: comm.all_reduce(t),
+            "mpi": lambda t=ts["mpi"]: comm.all_reduce(t, algorithm="mpi"),
             "hier": lambda t=ts["hier"]: comm.all_reduce(t, algorithm="hier"),
             "ring": lambda t=ts["ring"]: comm.all_reduce(t, algorithm="ring"),
         }

@@ -134,7 +134,7 @@ def worker(out_path: str, sizes: list[int]) -> None:
 
         methods = {
             "mpi4py": lambda arr=arr: world.Allreduce(MPI.IN_PLACE, arr),
-            "mpi": lambda t=ts["mpi"]: comm.all_reduce(t),
+            "mpi": lambda t=ts["mpi"]: comm.all_reduce(t, algorithm="mpi"),
             "ring": lambda t=ts["ring"]: comm.all_reduce(t, algorithm="ring"),
             "shm": lambda t=ts["shm"]: comm.all_reduce(t, algorithm="shm"),
             "floor": floor,
