@@ -37,7 +37,7 @@ def main() -> None:
     env["OMP_NUM_THREADS"] = "1"
     for n in (int(r) for r in args.ranks.split(",")):
         print(f"=== {n} ranks ===", flush=True)
-        cmd = [*rt.command(n), sys.executable, "-m", "clusterkernel.comm._tune"]
+        cmd = [*rt.command(n), sys.executable, "-m", "clusterkernel.comm._tune_table"]
         cmd += ["--out", str(args.out), "--rounds", str(args.rounds)]
         subprocess.run(cmd, env=env, check=True, timeout=1800)
 

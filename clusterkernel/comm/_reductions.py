@@ -105,6 +105,8 @@ def all_reduce(
                 rules = _auto.setup(g, "all_reduce")
             limits, algs = rules["all_reduce"]
             algorithm = algs[_bisect(limits, tensor.nbytes)]
+            if g._shm is not None:  # the group has shared memory: a shm_empty tensor?
+                algorithm = _auto.zero_copy(g, tensor, tensor.nbytes, algorithm)
     if (
         info is not None
         and info.kind in "fib"  # halves reduce staged in float32; complex may be conj

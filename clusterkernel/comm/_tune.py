@@ -14,17 +14,15 @@ Run it once per machine (it takes seconds) from every rank::
 
 Or from a shell, to write a table file (``CLUSTERKERNEL_AUTO_TABLE`` reads one)::
 
-    mpiexec -n 4 python -m clusterkernel.comm._tune --out table.json
+    mpiexec -n 4 python -m clusterkernel.comm._tune_table --out table.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import time
-from pathlib import Path
 
 import torch
 from mpi4py import MPI
@@ -182,28 +180,3 @@ def _store(rows: list[dict]) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump({"version": 1, "machines": machines}, f, indent=1)
     os.replace(tmp, path)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``mpiexec -n N python -m clusterkernel.comm._tune --out FILE``: add this job's rows."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="table file to create or update")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args(argv)
-    result = tune(rounds=args.rounds, save=False)
-    world = MPI.COMM_WORLD
-    nodes = len(set(world.allgather(MPI.Get_processor_name())))
-    if world.Get_rank() == 0:
-        try:
-            old = json.loads(args.out.read_text())["rules"]
-        except (OSError, ValueError, KeyError):
-            old = []
-        rows = [table_row(op, nodes, world.Get_size(), r) for op, r in result.items()]
-        table = {"version": 1, "machine": _auto.machine_id(), "rules": merge_rows(old, rows)}
-        args.out.write_text(json.dumps(table, indent=1) + "\n")
-        for op, r in result.items():
-            print(f"{op}: {r['algs']} split at {r['limits']} bytes")
-
-
-if __name__ == "__main__":
-    main()

@@ -160,3 +160,18 @@ def test_default_auto_is_correct_for_every_data_op(n):
     ok = bool((x == SIZE * (SIZE + 1) / 2).all()) and bool((b == SIZE - 1).all())
     ok = ok and bool((out.view(SIZE, n) == torch.arange(SIZE).view(SIZE, 1)).all())
     agree(ok and bool((rs == SIZE).all()), f"n={n}")
+
+
+def test_a_shm_empty_tensor_goes_zero_copy_from_a_megabyte():
+    g = _fresh()
+    big = comm.shm_empty(1 << 18, group=g)  # 1 MiB of float32, in the group's shared memory
+    big.fill_(float(RANK + 1))
+    comm.all_reduce(big, group=g)
+    small = big[:1024]  # 4 KiB of it: the table's pick, as for any tensor
+    small.fill_(1.0)
+    comm.all_reduce(small, group=g)
+    recs = [r for r in metrics.recorder().records("comm") if r["op"] == "all_reduce"][-2:]
+    agree(bool((big[1024:] == SIZE * (SIZE + 1) / 2).all()) and bool((small == SIZE).all()), "sums")
+    want = ["shm", comm.auto_choice("all_reduce", 4 * KB, g)]
+    agree([r["algorithm"] for r in recs] == want, f"{recs} want {want}")
+    comm.destroy_group(g)

@@ -1,0 +1,41 @@
+"""``mpiexec -n N python -m clusterkernel.comm._tune_table --out FILE``: measure this
+job's rows of ``algorithm="auto"``'s table (:func:`~clusterkernel.comm.tune`) and
+add them to FILE, a table that ``CLUSTERKERNEL_AUTO_TABLE`` reads (and that
+benchmarks/auto_table.py writes into the package's shipped table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from mpi4py import MPI
+
+from clusterkernel.comm import _auto
+from clusterkernel.comm._tune import merge_rows, table_row, tune
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measure with :func:`tune` and add this job's rows to ``--out``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="table file to create or update")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    result = tune(rounds=args.rounds, save=False)
+    world = MPI.COMM_WORLD
+    nodes = len(set(world.allgather(MPI.Get_processor_name())))
+    if world.Get_rank() == 0:
+        try:
+            old = json.loads(args.out.read_text())["rules"]
+        except (OSError, ValueError, KeyError):
+            old = []
+        rows = [table_row(op, nodes, world.Get_size(), r) for op, r in result.items()]
+        table = {"version": 1, "machine": _auto.machine_id(), "rules": merge_rows(old, rows)}
+        args.out.write_text(json.dumps(table, indent=1) + "\n")
+        for op, r in result.items():
+            print(f"{op}: {r['algs']} split at {r['limits']} bytes")
+
+
+if __name__ == "__main__":
+    main()
