@@ -35,11 +35,11 @@ from clusterkernel.comm import _shm
 from clusterkernel.comm._dtypes import DTYPES, DType, buf, unstage, wire
 from clusterkernel.comm._flight import DONE
 from clusterkernel.comm._groups import Group, _world_ranks
-from clusterkernel.comm._handle import _ACTIVE, Call, Work, _now, drive, note
+from clusterkernel.comm._handle import Call, Work
 from clusterkernel.comm._ops import AVG, SUM, ReduceOp, op_for
+from clusterkernel.comm._turns import inline, issue, run
 
 _IN_PLACE = MPI.IN_PLACE
-_waitall = MPI.Request.Waitall
 # The shared-memory steps of a hier call: timed as part of it, never on their own.
 _STEP = Call("all_reduce", 0, "shm", 0, None, False)
 
@@ -132,31 +132,10 @@ def all_reduce(
     mpi_op = op_for(SUM if op is AVG else op, info.kind, w.dtype)
     divisor = g.size if op is AVG else 1
     call = Call("all_reduce", tensor.nbytes, "hier", g.size, entry)
-    ticket = lay.issued
-    lay.issued = ticket + 1
-    nested = async_op or lay.done != ticket or bool(_ACTIVE)
-    steps = _in_turn(lay, ticket, _steps(lay, tensor, w, info, op, mpi_op, divisor, nested))
-    if not nested:
-        # Nothing outstanding anywhere: every stage blocks in turn, no Work.
-        t0 = _now()
-        for reqs in steps:
-            _waitall(reqs)
-        note(call, t0, None)
-        return None
-    work = drive(call, steps, async_op)
-    if async_op:
-        lay.last = work
-    return work
-
-
-def _in_turn(lay: Layout, ticket: int, steps: Generator) -> Generator:
-    try:
-        while lay.done != ticket:
-            yield None  # an earlier hier call on this group is still running
-        yield from steps
-    finally:
-        if lay.done == ticket:
-            lay.done = ticket + 1
+    first = lay.issued
+    nested = not inline(lay, first, async_op)
+    steps = issue(lay, _steps(lay, tensor, w, info, op, mpi_op, divisor, nested))
+    return run(lay, call, steps, async_op, first)
 
 
 def _steps(lay, tensor, w, info: DType, op, mpi_op, divisor: int, nested: bool) -> Generator:

@@ -28,12 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 
 import torch
-from mpi4py import MPI
 
 from clusterkernel.comm._dtypes import DType
 from clusterkernel.comm._flight import DONE
 from clusterkernel.comm._groups import Group
-from clusterkernel.comm._handle import _ACTIVE, Call, Work, _now, drive, note
+from clusterkernel.comm._handle import Call, Work, _now, note
 from clusterkernel.comm._ops import AVG, ReduceOp
 from clusterkernel.comm._shm_pipe import (
     SMALL,
@@ -51,8 +50,7 @@ from clusterkernel.comm._shm_steps import (
     reduce_scatter_steps,
     slot_dtype,
 )
-
-_waitall = MPI.Request.Waitall
+from clusterkernel.comm._turns import inline, issue, run
 
 
 def all_reduce(
@@ -71,7 +69,7 @@ def all_reduce(
     small = t.numel() * sdt.itemsize <= SMALL
     if t.is_contiguous():
         flat = t if t.dim() == 1 else t.view(-1)
-        if not async_op and seg.done == ticket and not _ACTIVE:
+        if inline(seg, ticket, async_op):
             # Nothing outstanding anywhere: the steps inline, without a Work.
             t0 = _now()
             seg.issued = ticket + 1
@@ -164,8 +162,8 @@ def all_reduce_flats(
     for f in flats:
         sdt = slot_dtype(f.dtype)
         steps = steps_for(seg, f.view(-1), sdt, fold_for(op, sdt), divisor)
-        parts.append(_issue(seg, steps))
-    return _run(seg, call, _chain(parts, then), async_op, first)
+        parts.append(issue(seg, steps))
+    return run(seg, call, _chain(parts, then), async_op, first)
 
 
 def _chain(parts: list[Generator], then: Callable[[], None]) -> Generator:
@@ -188,36 +186,4 @@ def _segment(g: Group, entry: list | None) -> Segment:
 
 def _launch(seg: Segment, call: Call, steps: Generator, async_op: bool) -> Work | None:
     first = seg.issued
-    return _run(seg, call, _issue(seg, steps), async_op, first)
-
-
-def _issue(seg: Segment, steps: Generator) -> Generator:
-    """Give ``steps`` the group's next ticket: they run after every earlier call."""
-    ticket = seg.issued
-    seg.issued = ticket + 1
-    return _in_turn(seg, ticket, steps)
-
-
-def _run(seg: Segment, call: Call, gen: Generator, async_op: bool, first: int) -> Work | None:
-    if not async_op and seg.done == first and not _ACTIVE:
-        # Nothing else is outstanding: run the steps here, without a Work.
-        t0 = _now()
-        for reqs in gen:
-            if reqs:
-                _waitall(reqs)
-        note(call, t0, None)
-        return None
-    work = drive(call, gen, async_op)
-    if async_op:
-        seg.last = work
-    return work
-
-
-def _in_turn(seg: Segment, ticket: int, steps: Generator) -> Generator:
-    try:
-        while seg.done != ticket:
-            yield None  # an earlier call on this group is still running: poll again
-        yield from steps
-    finally:
-        if seg.done == ticket:
-            seg.done = ticket + 1
+    return run(seg, call, issue(seg, steps), async_op, first)
