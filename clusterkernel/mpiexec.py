@@ -127,6 +127,14 @@ _OPENMPI_FT_ENV = {
 }
 
 
+# Open MPI 5.0's UCX one-sided component prints a false "priority ... failed" error
+# for every shared-memory window (comm's shm and hier algorithms) on machines without
+# UCX hardware (open-mpi/ompi#14086); those windows never use it. Set wherever
+# clusterkernel starts ranks (mpiexec, Slurm engines, exported batch jobs), unless
+# the user set it.
+QUIET_OSC = {"OMPI_MCA_osc": "^ucx"}
+
+
 @dataclass(frozen=True)
 class MPIRuntime:
     """An ``mpiexec`` and its MPI flavour, with the flags this machine needs."""
@@ -157,11 +165,8 @@ class MPIRuntime:
                 env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             # Open MPI 5 maps with PRRTE; this is the knob that still works there.
             env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
-            # Open MPI 5.0's UCX one-sided component prints a false "priority ...
-            # failed" error for every shared window (comm's algorithm="shm") on
-            # machines without UCX hardware (open-mpi/ompi#14086); shared windows
-            # never need it.
-            env.setdefault("OMPI_MCA_osc", "^ucx")
+            for key, value in QUIET_OSC.items():
+                env.setdefault(key, value)
         bindir = str(Path(self.mpiexec).parent)
         if bindir not in env.get("PATH", "").split(os.pathsep):
             env["PATH"] = bindir + os.pathsep + env.get("PATH", "")

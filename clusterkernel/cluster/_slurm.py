@@ -34,6 +34,7 @@ from traitlets.config import Config
 
 from clusterkernel.cluster._launch import _base_config, process_ended, tail
 from clusterkernel.errors import ClusterError
+from clusterkernel.mpiexec import QUIET_OSC
 
 # Job states in which the engines are still to come or still there.
 _ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED"}
@@ -231,7 +232,8 @@ class SlurmLauncher:
 
     def config(self, env: dict[str, str], run_dir: str) -> Config:
         cfg = _base_config()
-        full = {"PATH": os.environ.get("PATH", ""), **env}
+        quiet = {k: os.environ.get(k, v) for k, v in QUIET_OSC.items()}
+        full = {"PATH": os.environ.get("PATH", ""), **quiet, **env}
         if self.step:
             launcher = cfg.MPIEngineSetLauncher
             launcher.mpi_cmd = [_which("srun")]

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from clusterkernel.export._cellcode import ExportError, ipy_call, python_of, rank_cell
 from clusterkernel.export._pushcode import push_block, push_items
+from clusterkernel.mpiexec import QUIET_OSC
 
 __all__ = ["ExportError", "export_cells", "sbatch_script", "write_job", "live_pushes"]
 
@@ -195,6 +196,8 @@ def sbatch_script(
         "# Written by clusterkernel export: one MPI rank per task, run by the Python that",
         "# exported the notebook, so the job has the same packages.",
         "set -e",
+        "# Quiets a false Open MPI error per shared-memory window (open-mpi/ompi#14086).",
+        *(f'export {k}="${{{k}:-{v}}}"' for k, v in QUIET_OSC.items()),
         f"srun --mpi=pmix {shlex.quote(python or sys.executable)} {shlex.quote(str(path))}",
     ]
     return "\n".join(lines) + "\n"
