@@ -37,6 +37,8 @@ from clusterkernel.comm._flight import DONE
 from clusterkernel.comm._groups import Group, _world_ranks
 from clusterkernel.comm._handle import Call, Work
 from clusterkernel.comm._ops import AVG, SUM, ReduceOp, op_for
+from clusterkernel.comm._shm_segment import segment
+from clusterkernel.comm._shm_steps import slot_dtype
 from clusterkernel.comm._turns import inline, issue, run
 
 _IN_PLACE = MPI.IN_PLACE
@@ -132,6 +134,13 @@ def all_reduce(
     mpi_op = op_for(SUM if op is AVG else op, info.kind, w.dtype)
     divisor = g.size if op is AVG else 1
     call = Call("all_reduce", tensor.nbytes, "hier", g.size, entry)
+    if lay.local is not None and w.numel():
+        # Grow the node's shared memory now, where every rank's program is at the same
+        # call: growing is collective, and inside the steps of a queued call it would
+        # run whenever some rank happens to poll it (and deadlock with a blocking call).
+        per_rank = -(-w.numel() // lay.local.size)
+        seg = segment(lay.local)
+        seg.reserve(lay.local.size * per_rank * slot_dtype(w.dtype).itemsize)
     first = lay.issued
     nested = not inline(lay, first, async_op)
     steps = issue(lay, _steps(lay, tensor, w, info, op, mpi_op, divisor, nested))
