@@ -32,8 +32,8 @@ to ``comm``::
   tensor inside that shared memory (collective); all-reduce on such tensors skips
   the copy in and out.
 - ``algorithm="auto"``, the default of every call that takes ``algorithm=``, picks
-  MPI, the ring or shared memory by size, group size and node layout from a table
-  measured on this machine (:func:`tune`) or shipped with the package;
+  MPI, the ring, shared memory or the hierarchy by size, group size and node
+  layout from a table measured on this machine (:func:`tune`) or shipped with it;
   :func:`auto_choice` tells what it picks, and each timing record names what ran.
   ``CLUSTERKERNEL_ALGORITHM=mpi`` forces one algorithm everywhere.
 - Mismatches are caught: the first call of each new signature (op, size, dtype,

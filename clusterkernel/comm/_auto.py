@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import zlib
 from bisect import bisect_right
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from mpi4py import MPI
 from clusterkernel.comm import _check, _shm_alloc
 from clusterkernel.comm._errors import CommError
 from clusterkernel.comm._groups import Group, resolve
-from clusterkernel.comm._ops import ALGORITHMS
+from clusterkernel.comm._ops import ALGORITHMS, FUSED_ALGORITHMS
 
 # The ops whose calls take ``algorithm=``; the *_tensor and coalesced variants use
 # the rule of the op they move data like.
@@ -90,24 +91,48 @@ def machine_id() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cpus, {lib}"
 
 
-def _load_table() -> tuple[list[dict], str]:
-    """This rank's table of rules and where it came from."""
+_UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # what reading a table can raise
+
+
+def read_rules(path: Path) -> list[dict]:
+    """The rules of a table file (``{"rules": [...]}``); raises what reading raises."""
+    return json.loads(Path(path).read_text())["rules"]
+
+
+def _load_table() -> list[dict]:
+    """This rank's table of rules, checked (a clear CommError names a bad file)."""
     path = os.environ.get(ENV_TABLE)
     if path:
         try:
-            return json.loads(Path(path).read_text())["rules"], path
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return _checked(read_rules(Path(path)), path)
+        except _UNREADABLE as exc:
             raise CommError(
                 f"{ENV_TABLE}={path} is not a readable table ({exc}); make one with "
                 "comm.tune() or unset the variable"
             ) from None
     try:
         cached = json.loads(cache_path().read_text())
-        entry = cached["machines"][machine_id()]
-        return entry["rules"], str(cache_path())
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # no cache for this machine: the shipped table
-    return json.loads(SHIPPED.read_text())["rules"], "shipped"
+        rows = cached["machines"][machine_id()]["rules"]
+    except _UNREADABLE:
+        return _checked(read_rules(SHIPPED), "the shipped table")  # no cache for this machine
+    return _checked(rows, str(cache_path()))
+
+
+def _checked(rows: list[dict], source: str) -> list[dict]:
+    for r in rows:
+        try:
+            limits, algs = list(r["limits"]), list(r["algs"])
+            ok = r["op"] in CANDIDATES and int(r["nodes"]) >= 1 and int(r["ranks"]) >= 1
+            ok = ok and len(algs) == len(limits) + 1 and limits == sorted(limits)
+            ok = ok and all(a in ALGORITHMS for a in algs)
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise CommError(
+                f"{source}: a rule is malformed: {r!r}. A rule has op, nodes, ranks, "
+                "sorted limits and one more algorithm than limits; remake it with comm.tune()"
+            )
+    return rows
 
 
 def _forced() -> str | None:
@@ -121,21 +146,39 @@ def _forced() -> str | None:
     return name
 
 
+def usable(op: str, nodes: int) -> tuple[str, ...]:
+    """The algorithms ``op`` can run on a group spread over ``nodes`` nodes."""
+    return tuple(
+        a
+        for a in CANDIDATES[op]
+        if not (a == "shm" and nodes > 1) and not (a == "hier" and nodes == 1)
+    )
+
+
+def node_count(g: Group) -> int:
+    """How many nodes (shared-memory domains, as shm and hier see them) ``g`` spans.
+
+    Collective over ``g``.
+    """
+    inner = g.inner()
+    local = inner.Split_type(MPI.COMM_TYPE_SHARED, key=g.rank)
+    leader = local.Get_rank() == 0
+    local.Free()
+    return inner.allreduce(int(leader))
+
+
 def rules_for(table: list[dict], nodes: int, size: int, forced: str | None = None) -> dict:
-    """Per op ``(limits, algorithms)`` for a group of ``size`` ranks on ``nodes`` nodes.
+    """Per op ``(limits, algorithms)`` for a group of ``size`` ranks on ``nodes`` nodes,
+    plus ``"forced"`` (the forced algorithm, or None).
 
     Takes the table's rule for the same node layout (one node, or several) with the
     nearest group size; an algorithm the layout cannot run (shared memory across
     nodes, the hierarchy on one node) becomes ``"mpi"``.
     """
-    rules = {}
-    for op, allowed in CANDIDATES.items():
-        usable = tuple(
-            a
-            for a in allowed
-            if not (a == "shm" and nodes > 1) and not (a == "hier" and nodes == 1)
-        )
-        if forced is not None and forced in usable:
+    rules: dict = {"forced": forced}
+    for op in CANDIDATES:
+        can = usable(op, nodes)
+        if forced is not None and forced in can:
             rules[op] = ((), (forced,))
             continue
         rows = [r for r in table if r["op"] == op and (r["nodes"] > 1) == (nodes > 1)]
@@ -143,7 +186,7 @@ def rules_for(table: list[dict], nodes: int, size: int, forced: str | None = Non
             rules[op] = ((), ("mpi",))
             continue
         row = min(rows, key=lambda r: (abs(r["ranks"] - size), r["ranks"]))
-        algs = tuple(a if a in usable else "mpi" for a in row["algs"])
+        algs = tuple(a if a in can else "mpi" for a in row["algs"])
         rules[op] = (tuple(row["limits"]), algs)
     return rules
 
@@ -153,32 +196,34 @@ def setup(g: Group, name: str) -> dict:
     # Every member must be making an auto call now: checked like any collective, so
     # a rank that called something else raises with the others instead of hanging.
     _check.verify(g, name, None, alg="auto")
+    nodes = node_count(g)
     try:
-        table, _ = _load_table()
-        forced = _forced()
-        mine = (MPI.Get_processor_name(), json.dumps([table, forced], sort_keys=True), None)
+        text = json.dumps([_load_table(), _forced()], sort_keys=True)
+        mine = (zlib.crc32(text.encode()), None)
     except CommError as exc:
-        mine = (MPI.Get_processor_name(), "", str(exc))
-    everyone = g.inner().allgather(mine)
-    errors = [f"rank {g.ranks[i]}: {e[2]}" for i, e in enumerate(everyone) if e[2]]
+        text, mine = "", (0, str(exc))
+    inner = g.inner()
+    everyone = inner.allgather(mine)
+    errors = [f"rank {g.ranks[i]}: {e[1]}" for i, e in enumerate(everyone) if e[1]]
     if errors:
         raise CommError("algorithm='auto' cannot start:\n  " + "\n  ".join(errors))
-    nodes = len({e[0] for e in everyone})
-    if any(e[1] != everyone[0][1] for e in everyone):
-        table, forced = json.loads(everyone[0][1])  # different tables: group rank 0's
+    if any(e[0] != everyone[0][0] for e in everyone):  # different tables: group rank 0's
+        text = inner.bcast(text if g.rank == 0 else None)
+    table, forced = json.loads(text)
     rules = rules_for(table, nodes, g.size, forced)
     g._auto = rules
     return rules
 
 
 def zero_copy(g: Group, tensor, nbytes: int, algorithm: str) -> str:
-    """``"shm"`` for a large tensor inside one of ``g``'s :func:`shm_empty` allocations.
+    """``"shm"`` for a large tensor inside one of ``g``'s :func:`shm_empty` allocations
+    (unless ``CLUSTERKERNEL_ALGORITHM`` forces an algorithm).
 
-    Decided on each rank from its own tensor: every rank passes such a tensor, or
-    the check names the ranks whose algorithm differs.
+    Decided on each rank from its own tensor, so every rank must pass such a tensor:
+    if only some do, the call waits, and the hang report (or check mode) names it.
     """
     seg = g._shm
-    if nbytes >= ZERO_COPY_MIN and seg is not None and seg.arenas:
+    if nbytes >= ZERO_COPY_MIN and seg is not None and seg.arenas and not g._auto["forced"]:
         if tensor.is_contiguous() and _shm_alloc.find(seg, tensor)[0]:
             return "shm"
     return algorithm
@@ -190,7 +235,16 @@ def choose(g: Group, name: str, nbytes: int) -> str:
     if rules is None:
         rules = setup(g, name)
     limits, algs = rules[RULE_OF[name]]
-    return algs[bisect_right(limits, nbytes)]
+    alg = algs[bisect_right(limits, nbytes)]
+    if name == "all_reduce_coalesced" and alg not in FUSED_ALGORITHMS:
+        return "mpi"  # buckets have no hierarchy (yet)
+    return alg
+
+
+def pick(g: Group, name: str, tensor, nbytes: int) -> str:
+    """:func:`choose` for a call on ``tensor``: MPI for tensors not in CPU memory
+    (shared memory, the ring and the hierarchy move host memory only)."""
+    return choose(g, name, nbytes) if tensor.is_cpu else "mpi"
 
 
 def auto_choice(op: str, nbytes: int, group: Group | None = None) -> str:

@@ -164,9 +164,7 @@ def all_reduce_coalesced(
     nbytes = sum(b.nbytes for b in buckets)
     if algorithm == "auto":
         biggest = max((b.nbytes for b in buckets), default=0)
-        algorithm = _auto.choose(g, "all_reduce_coalesced", biggest)
-        if algorithm not in FUSED_ALGORITHMS:  # no hierarchy for buckets (yet): MPI
-            algorithm = "mpi"
+        algorithm = _auto.pick(g, "all_reduce_coalesced", tensors[0], biggest) if tensors else "mpi"
     entry = begin(
         g,
         "all_reduce_coalesced",

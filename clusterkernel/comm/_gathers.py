@@ -39,7 +39,7 @@ def broadcast(
     root = g.group_rank(src, "src")
     if algorithm == "auto":
         dtype_of(tensor)  # a clear error for a non-tensor, before any message
-        algorithm = _auto.choose(g, "broadcast", tensor.nbytes)
+        algorithm = _auto.pick(g, "broadcast", tensor, tensor.nbytes)
     if algorithm != "mpi":
         check_algorithm(algorithm, DATA_ALGORITHMS, "broadcast")
         dtype_of(tensor)
@@ -153,7 +153,7 @@ def all_gather(
     g, c = member(group)
     if algorithm == "auto":
         dtype_of(tensor)  # a clear error for a non-tensor, before any message
-        algorithm = _auto.choose(g, "all_gather", tensor.nbytes * g.size)
+        algorithm = _auto.pick(g, "all_gather", tensor, tensor.nbytes * g.size)
     if algorithm != "mpi":
         check_algorithm(algorithm, DATA_ALGORITHMS, "all_gather")
         dtype_of(tensor)
@@ -202,7 +202,7 @@ def all_gather_into_tensor(
             f"{g.size} x {input.numel()} = {g.size * input.numel()}"
         )
     if algorithm == "auto":
-        algorithm = _auto.choose(g, "all_gather_into_tensor", output.nbytes)
+        algorithm = _auto.pick(g, "all_gather_into_tensor", output, output.nbytes)
     if algorithm != "mpi":
         check_algorithm(algorithm, DATA_ALGORITHMS, "all_gather_into_tensor")
         name = "all_gather_into_tensor"

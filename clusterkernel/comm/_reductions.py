@@ -97,8 +97,8 @@ def all_reduce(
         dtype = None  # not a tensor: wire() below says so
     info = _DTYPES.get(dtype)
     if algorithm == "auto":
-        if info is None:
-            algorithm = "mpi"  # not a tensor, or no such dtype: wire() below says so
+        if info is None or not tensor.is_cpu:
+            algorithm = "mpi"  # not a tensor (wire() below says so), or device memory
         else:  # _auto.choose() inlined
             rules = g._auto
             if rules is None:
@@ -212,7 +212,7 @@ def reduce_scatter(
     info = dtype_of(output, "output")
     ins = check_list(input_list, g.size, output, "input_list")
     if algorithm == "auto":
-        algorithm = _auto.choose(g, "reduce_scatter", output.nbytes * g.size)
+        algorithm = _auto.pick(g, "reduce_scatter", output, output.nbytes * g.size)
     if algorithm != "mpi":
         check_algorithm(algorithm, DATA_ALGORITHMS, "reduce_scatter")
         op_for(op, info.kind, output.dtype)  # raises for an op undefined on the dtype
@@ -264,7 +264,7 @@ def reduce_scatter_tensor(
             f"{g.size} x {output.numel()} = {g.size * output.numel()}"
         )
     if algorithm == "auto":
-        algorithm = _auto.choose(g, "reduce_scatter_tensor", input.nbytes)
+        algorithm = _auto.pick(g, "reduce_scatter_tensor", input, input.nbytes)
     if algorithm != "mpi":
         check_algorithm(algorithm, DATA_ALGORITHMS, "reduce_scatter_tensor")
         op_for(op, _DTYPES[output.dtype].kind, output.dtype)  # raises if undefined

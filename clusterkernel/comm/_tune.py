@@ -23,6 +23,7 @@ import json
 import math
 import os
 import time
+import warnings
 
 import torch
 from mpi4py import MPI
@@ -99,29 +100,40 @@ def tune(
     """Time every algorithm per op and size on ``group``; return and apply the table.
 
     Collective: call it on every member. The result is ``{op: {"limits", "algs",
-    "sizes", "times"}}`` (seconds per call, slowest rank, best round). With
-    ``save``, group rank 0 stores it as this machine's entry in
-    :func:`~clusterkernel.comm._auto.cache_path` (private to the user), where
-    later jobs' ``auto`` calls find it. Metrics and the flight recorder are paused
+    "sizes", "times"}}`` (seconds per call, slowest rank, best round). The tuned
+    ops' rules replace ``group``'s at once (other groups already set up keep
+    theirs; new groups read the cache). With ``save``, group rank 0 stores them as
+    this machine's entry in :func:`~clusterkernel.comm._auto.cache_path` (private
+    to the user), where later jobs' ``auto`` calls find them; a cache that cannot be
+    written is a warning, not an error. Metrics and the flight recorder are paused
     meanwhile, so the dashboard does not show the probes.
 
     Example: ``comm.tune()["all_reduce"]["algs"]`` (e.g. ``['mpi', 'shm', 'ring']``)
     """
     g = resolve(group)
     g.member_comm()  # a clear error for a non-member
+    unknown = [op for op in ops if op not in _auto.CANDIDATES]
+    if unknown:
+        raise ValueError(f"tune: unknown ops {unknown}; use some of {_auto.OPS}")
+    sizes = tuple(sizes)
+    if (
+        not sizes
+        or any(not isinstance(s, int) or s < 4 for s in sizes)
+        or list(sizes) != sorted(set(sizes))
+    ):
+        raise ValueError(f"tune: sizes must be increasing byte counts >= 4, got {sizes!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"tune: rounds must be a positive int, got {rounds!r}")
+    base = g._auto if g._auto is not None else _auto.setup(g, "all_reduce")
     inner = g.inner()
-    nodes = len(set(inner.allgather(MPI.Get_processor_name())))
+    nodes = _auto.node_count(g)
     rec = metrics.recorder()
     was = rec.enabled, FLIGHT.on
     rec.enabled, FLIGHT.on = False, False
     try:
         result = {}
         for op in ops:
-            algs = [
-                a
-                for a in _auto.CANDIDATES[op]
-                if not (a == "shm" and nodes > 1) and not (a == "hier" and nodes == 1)
-            ]
+            algs = list(_auto.usable(op, nodes))
             times: dict[str, list[float]] = {a: [math.inf] * len(sizes) for a in algs}
             for i, nbytes in enumerate(sizes):
                 fns = {a: _call(op, a, g, nbytes) for a in algs}
@@ -135,9 +147,13 @@ def tune(
     finally:
         rec.enabled, FLIGHT.on = was
     rows = [table_row(op, nodes, g.size, r) for op, r in result.items()]
+    new = _auto.rules_for(rows, nodes, g.size, base["forced"])
+    g._auto = {k: new[k] if k in ops else v for k, v in base.items()}
     if save and g.rank == 0:
-        _store(rows)
-    g._auto = _auto.rules_for(rows, nodes, g.size, _auto._forced())
+        try:
+            _store(rows)
+        except OSError as exc:  # the rules apply anyway; only later jobs miss them
+            warnings.warn(f"comm.tune: could not cache the table ({exc})", stacklevel=2)
     return result
 
 
@@ -169,9 +185,8 @@ def _store(rows: list[dict]) -> None:
     path = _auto.cache_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
-        cache = json.loads(path.read_text())
-        machines = cache["machines"]
-    except (OSError, ValueError, KeyError, TypeError):
+        machines = json.loads(path.read_text())["machines"]
+    except _auto._UNREADABLE:
         machines = {}
     entry = machines.get(_auto.machine_id(), {"rules": []})
     machines[_auto.machine_id()] = {"rules": merge_rows(entry.get("rules", []), rows)}

@@ -13,6 +13,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 from clusterkernel.comm import _auto
+from clusterkernel.comm._groups import WORLD
 from clusterkernel.comm._tune import merge_rows, table_row, tune
 
 
@@ -23,15 +24,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     result = tune(rounds=args.rounds, save=False)
+    nodes = _auto.node_count(WORLD)
     world = MPI.COMM_WORLD
-    nodes = len(set(world.allgather(MPI.Get_processor_name())))
     if world.Get_rank() == 0:
         try:
-            old = json.loads(args.out.read_text())["rules"]
-        except (OSError, ValueError, KeyError):
-            old = []
+            table = json.loads(args.out.read_text())  # keeps its other rows and notes
+            old = table["rules"]
+        except _auto._UNREADABLE:
+            table, old = {"version": 1}, []
         rows = [table_row(op, nodes, world.Get_size(), r) for op, r in result.items()]
-        table = {"version": 1, "machine": _auto.machine_id(), "rules": merge_rows(old, rows)}
+        table.update(machine=_auto.machine_id(), rules=merge_rows(old, rows))
         args.out.write_text(json.dumps(table, indent=1) + "\n")
         for op, r in result.items():
             print(f"{op}: {r['algs']} split at {r['limits']} bytes")

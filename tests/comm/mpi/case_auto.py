@@ -175,3 +175,39 @@ def test_a_shm_empty_tensor_goes_zero_copy_from_a_megabyte():
     want = ["shm", comm.auto_choice("all_reduce", 4 * KB, g)]
     agree([r["algorithm"] for r in recs] == want, f"{recs} want {want}")
     comm.destroy_group(g)
+
+
+def test_tuning_some_ops_keeps_the_others_rules(table_file):
+    table_file([_row("broadcast", [100], ["mpi", "shm"])])
+    g = _fresh()
+    comm.auto_choice("broadcast", 1, g)  # sets the group's rules up from the table
+    before = g._auto
+    comm.tune(g, ops=("all_reduce",), sizes=(4 * KB,), rounds=1, save=False)
+    agree(g._auto["broadcast"] == before["broadcast"] == ((100,), ("mpi", "shm")), "kept")
+    comm.destroy_group(g)
+
+
+def test_a_malformed_table_is_a_clear_error_on_every_rank(table_file):
+    table_file([_row("all_reduce", [200, 100], ["mpi", "shm", "ring"])])  # limits unsorted
+    g = _fresh()
+    msg = expect_error(comm.CommError, comm.all_reduce, torch.ones(4), group=g)
+    agree("malformed" in msg and "t.json" in msg, msg)
+    comm.destroy_group(g)
+
+
+def test_bad_tune_arguments_are_refused_before_anything_runs():
+    expect_error(ValueError, comm.tune, ops=("all_to_all",), match="unknown ops")
+    expect_error(ValueError, comm.tune, sizes=(1 << 20, 4096), match="increasing")
+    expect_error(ValueError, comm.tune, rounds=0, match="rounds")
+
+
+def test_a_forced_algorithm_also_holds_for_shm_empty_tensors(table_file):
+    table_file([])
+    os.environ[_auto.ENV_ALGORITHM] = "mpi"
+    g = _fresh()
+    big = comm.shm_empty(1 << 18, group=g)
+    big.fill_(1.0)
+    comm.all_reduce(big, group=g)
+    rec = [r for r in metrics.recorder().records("comm") if r["op"] == "all_reduce"][-1]
+    agree(rec["algorithm"] == "mpi" and bool((big == SIZE).all()), f"{rec}")
+    comm.destroy_group(g)
