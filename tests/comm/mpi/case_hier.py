@@ -132,22 +132,6 @@ def test_async_calls_waited_in_any_order(group):
     agree(ok and all(w.is_completed() for w in works), "async")
 
 
-def test_a_queued_larger_call_then_a_blocking_mpi_call():
-    # The second hier call needs more node memory than the first: growing it is
-    # collective, so it happens at the call, not whenever some rank polls the queue.
-    g = _group("pairs")
-    small = torch.full((1000,), float(RANK + 1))
-    big = torch.full((300_000,), float(RANK + 1))
-    works = [comm.all_reduce(t, group=g, async_op=True, algorithm="hier") for t in (small, big)]
-    other = torch.full((10,), float(RANK))
-    comm.all_reduce(other, group=g, algorithm="mpi")  # blocking, polls nothing
-    for w in works:
-        w.wait()
-    ok = bool(torch.all(small == TRI)) and bool(torch.all(big == TRI))
-    agree(ok and bool(torch.all(other == TRI - SIZE)), "queued growth")
-    comm.destroy_group(g)
-
-
 def test_polling_is_completed_finishes_a_call(group):
     t = torch.full((10_000,), float(RANK + 1))
     w = comm.all_reduce(t, op=comm.AVG, group=group, async_op=True, algorithm="hier")
