@@ -13,10 +13,11 @@ A user's own machine gets its own table with ``comm.tune()`` (cached per machine
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from bench_comm import mpi_launch
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "clusterkernel" / "comm" / "auto_table.json"
@@ -28,13 +29,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=SHIPPED)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
-    from clusterkernel.mpiexec import MPIRuntime
-
-    rt = MPIRuntime.detect()
-    env = rt.env()
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
+    rt, env = mpi_launch()
     for n in (int(r) for r in args.ranks.split(",")):
         print(f"=== {n} ranks ===", flush=True)
         cmd = [*rt.command(n), sys.executable, "-m", "clusterkernel.comm._tune_table"]

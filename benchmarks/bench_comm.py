@@ -99,17 +99,25 @@ def memcpy_times(sizes: list[int]) -> dict[int, float]:
     return out
 
 
-def run_job(n: int, sizes: list[int]) -> dict:
+def mpi_launch():
+    """The MPI runtime and the environment for workers started under its mpiexec
+    (this checkout importable, one OpenMP thread per process: ranks share the cores)."""
     sys.path.insert(0, str(REPO))
     from clusterkernel.mpiexec import MPIRuntime
 
     rt = MPIRuntime.detect()
     env = rt.env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"  # ranks share the cores
+    env["OMP_NUM_THREADS"] = "1"
+    return rt, env
+
+
+def run_job(n: int, sizes: list[int], script: str = __file__) -> dict:
+    """Run ``script --worker OUT --sizes ...`` on ``n`` ranks; the JSON it wrote to OUT."""
+    rt, env = mpi_launch()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [*rt.command(n), sys.executable, __file__, "--worker", str(out)]
+        cmd = [*rt.command(n), sys.executable, script, "--worker", str(out)]
         cmd += ["--sizes", ",".join(map(str, sizes))]
         subprocess.run(cmd, env=env, check=True, timeout=1800)
         return json.loads(out.read_text())

@@ -32,7 +32,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench_train import _free_port, _run, interleaved_rates, mpi_launch, timed_loop
+from bench_comm import mpi_launch
+from bench_train import _free_port, _run, interleaved_rates, timed_loop
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 256

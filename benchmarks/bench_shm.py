@@ -28,34 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from bench_comm import _fmt_bytes, _iters, _parse_bytes, time_calls  # one size/iteration policy
+from bench_comm import _fmt_bytes, _iters, _parse_bytes, run_job, time_calls  # one policy
 
 REPO = Path(__file__).resolve().parents[1]
 KB, MB = 1024, 1024 * 1024
 ROUNDS = 5
 METHODS = ("mpi4py", "mpi", "ring", "shm", "floor", "shm_zc", "floor_zc")
-
-
-def run_job(n: int, sizes: list[int]) -> dict:
-    sys.path.insert(0, str(REPO))
-    from clusterkernel.mpiexec import MPIRuntime
-
-    rt = MPIRuntime.detect()
-    env = rt.env()
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [*rt.command(n), sys.executable, __file__, "--worker", str(out)]
-        cmd += ["--sizes", ",".join(map(str, sizes))]
-        subprocess.run(cmd, env=env, check=True, timeout=1800)
-        return json.loads(out.read_text())
 
 
 def report(n: int, rows: list[dict]) -> None:
@@ -80,7 +61,7 @@ def report(n: int, rows: list[dict]) -> None:
 
 def parent(args: argparse.Namespace) -> None:
     for n in args.ranks:
-        report(n, run_job(n, args.sizes))
+        report(n, run_job(n, args.sizes, __file__))
 
 
 def worker(out_path: str, sizes: list[int]) -> None:

@@ -41,23 +41,12 @@ import sys
 import time
 from pathlib import Path
 
+from bench_comm import mpi_launch
+
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 128
 VARIANTS = ("clusterkernel", "ck_mpi", "ddp_gloo", "mpi4py_flat", "per_param", "no_comm")
 _CK = ("clusterkernel", "ck_mpi")
-
-
-def mpi_launch():
-    """The MPI runtime and the environment for workers started under its mpiexec
-    (this checkout importable, one OpenMP thread per process)."""
-    sys.path.insert(0, str(REPO))
-    from clusterkernel.mpiexec import MPIRuntime
-
-    rt = MPIRuntime.detect()
-    env = rt.env()
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return rt, env
 
 
 # --------------------------------------------------------------------------- models
