@@ -49,9 +49,12 @@ def note(call: Call, t0: float, wait: float | None) -> None:
     if entry is not None:
         entry[DONE] = True
     rec = _REC
-    if rec.enabled and record:
+    if rec.enabled and record:  # rec.timing() inlined: every comm call lands here
         dur = _now() - t0
-        rec.timing(name, nbytes, t0, dur, dur if wait is None else wait, alg, gsize)
+        store = rec.comm
+        store.append((name, nbytes, alg, gsize, t0, dur, dur if wait is None else wait))
+        if len(store) > rec.capacity:
+            rec.trim("comm")
 
 
 class Work:
