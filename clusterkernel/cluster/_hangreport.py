@@ -75,9 +75,10 @@ def compare(flights: dict[int, list[dict]], positions: dict[int, str] | None = N
     for rank, entries in flights.items():
         for e in entries:
             if e.get("peer") is None and e["seq"] >= 0:
-                key = (e["group"], tuple(e["group_ranks"]))
+                # one cell's new_group() is not the last cell's, though named alike
+                key = (e["group"], tuple(e["group_ranks"]), e.get("group_instance", 0))
                 groups.setdefault(key, {}).setdefault(rank, []).append(e)
-    for (name, members), per_rank in sorted(groups.items()):
+    for (name, members, _), per_rank in sorted(groups.items()):
         lines += _compare_group(name, members, per_rank, flights, positions)
     lines += _pending_p2p(flights)
     return "\n".join(lines)

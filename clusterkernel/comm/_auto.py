@@ -44,6 +44,7 @@ from mpi4py import MPI
 
 from clusterkernel.comm import _check, _shm_alloc
 from clusterkernel.comm._errors import CommError
+from clusterkernel.comm._flight import DONE, FLIGHT
 from clusterkernel.comm._groups import Group, resolve
 from clusterkernel.comm._ops import ALGORITHMS, FUSED_ALGORITHMS
 
@@ -191,8 +192,20 @@ def rules_for(table: list[dict], nodes: int, size: int, forced: str | None = Non
     return rules
 
 
-def setup(g: Group, name: str) -> dict:
+def setup(g: Group, name: str, nbytes: int = 0) -> dict:
     """The group's rules, made at its first ``auto`` call (collective over ``g``)."""
+    # In the flight recorder under the number of the call it precedes: ranks left
+    # waiting here (one rank never made the call) show in the hang report.
+    entry = FLIGHT.record(g, name, nbytes, None, depth=1, advance=False) if FLIGHT.on else None
+    try:
+        rules = _setup(g, name)
+    finally:
+        if entry is not None:
+            entry[DONE] = True
+    return rules
+
+
+def _setup(g: Group, name: str) -> dict:
     # Every member must be making an auto call now: checked like any collective, so
     # a rank that called something else raises with the others instead of hanging.
     _check.verify(g, name, None, alg="auto")
@@ -233,7 +246,7 @@ def choose(g: Group, name: str, nbytes: int) -> str:
     """The algorithm ``auto`` runs for call ``name`` of ``nbytes`` on ``g``."""
     rules = g._auto
     if rules is None:
-        rules = setup(g, name)
+        rules = setup(g, name, nbytes)
     limits, algs = rules[RULE_OF[name]]
     alg = algs[bisect_right(limits, nbytes)]
     if name == "all_reduce_coalesced" and alg not in FUSED_ALGORITHMS:

@@ -80,6 +80,7 @@ class FlightRecorder:
         dtype: object,
         peer: int | None = None,
         depth: int = 2,
+        advance: bool = True,
     ) -> list:
         """Note one call as it starts; returns the entry (mark it done with ``e[DONE]``).
 
@@ -88,11 +89,14 @@ class FlightRecorder:
         between this call and the user's: the frame there is checked and, if it is
         still clusterkernel's, the walk goes on outwards (so a call from a training
         mode names the cell that ran it). It must not be larger than the true
-        depth. Callers test :attr:`on` first.
+        depth. ``advance=False`` gives the entry the number of the group's next
+        collective instead of taking one (work that call does first, such as
+        ``auto``'s set-up). Callers test :attr:`on` first.
         """
         if peer is None:  # collectives: the per-group order every member shares
             seq = group._calls
-            group._calls = seq + 1
+            if advance:
+                group._calls = seq + 1
         else:
             seq = -1
         f = _getframe(depth)
@@ -121,6 +125,7 @@ class FlightRecorder:
                     "op": e[OP],
                     "group": group.name,
                     "group_ranks": list(group.ranks),
+                    "group_instance": group.instance,
                     "nbytes": e[NBYTES],
                     "dtype": str(dtype).replace("torch.", "") if dtype is not None else "",
                     "peer": e[PEER],  # None for collectives

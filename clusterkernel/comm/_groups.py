@@ -11,13 +11,17 @@ from clusterkernel.comm._errors import CommError
 _WORLD_COMM = MPI.COMM_WORLD
 
 
+_MADE: dict[tuple[str, tuple[int, ...]], int] = {}  # groups made so far, by (name, ranks)
+
+
 class Group:
     """A set of ranks that communicate together, like a ``torch.distributed`` group.
 
     ``ranks`` are world ranks in group-rank order; ``rank`` is this process's rank in
     the group (-1 when it is not a member). Calls on a group this process is not in
     raise :class:`CommError`. ``src``/``dst`` arguments are always *world* ranks, as in
-    torch; ``comm.rank(group)`` gives the rank inside the group.
+    torch; ``comm.rank(group)`` gives the rank inside the group. ``instance`` counts
+    the groups of the same name and ranks made before this one (0 for the first).
 
     Example::
 
@@ -32,6 +36,7 @@ class Group:
         "rank",
         "size",
         "name",
+        "instance",
         "_index",
         "_inner",
         "_seq",
@@ -48,6 +53,10 @@ class Group:
         self.size = len(ranks)
         self.rank = comm.Get_rank() if comm is not None else -1
         self.name = name
+        # Groups are made collectively, so the n-th group of these ranks and name is
+        # the n-th on every member: the hang report tells same-named groups apart by it.
+        self.instance = _MADE.get((name, ranks), 0)
+        _MADE[(name, ranks)] = self.instance + 1
         self._index = {r: i for i, r in enumerate(ranks)}
         self._inner: MPI.Intracomm | None = None
         self._seq = 0

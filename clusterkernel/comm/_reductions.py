@@ -106,7 +106,7 @@ def all_reduce(
         else:  # _auto.choose() inlined
             rules = g._auto
             if rules is None:
-                rules = _auto.setup(g, "all_reduce")
+                rules = _auto.setup(g, "all_reduce", size)
             limits, algs = rules["all_reduce"]
             algorithm = algs[_bisect(limits, size)]
             if g._shm is not None:  # the group has shared memory: a shm_empty tensor?

@@ -78,3 +78,18 @@ def test_first_call_size_mismatch_raises_on_every_rank(cluster: Cluster):
     cluster.run("print('still here')", renderer=out)
     assert "[ranks 0-3] still here" in out.stream.getvalue()
     assert [row["pid"] for row in cluster.status()] == pids
+
+
+def test_ranks_waiting_in_autos_first_use_setup_are_named(cluster: Cluster):
+    # A fresh group's first auto call sets its rules up collectively, before any
+    # data moves: ranks left waiting there show under that call's number.
+    code = SETUP + (
+        "t = torch.ones(1024)\n"
+        "if comm.rank() != 2:\n"
+        "    comm.all_reduce(t, group=g)\n"
+    )
+    with pytest.raises(CellInterrupted) as info:
+        cluster.run(code, timeout=4, renderer=_quiet(cluster))
+    note = info.value.note
+    assert "ranks 0-1,3 wait in all_reduce #0 (group[0, 1, 2, 3], 4 KiB" in note, note
+    assert "cell line 6" in note, note
