@@ -161,9 +161,10 @@ def all_reduce_flats(
     parts = []
     for f in flats:
         sdt = slot_dtype(f.dtype)
-        steps = steps_for(seg, f.view(-1), sdt, fold_for(op, sdt), divisor)
-        parts.append(issue(seg, steps))
-    return run(seg, call, _chain(parts, then), async_op, first)
+        parts.append(steps_for(seg, f.view(-1), sdt, fold_for(op, sdt), divisor))
+    # One ticket for all the buckets: a ticket each would leave the later ones
+    # unspent (and every later call on the segment waiting) if a bucket raised.
+    return run(seg, call, issue(seg, _chain(parts, then)), async_op, first)
 
 
 def _chain(parts: list[Generator], then: Callable[[], None]) -> Generator:
