@@ -156,7 +156,7 @@ class Work:
         return self._result
 
     def _block_on(self, reqs: list) -> None:
-        if len(_ACTIVE) <= 1:
+        if not _ACTIVE or (len(_ACTIVE) == 1 and self in _ACTIVE):
             _waitall(reqs, self._statuses)
             return
         while not _testall(reqs, self._statuses):
