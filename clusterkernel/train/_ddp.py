@@ -66,7 +66,7 @@ class DataParallel(nn.Module):
             shared memory (:func:`comm.shm_empty <clusterkernel.comm.shm_empty>`)
             when all its ranks share one node and the parameters are on CPU, else
             ordinary memory; the default hook then averages each bucket of at
-            least ``comm``'s zero-copy size (1 MB) in place, with no copy in or
+            least ``comm``'s zero-copy size (512 KB) in place, with no copy in or
             out. ``True``: shared memory or a clear error (on every rank);
             ``False``: ordinary memory. Decided collectively at wrap time; see
             :attr:`shared_buckets`. Shared buckets stay allocated until the
