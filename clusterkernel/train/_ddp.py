@@ -64,10 +64,12 @@ class DataParallel(nn.Module):
         group: a communicator group from ``comm.new_group`` (default: all ranks).
         shared_buckets: where the buckets live. ``None`` (default): in the group's
             shared memory (:func:`comm.shm_empty <clusterkernel.comm.shm_empty>`)
-            when all its ranks share one node and the parameters are on CPU, else
-            ordinary memory; the default hook then averages each bucket of at
-            least ``comm``'s zero-copy size (512 KB) in place, with no copy in or
-            out. ``True``: shared memory or a clear error (on every rank);
+            when all its ranks share one node, the parameters are on CPU and some
+            bucket reaches ``comm``'s zero-copy size (512 KB), else ordinary
+            memory; the default hook then averages each such bucket in place,
+            with no copy in or out (``CLUSTERKERNEL_ALGORITHM`` forcing another
+            algorithm than shm means ordinary memory). ``True``: shared memory
+            or a clear error (on every rank);
             ``False``: ordinary memory. Decided collectively at wrap time; see
             :attr:`shared_buckets`. Shared buckets stay allocated until the
             process exits (one model's gradients per ``DataParallel``), so pass

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from clusterkernel import comm
+from clusterkernel.comm._auto import ZERO_COPY_MIN
+from clusterkernel.comm._groups import resolve
 from clusterkernel.train._sync import all_objects
 
 ALIGN = 64  # bytes: each bucket starts on its own cache line
@@ -45,6 +47,17 @@ def _refuse(choice: bool | None, why: str) -> None:
         )
 
 
+def _helps(layout: list[tuple[int, torch.dtype]], group: comm.Group | None) -> bool:
+    """Whether ``auto`` would reduce some bucket in place: one is large enough, and
+    the group's ``auto`` is not forced to another algorithm (collective: it sets
+    the group's rules up; all ranks get the same)."""
+    if max(n * d.itemsize for n, d in layout) < ZERO_COPY_MIN:
+        return False  # every bucket goes by the table, as in ordinary memory
+    comm.auto_choice("all_reduce", 0, group)
+    forced = resolve(group)._auto["forced"]
+    return forced in (None, "shm")
+
+
 def shared_flats(
     layout: list[tuple[int, torch.dtype]],
     params: list[nn.Parameter],
@@ -54,8 +67,8 @@ def shared_flats(
     """Zeroed flat tensors of ``layout`` (numel, dtype per bucket) in the group's
     shared memory, or None for ordinary memory.
 
-    ``choice``: None shares when possible, True shares or raises (on every rank
-    alike), False never shares. Collective over ``group`` unless ``choice`` is
+    ``choice``: None shares when possible and useful (some bucket is reduced in
+    place), True shares or raises (on every rank alike), False never shares. Collective over ``group`` unless ``choice`` is
     False or the group has one rank (nothing to share then: None).
     """
     if choice is False or comm.size(group) == 1:
@@ -71,6 +84,8 @@ def shared_flats(
     why = [f"rank {i}: {e[0]}" for i, e in enumerate(everyone) if e[0]]
     if why:
         _refuse(choice, "; ".join(why))
+        return None
+    if choice is None and not _helps(layout, group):
         return None
     try:
         arena = comm.shm_empty(max(total, 1), torch.uint8, group)

@@ -26,6 +26,8 @@ def _recs(res, scenario, n):
         "narrow_input shared=None set_to_none=True",
         "wide_input shared=None set_to_none=False",
         "wide_input shared=False set_to_none=True",
+        "small shared=None set_to_none=True",
+        "small shared=True set_to_none=True",
     ],
 )
 def test_training_matches_one_process(sb, scenario):
@@ -67,6 +69,20 @@ def test_opt_out_keeps_ordinary_memory(sb):
         assert rec["shared"] is False and rec["peers_ok"] == [], rec
         for size, alg in rec["algorithms"]:
             assert alg == rec["table_pick"][str(size)], rec
+
+
+def test_shared_only_where_it_helps_unless_asked(sb):
+    n, res = sb
+    for rec in _recs(res, "small shared=None set_to_none=True", n):
+        assert rec["shared"] is False, "no bucket reaches the zero-copy size"
+    for rec in _recs(res, "small shared=True set_to_none=True", n):
+        assert rec["shared"] is (n > 1), rec
+        assert rec["peers_ok"] == ([True] * rec["steps"] if n > 1 else []), rec
+        for size, alg in rec["algorithms"]:  # small buckets: the table's pick
+            assert alg == rec["table_pick"][str(size)], rec
+    if n > 1:
+        for rec in _recs(res, "forced", n):
+            assert rec["shared"] is False, "auto forced to MPI: nothing reduces in place"
 
 
 def test_one_rank_that_cannot_share_makes_all_fall_back(sb):

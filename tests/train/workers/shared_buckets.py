@@ -3,6 +3,8 @@ with buckets big enough for the zero-copy all_reduce, the memory really shared
 between the processes, the algorithms the timing records name, the opt-out, and
 the collective fallback when one rank cannot share."""
 
+import os
+
 import torch
 from _report import all_same, max_diff, mlp, params_hash, report
 from torch import nn
@@ -23,7 +25,13 @@ GLOBAL_BATCH = 12
 # input: two zero-copy calls, the first async and outstanding while the last, blocking,
 # runs. With a narrow input the last bucket is small (MPI) while the big ones are
 # outstanding in shared memory.
-MODELS = {"wide_input": (512, 768, 768, 3), "narrow_input": (10, 768, 768, 768, 3)}
+# "small": every bucket below the zero-copy size.
+MODELS = {
+    "wide_input": (512, 768, 768, 3),
+    "narrow_input": (10, 768, 768, 768, 3),
+    "small": (10, 32, 32, 3),
+}
+BUCKET_BYTES = {"small": 1500}
 
 
 def batches(in_features: int, size: int, rank: int):
@@ -59,7 +67,8 @@ def equivalence(name: str, shared, set_to_none: bool) -> None:
     widths = MODELS[name]
     net = mlp(seed=100 + RANK, widths=widths)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    model = DataParallel(net, optimizer=opt, shared_buckets=shared)
+    bucket_bytes = BUCKET_BYTES.get(name, 1 << 20)
+    model = DataParallel(net, optimizer=opt, shared_buckets=shared, bucket_bytes=bucket_bytes)
     ref = mlp(seed=100, widths=widths)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     rec = metrics.recorder()
@@ -95,6 +104,19 @@ def equivalence(name: str, shared, set_to_none: bool) -> None:
     model.remove_hooks()
 
 
+def forced() -> None:
+    """A group whose auto is forced to MPI: shared buckets would not help."""
+    g = comm.new_group(list(range(WORLD)))
+    os.environ["CLUSTERKERNEL_ALGORITHM"] = "mpi"
+    try:
+        comm.auto_choice("all_reduce", 0, g)  # the group's rules are made now, forced
+    finally:
+        del os.environ["CLUSTERKERNEL_ALGORITHM"]
+    model = DataParallel(mlp(seed=3, widths=MODELS["wide_input"]), group=g)
+    report(scenario="forced", shared=model.shared_buckets)
+    model.remove_hooks()
+
+
 def fallback() -> None:
     """One rank cannot share (a parameter on another device): all ranks fall back
     alike with None, and all raise alike with True."""
@@ -115,5 +137,8 @@ for name in MODELS:
     equivalence(name, None, set_to_none=True)
 equivalence("wide_input", None, set_to_none=False)
 equivalence("wide_input", False, set_to_none=True)
+equivalence("small", None, set_to_none=True)
+equivalence("small", True, set_to_none=True)
 if WORLD > 1:
+    forced()
     fallback()
