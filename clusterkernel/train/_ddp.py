@@ -35,6 +35,9 @@ class DataParallel(nn.Module):
     ``p.grad`` of every parameter is a view into its bucket. With
     ``zero_grad(set_to_none=True)`` (torch's default) each step's fresh
     gradients are copied into the bucket once; ``set_to_none=False`` avoids that.
+    On one node the buckets are in shared memory (``shared_buckets``), which the
+    other ranks write into while a step's averaging runs: read ``p.grad`` after
+    :meth:`synchronize` (as the optimizer does), not between backward and it.
     Save ``model.module.state_dict()`` to get the plain model's keys.
 
     Example::
