@@ -93,3 +93,11 @@ def test_one_rank_that_cannot_share_makes_all_fall_back(sb):
         assert rec["none_gave"], rec
         assert f"rank {n - 1}: a parameter is on meta" in rec["error"], rec
         assert "shared_buckets=True" in rec["error"], rec
+
+
+def test_ranks_with_different_buckets_all_get_a_clear_error(sb):
+    n, res = sb
+    if n == 1:
+        pytest.skip("one rank agrees with itself")
+    for rec in _recs(res, "mismatch", n):
+        assert "same bucket_bytes on every rank" in rec["error"], rec

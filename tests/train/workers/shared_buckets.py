@@ -117,6 +117,17 @@ def forced() -> None:
     model.remove_hooks()
 
 
+def mismatch() -> None:
+    """Ranks that cut the buckets differently get a clear error, all of them."""
+    try:
+        DataParallel(mlp(seed=3), bucket_bytes=500 if RANK == 0 else 3000)
+        error = ""
+    except ValueError as exc:
+        error = str(exc)
+    comm.barrier()
+    report(scenario="mismatch", error=error)
+
+
 def fallback() -> None:
     """One rank cannot share (a parameter on another device): all ranks fall back
     alike with None, and all raise alike with True."""
@@ -141,4 +152,5 @@ equivalence("small", None, set_to_none=True)
 equivalence("small", True, set_to_none=True)
 if WORLD > 1:
     forced()
+    mismatch()
     fallback()
