@@ -81,6 +81,8 @@ def shared_flats(
             "DataParallel: the gradient buckets differ between ranks; build the same "
             "model and pass the same bucket_bytes on every rank."
         )
+    if not layout:
+        return None  # no parameter needs a gradient: no buckets
     why = [f"rank {i}: {e[0]}" for i, e in enumerate(everyone) if e[0]]
     if why:
         _refuse(choice, "; ".join(why))
