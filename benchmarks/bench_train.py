@@ -8,19 +8,24 @@ Same data, same models, global batch 128, plain SGD, samples/s of:
 
 - ``clusterkernel``  ``DataParallel`` (bucketed async allreduce from grad hooks), 2 ranks,
   with comm's default ``algorithm="auto"``
-- ``ck_mpi``         the same on a group whose ``auto`` is forced to MPI (issue 13's
-  end-to-end comparison)
+  (its gradient buckets in shared memory, ``shared_buckets=None``: buckets of 1 MB
+  and more are reduced in place)
+- ``ck_plain``       the same with ordinary-memory buckets (``shared_buckets=False``)
+- ``ck_mpi``         ordinary buckets on a group whose ``auto`` is forced to MPI
+  (issue 13's end-to-end comparison)
 - ``ddp_gloo``       ``torch.nn.parallel.DistributedDataParallel`` over gloo, 2 ranks
 - ``mpi4py_flat``    hand-written loop: flatten grads, one ``MPI.Allreduce``, unflatten
 - ``per_param``      the tutorial's ``average_gradients`` (one allreduce per tensor)
 - ``no_comm``        2 ranks that never exchange gradients: the ceiling for 2 ranks
 - ``single``         one process, 2 torch threads, the whole batch
 
-for an MLP 784-256-10 and for a model of many small layers (where fusing the
-gradients into few messages matters). The 2-rank variants run in one ``mpiexec``
-job, interleaved per round with the one-process run, so machine noise hits all
-alike; the figure per variant is the median over rounds. Each rank uses one torch
-thread (2 ranks on 2 cores). Comm time per step is reported per rank where the
+for an MLP 784-256-10, for a model of many small layers (where fusing the
+gradients into few messages matters), and for ``big_mlp`` 784-2048-1024-10 (3.7M
+parameters, two buckets of 6-8 MB; global batch 16, so communication is a real
+share of the step). ``--ranks 4`` runs the multi-rank variants on 4 ranks. The
+variants run in one ``mpiexec`` job, interleaved per round with the one-process
+run, so machine noise hits all alike; the figure per variant is the median over
+rounds. Each rank uses one torch thread (2 ranks on 2 cores). Comm time per step is reported per rank where the
 variant exposes it.
 
 A third table runs :class:`~clusterkernel.train.Trainer` on a dataset whose
@@ -45,8 +50,23 @@ from bench_comm import mpi_launch
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 128
-VARIANTS = ("clusterkernel", "ck_mpi", "ddp_gloo", "mpi4py_flat", "per_param", "no_comm")
-_CK = ("clusterkernel", "ck_mpi")
+VARIANTS = (
+    "clusterkernel",
+    "ck_plain",
+    "ck_mpi",
+    "ddp_gloo",
+    "mpi4py_flat",
+    "per_param",
+    "no_comm",
+)
+_CK = ("clusterkernel", "ck_plain", "ck_mpi")
+# Global batch per model: the big model's is small so the gradient exchange, not
+# the compute, is a sizeable part of a step (as in fine-tuning with small batches).
+BATCH = {"big_mlp": 16}
+
+
+def global_batch(model: str) -> int:
+    return BATCH.get(model, GLOBAL_BATCH)
 
 
 # --------------------------------------------------------------------------- models
@@ -63,18 +83,22 @@ def make_model(name: str, seed: int = 0):
             layers += [nn.Linear(64, 64), nn.ReLU()]
         layers.append(nn.Linear(64, 10))
         return nn.Sequential(*layers)
+    if name == "big_mlp":
+        return nn.Sequential(
+            nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 1024), nn.ReLU(), nn.Linear(1024, 10)
+        )
     raise ValueError(name)
 
 
-def make_batches(steps: int, per_rank: int, rank: int):
+def make_batches(steps: int, per_rank: int, rank: int, batch: int = GLOBAL_BATCH):
     """The global batches of the run (same for every variant), this rank's slice."""
     from clusterkernel.data import teacher
 
-    ds = teacher(n=GLOBAL_BATCH * 16, in_features=784, classes=10, seed=0)
+    ds = teacher(n=batch * 16, in_features=784, classes=10, seed=0)
     x, y = ds.tensors
     out = []
     for s in range(steps):
-        lo = (s % 16) * GLOBAL_BATCH + rank * per_rank
+        lo = (s % 16) * batch + rank * per_rank
         out.append((x[lo : lo + per_rank], y[lo : lo + per_rank]))
     return out
 
@@ -96,7 +120,8 @@ def run_single(model_name: str, steps: int, warmup: int) -> dict:
     torch.set_num_threads(2)
     model = make_model(model_name)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    batches = make_batches(steps + warmup, GLOBAL_BATCH, 0)
+    batch = global_batch(model_name)
+    batches = make_batches(steps + warmup, batch, 0, batch)
 
     def step(b):
         opt.zero_grad(set_to_none=False)
@@ -104,7 +129,7 @@ def run_single(model_name: str, steps: int, warmup: int) -> dict:
         opt.step()
 
     elapsed = timed_loop(step, batches, warmup)
-    return {"samples_per_s": steps * GLOBAL_BATCH / elapsed}
+    return {"samples_per_s": steps * batch / elapsed}
 
 
 def mpi_only_group():
@@ -135,8 +160,12 @@ def _make_step(variant: str, model_name: str, world, comm_times: list[float]):
     net = model
     if variant in _CK:  # opt.step() waits for the averages
         net = DataParallel(
-            model, optimizer=opt, group=mpi_only_group() if variant == "ck_mpi" else None
+            model,
+            optimizer=opt,
+            group=mpi_only_group() if variant == "ck_mpi" else None,
+            shared_buckets=None if variant == "clusterkernel" else False,
         )
+        assert net.shared_buckets is (variant == "clusterkernel" and size > 1), variant
     elif variant == "ddp_gloo":
         net = DDP(model)
     params = list(model.parameters())
@@ -194,7 +223,7 @@ def interleaved_rates(world, fns: dict, batches: list, rounds: int, batch: int) 
 
 
 def run_variants(model_name: str, steps: int, warmup: int, port: int, rounds: int) -> None:
-    """Worker under mpiexec -n 2: all variants, interleaved for ``rounds`` rounds."""
+    """Worker under mpiexec: all variants, interleaved for ``rounds`` rounds."""
     import torch
     import torch.distributed as dist
     from mpi4py import MPI
@@ -205,14 +234,15 @@ def run_variants(model_name: str, steps: int, warmup: int, port: int, rounds: in
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
     )
-    batches = make_batches(steps + warmup, GLOBAL_BATCH // size, rank)
+    batch = global_batch(model_name)
+    batches = make_batches(steps + warmup, batch // size, rank, batch)
     comm_times = {v: [] for v in VARIANTS}
     steps_fn = {v: _make_step(v, model_name, world, comm_times[v]) for v in VARIANTS}
     for v in VARIANTS:  # warm up every variant before timing any
         for b in batches[:warmup]:
             steps_fn[v](b)
         comm_times[v].clear()
-    rates = interleaved_rates(world, steps_fn, batches[warmup:], rounds, GLOBAL_BATCH)
+    rates = interleaved_rates(world, steps_fn, batches[warmup:], rounds, batch)
     results = {}
     for v in VARIANTS:
         mine = statistics.median(comm_times[v]) * 1e3 if comm_times[v] else None
@@ -301,7 +331,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per variant per job")
     ap.add_argument("--jobs", type=int, default=2, help="mpiexec jobs per model")
-    ap.add_argument("--models", default="mlp,small_layers")
+    ap.add_argument("--models", default="mlp,small_layers,big_mlp")
+    ap.add_argument("--ranks", type=int, default=2, help="ranks of the multi-rank variants")
+    ap.add_argument("--no-trainer", action="store_true", help="skip the Trainer table")
     ap.add_argument("--json", help="also write all figures to this file")
     ap.add_argument("--worker", choices=["single", "variants", "trainer"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -321,7 +353,7 @@ def main() -> None:
     rt, env = mpi_launch()
     me = [sys.executable, str(Path(__file__).resolve())]
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-    report: dict = {"global_batch": GLOBAL_BATCH, "ranks": 2, "models": {}}
+    report: dict = {"global_batch": GLOBAL_BATCH, "ranks": args.ranks, "models": {}}
     for model in args.models.split(","):
         rounds: dict[str, list[float]] = {v: [] for v in ("single", *VARIANTS)}
         comm_ms: dict[str, list[list[float]]] = {v: [] for v in VARIANTS}
@@ -331,7 +363,7 @@ def main() -> None:
                 out = _run([*me, "--worker", "single", "--model", model, *common], single_env)
                 rounds["single"].append(out["samples_per_s"])
             multi = _run(
-                [*rt.command(2), *me, "--worker", "variants", "--model", model,
+                [*rt.command(args.ranks), *me, "--worker", "variants", "--model", model,
                  "--port", str(_free_port()), "--rounds", str(args.rounds), *common],
                 env,
             )  # fmt: skip
@@ -346,14 +378,18 @@ def main() -> None:
                 "samples_per_s": statistics.median(rs),
                 "rounds": [round(r) for r in rs],
                 "comm_ms_per_rank": [
-                    round(statistics.median(c[i] for c in cm), 3) for i in range(2)
+                    round(statistics.median(c[i] for c in cm), 3) for i in range(args.ranks)
                 ]
                 if cm
                 else None,
             }
         report["models"][model] = summary
-        _print_table(model, summary)
+        _print_table(model, summary, args.ranks)
 
+    if args.no_trainer:
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2))
+        return
     report["trainer_prefetch"] = {}
     print("\nTrainer, per-sample-decoded images, 1 epoch x 4 rounds (median samples/s):")
     for n in (1, 2):
@@ -369,10 +405,10 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(report, indent=2))
 
 
-def _print_table(model: str, summary: dict) -> None:
+def _print_table(model: str, summary: dict, ranks: int) -> None:
     ck = summary["clusterkernel"]["samples_per_s"]
     single = summary["single"]["samples_per_s"]
-    print(f"\n{model}: global batch {GLOBAL_BATCH}, 2 ranks (median of rounds)")
+    print(f"\n{model}: global batch {global_batch(model)}, {ranks} ranks (median of rounds)")
     print(
         f"  {'variant':14s} {'samples/s':>10s} {'vs single':>10s} {'ck / this':>10s}  comm ms/step per rank"
     )

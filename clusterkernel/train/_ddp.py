@@ -35,6 +35,9 @@ class DataParallel(nn.Module):
     ``p.grad`` of every parameter is a view into its bucket. With
     ``zero_grad(set_to_none=True)`` (torch's default) each step's fresh
     gradients are copied into the bucket once; ``set_to_none=False`` avoids that.
+    On one node the buckets are in shared memory (``shared_buckets``), which the
+    other ranks write into while a step's averaging runs: read ``p.grad`` after
+    :meth:`synchronize` (as the optimizer does), not between backward and it.
     Save ``model.module.state_dict()`` to get the plain model's keys.
 
     Example::
@@ -62,6 +65,18 @@ class DataParallel(nn.Module):
             BatchNorm running statistics at every synchronize, ``"broadcast"``
             copies rank 0's, ``"none"`` leaves them per rank.
         group: a communicator group from ``comm.new_group`` (default: all ranks).
+        shared_buckets: where the buckets live. ``None`` (default): in the group's
+            shared memory (:func:`comm.shm_empty <clusterkernel.comm.shm_empty>`)
+            when all its ranks share one node, the parameters are on CPU and some
+            bucket reaches ``comm``'s zero-copy size (512 KB), else ordinary
+            memory; the default hook then averages each such bucket in place,
+            with no copy in or out (``CLUSTERKERNEL_ALGORITHM`` forcing another
+            algorithm than shm means ordinary memory). ``True``: shared memory
+            or a clear error (on every rank);
+            ``False``: ordinary memory. Decided collectively at wrap time; see
+            :attr:`shared_buckets`. Shared buckets stay allocated until the
+            process exits (one model's gradients per ``DataParallel``), so pass
+            ``False`` when wrapping many models in one process.
 
     Unused parameters are handled: a rank whose forward skipped a parameter
     contributes zeros for it, so all ranks issue the same allreduces in the same
@@ -78,6 +93,7 @@ class DataParallel(nn.Module):
         compression: str | None = None,
         buffers: str = "average",
         group: comm.Group | None = None,
+        shared_buckets: bool | None = None,
     ):
         super().__init__()
         if compression not in _COMPRESSION:
@@ -86,6 +102,8 @@ class DataParallel(nn.Module):
             raise ValueError(f"buffers must be one of {_BUFFERS}, got {buffers!r}.")
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}.")
+        if shared_buckets not in (None, True, False):
+            raise ValueError(f"shared_buckets must be None, True or False, got {shared_buckets!r}.")
         self.module = module
         self.group = group
         self.compression = compression
@@ -97,7 +115,7 @@ class DataParallel(nn.Module):
         broadcast_tensors([*module.parameters(), *module.buffers()], self._root, group)
 
         params = [p for p in module.parameters() if p.requires_grad]  # shared ones once
-        self._reducer = GradReducer(params, bucket_bytes, group)
+        self._reducer = GradReducer(params, bucket_bytes, group, shared_buckets)
         self._hook_set = False
         if compression == "fp16":
             self.register_comm_hook(None, fp16_compress_hook)
@@ -116,6 +134,15 @@ class DataParallel(nn.Module):
     def total_comm_seconds(self) -> float:
         """The same, summed over all steps so far."""
         return self._reducer.total_comm_seconds
+
+    @property
+    def shared_buckets(self) -> bool:
+        """Whether the gradient buckets (and so every ``p.grad``) are in the group's
+        shared memory (the same on every rank).
+
+        Example: ``DataParallel(net).shared_buckets``  (True on one node, on CPU)
+        """
+        return self._reducer.shared
 
     @property
     def buckets(self) -> list[list[str]]:

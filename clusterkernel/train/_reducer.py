@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from clusterkernel import comm
+from clusterkernel.train._shared_buckets import shared_flats
 from clusterkernel.train.comm_hooks import CommFuture, CommHook, GradBucket, allreduce_hook
 
 _now = time.perf_counter
@@ -42,10 +43,12 @@ class Bucket:
         "future",
     )
 
-    def __init__(self, params: list[nn.Parameter]):
+    def __init__(self, params: list[nn.Parameter], flat: torch.Tensor | None = None):
         self.params = params
         self.numel = sum(p.numel() for p in params)
-        self.flat = torch.zeros(self.numel + len(params), dtype=params[0].dtype)
+        if flat is None:
+            flat = torch.zeros(self.numel + len(params), dtype=params[0].dtype)
+        self.flat = flat  # zeros (in the group's shared memory when given)
         self.views: list[torch.Tensor] = []
         offset = 0
         for p in params:
@@ -62,18 +65,36 @@ class Bucket:
         self.future: CommFuture | None = None
 
 
-def make_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[Bucket]:
-    """Buckets in reverse parameter order (the order backward produces gradients)."""
-    buckets, cur, cur_bytes = [], [], 0
+def plan_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.Parameter]]:
+    """Parameters per bucket, in reverse parameter order (the order backward
+    produces gradients)."""
+    groups, cur, cur_bytes = [], [], 0
     for p in reversed(params):
         if cur and (p.dtype != cur[0].dtype or cur_bytes >= bucket_bytes):
-            buckets.append(Bucket(cur))
+            groups.append(cur)
             cur, cur_bytes = [], 0
         cur.append(p)
         cur_bytes += p.numel() * p.element_size()
     if cur:
-        buckets.append(Bucket(cur))
-    return buckets
+        groups.append(cur)
+    return groups
+
+
+def make_buckets(
+    params: list[nn.Parameter],
+    bucket_bytes: int,
+    group: comm.Group | None = None,
+    shared: bool | None = False,
+) -> tuple[list[Bucket], bool]:
+    """The buckets, and whether their flat tensors are in ``group``'s shared memory
+    (as ``shared`` asks: see :func:`~._shared_buckets.shared_flats`; collective
+    unless False)."""
+    groups = plan_buckets(params, bucket_bytes)
+    layout = [(sum(p.numel() for p in ps) + len(ps), ps[0].dtype) for ps in groups]
+    flats = shared_flats(layout, params, group, shared)
+    if flats is None:
+        return [Bucket(ps) for ps in groups], False
+    return [Bucket(ps, f) for ps, f in zip(groups, flats, strict=True)], True
 
 
 class GradReducer:
@@ -82,11 +103,17 @@ class GradReducer:
     ``hook(state, bucket)`` averages one bucket (default: :func:`allreduce_hook`).
     """
 
-    def __init__(self, params: list[nn.Parameter], bucket_bytes: int, group: comm.Group | None):
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        bucket_bytes: int,
+        group: comm.Group | None,
+        shared: bool | None = False,
+    ):
         self.group = group
         self.hook: CommHook = allreduce_hook
         self.state: Any = None
-        self.buckets = make_buckets(params, bucket_bytes)
+        self.buckets, self.shared = make_buckets(params, bucket_bytes, group, shared)
         self.next = 0  # index of the next bucket to launch, to keep launch order
         self.enabled = True  # False inside no_sync()
         self.dirty = False  # a training forward or backward ran since the last sync

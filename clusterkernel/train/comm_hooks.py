@@ -114,7 +114,9 @@ class GradBucket:
     """One bucket of gradients handed to a comm hook.
 
     - ``buffer()``: the flat tensor to average (gradients, then one "used" flag
-      per parameter, which must be averaged along);
+      per parameter, which must be averaged along); with DataParallel's shared
+      buckets it lies in the group's shared memory, so ``comm.all_reduce`` of it
+      (the whole buffer, or the same slice on every rank, from 512 KB) runs in place;
     - ``index``: the bucket's place in launch order; ``is_last()``: the final one
       of the step (launched when backward is done, nothing left to overlap);
     - ``parameters()``: the parameters whose gradients it holds;
