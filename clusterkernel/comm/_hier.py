@@ -46,6 +46,10 @@ from clusterkernel.comm._turns import inline, issue, run
 _IN_PLACE = MPI.IN_PLACE
 # The shared-memory steps of a hier call: timed as part of it, never on their own.
 _STEP = Call("all_reduce", 0, "shm", 0, None, False)
+# Blocks from this size are swapped between two nodes' leaders (_cross). Measured on
+# the two-host bench (BENCHMARKS.md): below it the swap was 8-13% slower uncapped and
+# no faster at 1 Gbit/s (32 KB blocks); from 512 KB blocks it was 1.5x faster there.
+SWAP_MIN = 64 << 10
 
 
 class Layout:
@@ -205,8 +209,10 @@ def _cross(cross: MPI.Intracomm, x: torch.Tensor, info: DType, mpi_op: MPI.Op) -
     Between two nodes both leaders send at once, then each reduces ``x0 op x1`` (in
     that order on both, so both hold the same bits). MPI's nonblocking allreduce on
     two ranks reduces to one and sends back, one direction at a time: half the link.
+    Small blocks keep the Iallreduce: one request costs less than a swap's buffer
+    and local reduction, and the link's direction does not matter at their size.
     """
-    if cross.Get_size() != 2:
+    if cross.Get_size() != 2 or x.nbytes < SWAP_MIN:
         yield [cross.Iallreduce(_IN_PLACE, buf(x, info), mpi_op)]
         return
     peer = 1 - cross.Get_rank()
