@@ -4,6 +4,7 @@ Run from the repository root, as root (under the MPI lock, on a quiet machine)::
 
     python benchmarks/bench_hier.py                      # 4 KB .. 64 MB
     python benchmarks/bench_hier.py --sizes 4MB --rounds 3
+    python benchmarks/bench_hier.py --modes yield --link-rate none,10gbit,1gbit
 
 The second host is a network namespace joined to this machine by a veth pair
 (``tests/_netns.py``, the multi-host tests' stand-in for a second machine; ranks
@@ -19,6 +20,10 @@ Runs twice: with Open MPI's defaults and with ``mpi_yield_when_idle=1`` (the 4
 ranks share 2 cores; see ``MODES``). ``hier/flat`` is flat MPI's time over hier's (above 1: hier is faster). Also
 prints, per method, the bytes one call moved over the link (rank 0 reads this
 host's end of it), as a multiple of the tensor's size.
+
+The veth link runs at memory speed, faster than a real cluster's network.
+``--link-rate`` caps it in both directions with tc's token bucket (tbf), one job
+per rate (``none``: uncapped), to model an inter-node link slower than memory.
 """
 
 from __future__ import annotations
@@ -44,13 +49,15 @@ MEASURE_SECONDS = 0.5
 MODES = {"default": {}, "yield": {"OMPI_MCA_mpi_yield_when_idle": "1"}}
 
 
-def run_job(sizes: list[int], rounds: int, extra_env: dict[str, str]) -> list[dict]:
+def run_job(
+    sizes: list[int], rounds: int, extra_env: dict[str, str], link_rate: str | None = None
+) -> list[dict]:
     sys.path.insert(0, str(REPO))
     from clusterkernel.mpiexec import MPIRuntime
     from tests._netns import second_host, ssh_agent, two_host_env
 
     rt = MPIRuntime.detect()
-    with second_host() as host, tempfile.TemporaryDirectory() as tmp:
+    with second_host(link_rate) as host, tempfile.TemporaryDirectory() as tmp:
         env = rt.env()
         env.update(two_host_env(host, ssh_agent(Path(tmp) / "ssh", host)))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -65,11 +72,12 @@ def run_job(sizes: list[int], rounds: int, extra_env: dict[str, str]) -> list[di
         return json.loads(out.read_text())
 
 
-def report(rows: list[dict], rounds: int, mode: str) -> None:
+def report(rows: list[dict], rounds: int, mode: str, link_rate: str | None) -> None:
     commit = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    print(f"\n=== 2 hosts x 2 ranks, {mode}: time per allreduce (us), best of {rounds} rounds ===")
+    link = f"link capped at {link_rate} each way (tbf)" if link_rate else "link uncapped"
+    print(f"\n=== 2 hosts x 2 ranks, {mode}, {link}: us per allreduce, best of {rounds} rounds ===")
     print(f"(commit {commit}; link bytes per call / tensor bytes in brackets)")
     head = " | ".join(f"{m:>15}" for m in METHODS)
     print(f"{'size':>6} | {head} | {'hier/flat':>9}")
@@ -135,6 +143,11 @@ def main() -> None:
     ap.add_argument("--sizes", default="4KB,64KB,1MB,4MB,16MB,64MB")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--modes", default=",".join(MODES), help="of: " + ", ".join(MODES))
+    ap.add_argument(
+        "--link-rate",
+        default="none",
+        help="comma-separated tc rates for the link, e.g. none,10gbit,1gbit (none: uncapped)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sizes = [_parse_bytes(s) for s in args.sizes.split(",")]
@@ -142,8 +155,11 @@ def main() -> None:
         sys.path.insert(0, str(REPO))
         worker(args.worker, sizes, args.rounds)
     else:
-        for mode in args.modes.split(","):
-            report(run_job(sizes, args.rounds, MODES[mode]), args.rounds, mode)
+        rates = [None if r == "none" else r for r in args.link_rate.split(",")]
+        for rate in rates:
+            for mode in args.modes.split(","):
+                rows = run_job(sizes, args.rounds, MODES[mode], rate)
+                report(rows, args.rounds, mode, rate)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ Example::
     with second_host() as host:
         env = two_host_env(host, ssh_agent(tmp / "ssh", host))
         hosts = f"{socket.gethostname()}:2,{host.ns_ip}:2"   # mpiexec --host
+
+    with second_host(link_rate="1gbit") as host:   # a 1 Gbit/s link each way
+        ...
 """
 
 from __future__ import annotations
@@ -28,6 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+# tc's rate units, in bits per second.
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+# tbf's bucket: deep enough to take a GSO packet off the veth (64 KB) and ~100 us of
+# traffic (tbf then wakes rarely enough to hold its rate), shallow enough that a
+# message of a few hundred KB after an idle gap still goes at the rate, not the burst.
+_BURST_SECONDS = 100e-6
+_MIN_BURST = 64 * 1024
+# The queue tbf holds before dropping (tc's "latency"): TCP then never sees drops.
+_TBF_LATENCY = "20ms"
 
 # Another fixture (a Slurm test bed) takes 10.231.x.0/24: ours start above it.
 _FIRST_SUBNET = ipaddress.ip_network("10.232.0.0/24")
@@ -61,6 +74,27 @@ class NetnsHost:
         return sum(int((stats / f).read_text()) for f in ("rx_bytes", "tx_bytes"))
 
 
+def rate_bits(rate: str) -> int:
+    """A tc rate such as ``"10gbit"`` or ``"500mbit"`` in bits per second."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?bit)", rate.strip().lower())
+    if m is None:
+        raise ValueError(f"link rate {rate!r}: give a number and a unit, e.g. 10gbit or 500mbit")
+    return int(float(m.group(1)) * _RATE_UNITS[m.group(2)])
+
+
+def _shape(host: NetnsHost, peer: str, rate: str) -> None:
+    """Limit both ends of the veth pair to ``rate`` (so both directions): a token
+    bucket (tc tbf; netem is not available here) models a slower inter-node link."""
+    tc = which("tc")
+    burst = max(_MIN_BURST, int(rate_bits(rate) / 8 * _BURST_SECONDS))
+    qdisc = ["qdisc", "add", "dev"]
+    tbf = ["root", "tbf", "rate", rate, "burst", str(burst), "latency", _TBF_LATENCY]
+    for cmd in ([tc, *qdisc, host.veth, *tbf], [tc, "-n", host.ns, *qdisc, peer, *tbf]):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise NoSecondHost(f"cannot shape the link to {rate}: {done.stderr.strip()}")
+
+
 def which(program: str) -> str:
     path = shutil.which(program) or shutil.which(program, path="/usr/sbin:/sbin:/usr/bin:/bin")
     if path is None:
@@ -91,9 +125,16 @@ def _free_subnet() -> ipaddress.IPv4Network:
 
 
 @contextlib.contextmanager
-def second_host() -> Iterator[NetnsHost]:
+def second_host(link_rate: str | None = None) -> Iterator[NetnsHost]:
     """A namespace at .2 of a free subnet, routed to this machine; removed on exit
-    with everything still running in it."""
+    with everything still running in it.
+
+    ``link_rate`` (a tc rate, e.g. ``"1gbit"``) caps the link in each direction, as
+    a network slower than memory would; by default it runs as fast as the machine
+    copies. The caps go with the veth pair when the namespace is removed.
+    """
+    if link_rate is not None:
+        rate_bits(link_rate)  # a bad rate fails before anything is made
     if os.geteuid() != 0:
         raise NoSecondHost("needs root to create a network namespace")
     tag = str(os.getpid())
@@ -124,6 +165,8 @@ def second_host() -> Iterator[NetnsHost]:
             ["-n", host.ns, "route", "add", "default", "via", host.host_ip],
         ):
             ip(*cmd)
+        if link_rate is not None:
+            _shape(host, peer, link_rate)
         # Its own /etc/hosts (`ip netns exec` mounts /etc/netns/<ns>/*), as on a
         # real second machine: our host name means our address on the link, not
         # the loopback address our own /etc/hosts may give it.

@@ -7,7 +7,9 @@ same ``L`` (the usual layout), a call runs three stages:
    ends with block ``i`` (``1/L`` of the tensor) of its node's sum;
 2. across nodes, an MPI allreduce of block ``i`` among the ranks holding it, one
    per node: local rank ``i`` of each node leads block ``i``. Only these leaders
-   use the network, and each block crosses it once per node, not once per rank;
+   use the network, and each block crosses it once per node, not once per rank
+   (between two nodes the two leaders swap blocks and both reduce, so the link
+   carries both directions at once);
 3. in each node, a shared-memory all-gather of the blocks.
 
 When nodes hold different numbers of the group's ranks the blocks do not line up
@@ -44,6 +46,10 @@ from clusterkernel.comm._turns import inline, issue, run
 _IN_PLACE = MPI.IN_PLACE
 # The shared-memory steps of a hier call: timed as part of it, never on their own.
 _STEP = Call("all_reduce", 0, "shm", 0, None, False)
+# Blocks from this size are swapped between two nodes' leaders (_cross). Measured on
+# the two-host bench (BENCHMARKS.md): below it the swap was 8-13% slower uncapped and
+# no faster at 1 Gbit/s (32 KB blocks); from 512 KB blocks it was 1.5x faster there.
+SWAP_MIN = 64 << 10
 
 
 class Layout:
@@ -161,7 +167,7 @@ def _steps(lay, tensor, w, info: DType, op, mpi_op, divisor: int, nested: bool) 
 def _by_blocks(lay, flat, info, node_op, mpi_op, divisor, nested) -> Generator:
     local = lay.local
     if local is None:  # one rank per node: the leaders are the whole group
-        yield [lay.cross.Iallreduce(_IN_PLACE, buf(flat, info), mpi_op)]
+        yield from _cross(lay.cross, flat, info, mpi_op)
         if divisor != 1:
             flat.div_(divisor)
         return
@@ -169,7 +175,7 @@ def _by_blocks(lay, flat, info, node_op, mpi_op, divisor, nested) -> Generator:
     shard = padded[local.rank]
     ins, inp = (None, flat) if whole else (padded, None)
     yield from _wait(_shm.reduce_scatter(local, _STEP, shard, ins, inp, node_op, nested))
-    yield [lay.cross.Iallreduce(_IN_PLACE, buf(shard, info), mpi_op)]
+    yield from _cross(lay.cross, shard, info, mpi_op)
     if divisor != 1:
         shard.div_(divisor)
     outs, out = (None, flat) if whole else (padded, None)
@@ -190,11 +196,33 @@ def _by_leader(lay, flat, info, node_op, mpi_op, divisor, nested) -> Generator:
         _unpad(blocks, padded)
     spec = buf(flat, info)
     if lay.cross is not None:  # this rank is its node's leader
-        yield [lay.cross.Iallreduce(_IN_PLACE, spec, mpi_op)]
+        yield from _cross(lay.cross, flat, info, mpi_op)
         if divisor != 1:
             flat.div_(divisor)
     if local is not None:
         yield [local.comm.Ibcast(spec, root=0)]
+
+
+def _cross(cross: MPI.Intracomm, x: torch.Tensor, info: DType, mpi_op: MPI.Op) -> Generator:
+    """Allreduce ``x`` in place among the leaders (one per node).
+
+    Between two nodes both leaders send at once, then each reduces ``x0 op x1`` (in
+    that order on both, so both hold the same bits). MPI's nonblocking allreduce on
+    two ranks reduces to one and sends back, one direction at a time: half the link.
+    Small blocks keep the Iallreduce: one request costs less than a swap's buffer
+    and local reduction, and the link's direction does not matter at their size.
+    """
+    if cross.Get_size() != 2 or x.nbytes < SWAP_MIN:
+        yield [cross.Iallreduce(_IN_PLACE, buf(x, info), mpi_op)]
+        return
+    peer = 1 - cross.Get_rank()
+    other = torch.empty_like(x)
+    yield [cross.Isend(buf(x, info), peer), cross.Irecv(buf(other, info), peer)]
+    if peer == 1:  # x is x0
+        mpi_op.Reduce_local(buf(x, info), buf(other, info))
+        x.copy_(other)
+    else:
+        mpi_op.Reduce_local(buf(other, info), buf(x, info))
 
 
 def _blocks(flat: torch.Tensor, n: int) -> tuple[bool, list, list]:
