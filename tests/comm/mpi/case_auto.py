@@ -162,17 +162,20 @@ def test_default_auto_is_correct_for_every_data_op(n):
     agree(ok and bool((rs == SIZE).all()), f"n={n}")
 
 
-def test_a_shm_empty_tensor_goes_zero_copy_from_a_megabyte():
+def test_a_shm_empty_tensor_goes_zero_copy_from_the_threshold():
     g = _fresh()
-    big = comm.shm_empty(1 << 18, group=g)  # 1 MiB of float32, in the group's shared memory
+    n = _auto.ZERO_COPY_MIN // 4  # float32 elements: exactly the zero-copy size
+    big = comm.shm_empty(n, group=g)  # in the group's shared memory
     big.fill_(float(RANK + 1))
     comm.all_reduce(big, group=g)
-    small = big[:1024]  # 4 KiB of it: the table's pick, as for any tensor
-    small.fill_(1.0)
-    comm.all_reduce(small, group=g)
+    under = big[: n - 1]  # one element less: the table's pick, as for any tensor
+    under.fill_(1.0)
+    comm.all_reduce(under, group=g)
     recs = [r for r in metrics.recorder().records("comm") if r["op"] == "all_reduce"][-2:]
-    agree(bool((big[1024:] == SIZE * (SIZE + 1) / 2).all()) and bool((small == SIZE).all()), "sums")
-    want = ["shm", comm.auto_choice("all_reduce", 4 * KB, g)]
+    agree(
+        bool((big[n - 1 :] == SIZE * (SIZE + 1) / 2).all()) and bool((under == SIZE).all()), "sums"
+    )
+    want = ["shm", comm.auto_choice("all_reduce", _auto.ZERO_COPY_MIN - 4, g)]
     agree([r["algorithm"] for r in recs] == want, f"{recs} want {want}")
     comm.destroy_group(g)
 
