@@ -84,8 +84,14 @@ def compare(flights: dict[int, list[dict]], positions: dict[int, str] | None = N
     return "\n".join(lines)
 
 
+# The op of a flight entry for auto's first-use set-up (comm/_auto.py SETUP_LABEL). It
+# shares its number with the call it precedes, so it is no call of its own to compare.
+_SETUP = "auto set-up for "
+
+
 def _compare_group(name, members, per_rank, flights, positions) -> list[str]:
-    last = {r: max(es, key=lambda e: e["seq"]) for r, es in per_rank.items()}
+    # the latest entry of the highest number: a set-up entry and its call share one
+    last = {r: max(reversed(es), key=lambda e: e["seq"]) for r, es in per_rank.items()}
     waiting = {r: e for r, e in last.items() if not e["done"]}
     if not waiting:
         return []
@@ -121,7 +127,8 @@ def _mismatch(name: str, per_rank: dict[int, list[dict]]) -> str:
     by_seq: dict[int, dict[int, dict]] = {}
     for r, es in per_rank.items():
         for e in es:
-            by_seq.setdefault(e["seq"], {})[r] = e
+            if not e["op"].startswith(_SETUP):
+                by_seq.setdefault(e["seq"], {})[r] = e
     for seq in sorted(by_seq, reverse=True):
         calls = by_seq[seq]
         variants: dict[tuple, list[int]] = {}

@@ -76,6 +76,9 @@ ZERO_COPY_MIN = 1 << 19
 SHIPPED = Path(__file__).with_name("auto_table.json")
 ENV_ALGORITHM = "CLUSTERKERNEL_ALGORITHM"
 ENV_TABLE = "CLUSTERKERNEL_AUTO_TABLE"
+# The flight entry of a group's first-use set-up: "auto set-up for all_reduce" (the
+# hang report, client side, knows this prefix: cluster/_hangreport.py)
+SETUP_LABEL = "auto set-up for"
 
 
 def cache_path() -> Path:
@@ -197,7 +200,8 @@ def setup(g: Group, name: str, nbytes: int = 0) -> dict:
     """The group's rules, made at its first ``auto`` call (collective over ``g``)."""
     # In the flight recorder under the number of the call it precedes: ranks left
     # waiting here (one rank never made the call) show in the hang report.
-    entry = FLIGHT.record(g, name, nbytes, None, depth=1, advance=False) if FLIGHT.on else None
+    what = f"{SETUP_LABEL} {name}"
+    entry = FLIGHT.record(g, what, nbytes, None, depth=1, advance=False) if FLIGHT.on else None
     try:
         rules = _setup(g, name)
     finally:

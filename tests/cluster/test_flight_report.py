@@ -83,13 +83,26 @@ def test_first_call_size_mismatch_raises_on_every_rank(cluster: Cluster):
 def test_ranks_waiting_in_autos_first_use_setup_are_named(cluster: Cluster):
     # A fresh group's first auto call sets its rules up collectively, before any
     # data moves: ranks left waiting there show under that call's number.
-    code = SETUP + (
-        "t = torch.ones(1024)\n"
-        "if comm.rank() != 2:\n"
-        "    comm.all_reduce(t, group=g)\n"
-    )
+    code = SETUP + ("t = torch.ones(1024)\nif comm.rank() != 2:\n    comm.all_reduce(t, group=g)\n")
     with pytest.raises(CellInterrupted) as info:
         cluster.run(code, timeout=4, renderer=_quiet(cluster))
     note = info.value.note
-    assert "ranks 0-1,3 wait in all_reduce #0 (group[0, 1, 2, 3], 4 KiB" in note, note
+    assert "ranks 0-1,3 wait in auto set-up for all_reduce #0 (group[0, 1, 2, 3], 4 KiB" in note, (
+        note
+    )
     assert "cell line 6" in note, note
+
+
+def test_a_rank_that_fails_after_autos_setup_leaves_the_others_named(cluster: Cluster):
+    # Rank 2's bad output list fails after the group's auto set-up, before the call's
+    # own check: the others wait in that check, under the set-up's number.
+    code = SETUP + (
+        "t = torch.ones(4)\n"
+        "outs = [torch.empty(4) for _ in range(3 if comm.rank() == 2 else 4)]\n"
+        "comm.all_gather(outs, t, group=g)\n"
+    )
+    with pytest.raises((CellInterrupted, RankError)) as info:
+        cluster.run(code, timeout=4, renderer=_quiet(cluster))
+    note = info.value.note
+    assert "ranks 0-1,3 wait in all_gather #0 (group[0, 1, 2, 3]" in note, note
+    assert "mismatch" not in note, note
