@@ -91,8 +91,8 @@ def _shape(host: NetnsHost, peer: str, rate: str) -> None:
     tbf = ["root", "tbf", "rate", rate, "burst", str(burst), "latency", _TBF_LATENCY]
     for cmd in ([tc, *qdisc, host.veth, *tbf], [tc, "-n", host.ns, *qdisc, peer, *tbf]):
         done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NoSecondHost(f"cannot shape the link to {rate}: {done.stderr.strip()}")
+        if done.returncode != 0:  # not a skip: the bed is here, the cap is broken
+            raise RuntimeError(f"cannot shape the link to {rate}: {done.stderr.strip()}")
 
 
 def which(program: str) -> str:
