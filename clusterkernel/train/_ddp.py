@@ -72,8 +72,9 @@ class DataParallel(nn.Module):
             memory; the default hook then averages each such bucket in place,
             with no copy in or out (``CLUSTERKERNEL_ALGORITHM`` forcing another
             algorithm than shm means ordinary memory). ``True``: shared memory
-            or a clear error (on every rank);
-            ``False``: ordinary memory. Decided collectively at wrap time; see
+            or a clear error (on every rank; a one-rank group has nothing to
+            share and keeps ordinary memory); ``False``: ordinary memory. Pass
+            the same value on every rank (a clear error otherwise). Decided collectively at wrap time; see
             :attr:`shared_buckets`. Shared buckets stay allocated until the
             process exits (one model's gradients per ``DataParallel``), so pass
             ``False`` when wrapping many models in one process.

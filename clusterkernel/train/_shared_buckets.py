@@ -68,21 +68,30 @@ def shared_flats(
     shared memory, or None for ordinary memory.
 
     ``choice``: None shares when possible and useful (some bucket is reduced in
-    place), True shares or raises (on every rank alike), False never shares. Collective over ``group`` unless ``choice`` is
-    False or the group has one rank (nothing to share then: None).
+    place), True shares or raises (on every rank alike), False never shares.
+    Collective over ``group`` unless it has one rank (nothing to share then: None,
+    whatever ``choice`` is).
     """
-    if choice is False or comm.size(group) == 1:
+    if comm.size(group) == 1:
         return None
     offsets, total = _offsets(layout)
-    mine = (_local_reason(params), [(n, str(d)) for n, d in layout])
+    # Gathered whatever ``choice`` is: a rank passing False must not skip the
+    # collectives the others make here (they would wait for it forever).
+    mine = (_local_reason(params), [(n, str(d)) for n, d in layout], choice)
     everyone = all_objects(mine, group)
     if any(e[1] != mine[1] for e in everyone):
         raise ValueError(
             "DataParallel: the gradient buckets differ between ranks; build the same "
             "model and pass the same bucket_bytes on every rank."
         )
-    if not layout:
-        return None  # no parameter needs a gradient: no buckets
+    if any(e[2] != choice for e in everyone):
+        said = ", ".join(f"rank {i}: {e[2]}" for i, e in enumerate(everyone))
+        raise ValueError(
+            f"DataParallel: shared_buckets differs between ranks ({said}); pass the "
+            "same value on every rank."
+        )
+    if choice is False or not layout:
+        return None  # asked for ordinary memory, or no parameter needs a gradient
     why = [f"rank {i}: {e[0]}" for i, e in enumerate(everyone) if e[0]]
     if why:
         _refuse(choice, "; ".join(why))

@@ -101,3 +101,13 @@ def test_ranks_with_different_buckets_all_get_a_clear_error(sb):
         pytest.skip("one rank agrees with itself")
     for rec in _recs(res, "mismatch", n):
         assert "same bucket_bytes on every rank" in rec["error"], rec
+
+
+def test_ranks_with_different_shared_buckets_all_get_a_clear_error(sb):
+    n, res = sb
+    if n == 1:
+        pytest.skip("one rank agrees with itself")
+    for rec in _recs(res, "choice mismatch", n):
+        assert (
+            "shared_buckets differs between ranks (rank 0: False, rank 1: None" in rec["error"]
+        ), rec

@@ -128,6 +128,18 @@ def mismatch() -> None:
     report(scenario="mismatch", error=error)
 
 
+def choice_mismatch() -> None:
+    """Ranks passing different shared_buckets get a clear error, all of them (a rank
+    passing False used to skip the others' exchange: a hang)."""
+    try:
+        DataParallel(mlp(seed=3), shared_buckets=False if RANK == 0 else None)
+        error = ""
+    except ValueError as exc:
+        error = str(exc)
+    comm.barrier()
+    report(scenario="choice mismatch", error=error)
+
+
 def fallback() -> None:
     """One rank cannot share (a parameter on another device): all ranks fall back
     alike with None, and all raise alike with True."""
@@ -153,4 +165,5 @@ equivalence("small", True, set_to_none=True)
 if WORLD > 1:
     forced()
     mismatch()
+    choice_mismatch()
     fallback()
