@@ -75,9 +75,10 @@ class DataParallel(nn.Module):
             or a clear error (on every rank; a one-rank group has nothing to
             share and keeps ordinary memory); ``False``: ordinary memory. Pass
             the same value on every rank (a clear error otherwise). Decided collectively at wrap time; see
-            :attr:`shared_buckets`. Shared buckets stay allocated until the
-            process exits (one model's gradients per ``DataParallel``), so pass
-            ``False`` when wrapping many models in one process.
+            :attr:`shared_buckets`. Shared memory is kept until the process
+            exits, and a new wrap reuses that of a wrapped model which is gone
+            (re-running a cell costs no new memory); models alive at once each
+            hold their gradients' size of it.
 
     Unused parameters are handled: a rank whose forward skipped a parameter
     contributes zeros for it, so all ranks issue the same allreduces in the same

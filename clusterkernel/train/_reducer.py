@@ -85,13 +85,14 @@ def make_buckets(
     bucket_bytes: int,
     group: comm.Group | None = None,
     shared: bool | None = False,
+    owner: object = None,
 ) -> tuple[list[Bucket], bool]:
     """The buckets, and whether their flat tensors are in ``group``'s shared memory
     (as ``shared`` asks: see :func:`~._shared_buckets.shared_flats`; collective
     unless False)."""
     groups = plan_buckets(params, bucket_bytes)
     layout = [(sum(p.numel() for p in ps) + len(ps), ps[0].dtype) for ps in groups]
-    flats = shared_flats(layout, params, group, shared)
+    flats = shared_flats(layout, params, group, shared, owner)
     if flats is None:
         return [Bucket(ps) for ps in groups], False
     return [Bucket(ps, f) for ps, f in zip(groups, flats, strict=True)], True
@@ -113,7 +114,7 @@ class GradReducer:
         self.group = group
         self.hook: CommHook = allreduce_hook
         self.state: Any = None
-        self.buckets, self.shared = make_buckets(params, bucket_bytes, group, shared)
+        self.buckets, self.shared = make_buckets(params, bucket_bytes, group, shared, self)
         self.next = 0  # index of the next bucket to launch, to keep launch order
         self.enabled = True  # False inside no_sync()
         self.dirty = False  # a training forward or backward ran since the last sync

@@ -13,6 +13,9 @@ would hang).
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import torch
 from torch import nn
 
@@ -22,6 +25,18 @@ from clusterkernel.comm._groups import resolve
 from clusterkernel.train._sync import all_objects
 
 ALIGN = 64  # bytes: each bucket starts on its own cache line
+# Shared memory lives until the process exits, so the windows made here are kept per
+# group, each with a weak reference to the object whose buckets it holds: a new wrap
+# reuses one whose owner is gone on every rank (re-running a notebook cell that
+# wraps a model must not take a new window each time).
+_ARENAS: dict[comm.Group, list[list]] = {}  # group -> [[arena, weakref to owner], ...]
+
+
+def _free_arenas(g: comm.Group) -> list[int]:
+    slots = _ARENAS.get(g, [])
+    if any(ref() is not None for _, ref in slots):
+        gc.collect()  # an owner kept only by a reference cycle is gone, too
+    return [i for i, (_, ref) in enumerate(slots) if ref() is None]
 
 
 def _local_reason(params: list[nn.Parameter]) -> str | None:
@@ -63,6 +78,7 @@ def shared_flats(
     params: list[nn.Parameter],
     group: comm.Group | None,
     choice: bool | None,
+    owner: object = None,
 ) -> list[torch.Tensor] | None:
     """Zeroed flat tensors of ``layout`` (numel, dtype per bucket) in the group's
     shared memory, or None for ordinary memory.
@@ -70,14 +86,16 @@ def shared_flats(
     ``choice``: None shares when possible and useful (some bucket is reduced in
     place), True shares or raises (on every rank alike), False never shares.
     Collective over ``group`` unless it has one rank (nothing to share then: None,
-    whatever ``choice`` is).
+    whatever ``choice`` is). The memory is reused by a later call once ``owner``
+    (the object that keeps the tensors) is gone on every rank.
     """
     if comm.size(group) == 1:
         return None
     offsets, total = _offsets(layout)
     # Gathered whatever ``choice`` is: a rank passing False must not skip the
     # collectives the others make here (they would wait for it forever).
-    mine = (_local_reason(params), [(n, str(d)) for n, d in layout], choice)
+    g = resolve(group)
+    mine = (_local_reason(params), [(n, str(d)) for n, d in layout], choice, _free_arenas(g))
     everyone = all_objects(mine, group)
     if any(e[1] != mine[1] for e in everyone):
         raise ValueError(
@@ -98,6 +116,12 @@ def shared_flats(
         return None
     if choice is None and not _helps(layout, group):
         return None
+    slots = _ARENAS.setdefault(g, [])
+    free_everywhere = set.intersection(*(set(e[3]) for e in everyone))
+    reuse = [i for i in sorted(free_everywhere) if slots[i][0].numel() >= total]
+    if reuse:  # the same index on every rank: the windows were made together
+        slots[reuse[0]][1] = _ref(owner)
+        return _cut(slots[reuse[0]][0], layout, offsets)
     try:
         arena = comm.shm_empty(max(total, 1), torch.uint8, group)
         failed = None
@@ -109,6 +133,16 @@ def shared_flats(
     if failures:
         _refuse(choice, "shared memory unavailable (" + "; ".join(failures) + ")")
         return None
+    slots.append([arena, _ref(owner)])
+    return _cut(arena, layout, offsets)
+
+
+def _ref(owner: object):
+    # no owner named: the memory is never handed out again
+    return weakref.ref(owner) if owner is not None else (lambda: _ref)
+
+
+def _cut(arena: torch.Tensor, layout, offsets: list[int]) -> list[torch.Tensor]:
     flats = []
     for (numel, dtype), off in zip(layout, offsets, strict=True):
         flat = arena[off : off + numel * dtype.itemsize].view(dtype)

@@ -111,3 +111,13 @@ def test_ranks_with_different_shared_buckets_all_get_a_clear_error(sb):
         assert (
             "shared_buckets differs between ranks (rank 0: False, rank 1: None" in rec["error"]
         ), rec
+
+
+def test_a_new_wrap_reuses_the_shared_memory_of_a_model_that_is_gone(sb):
+    n, res = sb
+    if n == 1:
+        pytest.skip("one rank shares nothing")
+    for rec in _recs(res, "reuse", n):
+        assert rec["shared"] == [True, True], rec
+        assert rec["second_new"] and rec["third_reused"], rec
+        assert rec["new_windows"] == 0, rec  # the third made no window of its own

@@ -140,6 +140,31 @@ def choice_mismatch() -> None:
     report(scenario="choice mismatch", error=error)
 
 
+def reuse() -> None:
+    """A wrap takes the shared memory of a wrapped model that is gone (on every
+    rank), and new memory while that model lives."""
+
+    def wrap(seed: int) -> tuple[DataParallel, int]:
+        model = DataParallel(mlp(seed=seed, widths=MODELS["wide_input"]))
+        return model, model._reducer.buckets[0].flat.data_ptr()
+
+    first, at_first = wrap(3)
+    second, at_second = wrap(4)  # the first still lives
+    first.remove_hooks()
+    del first
+    windows = len(resolve(None)._shm.arenas)
+    third, at_third = wrap(5)
+    report(
+        scenario="reuse",
+        shared=[m.shared_buckets for m in (second, third)],
+        second_new=at_second != at_first,
+        third_reused=at_third == at_first,
+        new_windows=len(resolve(None)._shm.arenas) - windows,
+    )
+    second.remove_hooks()
+    third.remove_hooks()
+
+
 def fallback() -> None:
     """One rank cannot share (a parameter on another device): all ranks fall back
     alike with None, and all raise alike with True."""
@@ -166,4 +191,5 @@ if WORLD > 1:
     forced()
     mismatch()
     choice_mismatch()
+    reuse()
     fallback()
