@@ -165,6 +165,25 @@ def test_several_groups_and_algorithms_at_once():
     agree(ok, f"{[x[0].item() for x in xs]} != {want}")
 
 
+@pytest.mark.parametrize("layout", ["pairs", "single", "uneven"])
+def test_blocks_swapped_between_two_nodes_every_dtype(layout):
+    # From _hier.SWAP_MIN bytes a block crosses between two nodes by a swap, each
+    # leader reducing x0 op x1 itself: the same bits on both, for every dtype.
+    g = _group(layout)
+    bad = []
+    for dtype in ALL_DTYPES:
+        n = 2 * _hier.SWAP_MIN // dtype.itemsize + 5  # a node's blocks reach SWAP_MIN
+        for op in (comm.SUM, comm.MAX, comm.AVG):
+            if not valid(op, dtype):
+                continue
+            t = data(11, RANK, (n,), dtype, op)
+            comm.all_reduce(t, op=op, group=g, algorithm="hier")
+            if not close(t, _expected(11, (n,), dtype, op), dtype):
+                bad.append((str(dtype), op.name))
+    comm.destroy_group(g)
+    agree(not bad, f"{layout}: {bad}")
+
+
 def test_large_tensor_matches_numpy():
     g = _group("pairs")
     n = (4 << 20) // 4 + 13  # just over 4 MB of float32, not a multiple of the ranks
