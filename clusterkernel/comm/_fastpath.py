@@ -1,0 +1,115 @@
+"""Loading and configuring the C fast path of ``comm.all_reduce`` (``_fast.c``).
+
+The common case (a blocking SUM allreduce of a small contiguous CPU tensor on the
+world group, an algorithm auto leaves to MPI, a signature the group already agreed
+on) runs in C, with the same flight entry and timing record as the Python path.
+Everything else, and everything when the extension was not built (no C compiler
+at install time, Python before 3.11, not Linux), takes the Python path.
+``CLUSTERKERNEL_FASTPATH=0`` turns it off for a process; :func:`enable` for a while.
+
+Example::
+
+    from clusterkernel.comm import _fastpath
+    was = _fastpath.enable(False)   # Python path only (tests compare the two)
+    _fastpath.enable(was)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+
+from mpi4py import MPI
+
+from clusterkernel.comm._auto import ZERO_COPY_MIN
+from clusterkernel.comm._check import STATE as _CHECK
+from clusterkernel.comm._dtypes import DTYPES, HUGE_THRESHOLD, STAGING
+from clusterkernel.comm._flight import FLIGHT, OURS
+from clusterkernel.comm._groups import WORLD
+from clusterkernel.comm._handle import _REC
+from clusterkernel.comm._ops import SUM
+
+try:
+    from clusterkernel.comm import _fast
+except ImportError:  # not built: the Python path does everything
+    _fast = None
+
+
+def _libmpi_symbol(name: str) -> int:
+    """The address of ``name`` in the MPI library mpi4py loaded (0 if not found)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libmpi." in line}
+    except OSError:  # not Linux
+        return 0
+    for path in sorted(paths):
+        try:
+            fn = getattr(ctypes.CDLL(path), name)
+        except (OSError, AttributeError):
+            continue
+        return ctypes.cast(fn, ctypes.c_void_p).value or 0
+    return 0
+
+
+def _configure() -> Callable | None:
+    if _fast is None or not hasattr(_fast, "configure"):
+        return None
+    address = _libmpi_symbol("MPI_Allreduce")
+    handle_size = MPI._sizeof(MPI.Comm)
+    if not address or handle_size not in (4, ctypes.sizeof(ctypes.c_void_p)):
+        return None
+    dtypes = {}
+    for dtype, info in DTYPES.items():
+        op = SUM.mpi.get(info.kind)
+        if info.kind in "fib" and op is not None:  # as the Python path's zero-copy case
+            mask = (1 << (8 * handle_size)) - 1  # int handles may be negative
+            dtypes[dtype] = (
+                MPI._handleof(info.mpi) & mask,
+                info.itemsize,
+                MPI._handleof(op) & mask,
+                SUM,
+            )
+    _fast.configure(
+        allreduce=address,
+        pointer_handles=handle_size != 4,
+        in_place=int(MPI.IN_PLACE),
+        comm=MPI._handleof(WORLD.comm) & ((1 << (8 * handle_size)) - 1),
+        group=WORLD,
+        dtypes=dtypes,
+        check=_CHECK,
+        staging=STAGING,
+        flight=FLIGHT,
+        ours=OURS,
+        recorder=_REC,
+        error=MPI.Exception,
+        limit=min(HUGE_THRESHOLD, ZERO_COPY_MIN),
+    )
+    if os.environ.get("CLUSTERKERNEL_FASTPATH", "1") in ("0", "off"):
+        _fast.enable(False)
+    return _fast.all_reduce
+
+
+ALL_REDUCE = _configure()
+
+
+def enable(on: bool = True) -> bool:
+    """Turn the fast path on or off on this rank; returns whether it was on.
+
+    Example: ``was = enable(False)`` ... ``enable(was)``.
+    """
+    if ALL_REDUCE is None:
+        if on:
+            raise RuntimeError("the C fast path is not built on this machine")
+        return False
+    return _fast.enable(on)
+
+
+def hits() -> int:
+    """How many calls the fast path has done on this rank (0 when not built)."""
+    return _fast.hits() if ALL_REDUCE is not None else 0
+
+
+def available() -> bool:
+    """Whether the C fast path was built and configured here."""
+    return ALL_REDUCE is not None

@@ -1,0 +1,173 @@
+"""all_reduce's C fast path: taken for the common case, the same results, flight
+entries and timing records as the Python path, and the Python path for the rest."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from _helpers import INTS, RANK, SIZE, agree, as_ref, close, data, reduce_ref
+
+from clusterkernel import comm, metrics
+from clusterkernel.comm import _fastpath
+
+FAST_DTYPES = [torch.float32, torch.float64, *INTS, torch.bool]
+
+
+@pytest.fixture(autouse=True)
+def _fast_on():
+    if not _fastpath.available():
+        # Built by every install with a C compiler; this machine has one.
+        agree(not sys.platform.startswith("linux"), "the C fast path is not built")
+        pytest.skip("no C fast path on this platform")
+    was = _fastpath.enable(True)
+    yield
+    _fastpath.enable(was)
+
+
+def _hits_of(fn) -> int:
+    before = _fastpath.hits()
+    fn()
+    return _fastpath.hits() - before
+
+
+def _reduce_both_ways(seed: int, count: int, dtype: torch.dtype) -> tuple[bool, str]:
+    """The same SUM on the Python path and on the fast path: both match numpy."""
+    want = reduce_ref(
+        comm.SUM, [as_ref(data(seed, r, (count,), dtype)) for r in range(SIZE)], dtype
+    )
+    results = {}
+    for fast in (False, True):
+        _fastpath.enable(fast)
+        comm.all_reduce(data(seed, RANK, (count,), dtype))  # agrees the signature first
+        t = data(seed, RANK, (count,), dtype)
+        hits = _hits_of(lambda t=t: comm.all_reduce(t))
+        results[fast] = (close(t, want, dtype), hits)
+    ok = results == {False: (True, 0), True: (True, 1)}
+    return ok, f"{dtype} x{count}: {results}"
+
+
+@pytest.mark.parametrize("dtype", FAST_DTYPES, ids=str)
+def test_every_fast_dtype_matches_numpy_on_both_paths(dtype):
+    for seed, count in enumerate((1, 7, 1000, 30_000)):
+        ok, what = _reduce_both_ways(seed, count, dtype)
+        agree(ok, what)
+
+
+def test_flight_entry_and_timing_record_are_the_python_paths():
+    t = torch.ones(300)
+    comm.all_reduce(t)  # agree the signature
+    got = {}
+    for fast in (False, True):
+        _fastpath.enable(fast)
+        store = metrics.recorder().comm
+        before = time.perf_counter()
+        line = sys._getframe().f_lineno + 1
+        hits = _hits_of(lambda: comm.all_reduce(t))
+        after = time.perf_counter()
+        entry = comm.flight()[-1]
+        rec = store[-1]
+        got[fast] = (
+            {k: v for k, v in entry.items() if k not in ("seq", "line")},
+            entry["line"] == line,
+            rec[:4],
+            before <= rec[4] <= after and 0 < rec[5] == rec[6] <= after - before,
+            hits,
+            entry["seq"],
+        )
+    (py, fast) = got[False], got[True]
+    ok = py[:4] == fast[:4] and py[1] and py[3] and (py[4], fast[4]) == (0, 1)
+    ok = ok and fast[5] == py[5] + 1  # one sequence, whichever path took the call
+    agree(ok, repr(got))
+
+
+def test_the_rest_takes_the_python_path():
+    t = torch.ones(64)
+    comm.all_reduce(t)
+    cases = {
+        "common case": lambda: comm.all_reduce(t),
+        "half": lambda: comm.all_reduce(torch.ones(64, dtype=torch.float16)),
+        "non-contiguous": lambda: comm.all_reduce(torch.ones(8, 16).t()),
+        "op MAX": lambda: comm.all_reduce(t, op=comm.MAX),
+        "op given as text": lambda: comm.all_reduce(t, op="sum"),
+        "async": lambda: comm.all_reduce(t, async_op=True).wait(),
+        "algorithm mpi": lambda: comm.all_reduce(t, algorithm="mpi"),
+        "group given": lambda: comm.all_reduce(t, group=comm.new_group(list(range(SIZE)))),
+        "over the size limit": lambda: comm.all_reduce(torch.zeros(1 << 18)),
+        # a signature not agreed yet: begin() exchanges it (a second call is fast)
+        "new signature": lambda: comm.all_reduce(torch.ones(65)),
+    }
+    hits = {name: _hits_of(fn) for name, fn in cases.items()}
+    comm.set_check(True)
+    try:
+        hits["check mode"] = _hits_of(lambda: comm.all_reduce(t))
+    finally:
+        comm.set_check(False)
+    comm.force_staging(True)
+    try:
+        hits["staging forced"] = _hits_of(lambda: comm.all_reduce(t))
+    finally:
+        comm.force_staging(False)
+    _fastpath.enable(False)
+    hits["turned off"] = _hits_of(lambda: comm.all_reduce(t))
+    want = {name: 0 for name in hits} | {"common case": 1}
+    agree(hits == want, repr(hits))
+
+
+def test_a_call_from_clusterkernel_names_the_users_line():
+    # A training mode's call: its caller's frame is clusterkernel's, so the fast path
+    # leaves it to the Python path, which walks out to the user's line.
+    from clusterkernel.comm._flight import OURS
+
+    ns = {"comm": comm}
+    source = "def reduce_for_user(t):\n    comm.all_reduce(t)\n"
+    exec(compile(source, sorted(OURS)[0], "exec"), ns)  # a function "in" clusterkernel
+    t = torch.ones(4)
+    comm.all_reduce(t)
+    line = sys._getframe().f_lineno + 1
+    hits = _hits_of(lambda: ns["reduce_for_user"](t))
+    entry = comm.flight()[-1]
+    ok = entry["file"] == __file__ and entry["line"] == line and hits == 0
+    agree(ok and _hits_of(lambda: comm.all_reduce(t)) == 1, f"{entry} {hits}")
+
+
+def test_the_gil_is_free_while_a_rank_waits_in_the_call():
+    if SIZE < 2:
+        pytest.skip("needs two ranks")
+    t = torch.ones(16)
+    comm.all_reduce(t)
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def tick() -> None:  # each stamp needs the GIL
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+            time.sleep(0.005)
+
+    inside = None
+    if RANK == 0:
+        th = threading.Thread(target=tick, daemon=True)
+        th.start()
+        enter = time.perf_counter()
+        hits = _hits_of(lambda: comm.all_reduce(t))  # the last rank is 0.5 s late
+        leave = time.perf_counter()
+        stop.set()
+        th.join()
+        inside = sum(enter + 0.05 < s < leave - 0.05 for s in stamps)
+    else:
+        if RANK == SIZE - 1:
+            time.sleep(0.5)
+        hits = _hits_of(lambda: comm.all_reduce(t))
+    # Holding the GIL in MPI would stop the thread for the whole wait (0 stamps).
+    agree(hits == 1 and (inside is None or inside >= 10), f"{hits} {inside}")
+
+
+def test_a_wrong_argument_gets_the_python_paths_error():
+    for bad in (np.ones(4, dtype=np.float32), [1.0, 2.0], None):
+        with pytest.raises(TypeError):
+            comm.all_reduce(bad)
+    agree(True)
