@@ -4,12 +4,13 @@
  * which auto picks MPI and whose signature the group has already agreed on, is a
  * few microseconds of MPI; in Python, comm's own work around it (dtype and auto
  * look-ups, the signature check, the flight entry, the timing record) cost as much
- * again. This does the same work in C and calls MPI_Allreduce itself, with the GIL
- * released as mpi4py does. Anything else returns False and the Python path runs:
- * this file decides nothing the Python path does not decide the same way (see
- * _reductions.all_reduce, whose inlined steps it mirrors one for one, and
- * tests/comm/test_fastpath.py, which holds the two to the same results, entries
- * and records).
+ * again. Here the same work is done in C and MPI_Allreduce is called directly, with
+ * the GIL released as mpi4py does. FastFunction is the public comm.all_reduce: it
+ * tries try_fast() on calls of that shape and hands every other call, and every
+ * call try_fast() declines, to the Python all_reduce unchanged. try_fast() decides
+ * nothing the Python path does not decide the same way: it mirrors the inlined
+ * steps of _reductions.all_reduce one for one, and tests/comm/mpi/case_fastpath.py
+ * holds the two to the same results, flight entries and timing records.
  *
  * No MPI header or library is needed to build it: MPI_Allreduce's address and the
  * handles come from mpi4py at run time (_fastpath.py), as integers. Open MPI's
@@ -18,6 +19,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -34,12 +37,15 @@ static struct {
     intptr_t in_place, comm;
     Py_ssize_t limit;
     /* owned references, set by configure() */
-    PyObject *group, *gsize, *dtypes, *check, *staging, *flight, *ours, *rec, *error;
+    PyObject *group, *gsize, *dtypes, *check, *staging, *flight, *ours, *rec, *error, *sum;
+    /* where __slots__ attributes live in their objects (-1: look them up by name) */
+    Py_ssize_t at_auto, at_sigs, at_calls, at_flight_on, at_ring;
 } S;
 
 static PyObject *n_dtype, *n_is_cpu, *n_nbytes, *n_is_contiguous, *n_data_ptr, *n_force,
     *n_auto, *n_all_reduce, *n_mpi, *n_on, *n_new, *n_sigs, *n_ring, *n_append, *n_calls,
-    *n_enabled, *n_comm, *n_capacity, *n_trim;
+    *n_enabled, *n_comm, *n_capacity, *n_trim, *n_op, *n_group, *n_async_op, *n_algorithm,
+    *n_auto_alg;
 
 /* time.perf_counter(): CLOCK_MONOTONIC on Linux, the only system configured (the
  * timing record's start is compared with the Python path's). */
@@ -50,10 +56,219 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* FlightRing(maxlen): the flight recorder's ring, a deque(maxlen=...) for what
+ * _flight.py does with it (append, iterate oldest first, len, clear, maxlen). In C
+ * so that the fast path appends without a method call and, once the ring is full,
+ * refills the oldest entry in place instead of making a new list: only when nothing
+ * else holds that entry (a reader's copy of the ring, a pending Work), so no one
+ * ever sees an entry change under them. */
+typedef struct {
+    PyObject_HEAD
+    PyObject **items;
+    Py_ssize_t maxlen, start, len;
+} FlightRing;
+
+static PyTypeObject FlightRingType;
+
+static PyObject *ring_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"maxlen", NULL};
+    Py_ssize_t maxlen;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "n:FlightRing", names, &maxlen))
+        return NULL;
+    if (maxlen < 1) {
+        PyErr_SetString(PyExc_ValueError, "maxlen must be at least 1");
+        return NULL;
+    }
+    FlightRing *r = (FlightRing *)type->tp_alloc(type, 0);
+    if (r == NULL)
+        return NULL;
+    r->items = PyMem_Calloc((size_t)maxlen, sizeof(PyObject *));
+    if (r->items == NULL) {
+        Py_DECREF(r);
+        return PyErr_NoMemory();
+    }
+    r->maxlen = maxlen;
+    return (PyObject *)r;
+}
+
+static void ring_push(FlightRing *r, PyObject *x) /* steals x */
+{
+    if (r->len < r->maxlen) {
+        r->items[(r->start + r->len) % r->maxlen] = x;
+        r->len++;
+        return;
+    }
+    PyObject *old = r->items[r->start];
+    r->items[r->start] = x;
+    r->start = (r->start + 1) % r->maxlen;
+    Py_DECREF(old);
+}
+
+/* The oldest entry, moved to the newest place, when it can be refilled in place
+ * (the ring is full and nothing else holds it); NULL otherwise. Borrowed. */
+static PyObject *ring_recycle(FlightRing *r, Py_ssize_t size)
+{
+    if (r->len < r->maxlen)
+        return NULL;
+    PyObject *old = r->items[r->start];
+    if (Py_REFCNT(old) != 1 || !PyList_CheckExact(old) || PyList_GET_SIZE(old) != size)
+        return NULL;
+    r->start = (r->start + 1) % r->maxlen; /* the oldest slot becomes the newest */
+    return old;
+}
+
+static PyObject *ring_append(FlightRing *r, PyObject *x)
+{
+    ring_push(r, Py_NewRef(x));
+    Py_RETURN_NONE;
+}
+
+static PyObject *ring_list(FlightRing *r)
+{
+    PyObject *out = PyList_New(r->len);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < r->len; i++)
+        PyList_SET_ITEM(out, i, Py_NewRef(r->items[(r->start + i) % r->maxlen]));
+    return out;
+}
+
+static int ring_clear(FlightRing *r)
+{
+    while (r->len > 0) {
+        PyObject *old = r->items[r->start];
+        r->items[r->start] = NULL;
+        r->start = (r->start + 1) % r->maxlen;
+        r->len--;
+        Py_DECREF(old);
+    }
+    r->start = 0;
+    return 0;
+}
+
+static PyObject *ring_clear_method(FlightRing *r, PyObject *unused)
+{
+    ring_clear(r);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ring_iter(FlightRing *r)
+{
+    PyObject *items = ring_list(r); /* a copy: appends during iteration change nothing */
+    if (items == NULL)
+        return NULL;
+    PyObject *it = PyObject_GetIter(items);
+    Py_DECREF(items);
+    return it;
+}
+
+static Py_ssize_t ring_len(FlightRing *r) { return r->len; }
+
+static int ring_traverse(FlightRing *r, visitproc visit, void *arg)
+{
+    for (Py_ssize_t i = 0; i < r->len; i++)
+        Py_VISIT(r->items[(r->start + i) % r->maxlen]);
+    return 0;
+}
+
+static void ring_dealloc(FlightRing *r)
+{
+    PyObject_GC_UnTrack(r);
+    if (r->items != NULL) {
+        ring_clear(r);
+        PyMem_Free(r->items);
+    }
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyObject *ring_maxlen(FlightRing *r, void *unused) { return PyLong_FromSsize_t(r->maxlen); }
+
+static PyMethodDef ring_methods[] = {
+    {"append", (PyCFunction)ring_append, METH_O, "append(entry): the newest; drops the oldest when full."},
+    {"clear", (PyCFunction)ring_clear_method, METH_NOARGS, "clear(): drop every entry."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef ring_getset[] = {
+    {"maxlen", (getter)ring_maxlen, NULL, "the number of entries kept", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods ring_as_sequence = {.sq_length = (lenfunc)ring_len};
+
+static PyTypeObject FlightRingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "clusterkernel.comm._fast.FlightRing",
+    .tp_basicsize = sizeof(FlightRing),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "FlightRing(maxlen): the flight recorder's ring (a deque(maxlen) in C).",
+    .tp_new = ring_new,
+    .tp_dealloc = (destructor)ring_dealloc,
+    .tp_traverse = (traverseproc)ring_traverse,
+    .tp_clear = (inquiry)ring_clear,
+    .tp_iter = (getiterfunc)ring_iter,
+    .tp_as_sequence = &ring_as_sequence,
+    .tp_methods = ring_methods,
+    .tp_getset = ring_getset,
+};
+
+/* The offset of obj's __slots__ attribute name (a writable object slot), or -1. */
+static Py_ssize_t slot_offset(PyObject *obj, const char *name)
+{
+    PyObject *descr = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), name);
+    if (descr == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
+            off = m->offset;
+    }
+    Py_DECREF(descr);
+    return off;
+}
+
+/* obj.name as a new reference: read from its slot when it has one (what getattr
+ * would return, without the look-up), else by name. */
+static PyObject *attr(PyObject *obj, Py_ssize_t off, PyObject *name)
+{
+    if (off >= 0) {
+        PyObject *v = *(PyObject **)((char *)obj + off);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+/* obj.name = value (a new reference is taken), through its slot when it has one. */
+static int set_attr(PyObject *obj, Py_ssize_t off, PyObject *name, PyObject *value)
+{
+    if (off < 0)
+        return PyObject_SetAttr(obj, name, value);
+    PyObject **slot = (PyObject **)((char *)obj + off);
+    PyObject *old = *slot;
+    *slot = Py_NewRef(value);
+    Py_XDECREF(old);
+    return 0;
+}
+
 /* Truthiness of obj.name; -1 on error. */
 static int flag(PyObject *obj, PyObject *name)
 {
     PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* The same, for a slot (see attr). */
+static int slot_flag(PyObject *obj, Py_ssize_t off, PyObject *name)
+{
+    PyObject *v = attr(obj, off, name);
     if (v == NULL)
         return -1;
     int r = PyObject_IsTrue(v);
@@ -95,17 +310,15 @@ static int auto_picks_mpi(PyObject *rules, Py_ssize_t nbytes)
     return r;
 }
 
-/* all_reduce(tensor) -> bool: True when done here, False for the Python path. */
-static PyObject *fast_all_reduce(PyObject *self, PyObject *t)
+/* The call done here: 1; left to the Python path (nothing done): 0; an error: -1. */
+static int try_fast(PyObject *t)
 {
     PyObject *t0 = NULL, *dtype = NULL, *nb = NULL, *v = NULL, *sig = NULL, *entry = NULL;
     PyObject *code = NULL, *ptr_obj = NULL;
-    PyFrameObject *caller = NULL;
+    PyFrameObject *caller; /* borrowed */
     int r;
-    if (!S.ready)
-        Py_RETURN_FALSE;
     if ((t0 = PyFloat_FromDouble(now())) == NULL)
-        return NULL;
+        return -1;
     if ((dtype = PyObject_GetAttr(t, n_dtype)) == NULL) {
         PyErr_Clear(); /* not a tensor: the Python path says so */
         goto fallback;
@@ -122,7 +335,7 @@ static PyObject *fast_all_reduce(PyObject *self, PyObject *t)
         goto error;
     if (nbytes >= S.limit)
         goto fallback;
-    if ((v = PyObject_GetAttr(S.group, n_auto)) == NULL)
+    if ((v = attr(S.group, S.at_auto, n_auto)) == NULL)
         goto error;
     if (v == Py_None || !PyDict_Check(v))
         goto fallback; /* auto not set up yet: the Python path does it */
@@ -145,7 +358,7 @@ static PyObject *fast_all_reduce(PyObject *self, PyObject *t)
     if ((r = flag(S.check, n_new)) < 0)
         goto error;
     if (r) { /* the signature must be one the group agreed on (begin() agrees new ones) */
-        PyObject *sigs = PyObject_GetAttr(S.group, n_sigs);
+        PyObject *sigs = attr(S.group, S.at_sigs, n_sigs);
         if (sigs == NULL)
             goto error;
         PyObject *n = PyLong_FromSsize_t(count);
@@ -156,23 +369,24 @@ static PyObject *fast_all_reduce(PyObject *self, PyObject *t)
         if (r != 1)
             goto fallback_or_error;
     }
-    if ((r = flag(S.flight, n_on)) < 0)
+    if ((r = slot_flag(S.flight, S.at_flight_on, n_on)) < 0)
         goto error;
     if (r) { /* the flight entry of a direct call (a call from clusterkernel walks out: Python) */
-        PyFrameObject *here = PyEval_GetFrame(); /* borrowed: the Python all_reduce */
-        caller = here ? PyFrame_GetBack(here) : NULL;
+        /* No Python frame of comm's own sits between: this is the caller's, live
+         * across calls from a loop (sys._getframe(1) in the Python path). */
+        caller = PyEval_GetFrame();
         if (caller == NULL)
             goto fallback;
         code = (PyObject *)PyFrame_GetCode(caller);
         r = PySet_Contains(S.ours, ((PyCodeObject *)code)->co_filename);
         if (r != 0)
             goto fallback_or_error;
-        PyObject *seq = PyObject_GetAttr(S.group, n_calls);
+        PyObject *seq = attr(S.group, S.at_calls, n_calls);
         if (seq == NULL)
             goto error;
         Py_ssize_t n = PyLong_AsSsize_t(seq);
         PyObject *next = n == -1 && PyErr_Occurred() ? NULL : PyLong_FromSsize_t(n + 1);
-        if (next == NULL || PyObject_SetAttr(S.group, n_calls, next) < 0) {
+        if (next == NULL || set_attr(S.group, S.at_calls, n_calls, next) < 0) {
             Py_DECREF(seq);
             Py_XDECREF(next);
             goto error;
@@ -180,23 +394,40 @@ static PyObject *fast_all_reduce(PyObject *self, PyObject *t)
         Py_DECREF(next);
         /* [seq, op, group, nbytes, dtype, peer, code, lasti, done]: _flight's layout */
         PyObject *lasti = PyLong_FromLong(PyFrame_GetLasti(caller));
-        entry = lasti ? PyList_New(9) : NULL;
-        if (entry == NULL) {
+        PyObject *ring = lasti ? attr(S.flight, S.at_ring, n_ring) : NULL;
+        if (ring == NULL) {
             Py_DECREF(seq);
             Py_XDECREF(lasti);
             goto error;
         }
+        int ours = Py_IS_TYPE(ring, &FlightRingType);
+        PyObject *reused = ours ? ring_recycle((FlightRing *)ring, 9) : NULL;
+        entry = reused ? Py_NewRef(reused) : PyList_New(9);
+        if (entry == NULL) {
+            Py_DECREF(seq);
+            Py_DECREF(lasti);
+            Py_DECREF(ring);
+            goto error;
+        }
         PyObject *items[9] = {seq, n_all_reduce, S.group, nb, dtype, Py_None, code, lasti, Py_False};
-        for (int i = 0; i < 9; i++) /* seq and lasti: references handed over */
+        for (int i = 0; i < 9; i++) { /* seq and lasti: references handed over */
+            PyObject *old = reused ? PyList_GET_ITEM(entry, i) : NULL;
             PyList_SET_ITEM(entry, i, i == 0 || i == 7 ? items[i] : Py_NewRef(items[i]));
-        PyObject *ring = PyObject_GetAttr(S.flight, n_ring);
-        if (ring == NULL)
-            goto error;
-        v = PyObject_CallMethodOneArg(ring, n_append, entry);
+            Py_XDECREF(old);
+        }
+        if (reused == NULL) {
+            if (ours) {
+                ring_push((FlightRing *)ring, Py_NewRef(entry));
+            } else { /* a plain deque (set by hand): its append */
+                v = PyObject_CallMethodOneArg(ring, n_append, entry);
+                if (v == NULL) {
+                    Py_DECREF(ring);
+                    goto error;
+                }
+                Py_CLEAR(v);
+            }
+        }
         Py_DECREF(ring);
-        if (v == NULL)
-            goto error;
-        Py_CLEAR(v);
     }
     if ((ptr_obj = PyObject_CallMethodNoArgs(t, n_data_ptr)) == NULL)
         goto error;
@@ -258,10 +489,9 @@ static PyObject *fast_all_reduce(PyObject *self, PyObject *t)
     Py_XDECREF(sig);
     Py_XDECREF(entry);
     Py_XDECREF(code);
-    Py_XDECREF(caller);
     Py_DECREF(ptr_obj);
     S.hits++;
-    Py_RETURN_TRUE;
+    return 1;
 
 fallback_or_error:
     if (PyErr_Occurred())
@@ -273,8 +503,7 @@ fallback:
     Py_XDECREF(v);
     Py_XDECREF(sig);
     Py_XDECREF(code);
-    Py_XDECREF(caller);
-    Py_RETURN_FALSE;
+    return 0;
 
 error:
     Py_XDECREF(t0);
@@ -284,10 +513,132 @@ error:
     Py_XDECREF(sig);
     Py_XDECREF(entry);
     Py_XDECREF(code);
-    Py_XDECREF(caller);
     Py_XDECREF(ptr_obj);
-    return NULL;
+    return -1;
 }
+
+/* FastFunction(python_all_reduce): the public comm.all_reduce. A call in the common
+ * case's shape (the tensor, then op SUM, group None, async_op False and algorithm
+ * "auto", given or by default) tries try_fast(); anything else, and every call it
+ * declines, goes to the Python function with the arguments exactly as given. Being
+ * C, it adds no Python frame: the flight entry reads the caller's frame directly. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fallback;
+    PyObject *dict; /* __doc__, __wrapped__, __name__... (functools.update_wrapper) */
+    vectorcallfunc vectorcall;
+} FastFunction;
+
+/* obj is the text name (interned names compare by identity first). */
+static int is_name(PyObject *obj, PyObject *name)
+{
+    return obj == name || (PyUnicode_Check(obj) && PyUnicode_Compare(obj, name) == 0);
+}
+
+static PyObject *fastfn_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames)
+{
+    FastFunction *f = (FastFunction *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (S.ready && nargs >= 1 && nargs <= 5) {
+        PyObject *op = nargs > 1 ? args[1] : S.sum;
+        PyObject *group = nargs > 2 ? args[2] : Py_None;
+        PyObject *async_op = nargs > 3 ? args[3] : Py_False;
+        PyObject *algorithm = nargs > 4 ? args[4] : n_auto_alg;
+        int plain = 1;
+        for (Py_ssize_t i = 0; i < nkw && plain; i++) {
+            PyObject *key = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
+            /* a keyword also given by position, or unknown: the Python function
+             * raises the TypeError */
+            if (is_name(key, n_op) && nargs < 2)
+                op = value;
+            else if (is_name(key, n_group) && nargs < 3)
+                group = value;
+            else if (is_name(key, n_async_op) && nargs < 4)
+                async_op = value;
+            else if (is_name(key, n_algorithm) && nargs < 5)
+                algorithm = value;
+            else
+                plain = 0;
+        }
+        if (plain && op == S.sum && group == Py_None && async_op == Py_False &&
+            is_name(algorithm, n_auto_alg)) {
+            int r = try_fast(args[0]);
+            if (r == 1)
+                Py_RETURN_NONE;
+            if (r < 0)
+                return NULL;
+        }
+    }
+    return PyObject_Vectorcall(f->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *fastfn_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *fallback;
+    if (!PyArg_ParseTuple(args, "O:FastFunction", &fallback))
+        return NULL;
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "FastFunction wraps a callable");
+        return NULL;
+    }
+    FastFunction *f = (FastFunction *)type->tp_alloc(type, 0);
+    if (f == NULL)
+        return NULL;
+    f->fallback = Py_NewRef(fallback);
+    f->vectorcall = fastfn_vectorcall;
+    return (PyObject *)f;
+}
+
+static int fastfn_traverse(FastFunction *f, visitproc visit, void *arg)
+{
+    Py_VISIT(f->fallback);
+    Py_VISIT(f->dict);
+    return 0;
+}
+
+static int fastfn_clear(FastFunction *f)
+{
+    Py_CLEAR(f->fallback);
+    Py_CLEAR(f->dict);
+    return 0;
+}
+
+static void fastfn_dealloc(FastFunction *f)
+{
+    PyObject_GC_UnTrack(f);
+    fastfn_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyObject *fastfn_repr(FastFunction *f)
+{
+    return PyUnicode_FromFormat("<%R with a C fast path>", f->fallback);
+}
+
+static PyGetSetDef fastfn_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject FastFunctionType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "clusterkernel.comm._fast.FastFunction",
+    .tp_basicsize = sizeof(FastFunction),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "FastFunction(python_all_reduce): comm.all_reduce with its common case in C.",
+    .tp_new = fastfn_new,
+    .tp_dealloc = (destructor)fastfn_dealloc,
+    .tp_traverse = (traverseproc)fastfn_traverse,
+    .tp_clear = (inquiry)fastfn_clear,
+    .tp_repr = (reprfunc)fastfn_repr,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(FastFunction, vectorcall),
+    .tp_dictoffset = offsetof(FastFunction, dict),
+    .tp_getset = fastfn_getset,
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+};
 
 static void release(void)
 {
@@ -301,21 +652,22 @@ static void release(void)
     Py_CLEAR(S.ours);
     Py_CLEAR(S.rec);
     Py_CLEAR(S.error);
+    Py_CLEAR(S.sum);
 }
 
 static PyObject *fast_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"allreduce", "pointer_handles", "in_place", "comm", "group",
                             "dtypes", "check", "staging", "flight", "ours", "recorder",
-                            "error", "limit", NULL};
+                            "error", "limit", "sum", NULL};
     unsigned long long fn, in_place, comm;
     int pointer_handles;
     Py_ssize_t limit;
-    PyObject *group, *dtypes, *check, *staging, *flight, *ours, *rec, *error;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KpKKOO!OOOO!OOn", names, &fn, &pointer_handles,
+    PyObject *group, *dtypes, *check, *staging, *flight, *ours, *rec, *error, *sum;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KpKKOO!OOOO!OOnO", names, &fn, &pointer_handles,
                                      &in_place, &comm, &group, &PyDict_Type, &dtypes, &check,
                                      &staging, &flight, &PyFrozenSet_Type, &ours, &rec,
-                                     &error, &limit))
+                                     &error, &limit, &sum))
         return NULL;
     /* each dtypes value: (datatype handle, itemsize, SUM's op handle, the ReduceOp) */
     PyObject *key, *value;
@@ -344,6 +696,12 @@ static PyObject *fast_configure(PyObject *self, PyObject *args, PyObject *kw)
     S.ours = Py_NewRef(ours);
     S.rec = Py_NewRef(rec);
     S.error = Py_NewRef(error);
+    S.sum = Py_NewRef(sum);
+    S.at_auto = slot_offset(group, "_auto");
+    S.at_sigs = slot_offset(group, "_sigs");
+    S.at_calls = slot_offset(group, "_calls");
+    S.at_flight_on = slot_offset(flight, "on");
+    S.at_ring = slot_offset(flight, "ring");
     S.ready = fn != 0;
     Py_RETURN_NONE;
 }
@@ -369,9 +727,6 @@ static PyObject *fast_hits(PyObject *self, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"hits", fast_hits, METH_NOARGS, "hits() -> int: calls done by the fast path so far."},
-    {"all_reduce", fast_all_reduce, METH_O,
-     "all_reduce(tensor) -> bool: the common case of comm.all_reduce done here (True), "
-     "or nothing done (False: take the Python path)."},
     {"configure", (PyCFunction)(void (*)(void))fast_configure, METH_VARARGS | METH_KEYWORDS,
      "configure(...): MPI_Allreduce's address, handles and comm's state objects."},
     {"enable", fast_enable, METH_O, "enable(on) -> bool: turn the fast path on or off; "
@@ -403,6 +758,11 @@ static int intern_names(void)
     INTERN(n_comm, "comm");
     INTERN(n_capacity, "capacity");
     INTERN(n_trim, "trim");
+    INTERN(n_op, "op");
+    INTERN(n_group, "group");
+    INTERN(n_async_op, "async_op");
+    INTERN(n_algorithm, "algorithm");
+    INTERN(n_auto_alg, "auto");
 #undef INTERN
     return 0;
 }
@@ -423,5 +783,12 @@ PyMODINIT_FUNC PyInit__fast(void)
 {
     if (intern_names() < 0)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+#if PY_VERSION_HEX >= 0x030B0000
+    if (m != NULL && (PyType_Ready(&FastFunctionType) < 0 || PyType_Ready(&FlightRingType) < 0 ||
+                      PyModule_AddObjectRef(m, "FastFunction", (PyObject *)&FastFunctionType) < 0 ||
+                      PyModule_AddObjectRef(m, "FlightRing", (PyObject *)&FlightRingType) < 0))
+        Py_CLEAR(m);
+#endif
+    return m;
 }

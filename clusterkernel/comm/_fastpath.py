@@ -3,9 +3,11 @@
 The common case (a blocking SUM allreduce of a small contiguous CPU tensor on the
 world group, an algorithm auto leaves to MPI, a signature the group already agreed
 on) runs in C, with the same flight entry and timing record as the Python path.
-Everything else, and everything when the extension was not built (no C compiler
-at install time, Python before 3.11, not Linux), takes the Python path.
-``CLUSTERKERNEL_FASTPATH=0`` turns it off for a process; :func:`enable` for a while.
+:func:`wrap` makes the public ``all_reduce``: a C callable that hands every other
+call to the Python function. When the extension was not built (no C compiler at
+install time, Python before 3.11, not Linux) the Python function is used as it is.
+``CLUSTERKERNEL_FASTPATH=0`` turns the fast path off for a process; :func:`enable`
+for a while.
 
 Example::
 
@@ -17,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from collections.abc import Callable
 
@@ -52,13 +55,13 @@ def _libmpi_symbol(name: str) -> int:
     return 0
 
 
-def _configure() -> Callable | None:
+def _configure() -> bool:
     if _fast is None or not hasattr(_fast, "configure"):
-        return None
+        return False
     address = _libmpi_symbol("MPI_Allreduce")
     handle_size = MPI._sizeof(MPI.Comm)
     if not address or handle_size not in (4, ctypes.sizeof(ctypes.c_void_p)):
-        return None
+        return False
     dtypes = {}
     for dtype, info in DTYPES.items():
         op = SUM.mpi.get(info.kind)
@@ -84,13 +87,22 @@ def _configure() -> Callable | None:
         recorder=_REC,
         error=MPI.Exception,
         limit=min(HUGE_THRESHOLD, ZERO_COPY_MIN),
+        sum=SUM,
     )
     if os.environ.get("CLUSTERKERNEL_FASTPATH", "1") in ("0", "off"):
         _fast.enable(False)
-    return _fast.all_reduce
+    return True
 
 
-ALL_REDUCE = _configure()
+_READY = _configure()
+
+
+def wrap(all_reduce: Callable) -> Callable:
+    """``all_reduce`` with its common case in C, or ``all_reduce`` itself without the
+    extension. The result has the function's name, docstring and signature."""
+    if not _READY:
+        return all_reduce
+    return functools.update_wrapper(_fast.FastFunction(all_reduce), all_reduce)
 
 
 def enable(on: bool = True) -> bool:
@@ -98,7 +110,7 @@ def enable(on: bool = True) -> bool:
 
     Example: ``was = enable(False)`` ... ``enable(was)``.
     """
-    if ALL_REDUCE is None:
+    if not _READY:
         if on:
             raise RuntimeError("the C fast path is not built on this machine")
         return False
@@ -107,9 +119,9 @@ def enable(on: bool = True) -> bool:
 
 def hits() -> int:
     """How many calls the fast path has done on this rank (0 when not built)."""
-    return _fast.hits() if ALL_REDUCE is not None else 0
+    return _fast.hits() if _READY else 0
 
 
 def available() -> bool:
     """Whether the C fast path was built and configured here."""
-    return ALL_REDUCE is not None
+    return _READY

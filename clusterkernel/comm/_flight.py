@@ -28,6 +28,11 @@ import torch
 
 from clusterkernel.comm._groups import Group
 
+try:  # the same ring in C, which the C fast path of all_reduce appends to directly
+    from clusterkernel.comm._fast import FlightRing as _Ring
+except ImportError:  # the extension not built (or before Python 3.11)
+    _Ring = deque
+
 DEFAULT_SIZE = 64
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Frames skipped when looking for the line that made a call: clusterkernel's own
@@ -69,7 +74,7 @@ class FlightRecorder:
     __slots__ = ("ring", "on")
 
     def __init__(self, size: int = DEFAULT_SIZE) -> None:
-        self.ring: deque[list] = deque(maxlen=size)
+        self.ring = _Ring(maxlen=size)
         self.on = os.environ.get("CLUSTERKERNEL_FLIGHT", "1") not in ("0", "off")
 
     def record(
@@ -159,5 +164,5 @@ def set_flight(on: bool = True, size: int | None = None) -> None:
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be a positive int, got {size!r}")
-        FLIGHT.ring = deque(maxlen=size)
+        FLIGHT.ring = _Ring(maxlen=size)
     FLIGHT.on = bool(on)

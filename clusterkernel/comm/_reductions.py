@@ -23,7 +23,7 @@ from clusterkernel.comm._dtypes import DTYPES as _DTYPES
 from clusterkernel.comm._dtypes import HUGE_THRESHOLD as _BIG
 from clusterkernel.comm._dtypes import STAGING as _STAGING
 from clusterkernel.comm._dtypes import DType, bbuf, buf, dtype_of, unstage, wire
-from clusterkernel.comm._fastpath import ALL_REDUCE as _FAST
+from clusterkernel.comm._fastpath import wrap as _with_fast_path
 from clusterkernel.comm._flight import DONE as _DONE
 from clusterkernel.comm._flight import FLIGHT as _FLIGHT
 from clusterkernel.comm._flight import OURS as _OURS
@@ -85,11 +85,8 @@ def all_reduce(
         w = comm.all_reduce(t, op=comm.AVG, async_op=True); w.wait()
     """
     # The hottest path of the package (a 4 KB allreduce is a few microseconds): its
-    # common case runs in C when built (_fast.c, the steps below one for one), and
-    # member(), begin() and run() are inlined here on purpose.
-    if group is None and op is SUM and algorithm == "auto" and not async_op and _FAST:
-        if _FAST(tensor):
-            return None
+    # common case runs in C when built (wrap() below; _fast.c does the steps below
+    # one for one), and member(), begin() and run() are inlined here on purpose.
     t0 = _now()
     g = WORLD if group is None else resolve(group)
     c = g.comm
@@ -182,6 +179,9 @@ def all_reduce(
         if len(store) > rec.capacity:
             rec.trim("comm")
     return None
+
+
+all_reduce = _with_fast_path(all_reduce)
 
 
 def reduce(

@@ -166,8 +166,58 @@ def test_the_gil_is_free_while_a_rank_waits_in_the_call():
     agree(hits == 1 and (inside is None or inside >= 10), f"{hits} {inside}")
 
 
+def test_the_common_case_spelled_out_is_still_fast():
+    t = torch.ones(32)
+    comm.all_reduce(t)
+    spellings = {
+        "positional": lambda: comm.all_reduce(t, comm.SUM, None, False, "auto"),
+        "keywords": lambda: comm.all_reduce(
+            t, op=comm.SUM, group=None, async_op=False, algorithm="auto"
+        ),
+        "some of each": lambda: comm.all_reduce(t, comm.SUM, algorithm="auto"),
+    }
+    hits = {name: _hits_of(fn) for name, fn in spellings.items()}
+    agree(hits == dict.fromkeys(spellings, 1), repr(hits))
+
+
 def test_a_wrong_argument_gets_the_python_paths_error():
+    import inspect
+
+    from clusterkernel.comm import _reductions
+
+    t = torch.ones(4)
+    comm.all_reduce(t)
     for bad in (np.ones(4, dtype=np.float32), [1.0, 2.0], None):
         with pytest.raises(TypeError):
             comm.all_reduce(bad)
-    agree(True)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        comm.all_reduce(t, opp=comm.SUM)
+    with pytest.raises(TypeError, match="positional"):
+        comm.all_reduce(t, comm.SUM, None, False, "auto", "extra")
+    with pytest.raises(TypeError, match="multiple values"):
+        comm.all_reduce(t, comm.SUM, op=comm.SUM)
+    # what help() and IDEs read is the Python function's
+    python_fn = comm.all_reduce.__wrapped__
+    same = inspect.signature(comm.all_reduce) == inspect.signature(python_fn)
+    same = same and comm.all_reduce.__doc__ == python_fn.__doc__
+    agree(same and _reductions.all_reduce is comm.all_reduce, repr(comm.all_reduce))
+
+
+def test_the_ring_refills_old_entries_but_never_one_someone_holds():
+    from clusterkernel.comm._flight import FLIGHT
+
+    t = torch.ones(8)
+    comm.all_reduce(t)
+    n = FLIGHT.ring.maxlen
+    for _ in range(n):
+        comm.all_reduce(t)
+    ids = {id(e) for e in FLIGHT.ring}
+    for _ in range(n):
+        comm.all_reduce(t)
+    refilled = {id(e) for e in FLIGHT.ring} == ids  # the same lists, refilled
+    held = list(FLIGHT.ring)[-1]  # the newest entry, kept here
+    before = list(held)
+    for _ in range(2 * n):
+        comm.all_reduce(t)
+    untouched = held == before and all(e is not held for e in FLIGHT.ring)
+    agree(refilled and untouched, f"{refilled} {held} {before}")
