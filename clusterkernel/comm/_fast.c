@@ -40,6 +40,7 @@ static struct {
     PyObject *group, *gsize, *dtypes, *check, *staging, *flight, *ours, *rec, *error, *sum;
     /* where __slots__ attributes live in their objects (-1: look them up by name) */
     Py_ssize_t at_auto, at_sigs, at_calls, at_flight_on, at_ring;
+    PyObject *user_code; /* the last caller's code found outside clusterkernel (held) */
 } S;
 
 static PyObject *n_dtype, *n_is_cpu, *n_nbytes, *n_is_contiguous, *n_data_ptr, *n_force,
@@ -378,9 +379,12 @@ static int try_fast(PyObject *t)
         if (caller == NULL)
             goto fallback;
         code = (PyObject *)PyFrame_GetCode(caller);
-        r = PySet_Contains(S.ours, ((PyCodeObject *)code)->co_filename);
-        if (r != 0)
-            goto fallback_or_error;
+        if (code != S.user_code) { /* a loop calls from the same code each time */
+            r = PySet_Contains(S.ours, ((PyCodeObject *)code)->co_filename);
+            if (r != 0)
+                goto fallback_or_error;
+            Py_XSETREF(S.user_code, Py_NewRef(code));
+        }
         PyObject *seq = attr(S.group, S.at_calls, n_calls);
         if (seq == NULL)
             goto error;
@@ -653,6 +657,7 @@ static void release(void)
     Py_CLEAR(S.rec);
     Py_CLEAR(S.error);
     Py_CLEAR(S.sum);
+    Py_CLEAR(S.user_code);
 }
 
 static PyObject *fast_configure(PyObject *self, PyObject *args, PyObject *kw)
