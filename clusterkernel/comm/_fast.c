@@ -1,7 +1,7 @@
 /* The common case of comm.all_reduce, in C.
  *
- * A blocking SUM allreduce of a small contiguous CPU tensor on the world group, for
- * which auto picks MPI and whose signature the group has already agreed on, is a
+ * A blocking SUM allreduce of a small contiguous CPU tensor on the world group, by
+ * MPI (asked for, or auto's pick) and whose signature the group agreed on, is a
  * few microseconds of MPI; in Python, comm's own work around it (dtype and auto
  * look-ups, the signature check, the flight entry, the timing record) cost as much
  * again. Here the same work is done in C and MPI_Allreduce is called directly, with
@@ -312,7 +312,7 @@ static int auto_picks_mpi(PyObject *rules, Py_ssize_t nbytes)
 }
 
 /* The call done here: 1; left to the Python path (nothing done): 0; an error: -1. */
-static int try_fast(PyObject *t)
+static int try_fast(PyObject *t, int given_mpi)
 {
     PyObject *t0 = NULL, *dtype = NULL, *nb = NULL, *v = NULL, *sig = NULL, *entry = NULL;
     PyObject *code = NULL, *ptr_obj = NULL;
@@ -336,13 +336,15 @@ static int try_fast(PyObject *t)
         goto error;
     if (nbytes >= S.limit)
         goto fallback;
-    if ((v = attr(S.group, S.at_auto, n_auto)) == NULL)
-        goto error;
-    if (v == Py_None || !PyDict_Check(v))
-        goto fallback; /* auto not set up yet: the Python path does it */
-    if ((r = auto_picks_mpi(v, nbytes)) != 1)
-        goto fallback_or_error;
-    Py_CLEAR(v);
+    if (!given_mpi) { /* algorithm="auto": only where it picks MPI */
+        if ((v = attr(S.group, S.at_auto, n_auto)) == NULL)
+            goto error;
+        if (v == Py_None || !PyDict_Check(v))
+            goto fallback; /* auto not set up yet: the Python path does it */
+        if ((r = auto_picks_mpi(v, nbytes)) != 1)
+            goto fallback_or_error;
+        Py_CLEAR(v);
+    }
     if ((v = PyObject_CallMethodNoArgs(t, n_is_contiguous)) == NULL)
         goto error;
     if (v != Py_True)
@@ -523,7 +525,7 @@ error:
 
 /* FastFunction(python_all_reduce): the public comm.all_reduce. A call in the common
  * case's shape (the tensor, then op SUM, group None, async_op False and algorithm
- * "auto", given or by default) tries try_fast(); anything else, and every call it
+ * "auto" or "mpi", given or by default) tries try_fast(); anything else, and every call it
  * declines, goes to the Python function with the arguments exactly as given. Being
  * C, it adds no Python frame: the flight entry reads the caller's frame directly. */
 typedef struct {
@@ -567,8 +569,8 @@ static PyObject *fastfn_vectorcall(PyObject *self, PyObject *const *args, size_t
                 plain = 0;
         }
         if (plain && op == S.sum && group == Py_None && async_op == Py_False &&
-            is_name(algorithm, n_auto_alg)) {
-            int r = try_fast(args[0]);
+            (is_name(algorithm, n_auto_alg) || is_name(algorithm, n_mpi))) {
+            int r = try_fast(args[0], algorithm != n_auto_alg && is_name(algorithm, n_mpi));
             if (r == 1)
                 Py_RETURN_NONE;
             if (r < 0)

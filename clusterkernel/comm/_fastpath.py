@@ -1,7 +1,7 @@
 """Loading and configuring the C fast path of ``comm.all_reduce`` (``_fast.c``).
 
 The common case (a blocking SUM allreduce of a small contiguous CPU tensor on the
-world group, an algorithm auto leaves to MPI, a signature the group already agreed
+world group by MPI, asked for or auto's pick, a signature the group already agreed
 on) runs in C, with the same flight entry and timing record as the Python path.
 :func:`wrap` makes the public ``all_reduce``: a C callable that hands every other
 call to the Python function. When the extension was not built (no C compiler at

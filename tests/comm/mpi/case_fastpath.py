@@ -95,7 +95,7 @@ def test_the_rest_takes_the_python_path():
         "op MAX": lambda: comm.all_reduce(t, op=comm.MAX),
         "op given as text": lambda: comm.all_reduce(t, op="sum"),
         "async": lambda: comm.all_reduce(t, async_op=True).wait(),
-        "algorithm mpi": lambda: comm.all_reduce(t, algorithm="mpi"),
+        "algorithm ring": lambda: comm.all_reduce(t, algorithm="ring"),
         "group given": lambda: comm.all_reduce(t, group=comm.new_group(list(range(SIZE)))),
         "over the size limit": lambda: comm.all_reduce(torch.zeros(1 << 18)),
         # a signature not agreed yet: begin() exchanges it (a second call is fast)
@@ -175,6 +175,7 @@ def test_the_common_case_spelled_out_is_still_fast():
             t, op=comm.SUM, group=None, async_op=False, algorithm="auto"
         ),
         "some of each": lambda: comm.all_reduce(t, comm.SUM, algorithm="auto"),
+        "MPI asked for": lambda: comm.all_reduce(t, algorithm="mpi"),
     }
     hits = {name: _hits_of(fn) for name, fn in spellings.items()}
     agree(hits == dict.fromkeys(spellings, 1), repr(hits))
