@@ -623,6 +623,18 @@ static PyObject *fastfn_repr(FastFunction *f)
     return PyUnicode_FromFormat("<%R with a C fast path>", f->fallback);
 }
 
+/* Pickled by name, as a function is (update_wrapper gave it __module__ and
+ * __qualname__; pickle checks that the name finds this very object). */
+static PyObject *fastfn_reduce(PyObject *self, PyObject *unused)
+{
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyMethodDef fastfn_methods[] = {
+    {"__reduce__", fastfn_reduce, METH_NOARGS, "pickled by name, like a function"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyGetSetDef fastfn_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -642,6 +654,7 @@ static PyTypeObject FastFunctionType = {
     .tp_vectorcall_offset = offsetof(FastFunction, vectorcall),
     .tp_dictoffset = offsetof(FastFunction, dict),
     .tp_getset = fastfn_getset,
+    .tp_methods = fastfn_methods,
     .tp_getattro = PyObject_GenericGetAttr,
     .tp_setattro = PyObject_GenericSetAttr,
 };

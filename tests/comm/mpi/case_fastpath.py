@@ -3,6 +3,7 @@ entries and timing records as the Python path, and the Python path for the rest.
 
 from __future__ import annotations
 
+import pickle
 import sys
 import threading
 import time
@@ -201,6 +202,8 @@ def test_a_wrong_argument_gets_the_python_paths_error():
     python_fn = comm.all_reduce.__wrapped__
     same = inspect.signature(comm.all_reduce) == inspect.signature(python_fn)
     same = same and comm.all_reduce.__doc__ == python_fn.__doc__
+    # sent to engines by reference, as functions are (ipyparallel's apply)
+    same = same and pickle.loads(pickle.dumps(comm.all_reduce)) is comm.all_reduce
     agree(same and _reductions.all_reduce is comm.all_reduce, repr(comm.all_reduce))
 
 
