@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "_flightring.h"
+
 #if PY_VERSION_HEX >= 0x030B0000 /* PyFrame_GetLasti */
 
 typedef int (*allreduce_ptr)(const void *, void *, int, void *, void *, void *);
@@ -31,6 +33,7 @@ typedef int (*allreduce_int)(const void *, void *, int, int, int, int);
 
 static struct {
     int ready;
+    int busy; /* calls inside try_fast_here() (see try_fast) */
     unsigned long long hits; /* calls done here (tests check the path was taken) */
     void *fn;
     int pointer_handles;
@@ -56,162 +59,6 @@ static double now(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
-
-/* FlightRing(maxlen): the flight recorder's ring, a deque(maxlen=...) for what
- * _flight.py does with it (append, iterate oldest first, len, clear, maxlen). In C
- * so that the fast path appends without a method call and, once the ring is full,
- * refills the oldest entry in place instead of making a new list: only when nothing
- * else holds that entry (a reader's copy of the ring, a pending Work), so no one
- * ever sees an entry change under them. */
-typedef struct {
-    PyObject_HEAD
-    PyObject **items;
-    Py_ssize_t maxlen, start, len;
-} FlightRing;
-
-static PyTypeObject FlightRingType;
-
-static PyObject *ring_new(PyTypeObject *type, PyObject *args, PyObject *kw)
-{
-    static char *names[] = {"maxlen", NULL};
-    Py_ssize_t maxlen;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "n:FlightRing", names, &maxlen))
-        return NULL;
-    if (maxlen < 1) {
-        PyErr_SetString(PyExc_ValueError, "maxlen must be at least 1");
-        return NULL;
-    }
-    FlightRing *r = (FlightRing *)type->tp_alloc(type, 0);
-    if (r == NULL)
-        return NULL;
-    r->items = PyMem_Calloc((size_t)maxlen, sizeof(PyObject *));
-    if (r->items == NULL) {
-        Py_DECREF(r);
-        return PyErr_NoMemory();
-    }
-    r->maxlen = maxlen;
-    return (PyObject *)r;
-}
-
-static void ring_push(FlightRing *r, PyObject *x) /* steals x */
-{
-    if (r->len < r->maxlen) {
-        r->items[(r->start + r->len) % r->maxlen] = x;
-        r->len++;
-        return;
-    }
-    PyObject *old = r->items[r->start];
-    r->items[r->start] = x;
-    r->start = (r->start + 1) % r->maxlen;
-    Py_DECREF(old);
-}
-
-/* The oldest entry, moved to the newest place, when it can be refilled in place
- * (the ring is full and nothing else holds it); NULL otherwise. Borrowed. */
-static PyObject *ring_recycle(FlightRing *r, Py_ssize_t size)
-{
-    if (r->len < r->maxlen)
-        return NULL;
-    PyObject *old = r->items[r->start];
-    if (Py_REFCNT(old) != 1 || !PyList_CheckExact(old) || PyList_GET_SIZE(old) != size)
-        return NULL;
-    r->start = (r->start + 1) % r->maxlen; /* the oldest slot becomes the newest */
-    return old;
-}
-
-static PyObject *ring_append(FlightRing *r, PyObject *x)
-{
-    ring_push(r, Py_NewRef(x));
-    Py_RETURN_NONE;
-}
-
-static PyObject *ring_list(FlightRing *r)
-{
-    PyObject *out = PyList_New(r->len);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < r->len; i++)
-        PyList_SET_ITEM(out, i, Py_NewRef(r->items[(r->start + i) % r->maxlen]));
-    return out;
-}
-
-static int ring_clear(FlightRing *r)
-{
-    while (r->len > 0) {
-        PyObject *old = r->items[r->start];
-        r->items[r->start] = NULL;
-        r->start = (r->start + 1) % r->maxlen;
-        r->len--;
-        Py_DECREF(old);
-    }
-    r->start = 0;
-    return 0;
-}
-
-static PyObject *ring_clear_method(FlightRing *r, PyObject *unused)
-{
-    ring_clear(r);
-    Py_RETURN_NONE;
-}
-
-static PyObject *ring_iter(FlightRing *r)
-{
-    PyObject *items = ring_list(r); /* a copy: appends during iteration change nothing */
-    if (items == NULL)
-        return NULL;
-    PyObject *it = PyObject_GetIter(items);
-    Py_DECREF(items);
-    return it;
-}
-
-static Py_ssize_t ring_len(FlightRing *r) { return r->len; }
-
-static int ring_traverse(FlightRing *r, visitproc visit, void *arg)
-{
-    for (Py_ssize_t i = 0; i < r->len; i++)
-        Py_VISIT(r->items[(r->start + i) % r->maxlen]);
-    return 0;
-}
-
-static void ring_dealloc(FlightRing *r)
-{
-    PyObject_GC_UnTrack(r);
-    if (r->items != NULL) {
-        ring_clear(r);
-        PyMem_Free(r->items);
-    }
-    Py_TYPE(r)->tp_free((PyObject *)r);
-}
-
-static PyObject *ring_maxlen(FlightRing *r, void *unused) { return PyLong_FromSsize_t(r->maxlen); }
-
-static PyMethodDef ring_methods[] = {
-    {"append", (PyCFunction)ring_append, METH_O, "append(entry): the newest; drops the oldest when full."},
-    {"clear", (PyCFunction)ring_clear_method, METH_NOARGS, "clear(): drop every entry."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef ring_getset[] = {
-    {"maxlen", (getter)ring_maxlen, NULL, "the number of entries kept", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PySequenceMethods ring_as_sequence = {.sq_length = (lenfunc)ring_len};
-
-static PyTypeObject FlightRingType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "clusterkernel.comm._fast.FlightRing",
-    .tp_basicsize = sizeof(FlightRing),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "FlightRing(maxlen): the flight recorder's ring (a deque(maxlen) in C).",
-    .tp_new = ring_new,
-    .tp_dealloc = (destructor)ring_dealloc,
-    .tp_traverse = (traverseproc)ring_traverse,
-    .tp_clear = (inquiry)ring_clear,
-    .tp_iter = (getiterfunc)ring_iter,
-    .tp_as_sequence = &ring_as_sequence,
-    .tp_methods = ring_methods,
-    .tp_getset = ring_getset,
-};
 
 /* The offset of obj's __slots__ attribute name (a writable object slot), or -1. */
 static Py_ssize_t slot_offset(PyObject *obj, const char *name)
@@ -277,42 +124,46 @@ static int slot_flag(PyObject *obj, Py_ssize_t off, PyObject *name)
     return r;
 }
 
-/* algs[bisect_right(limits, nbytes)] is "mpi": 1, another algorithm: 0, error: -1. */
+/* algs[bisect_right(limits, nbytes)] is "mpi": 1; anything else: 0. Limits that are
+ * not plain ints in range, or rules of another shape, are left to the Python path
+ * (bisect compares whatever they are, or raises the error there). */
 static int auto_picks_mpi(PyObject *rules, Py_ssize_t nbytes)
 {
     PyObject *rule = PyDict_GetItemWithError(rules, n_all_reduce); /* borrowed */
-    if (rule == NULL || !PyTuple_Check(rule) || PyTuple_GET_SIZE(rule) != 2)
-        return PyErr_Occurred() ? -1 : 0;
-    PyObject *limits = PyTuple_GET_ITEM(rule, 0), *algs = PyTuple_GET_ITEM(rule, 1);
-    if (!PyList_Check(limits) && !PyTuple_Check(limits))
+    if (rule == NULL || !PyTuple_CheckExact(rule) || PyTuple_GET_SIZE(rule) != 2) {
+        PyErr_Clear();
         return 0;
-    PyObject *seq = PySequence_Fast(limits, "limits");
-    if (seq == NULL)
-        return -1;
-    Py_ssize_t lo = 0, hi = PySequence_Fast_GET_SIZE(seq);
-    while (lo < hi) { /* bisect_right */
-        Py_ssize_t mid = (lo + hi) / 2;
-        Py_ssize_t v = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, mid));
-        if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return -1;
-        }
-        if (nbytes < v)
-            hi = mid;
-        else
-            lo = mid + 1;
     }
-    Py_DECREF(seq);
-    PyObject *alg = PySequence_GetItem(algs, lo);
-    if (alg == NULL)
-        return -1;
-    int r = PyUnicode_Check(alg) && PyUnicode_Compare(alg, n_mpi) == 0;
-    Py_DECREF(alg);
+    Py_INCREF(rule); /* nothing below runs Python code, but the rules are not ours */
+    PyObject *limits = PyTuple_GET_ITEM(rule, 0), *algs = PyTuple_GET_ITEM(rule, 1);
+    int r = 0;
+    if ((PyList_CheckExact(limits) || PyTuple_CheckExact(limits)) &&
+        (PyList_CheckExact(algs) || PyTuple_CheckExact(algs))) {
+        Py_ssize_t lo = 0, hi = PySequence_Fast_GET_SIZE(limits), ok = 1;
+        while (lo < hi && ok) { /* bisect_right */
+            Py_ssize_t mid = (lo + hi) / 2;
+            PyObject *item = PySequence_Fast_GET_ITEM(limits, mid);
+            Py_ssize_t v = PyLong_CheckExact(item) ? PyLong_AsSsize_t(item) : -1;
+            if (v == -1 && (!PyLong_CheckExact(item) || PyErr_Occurred())) {
+                PyErr_Clear();
+                ok = 0;
+            } else if (nbytes < v) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        if (ok && lo < PySequence_Fast_GET_SIZE(algs)) {
+            PyObject *alg = PySequence_Fast_GET_ITEM(algs, lo);
+            r = PyUnicode_Check(alg) && PyUnicode_Compare(alg, n_mpi) == 0;
+        }
+    }
+    Py_DECREF(rule);
     return r;
 }
 
 /* The call done here: 1; left to the Python path (nothing done): 0; an error: -1. */
-static int try_fast(PyObject *t, int given_mpi)
+static int try_fast_here(PyObject *t, int given_mpi)
 {
     PyObject *t0 = NULL, *dtype = NULL, *nb = NULL, *v = NULL, *sig = NULL, *entry = NULL;
     PyObject *code = NULL, *ptr_obj = NULL;
@@ -321,6 +172,8 @@ static int try_fast(PyObject *t, int given_mpi)
     if ((t0 = PyFloat_FromDouble(now())) == NULL)
         return -1;
     if ((dtype = PyObject_GetAttr(t, n_dtype)) == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            goto error;
         PyErr_Clear(); /* not a tensor: the Python path says so */
         goto fallback;
     }
@@ -341,8 +194,8 @@ static int try_fast(PyObject *t, int given_mpi)
             goto error;
         if (v == Py_None || !PyDict_Check(v))
             goto fallback; /* auto not set up yet: the Python path does it */
-        if ((r = auto_picks_mpi(v, nbytes)) != 1)
-            goto fallback_or_error;
+        if (!auto_picks_mpi(v, nbytes))
+            goto fallback;
         Py_CLEAR(v);
     }
     if ((v = PyObject_CallMethodNoArgs(t, n_is_contiguous)) == NULL)
@@ -406,8 +259,8 @@ static int try_fast(PyObject *t, int given_mpi)
             Py_XDECREF(lasti);
             goto error;
         }
-        int ours = Py_IS_TYPE(ring, &FlightRingType);
-        PyObject *reused = ours ? ring_recycle((FlightRing *)ring, 9) : NULL;
+        int ours = Py_IS_TYPE(ring, &CkFlightRingType);
+        PyObject *reused = ours ? ck_ring_recycle((FlightRing *)ring, 9) : NULL;
         entry = reused ? Py_NewRef(reused) : PyList_New(9);
         if (entry == NULL) {
             Py_DECREF(seq);
@@ -416,14 +269,16 @@ static int try_fast(PyObject *t, int given_mpi)
             goto error;
         }
         PyObject *items[9] = {seq, n_all_reduce, S.group, nb, dtype, Py_None, code, lasti, Py_False};
+        PyObject *olds[9] = {NULL};
         for (int i = 0; i < 9; i++) { /* seq and lasti: references handed over */
-            PyObject *old = reused ? PyList_GET_ITEM(entry, i) : NULL;
+            olds[i] = reused ? PyList_GET_ITEM(entry, i) : NULL;
             PyList_SET_ITEM(entry, i, i == 0 || i == 7 ? items[i] : Py_NewRef(items[i]));
-            Py_XDECREF(old);
         }
+        for (int i = 0; i < 9; i++) /* only once the entry is whole: a release may run code */
+            Py_XDECREF(olds[i]);
         if (reused == NULL) {
             if (ours) {
-                ring_push((FlightRing *)ring, Py_NewRef(entry));
+                ck_ring_push((FlightRing *)ring, Py_NewRef(entry));
             } else { /* a plain deque (set by hand): its append */
                 v = PyObject_CallMethodOneArg(ring, n_append, entry);
                 if (v == NULL) {
@@ -523,6 +378,17 @@ error:
     return -1;
 }
 
+/* try_fast_here() borrows S's objects (the dtype table, the group...) across calls
+ * into Python and across MPI with the GIL released: configure() waits for none of
+ * them, so it refuses while any call is inside. */
+static int try_fast(PyObject *t, int given_mpi)
+{
+    S.busy++;
+    int r = try_fast_here(t, given_mpi);
+    S.busy--;
+    return r;
+}
+
 /* FastFunction(python_all_reduce): the public comm.all_reduce. A call in the common
  * case's shape (the tensor, then op SUM, group None, async_op False and algorithm
  * "auto" or "mpi", given or by default) tries try_fast(); anything else, and every call it
@@ -532,6 +398,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *fallback;
     PyObject *dict; /* __doc__, __wrapped__, __name__... (functools.update_wrapper) */
+    PyObject *weakrefs;
     vectorcallfunc vectorcall;
 } FastFunction;
 
@@ -546,6 +413,10 @@ static PyObject *fastfn_vectorcall(PyObject *self, PyObject *const *args, size_t
 {
     FastFunction *f = (FastFunction *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (f->fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "all_reduce is being torn down");
+        return NULL;
+    }
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (S.ready && nargs >= 1 && nargs <= 5) {
         PyObject *op = nargs > 1 ? args[1] : S.sum;
@@ -614,6 +485,8 @@ static int fastfn_clear(FastFunction *f)
 static void fastfn_dealloc(FastFunction *f)
 {
     PyObject_GC_UnTrack(f);
+    if (f->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)f);
     fastfn_clear(f);
     Py_TYPE(f)->tp_free((PyObject *)f);
 }
@@ -653,6 +526,7 @@ static PyTypeObject FastFunctionType = {
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(FastFunction, vectorcall),
     .tp_dictoffset = offsetof(FastFunction, dict),
+    .tp_weaklistoffset = offsetof(FastFunction, weakrefs),
     .tp_getset = fastfn_getset,
     .tp_methods = fastfn_methods,
     .tp_getattro = PyObject_GenericGetAttr,
@@ -698,6 +572,10 @@ static PyObject *fast_configure(PyObject *self, PyObject *args, PyObject *kw)
             return NULL;
         }
     }
+    if (S.busy) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() while an all_reduce is in the fast path");
+        return NULL;
+    }
     PyObject *gsize = PyObject_GetAttrString(group, "size");
     if (gsize == NULL)
         return NULL;
@@ -731,8 +609,8 @@ static PyObject *fast_enable(PyObject *self, PyObject *on)
     int r = PyObject_IsTrue(on);
     if (r < 0)
         return NULL;
-    if (r && S.group == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "configure() first");
+    if (r && (S.group == NULL || S.fn == NULL)) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() with MPI_Allreduce's address first");
         return NULL;
     }
     int was = S.ready;
@@ -805,9 +683,9 @@ PyMODINIT_FUNC PyInit__fast(void)
         return NULL;
     PyObject *m = PyModule_Create(&module);
 #if PY_VERSION_HEX >= 0x030B0000
-    if (m != NULL && (PyType_Ready(&FastFunctionType) < 0 || PyType_Ready(&FlightRingType) < 0 ||
+    if (m != NULL && (PyType_Ready(&FastFunctionType) < 0 || PyType_Ready(&CkFlightRingType) < 0 ||
                       PyModule_AddObjectRef(m, "FastFunction", (PyObject *)&FastFunctionType) < 0 ||
-                      PyModule_AddObjectRef(m, "FlightRing", (PyObject *)&FlightRingType) < 0))
+                      PyModule_AddObjectRef(m, "FlightRing", (PyObject *)&CkFlightRingType) < 0))
         Py_CLEAR(m);
 #endif
     return m;

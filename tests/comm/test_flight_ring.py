@@ -46,3 +46,44 @@ def test_bad_sizes_are_refused():
         fast.FlightRing(maxlen=0)
     with pytest.raises(TypeError):
         fast.FlightRing()
+
+
+GROWS_WHILE_COPIED = """
+import gc
+from clusterkernel.comm._fast import FlightRing
+
+ring = FlightRing(maxlen=10000)
+ring.append([0])
+
+class AppendsWhenCollected:
+    def __del__(self):
+        for i in range(5000):
+            ring.append((i,))
+
+def make_cycle():
+    c = AppendsWhenCollected()
+    c.self = c
+
+make_cycle()
+keep = [[] for _ in range(200)]  # enough allocations that the next one collects
+gc.set_threshold(1)
+copy = list(iter(ring))
+gc.set_threshold(700)
+junk = [[] for _ in range(20000)]  # heap damage, if any, shows by now
+assert all(item is not None for item in copy), "holes"
+assert copy == list(ring)[: len(copy)] and len(copy) in (1, 5001), len(copy)
+print("whole", len(copy))
+"""
+
+
+def test_a_copy_stays_whole_when_the_ring_grows_while_it_is_made():
+    # Making the copy's list may run the garbage collector, and a finalizer may
+    # append meanwhile (another thread may too): the copy must never be written past
+    # its end (which crashed the process) or keep holes. In a child process, so a
+    # crash fails this test only.
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", GROWS_WHILE_COPIED], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and "whole" in out.stdout, (out.returncode, out.stderr[-2000:])

@@ -225,3 +225,37 @@ def test_the_ring_refills_old_entries_but_never_one_someone_holds():
         comm.all_reduce(t)
     untouched = held == before and all(e is not held for e in FLIGHT.ring)
     agree(refilled and untouched, f"{refilled} {held} {before}")
+
+
+def test_rules_the_c_cannot_read_are_left_to_python():
+    # A hand-written table may hold float limits: bisect compares them in Python,
+    # and the C path must not raise on them (nor pick for them).
+    from clusterkernel.comm._groups import WORLD
+
+    t = torch.ones(16)
+    comm.all_reduce(t)
+    rules = WORLD._auto
+    kept = rules["all_reduce"]
+    rules["all_reduce"] = ([1e9], ("mpi", "shm"))
+    try:
+        t = torch.ones(16)
+        hits = _hits_of(lambda: comm.all_reduce(t))
+    finally:
+        rules["all_reduce"] = kept
+    agree(hits == 0 and bool((t == SIZE).all()), f"{hits} {t[:2]}")
+
+
+def test_an_error_reading_the_dtype_is_not_swallowed():
+    class RaisesOnce:  # e.g. a KeyboardInterrupt landing in a property
+        calls = 0
+
+        @property
+        def dtype(self):
+            RaisesOnce.calls += 1
+            if RaisesOnce.calls == 1:
+                raise RuntimeError("raised once")
+            return torch.float32
+
+    with pytest.raises(RuntimeError, match="raised once"):
+        comm.all_reduce(RaisesOnce())
+    agree(True)
