@@ -46,8 +46,13 @@ def test_without_compensation_it_stays_at_chance(job):
     recs = job["uncompensated"]
     for rec in recs.values():
         assert rec["plan"] is None and rec["warnings"] == []
+    # Uncompensated, the loss swings around chance from epoch to epoch (one CI run:
+    # 2.19, 2.68, 1.63), so one epoch's value is a noisy witness: the mean over the
+    # epochs stays near chance, and above every compensated worker's final loss.
+    learned = max(rec["losses"][-1] for rec in _workers(job["compensated"]))
     for rec in _workers(recs):
-        assert rec["losses"][-1] > CHANCE - 0.4, rec["losses"]
+        mean = sum(rec["losses"]) / len(rec["losses"])
+        assert mean > CHANCE - 0.4 and mean > learned, (rec["losses"], learned)
     # the servers measured gradients stale by about the workers' count or more
     (server,) = [rec for rec in recs.values() if rec["serves"]]
     assert server["mean_delay"] >= 1.0
