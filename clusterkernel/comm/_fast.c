@@ -102,19 +102,8 @@ static int set_attr(PyObject *obj, Py_ssize_t off, PyObject *name, PyObject *val
     return 0;
 }
 
-/* Truthiness of obj.name; -1 on error. */
-static int flag(PyObject *obj, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return -1;
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
-}
-
-/* The same, for a slot (see attr). */
-static int slot_flag(PyObject *obj, Py_ssize_t off, PyObject *name)
+/* Truthiness of obj.name (off: its slot, or -1; see attr); -1 on error. */
+static int flag(PyObject *obj, Py_ssize_t off, PyObject *name)
 {
     PyObject *v = attr(obj, off, name);
     if (v == NULL)
@@ -180,7 +169,7 @@ static int try_fast_here(PyObject *t, int given_mpi)
     PyObject *info = PyDict_GetItemWithError(S.dtypes, dtype); /* borrowed */
     if (info == NULL)
         goto fallback_or_error; /* halves, complex, unknown: staged in Python */
-    if ((r = flag(t, n_is_cpu)) != 1)
+    if ((r = flag(t, -1, n_is_cpu)) != 1)
         goto fallback_or_error;
     if ((nb = PyObject_GetAttr(t, n_nbytes)) == NULL)
         goto error;
@@ -203,29 +192,29 @@ static int try_fast_here(PyObject *t, int given_mpi)
     if (v != Py_True)
         goto fallback;
     Py_CLEAR(v);
-    if ((r = flag(S.staging, n_force)) != 0)
+    if ((r = flag(S.staging, -1, n_force)) != 0)
         goto fallback_or_error;
-    if ((r = flag(S.check, n_on)) != 0)
+    if ((r = flag(S.check, -1, n_on)) != 0)
         goto fallback_or_error; /* check mode: every call goes through begin() */
     Py_ssize_t itemsize = PyLong_AsSsize_t(PyTuple_GET_ITEM(info, 1));
     if (itemsize <= 0 || nbytes % itemsize)
         goto fallback_or_error;
     Py_ssize_t count = nbytes / itemsize;
-    if ((r = flag(S.check, n_new)) < 0)
+    if ((r = flag(S.check, -1, n_new)) < 0)
         goto error;
     if (r) { /* the signature must be one the group agreed on (begin() agrees new ones) */
         PyObject *sigs = attr(S.group, S.at_sigs, n_sigs);
         if (sigs == NULL)
             goto error;
         PyObject *n = PyLong_FromSsize_t(count);
-        sig = n ? PyTuple_Pack(4, dtype, n, PyTuple_GET_ITEM(info, 3), n_mpi) : NULL;
+        sig = n ? PyTuple_Pack(4, dtype, n, S.sum, n_mpi) : NULL;
         Py_XDECREF(n);
         r = sig == NULL ? -1 : PySet_Contains(sigs, sig);
         Py_DECREF(sigs);
         if (r != 1)
             goto fallback_or_error;
     }
-    if ((r = slot_flag(S.flight, S.at_flight_on, n_on)) < 0)
+    if ((r = flag(S.flight, S.at_flight_on, n_on)) < 0)
         goto error;
     if (r) { /* the flight entry of a direct call (a call from clusterkernel walks out: Python) */
         /* No Python frame of comm's own sits between: this is the caller's, live
@@ -318,7 +307,7 @@ static int try_fast_here(PyObject *t, int given_mpi)
     }
     if (entry != NULL && PyList_SetItem(entry, 8, Py_NewRef(Py_True)) < 0)
         goto error;
-    if ((r = flag(S.rec, n_enabled)) < 0)
+    if ((r = flag(S.rec, -1, n_enabled)) < 0)
         goto error;
     if (r) { /* the timing record: _handle.note()'s tuple */
         PyObject *dur = PyFloat_FromDouble(now() - PyFloat_AS_DOUBLE(t0));
@@ -439,9 +428,10 @@ static PyObject *fastfn_vectorcall(PyObject *self, PyObject *const *args, size_t
             else
                 plain = 0;
         }
+        int given_mpi = plain && is_name(algorithm, n_mpi);
         if (plain && op == S.sum && group == Py_None && async_op == Py_False &&
-            (is_name(algorithm, n_auto_alg) || is_name(algorithm, n_mpi))) {
-            int r = try_fast(args[0], algorithm != n_auto_alg && is_name(algorithm, n_mpi));
+            (given_mpi || is_name(algorithm, n_auto_alg))) {
+            int r = try_fast(args[0], given_mpi);
             if (r == 1)
                 Py_RETURN_NONE;
             if (r < 0)
@@ -563,12 +553,12 @@ static PyObject *fast_configure(PyObject *self, PyObject *args, PyObject *kw)
                                      &staging, &flight, &PyFrozenSet_Type, &ours, &rec,
                                      &error, &limit, &sum))
         return NULL;
-    /* each dtypes value: (datatype handle, itemsize, SUM's op handle, the ReduceOp) */
+    /* each dtypes value: (datatype handle, itemsize, SUM's op handle) */
     PyObject *key, *value;
     Py_ssize_t pos = 0;
     while (PyDict_Next(dtypes, &pos, &key, &value)) {
-        if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 4) {
-            PyErr_SetString(PyExc_ValueError, "dtypes values are (datatype, itemsize, op, ReduceOp)");
+        if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 3) {
+            PyErr_SetString(PyExc_ValueError, "dtypes values are (datatype, itemsize, op)");
             return NULL;
         }
     }

@@ -62,22 +62,21 @@ def _configure() -> bool:
     handle_size = MPI._sizeof(MPI.Comm)
     if not address or handle_size not in (4, ctypes.sizeof(ctypes.c_void_p)):
         return False
+    mask = (1 << (8 * handle_size)) - 1  # int handles may be negative
     dtypes = {}
     for dtype, info in DTYPES.items():
         op = SUM.mpi.get(info.kind)
         if info.kind in "fib" and op is not None:  # as the Python path's zero-copy case
-            mask = (1 << (8 * handle_size)) - 1  # int handles may be negative
             dtypes[dtype] = (
                 MPI._handleof(info.mpi) & mask,
                 info.itemsize,
                 MPI._handleof(op) & mask,
-                SUM,
             )
     _fast.configure(
         allreduce=address,
         pointer_handles=handle_size != 4,
         in_place=int(MPI.IN_PLACE),
-        comm=MPI._handleof(WORLD.comm) & ((1 << (8 * handle_size)) - 1),
+        comm=MPI._handleof(WORLD.comm) & mask,
         group=WORLD,
         dtypes=dtypes,
         check=_CHECK,

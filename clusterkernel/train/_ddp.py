@@ -74,11 +74,11 @@ class DataParallel(nn.Module):
             algorithm than shm means ordinary memory). ``True``: shared memory
             or a clear error (on every rank; a one-rank group has nothing to
             share and keeps ordinary memory); ``False``: ordinary memory. Pass
-            the same value on every rank (a clear error otherwise). Decided collectively at wrap time; see
-            :attr:`shared_buckets`. Shared memory is kept until the process
-            exits, and a new wrap reuses that of a wrapped model which is gone
-            (re-running a cell costs no new memory); models alive at once each
-            hold their gradients' size of it.
+            the same value on every rank (a clear error otherwise). Decided
+            collectively at wrap time; see :attr:`shared_buckets`. Shared
+            memory is kept until the process exits, and a new wrap reuses that
+            of a wrapped model which is gone (re-running a cell costs no new
+            memory); models alive at once each hold their gradients' size of it.
 
     Unused parameters are handled: a rank whose forward skipped a parameter
     contributes zeros for it, so all ranks issue the same allreduces in the same
