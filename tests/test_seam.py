@@ -14,8 +14,8 @@ import sys
 # client side: runs in the notebook
 CLIENT = ["cluster", "output", "export", "magics", "dashboard", "debug", "errors", "mpiexec"]
 # engine side: runs on the ranks (engine/_job_prelude is a script an exported job runs, not imported)
-ENGINE = ["comm", "metrics", "partition", "data", "train", "engine"]
-SEAM = ["records", "_wire", "_shm_names"]
+ENGINE = ["comm", "metrics", "partition", "data", "train", "engine", "torchdist"]
+SEAM = ["records", "_wire", "_shm_names", "_rank_call"]
 _NOT_IMPORTED = {"clusterkernel.engine._job_prelude"}
 
 

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from clusterkernel.cluster import _ipp_dates, _lifecycle, _rank_faults
-from clusterkernel.cluster._launch import Guard
+from clusterkernel.cluster import _ipp_dates, _rank_faults, _stacks, _torch
 from clusterkernel.cluster._launcher_choice import choose_launcher
+from clusterkernel.cluster._lifecycle import Engines
 from clusterkernel.cluster._status import RankStatus
 from clusterkernel.errors import CellInterrupted, ClusterError, RankError, format_ranks
 
@@ -65,6 +65,11 @@ class Cluster:
     fault_tolerant : keep the job running when a rank dies (Open MPI's ULFM):
         the cell reports the dead rank, later cells run on the others, and
         :meth:`restart` brings back a full set. Default: a dead rank ends the job.
+    torch : make torch.distributed's default process group on every rank after
+        start and every restart (``%mpi start --torch``). Every rank has
+        torchrun's environment (RANK, LOCAL_RANK, MASTER_ADDR, ...) either way.
+    backend : the group's backend, ``"gloo"`` or ``"nccl"`` (implies ``torch``);
+        default: torch's pick by device (gloo for CPU tensors, nccl for CUDA).
 
     Example::
 
@@ -73,6 +78,7 @@ class Cluster:
         cluster.stop()
 
         Cluster(n=8, launcher="slurm", nodes=2, time="1:00:00").start()
+        Cluster(n=2, torch=True).start()    # dist.is_initialized() on every rank
     """
 
     def __init__(
@@ -95,7 +101,10 @@ class Cluster:
         guard: bool = True,
         log_level: int = logging.WARNING,
         fault_tolerant: bool = False,
+        torch: bool = False,
+        backend: str | None = None,
     ) -> None:
+        _torch.check_backend_name(backend)
         self.launcher, self.runtime = choose_launcher(
             n,
             hosts,
@@ -118,14 +127,11 @@ class Cluster:
         self.guard = guard
         self.log_level = log_level
         self.fault_tolerant = fault_tolerant
+        self.torch = bool(torch or backend)
+        self.backend = backend
 
-        self._ipp: ipp.Cluster | None = None
-        self._client: ipp.Client | None = None
-        self._rank_info: dict[int, dict] = {}  # rank -> {rank, host, pid, engine}
-        self._engine_of: dict[int, int] = {}  # rank -> engine id
+        self._engines: Engines | None = None  # the processes, while running
         self._status = RankStatus()
-        self._run_dir: str | None = None
-        self._guard: Guard | None = None
         self.lost: str | None = None  # why the engine set is gone, if it is
         self.dead: dict[int, str] = {}  # rank -> how it died (fault-tolerant jobs)
         self._dashboard: Dashboard | None = None  # the one the ranks stream to
@@ -143,12 +149,23 @@ class Cluster:
 
     @property
     def running(self) -> bool:
-        return self._ipp is not None
+        return self._engines is not None
 
     @property
     def job_id(self) -> str | None:
         """The Slurm job of the engines (``launcher="slurm"`` outside an allocation)."""
-        return getattr(self._engine_set(), "job_id", None) or None
+        engine_set = self._engines.engine_set if self._engines is not None else None
+        return getattr(engine_set, "job_id", None) or None
+
+    @property
+    def run_dir(self) -> str | None:
+        """The private directory of this cluster's files (None when stopped)."""
+        return self._engines.run_dir if self._engines is not None else None
+
+    @property
+    def cluster_file(self) -> str | None:
+        """ipyparallel's cluster file, from which a client can connect (None when stopped)."""
+        return self._engines.cluster_file if self._engines is not None else None
 
     def start(self) -> Cluster:
         """Start the controller and ``n`` ranks; return ``self``.
@@ -158,16 +175,42 @@ class Cluster:
         job waiting in the queue shows its state on a live line; a kernel
         interrupt cancels it.
         """
-        _lifecycle.start(self)
+        if self.running:
+            raise ClusterError(
+                "This cluster is already running. Use restart() (%mpi restart) or stop() first."
+            )
+        self.lost = None
+        self._engines = Engines.start(
+            self.launcher,
+            self.n,
+            _torch.engine_env(self.env),
+            log_level=self.log_level,
+            guard=self.guard,
+            start_timeout=self.start_timeout,
+        )
+        try:
+            self._ranks_up()
+        except BaseException:
+            self._teardown()
+            raise
         return self
 
-    def _engine_set(self):
-        if self._ipp is None:
-            return None
-        return next(iter(self._ipp.engines.values()), None)
+    def _ranks_up(self) -> None:
+        """What every fresh set of ranks gets: torchrun's environment, and the group if asked."""
+        _torch.ranks_up(self, self.backend if self.torch else False)
 
-    def _engine_output(self, lines: int = 40) -> str:
-        return self.launcher.output(self._engine_set(), lines)
+    def _ranks_going_down(self) -> None:
+        """Before the ranks stop: destroy the torch.distributed groups of idle ranks."""
+        if not self.lost:
+            _torch.ranks_going_down(self)
+
+    def job_ended(self) -> bool:
+        """Whether the MPI job under the engines has ended (False when stopped)."""
+        return self._engines is not None and self._engines.ended()
+
+    def job_output(self, lines: int = 40) -> str:
+        """The last ``lines`` of what the launcher (mpiexec, srun, the Slurm job) said."""
+        return self._engines.output(lines) if self._engines is not None else ""
 
     def stop(self) -> None:
         """Stop every rank and the controller; return once their processes are gone.
@@ -177,8 +220,17 @@ class Cluster:
         if not self.running:
             return
         try:
-            _lifecycle.teardown(self)
+            self._ranks_going_down()
         finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        try:
+            if self._engines is not None:
+                self._engines.teardown()
+        finally:
+            self._engines = None
+            self.dead = {}
             dash, self._dashboard = self._dashboard, None
             if dash is not None:  # after the ranks, so its last picture shows them stopped
                 dash._cluster_stopped()
@@ -186,9 +238,32 @@ class Cluster:
     def restart(self) -> None:
         """Stop all ranks (stuck ones included) and start a full set again.
 
-        Engine state is lost: re-run imports and setup cells afterwards.
+        Engine state is lost: re-run imports and setup cells afterwards. With
+        ``torch=True`` the new ranks get a new default process group.
         """
-        _lifecycle.restart(self)
+        if not self.running:
+            raise ClusterError("The cluster is not running; use start() (%mpi start).")
+        self._ranks_going_down()
+        self._engines.restart()
+        self.lost = None
+        self.dead = {}
+        self._ranks_up()
+
+    def torch_reinit(self, backend: str | None = None) -> dict[int, dict]:
+        """A new default torch.distributed group in the live ranks, their variables kept.
+
+        Destroys what is left of the old group (or an aborted one), gives rank 0 a
+        fresh port, and makes the group again (``backend``: default the last one).
+        Models wrapped in DDP/FSDP hold the old group: wrap them again. Returns each
+        rank's group (``{rank: {"backend": "gloo", "world_size": 4, ...}}``).
+
+        Example::
+
+            cluster.torch_reinit()      # %mpi torch-reinit
+        """
+        _torch.check_backend_name(backend)
+        self._require_running()
+        return _torch.reinit(self, backend)
 
     def mark_lost(self, why: str) -> None:
         """Record that the whole engine set is gone (until :meth:`restart`)."""
@@ -199,13 +274,23 @@ class Cluster:
     def client(self) -> ipp.Client:
         """The ipyparallel client (engine ids equal to ranks are not guaranteed)."""
         self._require_running()
-        assert self._client is not None
-        return self._client
+        assert self._engines is not None and self._engines.client is not None
+        return self._engines.client
 
     @property
     def ranks(self) -> list[int]:
         """Every rank of the job, dead ones (fault-tolerant jobs) included."""
-        return sorted(self._engine_of)
+        return sorted(self._engines.engine_of) if self._engines is not None else []
+
+    @property
+    def engine_of(self) -> dict[int, int]:
+        """``{rank: engine id}`` of the running ranks (a copy)."""
+        return dict(self._engines.engine_of) if self._engines is not None else {}
+
+    @property
+    def rank_info(self) -> dict[int, dict]:
+        """``{rank: {"rank", "host", "pid", "engine"}}`` as each rank reported at start."""
+        return dict(self._engines.rank_info) if self._engines is not None else {}
 
     @property
     def live_ranks(self) -> list[int]:
@@ -227,12 +312,12 @@ class Cluster:
                 "(cluster.restart()) brings back a full set."
             )
         try:
-            return self._engine_of[rank]
+            return self._engines.engine_of[rank]
         except KeyError:
             raise ValueError(f"Rank {rank} does not exist; ranks are 0..{self.n - 1}.") from None
 
     def rank_of(self, engine_id: int) -> int:
-        for rank, eid in self._engine_of.items():
+        for rank, eid in self.engine_of.items():
             if eid == engine_id:
                 return rank
         raise KeyError(engine_id)
@@ -255,12 +340,11 @@ class Cluster:
         CPU and memory are read for ranks on this machine; on other hosts they are None.
         """
         self._require_running()
-        assert self._client is not None
-        return self._status.rows(self._client, self._rank_info, self.multi_node)
+        return self._status.rows(self.client, self._engines.rank_info, self.multi_node)
 
     def processes(self) -> list[int]:
         """Pids of every local process of this cluster (controller, mpiexec, ranks...)."""
-        return _lifecycle.processes(self)
+        return self._engines.processes() if self._engines is not None else []
 
     # ------------------------------------------------------------------ data
     def push(self, namespace: dict, ranks: list[int] | None = None) -> None:
@@ -397,6 +481,14 @@ class Cluster:
 
         self._require_running()
         return DebugSession(self, ranks, timeout=timeout)
+
+    def abort_torch_groups(self, ranks: list[int] | None = None) -> list[int]:
+        """Abort the torch.distributed groups of ``ranks`` (default: live ones); the ranks
+        that had one. Frees ranks blocked in a gloo or NCCL collective whose peers
+        abort too; their variables stay. :meth:`torch_reinit` makes a new group.
+        """
+        ranks = self.live_ranks if ranks is None else ranks
+        return _stacks.abort_torch_groups(self.client, {r: self.engine_id(r) for r in ranks})
 
     def signal(self, sig: int, ranks: list[int] | None = None) -> None:
         """Send ``sig`` to the given ranks only (through each engine's nanny)."""

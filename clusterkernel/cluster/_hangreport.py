@@ -43,7 +43,7 @@ def place(entry: dict) -> str:
     """Where a call was made: ``cell line 12`` or ``train.py:40``."""
     path = entry.get("file") or ""
     if not path:
-        return "unknown line"
+        return ""  # torch's recorder without stacks: the line of a finished call
     if is_cell(entry):
         return f"cell line {entry['line']}"
     return f"{os.path.basename(path)}:{entry['line']}"
@@ -55,7 +55,8 @@ def _what(e: dict) -> str:
         if e["dtype"]
         else human_bytes(e["nbytes"])
     )
-    return f"{e['op']} #{e['seq']} ({e['group']}, {size}, {place(e)})"
+    where = place(e)
+    return f"{e['op']} #{e['seq']} ({e['group']}, {size}{', ' + where if where else ''})"
 
 
 def _signature(e: dict) -> tuple:
@@ -116,8 +117,8 @@ def _compare_group(name, members, per_rank, flights, positions) -> list[str]:
             lines.append(f"rank {r} has made no collective call in {name}{tail}")
         elif e["seq"] < front:
             lines.append(
-                f"rank {r}'s last collective in {name} was #{e['seq']} ({e['op']}, "
-                f"{place(e)}){tail}"
+                f"rank {r}'s last collective in {name} was #{e['seq']} ({e['op']}"
+                f"{', ' + place(e) if place(e) else ''}){tail}"
             )
     return lines
 
@@ -153,7 +154,9 @@ def _pending_p2p(flights: dict[int, list[dict]]) -> list[str]:
     for rank, entries in sorted(flights.items()):
         for e in entries:
             if e.get("peer") is not None and not e["done"]:
-                peer = "any rank" if e["peer"] < 0 else f"rank {e['peer']}"
+                peer = {-1: "any rank", -2: "a peer (torch does not record it)"}.get(
+                    e["peer"], f"rank {e['peer']}"
+                )
                 direction = "to" if e["op"].startswith("send") else "from"
                 lines.append(
                     f"rank {rank} waits in {e['op']} {direction} {peer} "
@@ -168,6 +171,20 @@ def summarize(cluster: Cluster, ranks: list[int], busy: list[int]) -> str:
     Ranks still running are asked through their control channel, so this works while
     they are blocked in MPI and on any host; ranks that finished the cell answer too.
     """
+    return compare(*collect(cluster, ranks, busy))
+
+
+def has_torch_calls(collected: tuple[dict, dict] | dict) -> bool:
+    """Whether any rank's flight records (from :func:`collect`) hold torch.distributed calls."""
+    flights = collected[0] if isinstance(collected, tuple) else {}
+    return any(e.get("torch") for entries in flights.values() for e in entries)
+
+
+def collect(
+    cluster: Cluster, ranks: list[int], busy: list[int]
+) -> tuple[dict[int, list[dict]], dict[int, str]]:
+    """Each answering rank's flight records (comm's and torch's), and where each rank is:
+    the arguments of :func:`compare`."""
     state = request_state(cluster.client, {r: cluster.engine_id(r) for r in ranks})
     positions = {}
     for r in ranks:
@@ -177,4 +194,4 @@ def summarize(cluster: Cluster, ranks: list[int], busy: list[int]) -> str:
             lines = cell_lines(state[r].get("frames", []))
             if lines:
                 positions[r] = f"it is at cell line {lines[-1]}"
-    return compare({r: s.get("flight", []) for r, s in state.items()}, positions)
+    return {r: s.get("flight", []) for r, s in state.items()}, positions

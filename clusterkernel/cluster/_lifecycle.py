@@ -1,27 +1,33 @@
-"""Start, restart and stop a cluster's processes: the bodies of ``Cluster.start``,
-``restart`` and ``stop`` (client side).
+"""The processes of one running cluster, and how they start, restart and stop (client side).
 
-ipyparallel starts the controller and the engines through the cluster's launcher;
-here they are waited for until every MPI rank answered (fast, clear errors when the
-job fails to start), mapped rank -> engine, guarded against a dying notebook, and
-stopped until no process of theirs is left.
+:class:`Engines` owns what exists only while a cluster runs: the ipyparallel
+cluster (controller and engine set), the client, the private run directory, the
+guard process, and the rank -> engine map. ``Cluster.start`` makes one,
+``Cluster.restart`` asks it for fresh ranks, ``Cluster.stop`` tears it down; nothing
+else writes its fields. ipyparallel starts the controller and the engines through
+the cluster's launcher; here they are waited for until every MPI rank answered
+(fast, clear errors when the job fails to start), mapped rank -> engine, guarded
+against a dying notebook, and stopped until no process of theirs is left.
 
 Example::
 
-    _lifecycle.start(cluster)       # what Cluster.start() does
-    _lifecycle.teardown(cluster)    # what Cluster.stop() does
+    engines = Engines.start(launcher, n=4, env={}, log_level=logging.WARNING)
+    engines.engine_of        # {0: 0, 1: 1, 2: 2, 3: 3}
+    engines.restart()        # new rank processes, same controller
+    engines.teardown()       # every process gone, the run directory removed
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ipyparallel as ipp
 import psutil
 
 from clusterkernel.cluster._launch import (
     Guard,
+    Launcher,
     make_run_dir,
     private_cluster_file,
     remove_run_dir,
@@ -29,9 +35,6 @@ from clusterkernel.cluster._launch import (
 )
 from clusterkernel.engine import _engine_setup
 from clusterkernel.errors import ClusterError
-
-if TYPE_CHECKING:
-    from clusterkernel.cluster import Cluster
 
 
 def _ipp_log(level: int) -> logging.Logger:
@@ -57,145 +60,174 @@ def _live_line(text: str | None) -> None:
         print(f"\r{text}   ", end="", flush=True)
 
 
-def start(cluster: Cluster) -> None:
-    """Start the controller and the ranks of a stopped ``cluster`` (see ``Cluster.start``)."""
-    if cluster.running:
-        raise ClusterError(
-            "This cluster is already running. Use restart() (%mpi restart) or stop() first."
-        )
-    cluster.lost = None
-    kwargs: dict[str, Any] = {}
-    ip = cluster.launcher.controller_ip()  # may ask Slurm: before anything is made
-    if ip:
-        kwargs["controller_ip"] = ip
-    cluster._run_dir = make_run_dir()
-    try:
-        cluster._ipp = ipp.Cluster(
-            engines=cluster.launcher.engines(),
-            n=cluster.n,
-            profile_dir=cluster._run_dir,
-            config=cluster.launcher.config(_engine_env(cluster), cluster._run_dir),
-            log_level=cluster.log_level,
-            log=_ipp_log(cluster.log_level),
-            **kwargs,
-        )
-        cluster._ipp.start_controller_sync()
-        cluster._client = cluster._ipp.connect_client_sync()
-        private_cluster_file(cluster._ipp)
-        if cluster.guard:
-            cluster._guard = Guard(cluster._ipp.cluster_file, cluster._run_dir)
-        cluster._ipp.start_engines_sync(cluster.n)
-        cluster._ipp.update_cluster_file()  # now with the job id, for the guard
-        _wait_for_new_engines(cluster, old_pids=set())
-    except BaseException:
-        teardown(cluster)
-        raise
+class Engines:
+    """The controller, engines, client, run directory and guard of a running cluster.
 
+    Made by :meth:`start`; gone (every process stopped, the directory removed)
+    after :meth:`teardown`. ``rank_info`` and ``engine_of`` are replaced whole by
+    :meth:`restart`, never edited in place.
+    """
 
-def _engine_env(cluster: Cluster) -> dict[str, str]:
-    env = dict(cluster.env)
-    # Figures made on a rank are sent to the notebook when shown.
-    env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    return env
+    def __init__(self, launcher: Launcher, n: int, start_timeout: float) -> None:
+        self.launcher = launcher
+        self.n = n
+        self.start_timeout = start_timeout
+        self.ipp: ipp.Cluster | None = None
+        self.client: ipp.Client | None = None
+        self.run_dir: str | None = None
+        self.guard: Guard | None = None
+        self.rank_info: dict[int, dict] = {}  # rank -> {rank, host, pid, engine}
+        self.engine_of: dict[int, int] = {}  # rank -> engine id
 
-
-def restart(cluster: Cluster) -> None:
-    """Replace every rank of a running ``cluster`` by a new one (see ``Cluster.restart``)."""
-    if not cluster.running:
-        raise ClusterError("The cluster is not running; use start() (%mpi start).")
-    assert cluster._ipp is not None
-    old_pids = {info["pid"] for info in cluster._rank_info.values()}
-    engine_set = cluster._engine_set()
-    cluster._ipp.stop_engines_sync()
-    cluster.launcher.stopped(engine_set, timeout=30)
-    cluster._ipp.start_engines_sync(cluster.n)
-    cluster._ipp.update_cluster_file()
-    _wait_for_new_engines(cluster, old_pids)
-    cluster.lost = None
-    cluster.dead = {}
-
-
-def _wait_for_new_engines(cluster: Cluster, old_pids: set[int]) -> None:
-    assert cluster._client is not None
-    infos = wait_for_engines(
-        cluster._client,
-        cluster.n,
-        old_pids=old_pids,
-        timeout=cluster.start_timeout,
-        query=lambda ids: _query_setup(cluster, ids),
-        ended=lambda: cluster.launcher.ended(cluster._engine_set()),
-        output=cluster._engine_output,
-        waiting=lambda: cluster.launcher.waiting(cluster._engine_set()),
-        progress=_live_line,
-    )
-    ranks = sorted(info["rank"] for info in infos.values())
-    if ranks != list(range(cluster.n)):
-        raise ClusterError(
-            f"Expected MPI ranks 0..{cluster.n - 1}, engines reported {ranks}: the engines "
-            "did not form one MPI job (for Slurm, srun's --mpi=pmix must work)."
-        )
-    cluster._rank_info = {info["rank"]: {**info, "engine": eid} for eid, info in infos.items()}
-    cluster._engine_of = {r: info["engine"] for r, info in cluster._rank_info.items()}
-
-
-def _query_setup(cluster: Cluster, ids: list[int]) -> dict[int, dict] | None:
-    assert cluster._client is not None
-    try:
-        ar = cluster._client[ids].apply_async(_engine_setup.setup, cluster._run_dir)
-        results = ar.get(timeout=10)
-    except (ipp.error.EngineError, ipp.error.TimeoutError, ipp.error.CompositeError):
-        return None
-    return dict(zip(ids, results))
-
-
-def teardown(cluster: Cluster) -> None:
-    """Stop every process of ``cluster`` and return once they are gone; forget its ranks."""
-    guard = cluster._guard.pid if cluster._guard is not None else None
-    procs = [p for p in map(_process, processes(cluster)) if p is not None and p.pid != guard]
-    engine_set = cluster._engine_set()
-    if cluster._client is not None:
+    @classmethod
+    def start(
+        cls,
+        launcher: Launcher,
+        n: int,
+        env: dict[str, str],
+        log_level: int = logging.WARNING,
+        guard: bool = True,
+        start_timeout: float = 90.0,
+    ) -> Engines:
+        """Start the controller and ``n`` ranks; on any failure nothing is left running."""
+        self = cls(launcher, n, start_timeout)
+        kwargs: dict[str, Any] = {}
+        ip = launcher.controller_ip()  # may ask Slurm: before anything is made
+        if ip:
+            kwargs["controller_ip"] = ip
+        self.run_dir = make_run_dir()
         try:
-            cluster._client.close()
-        except Exception:  # the controller may already be gone
-            pass
-        cluster._client = None
-    if cluster._ipp is not None:
-        try:
-            cluster._ipp.stop_cluster_sync()
-            cluster.launcher.stopped(engine_set, timeout=30)
-        finally:
-            cluster._ipp = None
-    # ipyparallel returns before the engines' nannies have exited
-    psutil.wait_procs(procs, timeout=10)
-    if cluster._guard is not None:
-        cluster._guard.release()
-        cluster._guard = None
-    remove_run_dir(cluster._run_dir)
-    cluster._run_dir = None
-    cluster._rank_info = {}
-    cluster._engine_of = {}
-    cluster.dead = {}
+            self.ipp = ipp.Cluster(
+                engines=launcher.engines(),
+                n=n,
+                profile_dir=self.run_dir,
+                config=launcher.config(env, self.run_dir),
+                log_level=log_level,
+                log=_ipp_log(log_level),
+                **kwargs,
+            )
+            self.ipp.start_controller_sync()
+            self.client = self.ipp.connect_client_sync()
+            private_cluster_file(self.ipp)
+            if guard:
+                self.guard = Guard(self.ipp.cluster_file, self.run_dir)
+            self.ipp.start_engines_sync(n)
+            self.ipp.update_cluster_file()  # now with the job id, for the guard
+            self._wait_for_new_engines(old_pids=set())
+        except BaseException:
+            self.teardown()
+            raise
+        return self
 
+    # ------------------------------------------------------------------ reading
+    @property
+    def engine_set(self):
+        """ipyparallel's engine-set launcher (mpiexec, srun or the Slurm job), if any."""
+        if self.ipp is None:
+            return None
+        return next(iter(self.ipp.engines.values()), None)
 
-def processes(cluster: Cluster) -> list[int]:
-    """Pids of every local process of ``cluster`` (controller, mpiexec, ranks, guard)."""
-    pids: set[int] = set()
-    if cluster._ipp is None:
-        return []
-    launchers = [cluster._ipp.controller, *cluster._ipp.engines.values()]
-    for launcher in launchers:
-        pid = getattr(launcher, "pid", None) if launcher is not None else None
-        if not pid:
-            continue
+    @property
+    def cluster_file(self) -> str | None:
+        return self.ipp.cluster_file if self.ipp is not None else None
+
+    def output(self, lines: int = 40) -> str:
+        """The last ``lines`` of what the launcher (mpiexec, srun, the job) said."""
+        return self.launcher.output(self.engine_set, lines)
+
+    def ended(self) -> bool:
+        """Whether the MPI job has ended (every rank gone)."""
+        return self.launcher.ended(self.engine_set)
+
+    def processes(self) -> list[int]:
+        """Pids of every local process (controller, mpiexec, ranks, guard)."""
+        pids: set[int] = set()
+        if self.ipp is None:
+            return []
+        for launcher in [self.ipp.controller, *self.ipp.engines.values()]:
+            pid = getattr(launcher, "pid", None) if launcher is not None else None
+            if not pid:
+                continue
+            try:
+                proc = psutil.Process(pid)
+                pids.add(pid)
+                pids.update(c.pid for c in proc.children(recursive=True))
+            except psutil.Error:
+                pass
+        if self.guard is not None:
+            pids.add(self.guard.pid)
+        return sorted(pids)
+
+    # ------------------------------------------------------------------ changing
+    def restart(self) -> None:
+        """Replace every rank by a new process (the controller stays)."""
+        assert self.ipp is not None
+        old_pids = {info["pid"] for info in self.rank_info.values()}
+        engine_set = self.engine_set
+        self.ipp.stop_engines_sync()
+        self.launcher.stopped(engine_set, timeout=30)
+        self.ipp.start_engines_sync(self.n)
+        self.ipp.update_cluster_file()
+        self._wait_for_new_engines(old_pids)
+
+    def _wait_for_new_engines(self, old_pids: set[int]) -> None:
+        assert self.client is not None
+        infos = wait_for_engines(
+            self.client,
+            self.n,
+            old_pids=old_pids,
+            timeout=self.start_timeout,
+            query=self._query_setup,
+            ended=self.ended,
+            output=self.output,
+            waiting=lambda: self.launcher.waiting(self.engine_set),
+            progress=_live_line,
+        )
+        ranks = sorted(info["rank"] for info in infos.values())
+        if ranks != list(range(self.n)):
+            raise ClusterError(
+                f"Expected MPI ranks 0..{self.n - 1}, engines reported {ranks}: the engines "
+                "did not form one MPI job (for Slurm, srun's --mpi=pmix must work)."
+            )
+        self.rank_info = {info["rank"]: {**info, "engine": eid} for eid, info in infos.items()}
+        self.engine_of = {r: info["engine"] for r, info in self.rank_info.items()}
+
+    def _query_setup(self, ids: list[int]) -> dict[int, dict] | None:
+        # No collective in the set-up: a poll may reach some new engines and not others.
+        assert self.client is not None
         try:
-            proc = psutil.Process(pid)
-            pids.add(pid)
-            pids.update(c.pid for c in proc.children(recursive=True))
-        except psutil.Error:
-            pass
-    if cluster._guard is not None:
-        pids.add(cluster._guard.pid)
-    return sorted(pids)
+            ar = self.client[ids].apply_async(_engine_setup.setup, self.run_dir)
+            results = ar.get(timeout=10)
+        except (ipp.error.EngineError, ipp.error.TimeoutError, ipp.error.CompositeError):
+            return None
+        return dict(zip(ids, results))
+
+    def teardown(self) -> None:
+        """Stop every process and return once they are gone; remove the run directory."""
+        guard = self.guard.pid if self.guard is not None else None
+        procs = [p for p in map(_process, self.processes()) if p is not None and p.pid != guard]
+        engine_set = self.engine_set
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # the controller may already be gone
+                pass
+            self.client = None
+        if self.ipp is not None:
+            try:
+                self.ipp.stop_cluster_sync()
+                self.launcher.stopped(engine_set, timeout=30)
+            finally:
+                self.ipp = None
+        # ipyparallel returns before the engines' nannies have exited
+        psutil.wait_procs(procs, timeout=10)
+        if self.guard is not None:
+            self.guard.release()
+            self.guard = None
+        remove_run_dir(self.run_dir)
+        self.run_dir = None
+        self.rank_info = {}
+        self.engine_of = {}
 
 
 def _process(pid: int) -> psutil.Process | None:

@@ -32,7 +32,7 @@ def frames(cluster: Cluster, ranks: list[int], with_locals: bool) -> dict[int, l
     if missing:
         out.update(
             _stacks.faulthandler_frames(
-                cluster._run_dir or "",
+                cluster.run_dir or "",
                 missing,
                 lambda rs: cluster.signal(_engine_setup.STACK_SIGNAL, rs),
             )
@@ -55,9 +55,9 @@ def stacks(
 
 def dead_ranks(cluster: Cluster) -> tuple[list[int], str] | None:
     """If the MPI job has ended, ``(ranks that died first, the launcher's report)``."""
-    if not cluster.launcher.ended(cluster._engine_set()):
+    if not cluster.job_ended():
         return None
-    report = _jobreport.job_report(cluster._engine_output(lines=200))
+    report = _jobreport.job_report(cluster.job_output(lines=200))
     return _jobreport.dead_ranks(report, cluster.n), report
 
 
@@ -65,11 +65,11 @@ def note_lost_engines(cluster: Cluster) -> None:
     """Mark ranks of a fault-tolerant job dead whose engines left between cells."""
     # Its nanny has told the controller, which unregistered the engine; the job
     # itself lives on (fault-tolerant only).
-    if not cluster.fault_tolerant or cluster._client is None:
+    if not cluster.fault_tolerant or not cluster.running:
         return
-    ids = set(cluster._client.ids)
+    ids = set(cluster.client.ids)
     dead = cluster.dead
-    gone = [r for r, eid in cluster._engine_of.items() if eid not in ids and r not in dead]
+    gone = [r for r, eid in cluster.engine_of.items() if eid not in ids and r not in dead]
     cluster.mark_dead(gone, "its process exited between cells")
 
 

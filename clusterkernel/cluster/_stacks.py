@@ -19,7 +19,12 @@ import re
 import time
 
 from clusterkernel.cluster import _jobreport
-from clusterkernel.engine._engine_setup import OURS, STACK_REQUEST, stack_path
+from clusterkernel.engine._engine_setup import (
+    OURS,
+    STACK_REQUEST,
+    TORCH_ABORT_REQUEST,
+    stack_path,
+)
 
 # A cell's frames on an engine: ipykernel names cell files per process and cell.
 _CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$|^<ipython-input-")
@@ -37,14 +42,29 @@ def request_state(
     client, engines: dict[int, int], with_locals: bool = False, timeout: float = 3.0
 ) -> dict[int, dict]:
     """Each answering rank's reply: ``frames`` and ``flight`` (its last comm calls)."""
+    return control_request(client, engines, STACK_REQUEST, {"locals": with_locals}, timeout)
+
+
+def abort_torch_groups(client, engines: dict[int, int], timeout: float = 3.0) -> list[int]:
+    """Abort the torch.distributed groups of each rank; the ranks that had one.
+
+    Through the control channel, so ranks blocked in a collective answer too.
+    """
+    replies = control_request(client, engines, TORCH_ABORT_REQUEST, {}, timeout)
+    return sorted(r for r, reply in replies.items() if reply.get("aborted"))
+
+
+def control_request(
+    client, engines: dict[int, int], msg_type: str, content: dict, timeout: float = 3.0
+) -> dict[int, dict]:
+    """Send ``msg_type`` on each engine's control channel; ``{rank: reply content}``
+    of those that answered ``ok`` within ``timeout``."""
     if not engines:
         return {}
     futures = {}
     for rank, eid in engines.items():
         ident = client._build_targets([eid])[0]  # ipyparallel has no public call for this
-        futures[rank] = client._send(
-            client._control_stream, STACK_REQUEST, content={"locals": with_locals}, ident=ident
-        )
+        futures[rank] = client._send(client._control_stream, msg_type, content=content, ident=ident)
     deadline = time.monotonic() + timeout
     out = {}
     for rank, future in futures.items():

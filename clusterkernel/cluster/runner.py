@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
 
-from clusterkernel.cluster import _hangreport
+from clusterkernel.cluster import _hangreport, _torch
 from clusterkernel.cluster._breakpoints import Stops
 from clusterkernel.cluster._jobreport import death_cause
 from clusterkernel.errors import (
@@ -158,7 +158,8 @@ class CellRun:
         busy = self.busy_ranks()
         stacks = self.cluster.stacks(busy, code=self.code) if (stacks_first and busy) else {}
         # Read before the interrupt unwinds anything: who waits in which call.
-        flight = _hangreport.summarize(self.cluster, self.ranks, busy) if busy else ""
+        flight_entries = _hangreport.collect(self.cluster, self.ranks, busy) if busy else {}
+        flight = _hangreport.compare(*flight_entries) if flight_entries else ""
         released = self._release_breakpoints(busy) if busy else []
         busy = self.busy_ranks()
         if busy:
@@ -168,6 +169,11 @@ class CellRun:
                 pass
             self.ar.wait(_GRACE)
         stuck = self.busy_ranks()
+        aborted: list[int] = []
+        if stuck and _hangreport.has_torch_calls(flight_entries):
+            # a rank blocked in gloo/NCCL: closing every rank's group frees it
+            aborted = self._abort_torch_groups()
+            stuck = self.busy_ranks()
         if stuck and not stacks_first:
             stacks = self.cluster.stacks(stuck, code=self.code)
         # the heading already says "interrupted"; a timeout says how long it ran
@@ -180,7 +186,12 @@ class CellRun:
                 items.append((r, kind, summary, stacks.get(r, "")))
             elif r in busy:
                 detail = stacks.get(r, "")
-                items.append((r, kind, f"{what}SIGINT stopped it", detail))
+                how = (
+                    "aborting its torch.distributed group freed it"
+                    if r in aborted
+                    else ("SIGINT stopped it")
+                )
+                items.append((r, kind, f"{what}{how}", detail))
             elif r in released:
                 items.append((r, kind, f"{what}stopped at breakpoint(); its pdb quit", ""))
         notes = []
@@ -193,6 +204,8 @@ class CellRun:
                 f"{format_ranks(busy)} were still running: a rank that skipped a "
                 "collective (or sent to nobody) looks like this."
             )
+        if aborted:
+            notes.append(_torch.aborted_note(self.cluster, aborted, stuck))
         if stuck:
             self.cluster.restart()
             notes.append(
@@ -203,6 +216,17 @@ class CellRun:
         if not items:
             items = [(r, kind, ran or "the kernel was interrupted", "") for r in self.ranks]
         return CellInterrupted(group_failures(items), note=note)
+
+    def _abort_torch_groups(self) -> list[int]:
+        """Abort the torch.distributed groups of every rank of the cell; the ranks that
+        had one. Waits a moment for the freed ranks to end their cell."""
+        try:
+            aborted = self.cluster.abort_torch_groups(self.ranks)
+        except Exception:  # the control channel may be gone with a rank
+            return []
+        if aborted:
+            self.ar.wait(_GRACE)
+        return aborted
 
     def _release_breakpoints(self, ranks: list[int]) -> list[int]:
         """Quit the pdb of ranks stopped at ``breakpoint()``, give them a moment to end;
@@ -258,4 +282,6 @@ class CellRun:
             items += [(r, "died", why, "") for r in gone]
         if not items:
             return None
+        hint = _torch.error_hint([summary for _, _, summary, _ in items], self.cluster.torch)
+        note = "\n".join(n for n in (note, hint) if n)
         return RankError(group_failures(items), note=note)

@@ -31,6 +31,9 @@ from clusterkernel.engine._frames import frame_locals
 STACK_SIGNAL = signal.SIGUSR1
 STACK_REQUEST = "clusterkernel_stack_request"
 STACK_REPLY = "clusterkernel_stack_reply"
+# aborts the rank's torch.distributed groups: frees a rank blocked in gloo or NCCL
+TORCH_ABORT_REQUEST = "clusterkernel_torch_abort_request"
+TORCH_ABORT_REPLY = "clusterkernel_torch_abort_reply"
 
 _stack_file = None
 _rank: int | None = None
@@ -80,21 +83,35 @@ def _on_stack_request(kernel, stream, ident, parent) -> None:
     """Control-thread handler: reply with the main thread's frames."""
     content = parent.get("content", {})
     try:
-        reply = {
-            "status": "ok",
-            "rank": _rank,
-            "frames": main_thread_frames(with_locals=bool(content.get("locals"))),
-            "flight": _flight(),
-        }
+        frames = main_thread_frames(with_locals=bool(content.get("locals")))
+        reply = {"status": "ok", "rank": _rank, "frames": frames, "flight": _flight(frames)}
     except Exception as e:
         reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
     kernel.session.send(stream, STACK_REPLY, reply, parent, ident)
 
 
-def _flight() -> list[dict]:
-    """The comm flight recorder's entries, if this rank has used ``comm`` at all."""
+def _flight(frames: list[dict]) -> list[dict]:
+    """The flight recorders' entries: comm's, and torch.distributed's own, if used."""
     recorder = sys.modules.get("clusterkernel.comm._flight")
-    return recorder.FLIGHT.snapshot() if recorder is not None else []
+    out = recorder.FLIGHT.snapshot() if recorder is not None else []
+    if "torch.distributed" in sys.modules:
+        from clusterkernel.torchdist._flight import entries, in_torch
+
+        cell = [f for f in frames if not f["ours"] and "site-packages" not in f["file"]]
+        where = (cell[-1]["file"], cell[-1]["line"]) if cell else ("", 0)
+        out += entries(in_call=in_torch(frames), where=where)
+    return out
+
+
+def _on_torch_abort(kernel, stream, ident, parent) -> None:
+    """Control-thread handler: abort this rank's torch.distributed groups."""
+    try:
+        from clusterkernel.torchdist._group import abort
+
+        reply = {"status": "ok", "rank": _rank, "aborted": abort()}
+    except Exception as e:
+        reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
+    kernel.session.send(stream, TORCH_ABORT_REPLY, reply, parent, ident)
 
 
 def _install_stack_handler() -> None:
@@ -107,6 +124,9 @@ def _install_stack_handler() -> None:
     if kernel is None or not hasattr(kernel, "control_handlers"):
         return
     kernel.control_handlers[STACK_REQUEST] = lambda stream, ident, parent: _on_stack_request(
+        kernel, stream, ident, parent
+    )
+    kernel.control_handlers[TORCH_ABORT_REQUEST] = lambda stream, ident, parent: _on_torch_abort(
         kernel, stream, ident, parent
     )
     from clusterkernel.engine import _debugger  # breakpoint() and post-mortem, same channel

@@ -1,0 +1,36 @@
+"""PyTorch's own distributed stack on the ranks (rank side).
+
+Your ``torch.distributed`` code (DDP, FSDP2, DeviceMesh, DTensor) runs unchanged in
+``%%mpi`` cells: every rank has torchrun's environment (:func:`torchrun_env`, set at
+every start and restart), so ``dist.init_process_group()`` just works, and
+``%mpi start --torch`` makes the default group for you (:func:`init`). Around it,
+clusterkernel reads torch's own flight recorder (:func:`flight`) for the hang
+report, aborts groups to free a rank blocked in gloo or NCCL, re-makes the group in
+the live ranks (:func:`reinit`, ``%mpi torch-reinit``), and streams torch's
+collective timings to the dashboard (:mod:`._timings`).
+
+Example (a ``%%mpi`` cell)::
+
+    import torch.distributed as dist
+    dist.init_process_group()                 # env:// from torchrun's variables
+    model = torch.nn.parallel.DistributedDataParallel(net)
+"""
+
+from __future__ import annotations
+
+from clusterkernel.torchdist._env import torchrun_env
+from clusterkernel.torchdist._flight import flight
+from clusterkernel.torchdist._group import BackendError, abort, describe, destroy, init, reinit
+from clusterkernel.torchdist._timings import timed_allreduce_hook
+
+__all__ = [
+    "torchrun_env",
+    "init",
+    "reinit",
+    "destroy",
+    "abort",
+    "describe",
+    "flight",
+    "timed_allreduce_hook",
+    "BackendError",
+]

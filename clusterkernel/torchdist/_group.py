@@ -1,0 +1,176 @@
+"""The default process group on a rank: made, re-made, destroyed, aborted (rank side).
+
+What ``%mpi start --torch`` runs on every rank after start and restart
+(:func:`init`), what ``%mpi restart``/``stop`` run before the ranks go
+(:func:`destroy`), what frees a rank blocked in a gloo or NCCL collective
+(:func:`abort`, from the engine's control thread) and ``%mpi torch-reinit``
+(:func:`reinit`): a new default group in the same processes, variables kept.
+
+Example (on every rank, e.g. in a ``%%mpi`` cell)::
+
+    from clusterkernel import torchdist
+    torchdist.init()              # backend as torch picks it: gloo on CPU, nccl on GPU
+    torchdist.reinit()            # after an abort: a fresh group, a fresh port
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from datetime import timedelta
+
+BACKENDS = ("gloo", "nccl")
+
+# The backend of the last group this process had, for reinit after an abort.
+_last_backend: str | None = None
+
+
+class BackendError(RuntimeError):
+    """The ranks cannot run the process-group backend that was asked for."""
+
+
+def _where() -> str:
+    return f"rank {os.environ.get('RANK', '?')} on {socket.gethostname()}"
+
+
+def check_backend(backend: str | None) -> None:
+    """Raise :class:`BackendError` saying what to do if this rank cannot run ``backend``.
+
+    ``None`` is torch's own pick (gloo for CPU tensors, and nccl for CUDA ones where
+    there are GPUs) and always works where torch.distributed does.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise BackendError(f"{_where()}: this torch was built without torch.distributed.")
+    if backend is None:
+        return
+    if backend not in BACKENDS:
+        raise BackendError(
+            f"backend {backend!r}: use one of {', '.join(BACKENDS)} (or leave it out)."
+        )
+    if not dist.is_backend_available(backend):
+        raise BackendError(
+            f"{_where()}: this torch ({torch.__version__}) has no {backend} backend; "
+            "use --backend gloo (CPU), or leave --backend out."
+        )
+    if backend == "nccl":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if gpus == 0:
+            raise BackendError(
+                f"{_where()}: --backend nccl needs a GPU for every rank and this host has "
+                "none (torch.cuda.is_available() is False). Use --backend gloo, or start "
+                "the ranks on GPU nodes."
+            )
+        if gpus < local:
+            raise BackendError(
+                f"{_where()}: {local} ranks share this host's {gpus} GPU(s); NCCL needs one "
+                f"GPU per rank. Start at most {gpus} ranks per node."
+            )
+
+
+def describe() -> dict:
+    """This rank's default group: backend, rank, world size, rendezvous (empty without one)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_initialized():
+        return {}
+    return {
+        "backend": backend_name(dist),
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+    }
+
+
+def init(backend: str | None = None, timeout: float | None = None) -> dict:
+    """Make the default process group from torchrun's variables, unless there is one.
+
+    Collective: every rank calls it. ``backend`` None lets torch pick by device.
+    With NCCL each rank takes the GPU numbered by its ``LOCAL_RANK``. Returns
+    :func:`describe`.
+    """
+    global _last_backend
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return describe()
+    check_backend(backend)
+    kwargs: dict = {}
+    if timeout is not None:
+        kwargs["timeout"] = timedelta(seconds=timeout)
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
+    dist.init_process_group(backend=backend, **kwargs)
+    _last_backend = backend
+    return describe()
+
+
+def destroy() -> bool:
+    """Destroy every process group of this rank, if it has any; True if it had."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return False
+    _remember_backend(dist)
+    dist.destroy_process_group()
+    return True
+
+
+def abort() -> bool:
+    """Abort every process group of this rank (safe from another thread); True if it had any.
+
+    Closes the group's connections, so a rank blocked in a collective whose peers
+    abort too gets an error instead of waiting out the group's timeout (measured on
+    gloo in torch 2.13, where torch documents abort for NCCL only).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return False
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    _remember_backend(dist)
+    _abort_process_group()
+    return True
+
+
+def backend_name(dist) -> str:
+    """The default group's backend: ``gloo``, ``nccl``, or torch's pick by device as
+    torch writes it (``cpu:gloo,cuda:nccl``)."""
+    name = str(dist.get_backend())
+    if name not in BACKENDS:  # torch's pick by device reads "undefined" here
+        config = str(dist.get_backend_config())
+        single = {part.partition(":")[2] for part in config.split(",")}
+        name = single.pop() if len(single) == 1 else config
+    return name
+
+
+def _remember_backend(dist) -> None:
+    global _last_backend
+    try:
+        name = str(dist.get_backend())
+    except Exception:  # a group torch no longer knows: keep the last one
+        return
+    # torch's own pick ("undefined" here) is made again by asking for None
+    _last_backend = name if name in BACKENDS else None
+
+
+def reinit(backend: str | None = None, timeout: float | None = None) -> dict:
+    """A new default group in this live process: destroy what is left, fresh rendezvous, init.
+
+    Collective over MPI's world and torch's new group: every rank calls it.
+    ``backend`` defaults to the last group's. Variables stay; a model wrapped in
+    DDP/FSDP holds the old group and must be wrapped again.
+    """
+    from clusterkernel.torchdist._env import torchrun_env
+
+    try:
+        destroy()
+    except Exception:  # an aborted group may be half gone: a new one is made anyway
+        pass
+    torchrun_env()
+    return init(backend if backend is not None else _last_backend, timeout)
