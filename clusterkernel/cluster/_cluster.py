@@ -249,6 +249,12 @@ class Cluster:
         self.dead = {}
         self._ranks_up()
 
+    def torch_group(self) -> dict[int, dict]:
+        """Each rank's default torch.distributed group: ``{rank: {"backend", "rank",
+        "world_size", "master"}}`` (empty dicts where a rank has none)."""
+        self._require_running()
+        return _torch.describe(self)
+
     def torch_reinit(self, backend: str | None = None) -> dict[int, dict]:
         """A new default torch.distributed group in the live ranks, their variables kept.
 

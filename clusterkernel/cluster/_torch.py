@@ -114,6 +114,16 @@ def ranks_going_down(cluster: Cluster, timeout: float = 5.0) -> None:
         pass
 
 
+def describe(cluster: Cluster) -> dict[int, dict]:
+    """``torchdist.describe`` on every rank: ``{rank: its group}``."""
+    return _call_all(
+        cluster,
+        "Reading the torch.distributed group",
+        "clusterkernel.torchdist:describe",
+        timeout=30,
+    )
+
+
 def reinit(cluster: Cluster, backend: str | None) -> dict[int, dict]:
     """``torchdist.reinit`` on every rank: ``{rank: its new group}``."""
     return _call_all(

@@ -59,8 +59,28 @@ def ranks_arg(text: str | None) -> list[int] | None:
     action="store_true",
     help="keep the job running when a rank dies (Open MPI ULFM); later cells use the others",
 )
+@argument(
+    "--torch",
+    action="store_true",
+    help="make torch.distributed's default process group on every rank (after every restart too)",
+)
+@argument(
+    "--backend",
+    choices=("gloo", "nccl"),
+    help="the process group's backend (implies --torch; default: torch's pick by device)",
+)
 def start_args(line):
     """%mpi start: start MPI ranks as ipyparallel engines."""
+
+
+@magic_arguments()
+@argument("--backend", choices=("gloo", "nccl"), help="default: the last group's backend")
+def torch_reinit_args(line):
+    """%mpi torch-reinit: a new torch.distributed default group in the live ranks, variables kept.
+
+    After an aborted group (a hang freed) or to change backend. DDP/FSDP models hold
+    the old group: wrap them again.
+    """
 
 
 @magic_arguments()
@@ -135,6 +155,7 @@ HELP_ROWS = [
     (start_args, "%mpi start"),
     ("%mpi stop", "stop every rank and the controller"),
     ("%mpi restart", "fresh ranks (frees stuck ones; state is lost)"),
+    (torch_reinit_args, "%mpi torch-reinit"),
     ("%mpi status", "rank, host, pid, state, CPU, memory"),
     ("%mpi on | %mpi off", "run every following cell on the ranks, or stop"),
     ("%mpi push name [name ...] | %mpi push name=expr", "copy variables to every rank"),

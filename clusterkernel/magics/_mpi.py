@@ -103,7 +103,7 @@ class MPIMagics(Subcommands, Magics):
             print(self.mpi.__doc__)
             return None
         sub, rest = words[0], (words[1] if len(words) > 1 else "")
-        handler = getattr(self, f"_sub_{sub}", None)
+        handler = getattr(self, f"_sub_{sub.replace('-', '_')}", None)
         if handler is None:
             raise UsageError(f"Unknown subcommand %mpi {sub}.\n{SUBCOMMANDS}")
         return handler(rest)

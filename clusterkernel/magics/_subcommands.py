@@ -27,6 +27,7 @@ from clusterkernel.magics._args import (
     pull_args,
     ranks_arg,
     start_args,
+    torch_reinit_args,
     where_args,
 )
 from clusterkernel.mpiexec import HostError, MPINotFoundError
@@ -83,15 +84,23 @@ class Subcommands:
                 time=args.time,
                 timeout=args.timeout,
                 fault_tolerant=args.fault_tolerant,
+                torch=args.torch,
+                backend=args.backend,
                 **{k: v for k, v in slurm.items() if v is not None},
             )
         except (ValueError, FileNotFoundError, HostError, MPINotFoundError, ClusterError) as e:
             raise UsageError(str(e)) from None
-        cluster.start()
+        try:
+            cluster.start()
+        except ClusterError as e:
+            raise UsageError(str(e)) from None
         self.cluster = cluster
         where = sorted({row["host"] for row in cluster.status()})
         on = f" on {len(where)} nodes ({', '.join(where)})" if len(where) > 1 else ""
-        print(f"Started {cluster.n} MPI ranks ({cluster.launcher.describe()}){on}.")
+        group = ""
+        if cluster.torch:
+            group = f"; torch.distributed group: {_group_text(cluster.torch_group())}"
+        print(f"Started {cluster.n} MPI ranks ({cluster.launcher.describe()}){on}{group}.")
 
     def _sub_stop(self, rest: str) -> None:
         if self.cluster is None or not self.cluster.running:
@@ -105,7 +114,22 @@ class Subcommands:
     def _sub_restart(self, rest: str) -> None:
         cluster = self._require_cluster()
         cluster.restart()
-        print(f"Restarted {cluster.n} MPI ranks.")
+        group = (
+            f"; torch.distributed group: {_group_text(cluster.torch_group())}"
+            if cluster.torch
+            else ""
+        )
+        print(f"Restarted {cluster.n} MPI ranks{group}.")
+
+    def _sub_torch_reinit(self, rest: str) -> None:
+        """%mpi torch-reinit [--backend B]: see ``torch_reinit_args``."""
+        args = parse_argstring(torch_reinit_args, rest)
+        cluster = self._require_cluster()
+        try:
+            groups = cluster.torch_reinit(args.backend)
+        except ClusterError as e:
+            raise UsageError(str(e)) from None
+        print(f"New torch.distributed default group: {_group_text(groups)}.")
 
     def _sub_status(self, rest: str) -> list[dict]:
         rows = self._require_cluster().status()
@@ -238,3 +262,11 @@ class Subcommands:
 
     def _sub_dashboard(self, rest: str) -> None:
         self._require_cluster().dashboard().show()
+
+
+def _group_text(groups: dict[int, dict]) -> str:
+    """``gloo, 4 ranks, rendezvous 127.0.0.1:41901`` from each rank's group description."""
+    first = next(iter(groups.values()), {})
+    if not first:
+        return "none"
+    return f"{first['backend']}, {first['world_size']} ranks, rendezvous {first['master']}"
