@@ -31,13 +31,16 @@ DEFAULT_NAME = "clusterkernel"
 _NAME_RE = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)  # what jupyter_client accepts
 
 
-def display_name(ranks: int) -> str:
-    """The launcher's label, e.g. ``Python 3 (MPI, 4 ranks)``."""
-    return f"Python 3 (MPI, {ranks} rank{'s' if ranks != 1 else ''})"
+def display_name(ranks: int, torch: bool = False) -> str:
+    """The launcher's label, e.g. ``Python 3 (MPI, 4 ranks)``, ``Python 3 (MPI, 2 ranks,
+    torch.distributed)`` for a kernel whose ranks get the default process group."""
+    group = ", torch.distributed" if torch else ""
+    return f"Python 3 (MPI, {ranks} rank{'s' if ranks != 1 else ''}{group})"
 
 
-def kernel_spec(ranks: int) -> dict:
-    """The kernel.json of the MPI kernel with ``ranks`` ranks.
+def kernel_spec(ranks: int, torch: bool = False) -> dict:
+    """The kernel.json of the MPI kernel with ``ranks`` ranks (``torch``: as ``%mpi start
+    --torch``).
 
     Example::
 
@@ -45,8 +48,9 @@ def kernel_spec(ranks: int) -> dict:
     """
     return {
         "argv": [sys.executable, "-m", "clusterkernel.kernel", "-f", "{connection_file}"]
-        + ["--ranks", str(ranks)],
-        "display_name": display_name(ranks),
+        + ["--ranks", str(ranks)]
+        + (["--torch"] if torch else []),
+        "display_name": display_name(ranks, torch),
         "language": "python",
         "interrupt_mode": "signal",  # SIGINT: %%mpi's KeyboardInterrupt handling
         "metadata": {"debugger": False},
@@ -68,11 +72,13 @@ def install(
     *,
     user: bool = False,
     prefix: str | None = None,
+    torch: bool = False,
 ) -> str:
     """Install the kernelspec; return the directory it went to.
 
     ``user=True``: the user's Jupyter data dir; ``prefix``: ``PREFIX/share/jupyter``
-    (``sys.prefix`` for a virtualenv); neither: the system-wide location.
+    (``sys.prefix`` for a virtualenv); neither: the system-wide location. ``torch``:
+    the ranks start with torch.distributed's default group (``%mpi start --torch``).
 
     Example::
 
@@ -86,7 +92,7 @@ def install(
         for logo in Path(RESOURCES).glob("logo-*.png"):  # the launcher tile's icon
             shutil.copy(logo, tmp)
         with open(os.path.join(tmp, "kernel.json"), "w") as f:
-            json.dump(kernel_spec(ranks), f, indent=1)
+            json.dump(kernel_spec(ranks, torch), f, indent=1)
         return KernelSpecManager().install_kernel_spec(
             tmp, kernel_name=name, user=user, prefix=prefix, replace=True
         )
@@ -132,14 +138,19 @@ def add_install_kernel_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``clusterkernel install-kernel``."""
     parser.add_argument("-n", "--ranks", type=int, default=4, help="MPI ranks (default 4)")
     parser.add_argument("--name", default=DEFAULT_NAME, help=f"kernel name ({DEFAULT_NAME})")
+    parser.add_argument(
+        "--torch",
+        action="store_true",
+        help="start the ranks with torch.distributed's default process group (%%mpi start --torch)",
+    )
     _location(parser)
 
 
 def install_kernel_main(args: argparse.Namespace) -> int:
     """``clusterkernel install-kernel``: install the "Python 3 (MPI, N ranks)" kernelspec."""
     prefix = sys.prefix if args.sys_prefix else args.prefix
-    path = install(args.ranks, args.name, user=not prefix, prefix=prefix)
-    print(f"Installed kernelspec {args.name!r} ({display_name(args.ranks)}) in {path}")
+    path = install(args.ranks, args.name, user=not prefix, prefix=prefix, torch=args.torch)
+    print(f"Installed kernelspec {args.name!r} ({display_name(args.ranks, args.torch)}) in {path}")
     return 0
 
 
@@ -172,7 +183,7 @@ def _kernel_cell(lines: list[str]) -> list[str]:
 _kernel_cell.sends_to_ranks = True
 
 
-def kernel_mode(shell, ranks: int) -> None:
+def kernel_mode(shell, ranks: int, torch: bool = False) -> None:
     """Run every cell of ``shell`` on ``ranks`` ranks, started when a cell first needs them.
 
     Loads the clusterkernel extension if it is not loaded yet.
@@ -184,7 +195,7 @@ def kernel_mode(shell, ranks: int) -> None:
     # the kernel asks for it, but a user's IPython config may replace the extension list
     shell.extension_manager.load_extension("clusterkernel")
     magics = shell.magics_manager.registry["MPIMagics"]
-    magics.autostart = f"-n {ranks}"
+    magics.autostart = f"-n {ranks}" + (" --torch" if torch else "")
     if _kernel_cell not in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.append(_kernel_cell)
 
@@ -195,12 +206,13 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m clusterkernel.kernel", add_help=False)
     parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--torch", action="store_true")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.ranks < 1:
         raise SystemExit(f"--ranks must be at least 1, got {args.ranks}.")
     app = IPKernelApp.instance(extensions=["clusterkernel"])
     app.initialize(rest)
-    kernel_mode(app.shell, args.ranks)
+    kernel_mode(app.shell, args.ranks, args.torch)
     app.start()
 
 

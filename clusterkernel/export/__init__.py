@@ -82,6 +82,44 @@ def _walk(cells: list[str], names: list[str] | None, auto: bool) -> Iterator[tup
         yield "client", where, first, items
 
 
+_START_LINE = re.compile(r"^\s*%mpi\s+start\b.*$", re.M)
+_BACKEND = re.compile(r"--backend[\s=]+(\w+)")
+_USES_TORCH_DIST = re.compile(
+    r"torch\.distributed|\bfrom torch import distributed\b|init_process_group"
+)
+
+
+def torch_use(cells: list[str]) -> tuple[bool, bool, str | None]:
+    """Whether the cells use torch.distributed; whether ``%mpi start --torch`` (or
+    ``--backend``) made the default group; its backend, if named."""
+    made, backend = False, None
+    for cell in cells:
+        for line in _START_LINE.findall(cell):
+            named = _BACKEND.search(line)
+            made = made or "--torch" in line or named is not None
+            backend = named.group(1) if named else backend
+    uses = made or any(_USES_TORCH_DIST.search(cell) for cell in cells)
+    return uses, made, backend
+
+
+def _torch_block(made: bool, backend: str | None) -> str:
+    """The script's lines that give every rank what %mpi start gave it."""
+    lines = [
+        "# torchrun's environment on every rank (RANK, LOCAL_RANK, MASTER_ADDR, ...), as",
+        "# %mpi start gives it: torch.distributed.init_process_group() finds it there.",
+        "from clusterkernel import torchdist as _torchdist  # noqa: E402",
+        "",
+        "_torchdist.torchrun_env()",
+    ]
+    if made:
+        lines += [
+            "# %mpi start --torch made the default process group",
+            f"_torchdist.init({backend!r})",
+        ]
+    lines.append("atexit.register(_torchdist.destroy)  # a clean exit for NCCL and gloo alike")
+    return "\n".join(lines)
+
+
 def notebook_ranks(cells: list[str]) -> int | None:
     """The ``-n`` of the notebook's ``%mpi start``, if it has one."""
     for cell in cells:
@@ -112,13 +150,18 @@ def export_cells(
     script_name: str = "job.py",
     ranks: int | None = None,
     auto: bool = False,
+    torch: tuple[bool, str | None] | None = None,
 ) -> str:
     """The rank cells of ``cells`` (cell sources in notebook order) as one MPI script.
 
     ``pushed`` maps each ``%mpi push`` name to its value (the live notebook's); without
     it, pushes are rebuilt from the cells. ``names`` label cells in comments and errors;
     ``ranks`` (else the notebook's ``%mpi start -n``) goes in the header. ``auto``: every
-    cell but ``%%local`` and ``%mpi`` ones runs on the ranks, as in the MPI kernel. Raises :class:`ExportError` for what a plain script cannot run.
+    cell but ``%%local`` and ``%mpi`` ones runs on the ranks, as in the MPI kernel.
+    ``torch``: (the ranks had a default group made for them, its backend), as the live
+    cluster knows it; default: read from the cells' ``%mpi start``. A notebook that
+    uses torch.distributed gets torchrun's environment on every rank, as in the
+    notebook. Raises :class:`ExportError` for what a plain script cannot run.
     """
     n = ranks or notebook_ranks(cells) or 4
     stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
@@ -129,6 +172,11 @@ def export_cells(
         "# Each rank runs the whole file; its lines are labelled [rank N] as in the notebook.",
     ]
     out = ["\n".join(header), _prelude()]
+    uses, made, backend = torch_use(cells)
+    if torch is not None:
+        made, backend = torch
+    if uses or made:
+        out.append(_torch_block(made, backend))
     history: list[tuple[str, ast.stmt]] = []
     seen = 0  # rank cells
     for kind, where, head, items in _walk(cells, names, auto):
@@ -213,6 +261,7 @@ def write_job(
     sbatch: str | Path | None = None,
     ranks: int | None = None,
     auto: bool = False,
+    torch: tuple[bool, str | None] | None = None,
     nodes: int = 1,
     ntasks_per_node: int | None = None,
     **slurm,
@@ -225,7 +274,14 @@ def write_job(
     path = Path(path)
     ranks = ranks or notebook_ranks(cells) or 4
     text = export_cells(
-        cells, pushed, names=names, source=source, script_name=path.name, ranks=ranks, auto=auto
+        cells,
+        pushed,
+        names=names,
+        source=source,
+        script_name=path.name,
+        ranks=ranks,
+        auto=auto,
+        torch=torch,
     )
     sbatch_text = None
     if sbatch is not None:
@@ -264,8 +320,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--account", help="Slurm account")
 
 
-def read_notebook(path: str | Path) -> tuple[list[str], int | None]:
-    """An nbformat-4 notebook's code cells, and its ranks if it is the MPI kernel's.
+def read_notebook(path: str | Path) -> tuple[list[str], int | None, bool]:
+    """An nbformat-4 notebook's code cells, its ranks if it is the MPI kernel's, and
+    whether that kernel starts its ranks with torch.distributed's default group.
 
     A notebook of the MPI kernel ("Python 3 (MPI, 4 ranks)") runs every cell on the ranks.
     """
@@ -274,9 +331,12 @@ def read_notebook(path: str | Path) -> tuple[list[str], int | None]:
         code = [c["source"] for c in data["cells"] if c.get("cell_type") == "code"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ExportError(f"cannot read {path} as an nbformat 4 notebook: {e}") from None
-    kernel = re.search(r"\(MPI, (\d+) ranks?\)", str(data.get("metadata", {}).get("kernelspec")))
+    spec = str(data.get("metadata", {}).get("kernelspec"))
+    kernel = re.search(r"\(MPI, (\d+) ranks?(, torch\.distributed)?\)", spec)
     cells = ["".join(src) if isinstance(src, list) else src for src in code]
-    return cells, int(kernel.group(1)) if kernel else None
+    if not kernel:
+        return cells, None, False
+    return cells, int(kernel.group(1)), bool(kernel.group(2))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -284,7 +344,7 @@ def main(args: argparse.Namespace) -> int:
     nb = Path(args.notebook)
     slurm = {k: getattr(args, k) for k in ("nodes", "ntasks_per_node", "time", "partition")}
     try:
-        cells, kernel_ranks = read_notebook(nb)
+        cells, kernel_ranks, kernel_torch = read_notebook(nb)
         names = [f"code cell {i}" for i in range(1, len(cells) + 1)]
         written = write_job(
             cells,
@@ -293,6 +353,7 @@ def main(args: argparse.Namespace) -> int:
             source=nb.name,
             ranks=kernel_ranks,
             auto=kernel_ranks is not None,
+            torch=(True, None) if kernel_torch else None,
             sbatch=args.sbatch,
             account=args.account,
             **slurm,

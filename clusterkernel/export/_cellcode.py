@@ -21,7 +21,7 @@ import tokenize
 
 # %mpi subcommands that mean nothing in a batch job (push is carried over instead).
 _CLIENT_ONLY = {"start", "stop", "restart", "status", "dashboard", "timeout", "on", "off"}
-_CLIENT_ONLY |= {"pull", "export"}
+_CLIENT_ONLY |= {"pull", "export", "torch-reinit"}
 
 
 class ExportError(ValueError):

@@ -238,7 +238,8 @@ class Subcommands:
 
         args = parse_argstring(export_args, rest)
         cells = list(self.shell.history_manager.input_hist_raw)
-        running = self.cluster.n if self.cluster is not None and self.cluster.running else None
+        live = self.cluster is not None and self.cluster.running
+        running = self.cluster.n if live else None
         auto = getattr(self, "autostart", None) is not None  # the MPI kernel: cells on the ranks
         try:
             written = export.write_job(
@@ -250,6 +251,7 @@ class Subcommands:
                 sbatch=args.sbatch,
                 ranks=running,
                 auto=auto,
+                torch=(self.cluster.torch, self.cluster.backend) if live else None,
                 nodes=args.nodes,
                 ntasks_per_node=args.ntasks_per_node,
                 time=args.time,

@@ -99,6 +99,10 @@ def init(backend: str | None = None, timeout: float | None = None) -> dict:
     if dist.is_initialized():
         return describe()
     check_backend(backend)
+    if backend is None and not torch.cuda.is_available():
+        # torch's pick by device would make "cpu:gloo,cuda:gloo", whose get_backend()
+        # reads "undefined"; on a host without GPUs that is plain gloo
+        backend = "gloo"
     kwargs: dict = {}
     if timeout is not None:
         kwargs["timeout"] = timedelta(seconds=timeout)
