@@ -139,12 +139,17 @@ def reinit(cluster: Cluster, backend: str | None) -> dict[int, dict]:
 def aborted_note(cluster: Cluster, aborted: list[int], stuck: list[int]) -> str:
     """What the hang report says after aborting the ranks' torch.distributed groups;
     with ``Cluster(torch=True)`` and every rank free, a new group is made here."""
+    if stuck:  # the restart that follows makes new ranks (and groups)
+        return (
+            f"Aborting the torch.distributed groups of ranks {format_ranks(aborted)} did not "
+            f"free rank {format_ranks(stuck)}: gloo closes a group's connections only once "
+            "nothing holds the group (a DDP or FSDP model, or a device mesh, in the ranks' "
+            "variables does)."
+        )
     head = (
         f"Ranks {format_ranks(aborted)}: their torch.distributed groups were aborted to free "
         "the ranks blocked in a collective; their variables are kept."
     )
-    if stuck:
-        return head  # the restart that follows makes new ranks (and groups)
     if cluster.torch:
         try:
             cluster.torch_reinit()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -80,6 +81,7 @@ class Publisher:
         self._ident = {"host": socket.gethostname(), "pid": os.getpid()}
         self._stats: dict = {**self._ident, "cpu": None, "rss_mib": None}
         self._stats_at = 0.0
+        self._torch_at = 0.0
         self._wake = threading.Event()
         self._stopping = False
         self._cond = threading.Condition()
@@ -127,6 +129,7 @@ class Publisher:
 
     def _tick(self, sock: zmq.Socket, final: bool = False) -> None:
         """Send the waiting message, then as many new batches as the socket takes."""
+        self._collect_torch(final)
         while True:
             if self._pending is None:
                 msg, upto = self._message()
@@ -159,6 +162,19 @@ class Publisher:
             time.sleep(0)
             if all(self.recorder.total(k) <= self.sent[k] for k in KINDS):
                 return
+
+    def _collect_torch(self, final: bool) -> None:
+        """torch.distributed's timed collectives into the recorder, once a second at most
+        (reading torch's flight recorder takes the GIL from the training loop)."""
+        if "torch.distributed" not in sys.modules:
+            return
+        now = time.perf_counter()
+        if now - self._torch_at < _BEAT and not final:
+            return
+        self._torch_at = now
+        from clusterkernel.torchdist._timings import collect
+
+        collect(self.recorder)
 
     def _proc_stats(self) -> dict:
         now = time.perf_counter()

@@ -112,11 +112,13 @@ def entries(
     skip = (_torch_dir(), _PACKAGE)
     config = data.get("pg_config", {})
     status = data.get("pg_status", {})
-    backend = _backend()
+    default = _backend()  # for entries that do not name their backend
     out = []
     for e in data["entries"]:
         pg_name, pg_desc = (str(x) for x in e["process_group"])
-        op = str(e.get("profiling_name", "")).split(":", 1)[-1] or "collective"
+        lib, _, op = str(e.get("profiling_name", "")).rpartition(":")
+        op = op or "collective"
+        backend = lib or default
         nbytes, dtype = _size(e.get("input_sizes"), e.get("input_dtypes"))
         path, line = _caller(e.get("frames") or [], skip)
         ranks = _ranks(config, pg_name)

@@ -1,0 +1,20 @@
+"""A backend the ranks cannot run is refused on every rank, before any rendezvous."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterkernel import Cluster, ClusterError
+from tests._procs import wait_no_cluster_processes
+
+
+def test_nccl_without_gpus_is_refused_on_every_rank_and_leaves_nothing(no_shared_cluster):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs")
+    with pytest.raises(ClusterError) as info:
+        Cluster(n=2, backend="nccl").start()
+    assert "[rank 0]" in str(info.value) and "[rank 1]" in str(info.value)
+    assert "nccl" in str(info.value) and "--backend gloo" in str(info.value)
+    assert not wait_no_cluster_processes(20)

@@ -1,0 +1,272 @@
+"""torch.distributed code, unchanged, on a real cluster's ranks (gloo on CPU).
+
+torchrun's environment on every start and restart; ``Cluster(torch=True)`` makes the
+default group; DDP, FSDP2 and a device mesh train as they do under torchrun, checked
+against single-process training; a rank blocked in a gloo collective is named from
+torch's own flight recorder and freed without losing the ranks' variables.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import psutil
+import pytest
+
+from clusterkernel import Cluster
+from clusterkernel.errors import CellInterrupted, RankError
+from tests._procs import wait_no_cluster_processes
+
+_ENV = """
+import os
+env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+       "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")}
+"""
+
+
+def test_every_rank_has_torchruns_environment_and_a_fresh_port_after_restart(cluster: Cluster):
+    cluster.run(_ENV)
+    envs = cluster.pull("env")
+    for rank, env in envs.items():
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
+        assert env["LOCAL_RANK"] == str(rank) and env["LOCAL_WORLD_SIZE"] == "4"
+        assert env["GROUP_RANK"] == env["NODE_RANK"] == "0"
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+    ports = {env["MASTER_PORT"] for env in envs.values()}
+    assert len(ports) == 1
+    # dist.init_process_group() with no arguments just works in a cell
+    cluster.run(
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group()\n"
+        "t = torch.ones(2) * (dist.get_rank() + 1)\n"
+        "dist.all_reduce(t)\n"
+        "total = t.tolist()"
+    )
+    assert set(map(tuple, cluster.pull("total").values())) == {(10.0, 10.0)}
+    cluster.restart()  # destroys the group first; the new ranks meet elsewhere
+    cluster.run(_ENV)
+    again = cluster.pull("env")
+    assert {env["MASTER_PORT"] for env in again.values()} != ports
+    cluster.run(
+        "import torch.distributed as dist\ndist.init_process_group()\nok = dist.is_initialized()"
+    )
+    assert all(cluster.pull("ok").values())
+    cluster.run("dist.destroy_process_group()")
+
+
+@pytest.fixture(scope="module")
+def tcluster(_shared_holder):
+    """A 2-rank cluster with torch.distributed's default group (the shared one stopped)."""
+    if _shared_holder.cluster is not None:
+        _shared_holder.cluster.stop()
+        _shared_holder.cluster = None
+    c = Cluster(n=2, torch=True, env={"OMP_NUM_THREADS": "1"}).start()
+    yield c
+    c.stop()
+    assert not wait_no_cluster_processes(20)
+
+
+def test_the_group_is_made_at_start(tcluster: Cluster):
+    groups = tcluster.torch_group()
+    assert {g["backend"] for g in groups.values()} == {"gloo"}
+    assert [g["rank"] for g in groups.values()] == [0, 1]
+    assert {g["world_size"] for g in groups.values()} == {2}
+
+
+_DDP = """
+import copy, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+ref = copy.deepcopy(net)                      # trained alone on the whole batch
+ddp = DDP(net)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(1)
+rank, size = dist.get_rank(), dist.get_world_size()
+for step in range(5):
+    x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+    mine = slice(rank * 16 // size, (rank + 1) * 16 // size)
+    opt.zero_grad(); torch.nn.functional.mse_loss(ddp(x[mine]), y[mine]).backward(); opt.step()
+    ref_opt.zero_grad(); torch.nn.functional.mse_loss(ref(x), y).backward(); ref_opt.step()
+ddp_diff = max((a - b).abs().max().item() for a, b in zip(net.parameters(), ref.parameters()))
+"""
+
+
+def test_ddp_equals_single_process_training_on_the_whole_batch(tcluster: Cluster):
+    tcluster.run(_DDP)
+    assert max(tcluster.pull("ddp_diff").values()) < 1e-6
+
+
+_FSDP = """
+import copy, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+torch.manual_seed(0)
+class Block(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(d, 2, batch_first=True)
+        self.ff = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+    def forward(self, x):
+        x = x + self.attn(x, x, x, need_weights=False)[0]
+        return x + self.ff(x)
+class Tiny(torch.nn.Module):
+    def __init__(self, vocab=32, d=16):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList([Block(d), Block(d)])
+        self.head = torch.nn.Linear(d, vocab)
+    def forward(self, tok):
+        x = self.emb(tok)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+model = Tiny()
+ref = copy.deepcopy(model)
+for b in model.blocks:
+    fully_shard(b)
+fully_shard(model)
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+g = torch.Generator().manual_seed(2)
+losses, ref_losses = [], []
+for step in range(4):
+    tok = torch.randint(0, 32, (4, 6), generator=g)   # the same batch on every rank
+    for m, o, out in ((model, opt, losses), (ref, ref_opt, ref_losses)):
+        o.zero_grad()
+        loss = torch.nn.functional.cross_entropy(m(tok[:, :-1]).flatten(0, 1), tok[:, 1:].flatten())
+        loss.backward(); o.step(); out.append(loss.item())
+sharded = type(next(model.parameters())).__name__
+fsdp_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
+"""
+
+
+def test_fsdp2_fully_shard_equals_the_unsharded_model(tcluster: Cluster):
+    tcluster.run(_FSDP)
+    assert set(tcluster.pull("sharded").values()) == {"DTensor"}
+    assert max(tcluster.pull("fsdp_diff").values()) < 1e-4
+
+
+_MESH = """
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+mesh = init_device_mesh("cpu", (2,))
+torch.manual_seed(0)
+mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+x = torch.randn(3, 8, generator=torch.Generator().manual_seed(5))
+plain = mlp(x).detach().clone()
+tp = parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+tp_diff = (tp(x) - plain).abs().max().item()
+mesh_shape = tuple(mesh.shape)
+"""
+
+
+def test_tensor_parallel_on_a_device_mesh(tcluster: Cluster):
+    tcluster.run(_MESH)
+    assert set(tcluster.pull("mesh_shape").values()) == {(2,)}
+    assert max(tcluster.pull("tp_diff").values()) < 1e-6
+
+
+def test_a_second_init_is_a_clear_error_not_a_hang(tcluster: Cluster):
+    with pytest.raises(RankError) as info:
+        tcluster.run("import torch.distributed as dist\ndist.init_process_group()")
+    assert info.value.ranks == [0, 1]
+    assert "%mpi start --torch made it" in info.value.note
+
+
+def _listening(port: int) -> bool:
+    return any(
+        c.laddr.port == port and c.status == psutil.CONN_LISTEN
+        for c in psutil.net_connections(kind="tcp")
+    )
+
+
+def test_a_rank_blocked_in_gloo_is_named_and_freed_keeping_variables(tcluster: Cluster):
+    tcluster.restart()  # nothing of the tests above holds the group (see the next test)
+    tcluster.run(
+        "import os, torch, torch.distributed as dist\nt = torch.ones(1000)\ndist.all_reduce(t)"
+    )
+    tcluster.run("port = int(os.environ['MASTER_PORT'])")
+    old_port = tcluster.pull("port")[0]
+    code = "kept = 41\nif dist.get_rank() == 0:\n    dist.all_reduce(t)\n"
+    with pytest.raises(CellInterrupted) as info:
+        tcluster.run(code, timeout=4)
+    text = "\n".join(info.value.render(color=False))
+    # torch's own flight recorder, compared across the ranks
+    assert (
+        "rank 0 waits in all_reduce #" in text and "(gloo, 3.91 KiB float32, cell line 3)" in text
+    )
+    assert "rank 1's last collective in gloo was #" in text and "finished the cell" in text
+    assert "aborting its torch.distributed group freed it" in text
+    assert "restarted" not in text
+    # the variables stayed, a new group was made (the aborted group's store lives on in
+    # rank 0's last traceback, for post-mortem: its port is not checked here)
+    tcluster.run("t = torch.ones(2)\ndist.all_reduce(t)\ntotal = t.tolist()")
+    assert tcluster.pull("kept") == {0: 41, 1: 41}
+    assert tcluster.pull("total") == {0: [2.0, 2.0], 1: [2.0, 2.0]}
+    tcluster.run("port = int(os.environ['MASTER_PORT'])")
+    assert tcluster.pull("port")[0] != old_port
+
+
+def test_a_group_a_ddp_model_holds_cannot_be_freed_and_the_ranks_restart(tcluster: Cluster):
+    tcluster.run(_DDP)  # ``ddp`` holds the default group
+    with pytest.raises(CellInterrupted) as info:
+        tcluster.run("kept = 1\nif dist.get_rank() == 1:\n    dist.all_reduce(t)\n", timeout=4)
+    text = "\n".join(info.value.render(color=False))
+    assert "rank 1 waits in all_reduce #" in text
+    assert "did not free rank 1" in text and "DDP or FSDP model" in text
+    assert "so all ranks were restarted" in text
+    assert {g["backend"] for g in tcluster.torch_group().values()} == {"gloo"}
+    with pytest.raises(RankError, match="NameError"):
+        tcluster.run("kept")
+
+
+def test_an_interrupt_inside_a_gloo_collective(tcluster: Cluster):
+    tcluster.run("import torch, torch.distributed as dist\nt = torch.ones(10)\nkept = 'yes'")
+    timer = threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(CellInterrupted) as info:
+            tcluster.run("if dist.get_rank() == 1:\n    dist.all_reduce(t)\n")
+    finally:
+        timer.cancel()
+    text = "\n".join(info.value.render(color=False))
+    assert "[rank 1]" in text and "aborting its torch.distributed group freed it" in text
+    assert tcluster.pull("kept") == {0: "yes", 1: "yes"}
+    tcluster.run("t = torch.ones(1)\ndist.all_reduce(t)\none = t.item()")
+    assert tcluster.pull("one") == {0: 2.0, 1: 2.0}
+
+
+def test_reinit_and_restart_make_the_group_again(tcluster: Cluster):
+    tcluster.run("import os\nport = int(os.environ['MASTER_PORT'])")
+    before = tcluster.pull("port")[0]
+    groups = tcluster.torch_reinit()
+    assert {g["backend"] for g in groups.values()} == {"gloo"}
+    assert not _listening(before)
+    tcluster.restart()
+    assert {g["world_size"] for g in tcluster.torch_group().values()} == {2}
+    tcluster.run(
+        "import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\none = t.item()"
+    )
+    assert tcluster.pull("one") == {0: 2.0, 1: 2.0}
+
+
+def test_ddp_bucket_timings_reach_the_metrics_records(tcluster: Cluster):
+    tcluster.run(
+        "import torch, torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "from clusterkernel import metrics\n"
+        "from clusterkernel.torchdist import timed_allreduce_hook\n"
+        "metrics.recorder().clear()\n"
+        "net = DDP(torch.nn.Linear(100, 10))\n"
+        "net.register_comm_hook(None, timed_allreduce_hook)\n"
+        "for _ in range(3):\n"
+        "    net(torch.randn(4, 100)).sum().backward()\n"
+        "recs = [r for r in metrics.recorder().records('comm') if r['op'] == 'torch all_reduce']\n"
+        "timed = [(r['nbytes'], r['algorithm'], r['group_size'], r['duration'] > 0) for r in recs]"
+    )
+    for rank, timed in tcluster.pull("timed").items():
+        assert timed == [((100 * 10 + 10) * 4, "gloo", 2, True)] * 3, (rank, timed)
