@@ -17,6 +17,7 @@ before ``init_process_group``)::
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from typing import Any
@@ -62,12 +63,14 @@ def node_layout(hosts: list[str]) -> list[dict[str, int]]:
     ]
 
 
-def master_address(hosts: list[str]) -> str:
+def master_address(hosts: list[str], networks: list[list[str]] | None = None) -> str:
     """Rank 0's address as the other ranks reach it; call on rank 0.
 
     One host: loopback (nothing listens on the network). Several: the address of
-    rank 0's interface on the route to the other nodes (the network the job's
-    hosts share), never a name another node might resolve differently.
+    rank 0's interface on the route to another node, as the OS picks it; where the
+    other nodes' names do not resolve here, rank 0's address on a network every
+    node has an address on (``networks``: each rank's :func:`local_networks`).
+    Never a name another node might resolve differently.
     """
     others = [h for h in dict.fromkeys(hosts) if h != hosts[0]]
     if not others:
@@ -77,7 +80,34 @@ def master_address(hosts: list[str]) -> str:
             return _route_source(host)
         except OSError:
             continue
-    return socket.gethostbyname(socket.gethostname())
+    shared = _shared_address(hosts, networks or [])
+    return shared or socket.gethostbyname(socket.gethostname())
+
+
+def local_networks() -> list[str]:
+    """This host's IPv4 interface addresses with their networks (``10.1.2.3/24``), loopback left out."""
+    import psutil
+
+    out = []
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and a.netmask and not a.address.startswith("127."):
+                out.append(str(ipaddress.ip_interface(f"{a.address}/{a.netmask}")))
+    return out
+
+
+def _shared_address(hosts: list[str], networks: list[list[str]]) -> str | None:
+    """Rank 0's first address on a network that every other node has an address on."""
+    if len(networks) != len(hosts):
+        return None
+    by_host: dict[str, set] = {}
+    for host, nets in zip(hosts, networks):
+        by_host.setdefault(host, set()).update(ipaddress.ip_interface(n).network for n in nets)
+    for net in networks[0]:
+        iface = ipaddress.ip_interface(net)
+        if all(iface.network in nets for h, nets in by_host.items() if h != hosts[0]):
+            return str(iface.ip)
+    return None
 
 
 def _route_source(host: str) -> str:
@@ -109,9 +139,11 @@ def torchrun_env(comm: Any = None, apply: bool = True) -> dict[str, str]:
         comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     hosts = comm.allgather(socket.gethostname())
+    several = len(set(hosts)) > 1
+    networks = comm.gather(local_networks() if several else [], root=0)
     meet = None
     if rank == 0:
-        addr = os.environ.get("CLUSTERKERNEL_MASTER_ADDR") or master_address(hosts)
+        addr = os.environ.get("CLUSTERKERNEL_MASTER_ADDR") or master_address(hosts, networks)
         port = os.environ.get("CLUSTERKERNEL_MASTER_PORT") or str(free_port(addr))
         meet = (addr, port)
     addr, port = comm.bcast(meet, root=0)

@@ -62,6 +62,19 @@ comm.all_reduce(x, group=comm.node_group(), algorithm="shm")
 node_sum = (x.min().item(), x.max().item())
 """
 
+# torch.distributed as torchrun would start it on these two hosts: a gloo all_reduce
+# over the rendezvous every rank found in its environment
+_TORCH = """
+import torch.distributed as dist
+torch_env = {k: os.environ[k] for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+             "MASTER_ADDR", "MASTER_PORT")}
+dist.init_process_group("gloo")
+y = torch.full((1000,), float(dist.get_rank() + 1))
+dist.all_reduce(y)
+torch_sum = (y.min().item(), y.max().item())
+dist.destroy_process_group()
+"""
+
 
 def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
     # Only the veth link may carry the ranks' TCP: a right sum means data crossed it.
@@ -97,6 +110,16 @@ def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
             2: (5.0, 5.0),
             3: (5.0, 5.0),
         }
+
+        cluster.run(_TORCH)
+        envs = cluster.pull("torch_env")
+        assert [envs[r]["LOCAL_RANK"] for r in range(4)] == ["0", "1", "0", "1"]
+        assert [envs[r]["GROUP_RANK"] for r in range(4)] == ["0", "0", "1", "1"]
+        assert {envs[r]["LOCAL_WORLD_SIZE"] for r in range(4)} == {"2"}
+        # rank 0's address on the link, which the other host reaches
+        assert {envs[r]["MASTER_ADDR"] for r in range(4)} == {netns_host.host_ip}
+        assert len({envs[r]["MASTER_PORT"] for r in range(4)}) == 1
+        assert cluster.pull("torch_sum") == {r: (10.0, 10.0) for r in range(4)}
 
         rows = cluster.status()
         assert [r["rank"] for r in rows] == [0, 1, 2, 3]

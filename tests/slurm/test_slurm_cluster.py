@@ -58,6 +58,25 @@ def test_ranks_spread_over_both_nodes_as_one_mpi_world(sc, slurm_testbed):
     assert {r: int(v) for r, v in sc.pull("mpi_size").items()} == {r: 4 for r in range(4)}
 
 
+def test_torch_distributed_across_both_nodes_from_torchruns_environment(sc):
+    sc.run(
+        "import os, torch, torch.distributed as dist\n"
+        "env = {k: os.environ[k] for k in ('LOCAL_RANK', 'GROUP_RANK', 'NODE_RANK', 'MASTER_ADDR')}\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.full((100,), float(dist.get_rank() + 1))\n"
+        "dist.all_reduce(t)\n"
+        "total = t.max().item()\n"
+        "dist.destroy_process_group()\n",
+        renderer=_quiet(sc),
+    )
+    envs = sc.pull("env")
+    assert [envs[r]["LOCAL_RANK"] for r in range(4)] == ["0", "1", "0", "1"]
+    assert [envs[r]["NODE_RANK"] for r in range(4)] == ["0", "0", "1", "1"]
+    addr = {envs[r]["MASTER_ADDR"] for r in range(4)}
+    assert len(addr) == 1 and addr.pop().startswith("10.231."), envs  # node1's link address
+    assert sc.pull("total") == {r: 10.0 for r in range(4)}
+
+
 def test_controller_listens_only_on_the_nodes_network(sc, slurm_testbed):
     ctl = psutil.Process(sc._ipp.controller.pid)
     procs = [ctl, *ctl.children(recursive=True)]

@@ -27,6 +27,16 @@ def test_one_host_meets_on_loopback():
     assert master_address(["h", "h", "h"]) == "127.0.0.1"
 
 
+def test_unresolvable_nodes_meet_on_the_network_they_share():
+    hosts = ["no-such-node-a.invalid", "no-such-node-a.invalid", "no-such-node-b.invalid"]
+    networks = [
+        ["192.168.5.7/24", "10.231.4.1/24"],
+        ["192.168.5.7/24", "10.231.4.1/24"],
+        ["10.231.4.2/24"],
+    ]
+    assert master_address(hosts, networks) == "10.231.4.1"
+
+
 def _dump(entries_, completed=1):
     return {
         "pg_config": {"": {"name": "", "desc": "", "ranks": "[0, 1]"}},
