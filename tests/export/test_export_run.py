@@ -85,3 +85,30 @@ def test_a_rank_that_raises_ends_the_job_with_its_labelled_traceback(tmp_path):
     assert "[rank 1] ValueError: boom on one rank" in err.splitlines()
     assert "[rank 1] Traceback (most recent call last):" in err.splitlines()
     assert "never" not in out
+
+
+def test_a_torch_distributed_notebook_runs_as_the_same_job(tmp_path):
+    # %mpi start --torch made the group in the notebook; the job makes it the same way,
+    # and plain init_process_group code finds torchrun's environment
+    cells = [
+        "%load_ext clusterkernel",
+        "%mpi start -n 2 --torch",
+        "%%mpi\n"
+        "import os, torch, torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "torch.manual_seed(0)\n"
+        "net = DDP(torch.nn.Linear(4, 1))\n"
+        "x = torch.ones(2, 4) * (dist.get_rank() + 1)\n"
+        "net(x).sum().backward()\n"
+        "grad = net.module.weight.grad[0, 0].item()\n"
+        "print('env', os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'], dist.get_backend())\n"
+        "print('grad', grad)",
+    ]
+    script = _export(tmp_path, cells)
+    out = run_mpi(2, str(script), timeout=180)
+    lines = out.stdout.splitlines()
+    for rank in (0, 1):
+        assert f"[rank {rank}] env {rank} 2 gloo" in lines, out.stdout
+        # DDP averaged the gradients: (2 * 1 + 2 * 2) / 2 = 3 on both ranks
+        assert f"[rank {rank}] grad 3.0" in lines, out.stdout
+    assert "destroy_process_group" not in out.stderr  # destroyed at exit: no warning

@@ -34,6 +34,30 @@ def test_kernel_mode_sends_cells_to_the_ranks_but_local_and_mpi_magics(shell):
     assert shell.transform_cell("\n") == "\n"  # an empty cell starts no ranks
 
 
+def test_a_torch_kernel_starts_its_ranks_with_the_group(shell, tmp_path):
+    from clusterkernel.export import read_notebook
+    from clusterkernel.kernel import display_name, kernel_spec
+
+    kernel_mode(shell, 2, torch=True)
+    assert shell.magics_manager.registry["MPIMagics"].autostart == "-n 2 --torch"
+    spec = kernel_spec(2, torch=True)
+    assert spec["argv"][-3:] == ["--ranks", "2", "--torch"]
+    assert (
+        spec["display_name"]
+        == display_name(2, True)
+        == "Python 3 (MPI, 2 ranks, torch.distributed)"
+    )
+    # its notebooks export to a job that makes the group too
+    nb = tmp_path / "t.ipynb"
+    nb.write_text(
+        '{"cells": [{"cell_type": "code", "source": "x = 1", "metadata": {}, "outputs": [],'
+        ' "execution_count": null}], "metadata": {"kernelspec": {"display_name":'
+        ' "Python 3 (MPI, 2 ranks, torch.distributed)", "name": "ck"}}, "nbformat": 4,'
+        ' "nbformat_minor": 5}'
+    )
+    assert read_notebook(nb) == (["x = 1"], 2, True)
+
+
 def test_local_cells_run_here_with_their_value_and_their_error(shell):
     kernel_mode(shell, 2)
     result = shell.run_cell("%%local\nlocal_value = 6 * 7\nlocal_value", store_history=True)
