@@ -195,8 +195,8 @@ class CkSide:
         return self.cluster.client
 
     def idle_processes(self) -> list[psutil.Process]:
-        assert self.cluster is not None and self.cluster._guard is not None
-        guard = self.cluster._guard.pid
+        assert self.cluster is not None and self.cluster._engines.guard is not None
+        guard = self.cluster._engines.guard.pid
         return [p for p in _tree(self.cluster.processes()) if p.pid != guard]
 
     def stop(self) -> None:
@@ -586,7 +586,7 @@ def profile(n: int, cells: int, rounds: int, out_dir: Path) -> None:
 
 # ------------------------------------------------------------------ heartbeat
 def _groups(cluster: Cluster) -> dict[str, list[psutil.Process]]:
-    ipc = cluster._ipp
+    ipc = cluster._engines.ipp
     assert ipc is not None
     engines = [lc.pid for lc in ipc.engines.values() if getattr(lc, "pid", None)]
     return {"controller": _tree([ipc.controller.pid]), "MPI job": _tree(engines)}

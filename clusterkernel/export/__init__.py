@@ -116,7 +116,7 @@ def _torch_block(made: bool, backend: str | None) -> str:
             "# %mpi start --torch made the default process group",
             f"_torchdist.init({backend!r})",
         ]
-    lines.append("atexit.register(_torchdist.destroy)  # a clean exit for NCCL and gloo alike")
+    lines.append("atexit.register(_torchdist.shutdown)  # groups freed and destroyed before exit")
     return "\n".join(lines)
 
 

@@ -20,7 +20,15 @@ from __future__ import annotations
 
 from clusterkernel.torchdist._env import torchrun_env
 from clusterkernel.torchdist._flight import flight
-from clusterkernel.torchdist._group import BackendError, abort, describe, destroy, init, reinit
+from clusterkernel.torchdist._group import (
+    BackendError,
+    abort,
+    describe,
+    destroy,
+    init,
+    reinit,
+    shutdown,
+)
 from clusterkernel.torchdist._timings import timed_allreduce_hook
 
 __all__ = [
@@ -28,6 +36,7 @@ __all__ = [
     "init",
     "reinit",
     "destroy",
+    "shutdown",
     "abort",
     "describe",
     "flight",

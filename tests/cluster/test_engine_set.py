@@ -195,15 +195,15 @@ def test_listens_on_loopback_only_and_private_connection_files(cluster: Cluster)
         listening += [c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN]
     assert listening, "found no listening sockets at all; the check would prove nothing"
     assert all(ip in ("127.0.0.1", "::1") for ip in listening), listening
-    sec = os.path.dirname(cluster._ipp.cluster_file)
-    files = [os.path.join(sec, f) for f in os.listdir(sec) if cluster._ipp.cluster_id in f]
+    sec = os.path.dirname(cluster.cluster_file)
+    files = [os.path.join(sec, f) for f in os.listdir(sec) if cluster._engines.ipp.cluster_id in f]
     assert files
     for f in files:
         mode = stat.S_IMODE(os.stat(f).st_mode)
         assert mode & 0o077 == 0, f"{f} is readable by others: {oct(mode)}"
     # a directory of the cluster's own, private, outside IPython's profiles (which
     # Jupyter's ipyparallel extension scans and adopts)
-    run_dir = cluster._ipp.profile_dir
+    run_dir = cluster.run_dir
     assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
     assert not os.path.realpath(run_dir).startswith(
         os.path.realpath(os.path.expanduser("~/.ipython"))

@@ -70,7 +70,7 @@ def test_dead_rank_is_reported_and_the_others_carry_on(no_shared_cluster):
         assert states == {0: "idle", 1: "idle", 2: "dead"}
 
         # a rank that dies between cells is noticed before the next cell is sent
-        pid1 = cluster._rank_info[1]["pid"]
+        pid1 = cluster.rank_info[1]["pid"]
         os.kill(pid1, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while 1 in cluster.live_ranks and time.monotonic() < deadline:

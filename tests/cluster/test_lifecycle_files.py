@@ -83,7 +83,7 @@ def test_a_jupyter_servers_log_stays_clean_while_a_cluster_runs(no_shared_cluste
             ours = []
             for _ in range(8):
                 time.sleep(1)
-                ours += [c for c in _list_clusters(port) if cluster._run_dir in c]
+                ours += [c for c in _list_clusters(port) if cluster.run_dir in c]
             assert not ours, f"the server adopted clusterkernel's cluster: {ours[:1]}"
         time.sleep(2)
     finally:

@@ -52,7 +52,7 @@ def _wait_gone(prefixes: list[str], seconds: float) -> list[str]:
 
 def test_rank_killed_in_a_shm_collective_leaves_nothing(cluster: Cluster):
     cluster.run(SETUP)
-    prefixes = _noted_prefixes(cluster._run_dir, 4)
+    prefixes = _noted_prefixes(cluster.run_dir, 4)
     assert _job_files(prefixes), "the job has no files in /dev/shm: the check would prove nothing"
     kill = (
         "import os, signal\n"
@@ -79,7 +79,7 @@ import json, sys, time
 from clusterkernel import Cluster
 c = Cluster(n=2).start()
 c.run({setup!r})
-print(json.dumps({{"run_dir": c._run_dir, "cluster_file": c._ipp.cluster_file}}), flush=True)
+print(json.dumps({{"run_dir": c.run_dir, "cluster_file": c.cluster_file}}), flush=True)
 time.sleep(600)
 """
 

@@ -78,7 +78,7 @@ def test_torch_distributed_across_both_nodes_from_torchruns_environment(sc):
 
 
 def test_controller_listens_only_on_the_nodes_network(sc, slurm_testbed):
-    ctl = psutil.Process(sc._ipp.controller.pid)
+    ctl = psutil.Process(sc._engines.ipp.controller.pid)
     procs = [ctl, *ctl.children(recursive=True)]
     listening = {
         c.laddr.ip
@@ -91,9 +91,9 @@ def test_controller_listens_only_on_the_nodes_network(sc, slurm_testbed):
 
 
 def test_job_files_are_private_and_not_in_the_current_directory(sc):
-    run_dir = sc._ipp.profile_dir
+    run_dir = sc.run_dir
     assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
-    es = sc._engine_set()
+    es = sc._engines.engine_set
     assert os.path.dirname(es.batch_file) == run_dir
     assert os.path.dirname(es.output_file) == run_dir
     assert not [f for f in os.listdir(".") if f.startswith(("slurm-", "slurm_engine"))]

@@ -60,7 +60,7 @@ _KERNEL = """
 import sys
 from clusterkernel import Cluster
 c = Cluster(n=2, launcher="slurm", nodes=2).start()
-print("JOB", c._run_dir, c.job_id, flush=True)
+print("JOB", c.run_dir, c.job_id, flush=True)
 sys.stdin.read()
 """
 

@@ -81,3 +81,14 @@ def test_a_backend_this_torch_lacks_is_a_clear_error_before_any_rendezvous(env):
     with pytest.raises(torchdist.BackendError, match="use one of gloo, nccl"):
         torchdist.init("tcp")
     assert not dist.is_initialized()
+
+
+def test_shutdown_frees_what_holds_the_group_then_destroys_it(env):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torchdist.init("gloo")
+    names = {"net": DDP(torch.nn.Linear(2, 1)), "keep": 7}
+    names["net"](torch.ones(1, 2)).sum().backward()
+    assert torchdist.shutdown(names)
+    assert names == {"keep": 7} and not dist.is_initialized()
+    assert not torchdist.shutdown(names)  # nothing left to do
