@@ -3,9 +3,17 @@
 Everything here runs in the notebook (or the IPython REPL); nothing here runs on
 a rank. :class:`Cluster` is the entry point; the private modules beside it each
 do one part of its job: launching (``_launch``, ``_launcher_choice``, ``_slurm``,
-``_guard``), its life cycle (``_lifecycle``, ``_session``, ``_status``), one
-running cell (``runner``, ``_breakpoints``) and what a failing or hung rank
-tells the user (``_rank_faults``, ``_jobreport``, ``_stacks``, ``_hangreport``).
+``_guard``), the processes of a running cluster (``_lifecycle.Engines``), what every
+fresh set of ranks gets (``_torch``: torchrun's environment, the default group),
+``_session`` and ``_status``, one running cell (``runner``, ``_breakpoints``) and
+what a failing or hung rank tells the user (``_rank_faults``, ``_jobreport``,
+``_stacks``, ``_hangreport``).
+
+Who calls whom: ``Cluster`` owns one ``Engines`` while it runs and alone changes it
+(start, restart, stop); ``runner.CellRun``, the fault reports and ``_torch`` reach
+the cluster through its public methods and properties only (``client``, ``view``,
+``engine_id``, ``restart``, ``mark_lost``, ``abort_torch_groups``...). The dashboard
+and the cluster still tell each other when one of them stops (``_dashboard_*``).
 
 Example::
 
