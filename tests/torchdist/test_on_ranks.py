@@ -254,19 +254,29 @@ def test_reinit_and_restart_make_the_group_again(tcluster: Cluster):
     assert tcluster.pull("one") == {0: 2.0, 1: 2.0}
 
 
-def test_ddp_bucket_timings_reach_the_metrics_records(tcluster: Cluster):
-    tcluster.run(
-        "import torch, torch.distributed as dist\n"
-        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
-        "from clusterkernel import metrics\n"
-        "from clusterkernel.torchdist import timed_allreduce_hook\n"
-        "metrics.recorder().clear()\n"
-        "net = DDP(torch.nn.Linear(100, 10))\n"
-        "net.register_comm_hook(None, timed_allreduce_hook)\n"
-        "for _ in range(3):\n"
-        "    net(torch.randn(4, 100)).sum().backward()\n"
-        "recs = [r for r in metrics.recorder().records('comm') if r['op'] == 'torch all_reduce']\n"
-        "timed = [(r['nbytes'], r['algorithm'], r['group_size'], r['duration'] > 0) for r in recs]"
-    )
-    for rank, timed in tcluster.pull("timed").items():
-        assert timed == [((100 * 10 + 10) * 4, "gloo", 2, True)] * 3, (rank, timed)
+def test_ddp_bucket_timings_reach_the_dashboard(tcluster: Cluster):
+    dash = tcluster.dashboard()
+    try:
+        tcluster.run(
+            "import torch, torch.distributed as dist\n"
+            "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "from clusterkernel import metrics\n"
+            "from clusterkernel.torchdist import timed_allreduce_hook\n"
+            "metrics.recorder().clear()\n"
+            "net = DDP(torch.nn.Linear(100, 10))\n"
+            "net.register_comm_hook(None, timed_allreduce_hook)\n"
+            "for _ in range(3):\n"
+            "    net(torch.randn(4, 100)).sum().backward()\n"
+            "recs = [r for r in metrics.recorder().records('comm') if r['op'] == 'torch all_reduce']\n"
+            "timed = [(r['nbytes'], r['algorithm'], r['group_size'], r['duration'] > 0) for r in recs]"
+        )
+        for rank, timed in tcluster.pull("timed").items():
+            assert timed == [((100 * 10 + 10) * 4, "gloo", 2, True)] * 3, (rank, timed)
+        dash.sync()
+        rows = [r for r in dash.store.comm_table() if r["op"] == "torch all_reduce"]
+        assert [r["rank"] for r in rows] == [0, 1]
+        for row in rows:
+            assert row["count"] == 3 and row["nbytes"] == 3 * 4040 and row["seconds"] > 0
+            assert row["algorithms"] == ["gloo"]
+    finally:
+        dash.close()
