@@ -38,6 +38,18 @@ print(f"RESULT rank={comm.rank()} host_ok loss={loss.item():.5f} w0={model.weigh
 
 _RESULT = re.compile(r"RESULT rank=(\d+) host_ok loss=([\d.]+) w0=(-?[\d.]+)")
 
+# torch.distributed as a torchrun script would use it: the job's ranks get the same
+# environment the notebook's had, with LOCAL_RANK counted per node
+_TORCH = """\
+import os, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"TORCH rank={dist.get_rank()} local={os.environ['LOCAL_RANK']} node={os.environ['NODE_RANK']} sum={t.item()}")
+dist.destroy_process_group()
+"""
+_TORCH_LINE = re.compile(r"TORCH rank=(\d+) local=(\d+) node=(\d+) sum=([\d.]+)")
+
 
 def _notebook(path: str) -> None:
     nb = nbformat.v4.new_notebook()
@@ -46,6 +58,7 @@ def _notebook(path: str) -> None:
         nbformat.v4.new_code_cell("%mpi start -n 4"),
         nbformat.v4.new_code_cell("steps = 40\n%mpi push steps"),
         nbformat.v4.new_code_cell("%%mpi\n" + _TRAIN),
+        nbformat.v4.new_code_cell("%%mpi\n" + _TORCH),
         nbformat.v4.new_code_cell("print('a client-only cell')"),
         nbformat.v4.new_code_cell("%mpi stop"),
     ]
@@ -118,3 +131,8 @@ def test_exported_notebook_as_a_batch_job_matches_the_notebook(
         assert re.search(rf"^\[rank {rank}\] RESULT rank={rank} ", text, re.M), text
     # same numbers; the 4 ranks ran on both nodes this time
     assert as_job == in_notebook, (as_job, in_notebook, text)
+    notebook_torch = sorted(set(_TORCH_LINE.findall(str(nb.cells[4].outputs))))
+    assert notebook_torch == [(str(r), str(r), "0", "10.0") for r in range(4)], nb.cells[4].outputs
+    job_torch = sorted(set(_TORCH_LINE.findall(text)))
+    assert job_torch == [("0", "0", "0", "10.0"), ("1", "1", "0", "10.0"),
+                         ("2", "0", "1", "10.0"), ("3", "1", "1", "10.0")], text  # fmt: skip
