@@ -26,10 +26,10 @@ Example::
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import TYPE_CHECKING
 
+from clusterkernel.cluster import _ipp
 from clusterkernel.engine._debugger import DEBUG_REQUEST
 from clusterkernel.errors import ClusterError, format_ranks, rank_label
 
@@ -46,21 +46,8 @@ def control_request(
 
     A rank that does not answer within ``timeout`` gets ``{"status": "timeout"}``.
     """
-    futures = {}
-    for rank, eid in engines.items():
-        ident = client._build_targets([eid])[0]  # ipyparallel has no public call for this
-        futures[rank] = client._send(
-            client._control_stream, DEBUG_REQUEST, content=content, ident=ident
-        )
-    deadline = time.monotonic() + timeout
-    out = {}
-    for rank, future in futures.items():
-        try:
-            msg = future.result(timeout=max(0.0, deadline - time.monotonic()))
-            out[rank] = msg.get("content", {})
-        except Exception:  # no answer in time (or the engine is gone)
-            out[rank] = {"status": "timeout"}
-    return out
+    replies = _ipp.control_request(client, engines, DEBUG_REQUEST, content, timeout)
+    return {rank: replies.get(rank, {"status": "timeout"}) for rank in engines}
 
 
 class Answers(dict):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from clusterkernel.cluster import _ipp_dates, _rank_faults, _stacks, _torch
+from clusterkernel.cluster import _rank_faults, _stacks, _torch
 from clusterkernel.cluster._launcher_choice import choose_launcher
 from clusterkernel.cluster._lifecycle import Engines
 from clusterkernel.cluster._status import RankStatus
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from clusterkernel.dashboard import Dashboard
 
 __all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted"]
-
-_ipp_dates.install()  # ~49 us less per rank and cell in the notebook (BENCHMARKS.md, issue 11)
 
 
 class Cluster:

@@ -19,6 +19,7 @@ import re
 import time
 
 from clusterkernel.cluster import _jobreport
+from clusterkernel.cluster._ipp import control_request
 from clusterkernel.engine._engine_setup import (
     OURS,
     STACK_REQUEST,
@@ -42,7 +43,9 @@ def request_state(
     client, engines: dict[int, int], with_locals: bool = False, timeout: float = 3.0
 ) -> dict[int, dict]:
     """Each answering rank's reply: ``frames`` and ``flight`` (its last comm calls)."""
-    return control_request(client, engines, STACK_REQUEST, {"locals": with_locals}, timeout)
+    return _answered(
+        control_request(client, engines, STACK_REQUEST, {"locals": with_locals}, timeout)
+    )
 
 
 def abort_torch_groups(client, engines: dict[int, int], timeout: float = 3.0) -> list[int]:
@@ -50,32 +53,12 @@ def abort_torch_groups(client, engines: dict[int, int], timeout: float = 3.0) ->
 
     Through the control channel, so ranks blocked in a collective answer too.
     """
-    replies = control_request(client, engines, TORCH_ABORT_REQUEST, {}, timeout)
+    replies = _answered(control_request(client, engines, TORCH_ABORT_REQUEST, {}, timeout))
     return sorted(r for r, reply in replies.items() if reply.get("aborted"))
 
 
-def control_request(
-    client, engines: dict[int, int], msg_type: str, content: dict, timeout: float = 3.0
-) -> dict[int, dict]:
-    """Send ``msg_type`` on each engine's control channel; ``{rank: reply content}``
-    of those that answered ``ok`` within ``timeout``."""
-    if not engines:
-        return {}
-    futures = {}
-    for rank, eid in engines.items():
-        ident = client._build_targets([eid])[0]  # ipyparallel has no public call for this
-        futures[rank] = client._send(client._control_stream, msg_type, content=content, ident=ident)
-    deadline = time.monotonic() + timeout
-    out = {}
-    for rank, future in futures.items():
-        try:
-            msg = future.result(timeout=max(0.0, deadline - time.monotonic()))
-        except Exception:  # no answer in time: the caller falls back
-            continue
-        content = msg.get("content", {})
-        if content.get("status") == "ok":
-            out[rank] = content
-    return out
+def _answered(replies: dict[int, dict]) -> dict[int, dict]:
+    return {rank: content for rank, content in replies.items() if content.get("status") == "ok"}
 
 
 def faulthandler_frames(run_dir: str, ranks: list[int], send_signal, settle: float = 0.3):
