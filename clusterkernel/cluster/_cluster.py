@@ -352,8 +352,15 @@ class Cluster:
 
     # ------------------------------------------------------------------ data
     def push(self, namespace: dict, ranks: list[int] | None = None) -> None:
-        """Copy ``namespace`` into every rank's globals (pickled, like ``%px`` push)."""
-        self.view(ranks).push(namespace, block=True)
+        """Copy ``namespace`` into every rank's globals (pickled, like ``%px`` push).
+
+        A value that cannot be pickled is a ``TypeError`` naming it, before anything is sent.
+        """
+        view = self.view(ranks)
+        try:
+            view.push(namespace, block=True)
+        except Exception as e:
+            raise _rank_faults.push_failure(namespace, e) from None
 
     def pull(self, name: str, ranks: list[int] | None = None) -> dict[int, Any]:
         """``{rank: value}`` of the global ``name`` on each (live) rank."""

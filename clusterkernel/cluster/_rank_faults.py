@@ -86,3 +86,22 @@ def pull_failures(cluster: Cluster, err) -> list[RankFailure]:
         # only show ipyparallel's internals.
         items.append((rank, "error", f"{ename}: {evalue}", ""))
     return group_failures(items)
+
+
+def push_failure(namespace: dict, err: Exception) -> Exception:
+    """What a failed push says: the variables that cannot be pickled, by name and type."""
+    import ipyparallel as ipp
+
+    bad = []
+    for name, value in namespace.items():
+        try:
+            ipp.serialize.serialize_object(value)
+        except Exception as e:
+            kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+            bad.append(f"{name} ({kind}): {e}")
+    if not bad:
+        return err
+    return TypeError(
+        f"cannot send to the ranks: {'; '.join(bad)}. Make such a value on the ranks in a "
+        "%%mpi cell, or push the plain values it is made from."
+    )

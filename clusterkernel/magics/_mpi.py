@@ -106,7 +106,10 @@ class MPIMagics(Subcommands, Magics):
         handler = getattr(self, f"_sub_{sub.replace('-', '_')}", None)
         if handler is None:
             raise UsageError(f"Unknown subcommand %mpi {sub}.\n{SUBCOMMANDS}")
-        return handler(rest)
+        try:
+            return handler(rest)
+        except ClusterError as e:  # an expected state (stopped, lost ranks): no traceback
+            raise UsageError(str(e)) from None
 
     # ---------------------------------------------------------------- cell
     def _run_cell(self, line: str, cell: str):

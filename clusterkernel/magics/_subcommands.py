@@ -173,7 +173,10 @@ class Subcommands:
                 if name not in self.shell.user_ns:
                     raise UsageError(f"No variable named {name!r} in this notebook.")
                 ns[name] = self.shell.user_ns[name]
-        cluster.push(ns)
+        try:
+            cluster.push(ns)
+        except (TypeError, ClusterError) as e:
+            raise UsageError(f"%mpi push: {e}") from None
 
     def _sub_where(self, rest: str) -> None:
         args = parse_argstring(where_args, rest)

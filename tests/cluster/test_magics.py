@@ -117,3 +117,19 @@ def test_where_shows_a_blocked_ranks_cell_line_and_locals(shell, capsys):
     assert "Cell line 7" in out and "MPI.COMM_WORLD.Barrier()" in out
     assert re.search(r"secret\s+= 40", out) and re.search(r"secret\s+= 42", out), out
     assert "_handle.py" not in out and "Current thread" not in out
+
+
+def test_expected_conditions_are_messages_not_tracebacks(shell, cluster):
+    import threading
+
+    # an unpicklable value: its name and type, before anything is sent
+    shell.user_ns.update(ok=1, lock=threading.Lock())
+    with pytest.raises(UsageError, match=r"lock \(_thread.lock\): cannot pickle"):
+        shell.run_line_magic("mpi", "push ok lock")
+    # a rank that died: every subcommand says so, as a UsageError naming the rank
+    with pytest.raises(Exception, match=r"\[rank 2\] exit code 3"):
+        shell.run_cell_magic("mpi", "--ranks 2", "import os\nos._exit(3)")
+    for line in ("status", "push ok", "pull ok", "where"):
+        with pytest.raises(UsageError, match=r"rank 2 died \(exit code 3\).*%mpi restart"):
+            shell.run_line_magic("mpi", line)
+    cluster.restart()
