@@ -25,9 +25,10 @@ import math
 import re
 import shlex
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 from clusterkernel.export._cellcode import ExportError, ipy_call, python_of, rank_cell
 from clusterkernel.export._pushcode import push_block, push_items
@@ -46,8 +47,11 @@ def _prelude() -> str:
     return text[text.index("\nimport ") + 1 :].strip("\n")
 
 
-def _walk(cells: list[str], names: list[str] | None, auto: bool) -> Iterator[tuple]:
-    """Classify cells: ("rank", where, options, body) or ("client", where, first line, items).
+def _walk(
+    cells: list[str], names: list[str] | None, auto: bool, failed: Collection[int] = ()
+) -> Iterator[tuple]:
+    """Classify cells: ("rank", where, options, body), ("client", where, first line, items)
+    or ("failed", where, first line, None) for the indices in ``failed``.
 
     A client cell's items, in order: ("stmt", code, stmt) or ("push", rest). ``auto``:
     cells run on the ranks from the start (the MPI kernel) unless ``%%local``.
@@ -58,6 +62,9 @@ def _walk(cells: list[str], names: list[str] | None, auto: bool) -> Iterator[tup
         if not text.strip():
             continue
         first = text.lstrip().split("\n", 1)[0]
+        if i in failed:
+            yield "failed", where, first, None
+            continue
         if re.match(r"%%mpi\b", first):
             yield "rank", where, first[5:], text.lstrip().partition("\n")[2]
             continue
@@ -129,11 +136,14 @@ def notebook_ranks(cells: list[str]) -> int | None:
     return None
 
 
-def push_requests(cells: list[str], auto: bool = False) -> list[tuple[str, str | None]]:
-    """Every ``%mpi push`` in the cells, in order, as (name, expression or None)."""
+def push_requests(
+    cells: list[str], auto: bool = False, failed: Collection[int] = ()
+) -> list[tuple[str, str | None]]:
+    """Every ``%mpi push`` in the cells (but the ``failed`` ones), in order, as (name,
+    expression or None)."""
     return [
         pair
-        for kind, where, _, items in _walk(cells, None, auto)
+        for kind, where, _, items in _walk(cells, None, auto, failed)
         if kind == "client"
         for item in items
         if item[0] == "push"
@@ -151,6 +161,7 @@ def export_cells(
     ranks: int | None = None,
     auto: bool = False,
     torch: tuple[bool, str | None] | None = None,
+    failed: Collection[int] = (),
 ) -> str:
     """The rank cells of ``cells`` (cell sources in notebook order) as one MPI script.
 
@@ -158,6 +169,8 @@ def export_cells(
     it, pushes are rebuilt from the cells. ``names`` label cells in comments and errors;
     ``ranks`` (else the notebook's ``%mpi start -n``) goes in the header. ``auto``: every
     cell but ``%%local`` and ``%mpi`` ones runs on the ranks, as in the MPI kernel.
+    ``failed``: indices of cells that raised or were interrupted in the notebook: left
+    out with a comment (a job would stop at the first of them).
     ``torch``: (the ranks had a default group made for them, its backend), as the live
     cluster knows it; default: read from the cells' ``%mpi start``. A notebook that
     uses torch.distributed gets torchrun's environment on every rank, as in the
@@ -179,7 +192,10 @@ def export_cells(
         out.append(_torch_block(made, backend))
     history: list[tuple[str, ast.stmt]] = []
     seen = 0  # rank cells
-    for kind, where, head, items in _walk(cells, names, auto):
+    for kind, where, head, items in _walk(cells, names, auto, failed):
+        if kind == "failed":
+            out.append(f"# {where} (failed or interrupted in the notebook, left out): {head[:80]}")
+            continue
         if kind == "rank":
             out.append(rank_cell(where, head, items))
             seen += 1
@@ -262,6 +278,7 @@ def write_job(
     ranks: int | None = None,
     auto: bool = False,
     torch: tuple[bool, str | None] | None = None,
+    failed: Collection[int] = (),
     nodes: int = 1,
     ntasks_per_node: int | None = None,
     **slurm,
@@ -282,6 +299,7 @@ def write_job(
         ranks=ranks,
         auto=auto,
         torch=torch,
+        failed=failed,
     )
     sbatch_text = None
     if sbatch is not None:
@@ -294,11 +312,17 @@ def write_job(
     return [path, Path(sbatch)]
 
 
-def live_pushes(cells: list[str], namespace: dict, evaluate: Callable, auto: bool = False) -> dict:
+def live_pushes(
+    cells: list[str],
+    namespace: dict,
+    evaluate: Callable,
+    auto: bool = False,
+    failed: Collection[int] = (),
+) -> dict:
     """Values of the cells' ``%mpi push`` taken now: a name from ``namespace``, name=expr by
-    ``evaluate(expr)`` (IPython's ``shell.ev``)."""
+    ``evaluate(expr)`` (IPython's ``shell.ev``); the ``failed`` cells' are left out."""
     values = {}
-    for name, expr in push_requests(cells, auto):
+    for name, expr in push_requests(cells, auto, failed):
         if expr is None and name not in namespace:
             raise ExportError(f"%mpi push {name}: there is no {name} in this session any more")
         try:
@@ -318,25 +342,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time", default="01:00:00", help="Slurm time limit (default 01:00:00)")
     parser.add_argument("--partition", help="Slurm partition")
     parser.add_argument("--account", help="Slurm account")
+    parser.add_argument(
+        "--include-failed",
+        action="store_true",
+        help="keep cells whose stored outputs hold an error (default: left out, with a comment)",
+    )
 
 
-def read_notebook(path: str | Path) -> tuple[list[str], int | None, bool]:
-    """An nbformat-4 notebook's code cells, its ranks if it is the MPI kernel's, and
-    whether that kernel starts its ranks with torch.distributed's default group.
+class NotebookCells(NamedTuple):
+    """What an exported notebook file holds: its code cells, the MPI kernel's ranks and
+    group (None/False for other kernels), and the cells whose stored outputs hold an error."""
+
+    cells: list[str]
+    ranks: int | None
+    torch: bool
+    failed: set[int]
+
+
+def read_notebook(path: str | Path) -> NotebookCells:
+    """An nbformat-4 notebook's code cells, its ranks if it is the MPI kernel's, whether
+    that kernel starts its ranks with torch.distributed's default group, and which cells
+    failed when it last ran.
 
     A notebook of the MPI kernel ("Python 3 (MPI, 4 ranks)") runs every cell on the ranks.
     """
     try:
         data = json.loads(Path(path).read_text())
-        code = [c["source"] for c in data["cells"] if c.get("cell_type") == "code"]
+        code = [c for c in data["cells"] if c.get("cell_type") == "code"]
+        sources = [c["source"] for c in code]
+        failed = {
+            i
+            for i, c in enumerate(code)
+            if any(o.get("output_type") == "error" for o in c.get("outputs") or [])
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ExportError(f"cannot read {path} as an nbformat 4 notebook: {e}") from None
     spec = str(data.get("metadata", {}).get("kernelspec"))
     kernel = re.search(r"\(MPI, (\d+) ranks?(, torch\.distributed)?\)", spec)
-    cells = ["".join(src) if isinstance(src, list) else src for src in code]
+    cells = ["".join(src) if isinstance(src, list) else src for src in sources]
     if not kernel:
-        return cells, None, False
-    return cells, int(kernel.group(1)), bool(kernel.group(2))
+        return NotebookCells(cells, None, False, failed)
+    return NotebookCells(cells, int(kernel.group(1)), bool(kernel.group(2)), failed)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -344,7 +390,7 @@ def main(args: argparse.Namespace) -> int:
     nb = Path(args.notebook)
     slurm = {k: getattr(args, k) for k in ("nodes", "ntasks_per_node", "time", "partition")}
     try:
-        cells, kernel_ranks, kernel_torch = read_notebook(nb)
+        cells, kernel_ranks, kernel_torch, failed = read_notebook(nb)
         names = [f"code cell {i}" for i in range(1, len(cells) + 1)]
         written = write_job(
             cells,
@@ -354,6 +400,7 @@ def main(args: argparse.Namespace) -> int:
             ranks=kernel_ranks,
             auto=kernel_ranks is not None,
             torch=(True, None) if kernel_torch else None,
+            failed=set() if args.include_failed else failed,
             sbatch=args.sbatch,
             account=args.account,
             **slurm,

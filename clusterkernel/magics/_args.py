@@ -129,13 +129,19 @@ def cell_args(line):
 @argument("--time", default="01:00:00", help="Slurm time limit (default 01:00:00)")
 @argument("--partition", help="Slurm partition")
 @argument("--account", help="Slurm account")
+@argument(
+    "--include-failed",
+    action="store_true",
+    help="keep cells that raised or were interrupted (default: left out, with a comment)",
+)
 def export_args(line):
     """%mpi export: this session's rank cells as one batch script (and an sbatch file).
 
     The %%mpi cells, and cells run under %mpi on, in execution order (from the input
     history) become a script every rank runs: mpiexec -n 4 python job.py, or
-    sbatch job.sbatch. Client-only cells are left out. %mpi push values are taken
-    from this session's namespace now, at export time, and written into the script.
+    sbatch job.sbatch. Client-only cells are left out, and so are cells that raised or
+    were interrupted (--include-failed keeps them). %mpi push values are taken from this
+    session's namespace now, at export time, and written into the script.
     """
 
 

@@ -42,7 +42,14 @@ class MPIMagics(Subcommands, Magics):
     def __init__(self, shell) -> None:
         super().__init__(shell)
         self.cluster = None
+        # execution counts of cells that raised or were interrupted: %mpi export leaves them out
+        self.failed_cells: set[int] = set()
+        shell.events.register("post_run_cell", self._note_outcome)
         atexit.register(self._stop_quietly)
+
+    def _note_outcome(self, result) -> None:
+        if not result.success and result.execution_count is not None:
+            self.failed_cells.add(result.execution_count)
 
     @property
     def cluster(self) -> Cluster | None:

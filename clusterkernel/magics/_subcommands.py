@@ -244,16 +244,19 @@ class Subcommands:
         live = self.cluster is not None and self.cluster.running
         running = self.cluster.n if live else None
         auto = getattr(self, "autostart", None) is not None  # the MPI kernel: cells on the ranks
+        # cells that raised or were interrupted (history index = execution count)
+        failed = set() if args.include_failed else set(getattr(self, "failed_cells", ()))
         try:
             written = export.write_job(
                 cells,
                 args.path,
-                pushed=export.live_pushes(cells, self.shell.user_ns, self.shell.ev, auto),
+                pushed=export.live_pushes(cells, self.shell.user_ns, self.shell.ev, auto, failed),
                 names=[f"In [{i}]" for i in range(len(cells))],
                 source=str(self.shell.user_ns.get("__session__") or "an IPython session"),
                 sbatch=args.sbatch,
                 ranks=running,
                 auto=auto,
+                failed=failed,
                 torch=(self.cluster.torch, self.cluster.backend) if live else None,
                 nodes=args.nodes,
                 ntasks_per_node=args.ntasks_per_node,

@@ -266,3 +266,23 @@ def test_cli_errors_name_the_code_cell_and_exit_2(tmp_path):
         text=True,
     )
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_a_notebook_file_exports_without_the_cells_whose_outputs_hold_an_error(tmp_path):
+    import nbformat
+
+    from clusterkernel.export import read_notebook
+
+    nb = nbformat.v4.new_notebook()
+    ok = nbformat.v4.new_code_cell("%%mpi\nx = 1")
+    bad = nbformat.v4.new_code_cell("%%mpi\nx = undefined_name")
+    bad.outputs = [nbformat.v4.new_output("error", ename="NameError", evalue="x", traceback=[])]
+    nb.cells = [nbformat.v4.new_markdown_cell("# a title"), ok, bad]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    cells, ranks, torch, failed = read_notebook(path)
+    assert failed == {1} and ranks is None and not torch
+    script = export_cells(cells, failed=failed)
+    assert "x = 1" in script and "undefined_name" not in script
+    assert "cell 2 (failed or interrupted in the notebook, left out)" in script
+    assert "undefined_name" in export_cells(cells)

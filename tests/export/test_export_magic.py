@@ -23,6 +23,7 @@ def shell():
     sh.run_line_magic("load_ext", "clusterkernel")
     sh.history_manager.reset()  # %mpi export reads the history: start it empty,
     sh.execution_count = 1  # numbered as a fresh notebook's In [n]
+    ck_magics._magics.failed_cells.clear()  # ... and with no failed cell yet
     yield sh
     ck_magics._magics._sub_off("")
     ck_magics._magics.cluster = None  # the fixture, not the test, owns the cluster's life
@@ -96,3 +97,22 @@ def test_help_is_generated_from_the_parsers(shell, capsys):
 def test_unknown_subcommand_lists_the_generated_summary(shell):
     with pytest.raises(UsageError, match=r"(?s)Unknown subcommand.*%mpi export \[--sbatch"):
         shell.run_line_magic("mpi", "exprot job.py")
+
+
+def test_export_leaves_out_cells_that_failed(shell, cluster, tmp_path):
+    ck_magics._magics.cluster = cluster
+    _run(shell, "%%mpi\nkept = 1")
+    failed = shell.run_cell("%%mpi\nraise ValueError('typo on every rank')", store_history=True)
+    assert not failed.success
+    bad_push = shell.run_cell("%mpi push no_such_name", store_history=True)
+    assert not bad_push.success
+    _run(shell, "%%mpi\nafter = kept + 1")
+    _run(shell, f"%mpi export {tmp_path / 'job.py'}")
+    script = (tmp_path / "job.py").read_text()
+    assert "kept = 1" in script and "after = kept + 1" in script
+    assert "typo on every rank" not in script and "no_such_name" not in script.split("# In [3]")[0]
+    assert script.count("failed or interrupted in the notebook, left out") == 2
+    # kept on request (the failed push of a name that never existed cannot be exported)
+    shell.run_cell("no_such_name = 5", store_history=True)
+    _run(shell, f"%mpi export {tmp_path / 'all.py'} --include-failed")
+    assert "raise ValueError('typo on every rank')" in (tmp_path / "all.py").read_text()

@@ -55,7 +55,7 @@ def test_a_torch_kernel_starts_its_ranks_with_the_group(shell, tmp_path):
         ' "Python 3 (MPI, 2 ranks, torch.distributed)", "name": "ck"}}, "nbformat": 4,'
         ' "nbformat_minor": 5}'
     )
-    assert read_notebook(nb) == (["x = 1"], 2, True)
+    assert read_notebook(nb) == (["x = 1"], 2, True, set())
 
 
 def test_local_cells_run_here_with_their_value_and_their_error(shell):
