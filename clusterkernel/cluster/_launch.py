@@ -48,6 +48,10 @@ LOCAL_ONLY_ENV = {"OMPI_MCA_btl": "self,sm"}
 # ipyparallel's default period (3 s) that alone costs 1.5 s on average per start.
 HEARTBEAT_MS = 500
 
+# A start taking longer than this (4 ranks take ~7 s here, 32 ~17 s) says how many
+# engines have registered so far, on a live line.
+_SAY_PROGRESS_AFTER = 20.0
+
 # Where clusters keep their files: the user's home, which compute nodes of a
 # cluster usually share (engines there read their connection file), and never the
 # default IPython profile, whose clusters Jupyter's ipyparallel extension adopts.
@@ -261,7 +265,8 @@ def wait_for_engines(
     job waiting in a queue): that time does not count against ``timeout``, and
     ``progress`` shows it as a live line.
     """
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     queued_since: float | None = None
     shown = False
     try:
@@ -285,6 +290,9 @@ def wait_for_engines(
                     f"What the launcher said:\n{said}"
                 )
             ids = list(client.ids)
+            if progress is not None and time.monotonic() - started > _SAY_PROGRESS_AFTER:
+                progress(f"{min(len(ids), n)} of {n} engines registered")
+                shown = True
             if len(ids) >= n:
                 infos = query(ids)
                 if infos and all(i["pid"] not in old_pids for i in infos.values()):

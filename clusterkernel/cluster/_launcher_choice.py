@@ -19,6 +19,17 @@ from clusterkernel.mpiexec import MPIRuntime, check_hosts_resolve, parse_hosts
 
 LAUNCHERS = ("mpiexec", "slurm")
 
+# Ranks per core one machine is allowed before a start is refused: 32 ranks ran on the
+# 2-core test machine (BENCHMARKS.md, issue 11); 100,000 took 108 s to fail there.
+MAX_RANKS_PER_CORE_ENV = "CLUSTERKERNEL_MAX_RANKS_PER_CORE"
+_MAX_RANKS_PER_CORE = 32
+
+
+def local_rank_limit() -> int:
+    """The most ranks a start on this machine alone may ask for (cores x the per-core cap)."""
+    per_core = int(os.environ.get(MAX_RANKS_PER_CORE_ENV) or _MAX_RANKS_PER_CORE)
+    return (os.cpu_count() or 1) * per_core
+
 
 def choose_launcher(
     n: int | None,
@@ -77,4 +88,12 @@ def choose_launcher(
         fault_tolerant=fault_tolerant,
         controller_ip=controller_ip,
     )
+    limit = local_rank_limit()
+    if not local.multi_node and local.n > limit:
+        raise ValueError(
+            f"{local.n} ranks on this machine alone: at most {limit} "
+            f"({os.cpu_count()} cores x {limit // (os.cpu_count() or 1)}) are started here. "
+            f"Ask for fewer, spread them with hosts=/--hosts or Slurm, or raise the cap with "
+            f"{MAX_RANKS_PER_CORE_ENV}."
+        )
     return local, runtime

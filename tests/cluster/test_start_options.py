@@ -91,3 +91,22 @@ def test_hostfile_cluster_listens_for_other_machines(no_shared_cluster, tmp_path
                 ips |= {c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN}
         assert "0.0.0.0" in ips
     assert not wait_no_cluster_processes(20)
+
+
+def test_more_ranks_than_this_machine_takes_is_refused_at_once(monkeypatch):
+    import os
+    import time
+
+    from clusterkernel.cluster._launcher_choice import MAX_RANKS_PER_CORE_ENV, local_rank_limit
+
+    t0 = time.monotonic()
+    with pytest.raises(
+        ValueError, match=rf"100000 ranks on this machine alone: at most {local_rank_limit()}"
+    ):
+        Cluster(n=100_000)
+    assert time.monotonic() - t0 < 5  # no engine was started to find out
+    monkeypatch.setenv(MAX_RANKS_PER_CORE_ENV, "1")
+    assert local_rank_limit() == os.cpu_count()
+    with pytest.raises(ValueError, match=MAX_RANKS_PER_CORE_ENV):
+        Cluster(n=(os.cpu_count() or 1) + 1)
+    Cluster(n=os.cpu_count())  # at the cap: fine (nothing starts until start())
