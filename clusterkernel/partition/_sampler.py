@@ -126,8 +126,11 @@ def distributed_loader(
 
     Example::
 
+        from clusterkernel.partition import set_epoch
         loader = distributed_loader(digits(), global_batch=128, seed=0)
-        loader.sampler.set_epoch(epoch)   # Trainer does this for you
+        for epoch in range(3):
+            set_epoch(loader, epoch)      # a new shuffle each epoch (Trainer does this)
+            for x, y in loader: ...
     """
     sampler = DistributedSampler(
         data, size, rank, shuffle=shuffle, seed=seed, uneven=uneven, group=group

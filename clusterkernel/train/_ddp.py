@@ -97,6 +97,19 @@ class DataParallel(nn.Module):
         group: comm.Group | None = None,
         shared_buckets: bool | None = None,
     ):
+        """Check the replicas agree, copy rank 0's state to every rank, set up the buckets.
+
+        ``optimizer``: its ``step()`` then waits for the gradients by itself;
+        ``bucket_bytes``: gradient bytes per allreduce; ``compression="fp16"``: half the
+        bytes on the wire; ``buffers``: what happens to buffers (BatchNorm statistics)
+        each step, ``"average"``, ``"broadcast"`` from rank 0 or ``"none"``; ``group``:
+        the ranks that train together (default all); ``shared_buckets``: where the
+        buckets live (the class docstring says when each choice helps).
+
+        Example::
+
+            model = DataParallel(net, optimizer=opt, bucket_bytes=4 << 20)
+        """
         super().__init__()
         if compression not in _COMPRESSION:
             raise ValueError(f"compression must be one of {_COMPRESSION}, got {compression!r}.")

@@ -77,6 +77,14 @@ class PipelineParallel(nn.Module):
         chunks: int = 4,
         group: comm.Group | None = None,
     ):
+        """Keep this rank's stage of ``model``: ``balance[i]`` layers on rank ``i``
+        (default: balanced by parameter size), ``chunks`` micro-batches per batch,
+        over ``group`` (default all ranks).
+
+        Example::
+
+            pipe = PipelineParallel(nn.Sequential(a, b, c, d), balance=[2, 2], chunks=8)
+        """
         super().__init__()
         self.group = group
         self.rank = comm.rank(group)
