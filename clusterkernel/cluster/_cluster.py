@@ -68,6 +68,9 @@ class Cluster:
         torchrun's environment (RANK, LOCAL_RANK, MASTER_ADDR, ...) either way.
     backend : the group's backend, ``"gloo"`` or ``"nccl"`` (implies ``torch``);
         default: torch's pick by device (gloo for CPU tensors, nccl for CUDA).
+    gpus_per_rank : GPUs each rank gets by its ``LOCAL_RANK`` (torch's current device
+        is the first). Default: one where a host has GPUs; 0: no binding. More ranks
+        on a node than GPUs is an error at start unless ``gpu_share``.
 
     Example::
 
@@ -101,8 +104,18 @@ class Cluster:
         fault_tolerant: bool = False,
         torch: bool = False,
         backend: str | None = None,
+        gpus_per_rank: int | None = None,
+        gpu_share: bool = False,
     ) -> None:
         _torch.check_backend_name(backend)
+        if gpus_per_rank is not None and (
+            not isinstance(gpus_per_rank, int)
+            or isinstance(gpus_per_rank, bool)
+            or gpus_per_rank < 0
+        ):
+            raise ValueError(
+                f"gpus_per_rank must be 0 (no binding) or more, got {gpus_per_rank!r}."
+            )
         self.launcher, self.runtime = choose_launcher(
             n,
             hosts,
@@ -127,8 +140,11 @@ class Cluster:
         self.fault_tolerant = fault_tolerant
         self.torch = bool(torch or backend)
         self.backend = backend
+        self.gpus_per_rank = gpus_per_rank
+        self.gpu_share = gpu_share
 
         self._engines: Engines | None = None  # the processes, while running
+        self.gpus: dict[int, list[int]] = {}  # rank -> its GPUs, from the binding at start
         self._status = RankStatus()
         self.lost: str | None = None  # why the engine set is gone, if it is
         self.dead: dict[int, str] = {}  # rank -> how it died (fault-tolerant jobs)
@@ -195,7 +211,7 @@ class Cluster:
 
     def _ranks_up(self) -> None:
         """What every fresh set of ranks gets: torchrun's environment, and the group if asked."""
-        _torch.ranks_up(self, self.backend if self.torch else False)
+        self.gpus = _torch.ranks_up(self, self.backend if self.torch else False)
 
     def _ranks_going_down(self) -> None:
         """Before the ranks stop: destroy the torch.distributed groups of idle ranks."""
@@ -229,6 +245,7 @@ class Cluster:
         finally:
             self._engines = None
             self.dead = {}
+            self.gpus = {}
             dash, self._dashboard = self._dashboard, None
             if dash is not None:  # after the ranks, so its last picture shows them stopped
                 dash._cluster_stopped()
@@ -339,12 +356,18 @@ class Cluster:
 
     # ------------------------------------------------------------------ status
     def status(self) -> list[dict]:
-        """One dict per rank: rank, host, pid, state, cpu %, memory (MiB).
+        """One dict per rank: rank, host, pid, state, cpu %, memory (MiB), and ``gpu``
+        (name, memory, utilisation) where the ranks are bound to GPUs.
 
         CPU and memory are read for ranks on this machine; on other hosts they are None.
         """
         self._require_running()
-        return self._status.rows(self.client, self._engines.rank_info, self.multi_node)
+        rows = self._status.rows(self.client, self._engines.rank_info, self.multi_node)
+        if self.gpus:  # name, memory, utilisation of each rank's GPU
+            gpu = _torch.gpu_status(self)
+            for row in rows:
+                row["gpu"] = gpu.get(row["rank"])
+        return rows
 
     def processes(self) -> list[int]:
         """Pids of every local process of this cluster (controller, mpiexec, ranks...)."""

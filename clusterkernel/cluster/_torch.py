@@ -73,15 +73,25 @@ def _call_all(cluster: Cluster, what: str, target: str, *args, timeout: float) -
         raise ClusterError(f"{what} failed:\n{said}") from None
 
 
-def ranks_up(cluster: Cluster, backend: str | None | bool) -> None:
-    """torchrun's environment on every rank; then the default group unless ``backend``
-    is False (None: torch picks the backend)."""
+def ranks_up(cluster: Cluster, backend: str | None | bool) -> dict[int, list[int]]:
+    """torchrun's environment on every rank, its GPU (where the host has GPUs, or as
+    ``cluster.gpus_per_rank`` says); then the default group unless ``backend`` is
+    False (None: torch picks the backend). Returns each bound rank's GPUs."""
     _call_all(
         cluster,
         "Setting torchrun's environment",
         "clusterkernel.torchdist:torchrun_env",
         timeout=30,
     )
+    bound = _call_all(
+        cluster,
+        "Binding each rank to its GPU",
+        "clusterkernel.torchdist._gpu:bind_ranks",
+        cluster.gpus_per_rank,
+        cluster.gpu_share,
+        timeout=120,
+    )
+    gpus = {rank: b["devices"] for rank, b in bound.items() if b}
     if backend is not False:
         _call_all(
             cluster,
@@ -91,6 +101,18 @@ def ranks_up(cluster: Cluster, backend: str | None | bool) -> None:
             _INIT_TIMEOUT,
             timeout=_INIT_TIMEOUT + 10,
         )
+    return gpus
+
+
+def gpu_status(cluster: Cluster) -> dict[int, dict | None]:
+    """Each rank's GPU (name, memory, utilisation), asked on the control channel so a
+    busy rank answers; ranks that did not answer are missing."""
+    from clusterkernel.cluster._ipp import control_request
+    from clusterkernel.engine._engine_setup import GPU_REQUEST
+
+    engines = {r: cluster.engine_id(r) for r in cluster.live_ranks}
+    replies = control_request(cluster.client, engines, GPU_REQUEST, {}, timeout=3.0)
+    return {r: c.get("gpu") for r, c in replies.items() if c.get("status") == "ok"}
 
 
 def ranks_going_down(cluster: Cluster, timeout: float = 5.0) -> None:

@@ -34,6 +34,9 @@ STACK_REPLY = "clusterkernel_stack_reply"
 # aborts the rank's torch.distributed groups: frees a rank blocked in gloo or NCCL
 TORCH_ABORT_REQUEST = "clusterkernel_torch_abort_request"
 TORCH_ABORT_REPLY = "clusterkernel_torch_abort_reply"
+# the rank's GPU: name, memory, utilisation (answered while the rank is busy)
+GPU_REQUEST = "clusterkernel_gpu_request"
+GPU_REPLY = "clusterkernel_gpu_reply"
 
 _stack_file = None
 _rank: int | None = None
@@ -103,6 +106,17 @@ def _flight(frames: list[dict]) -> list[dict]:
     return out
 
 
+def _on_gpu_request(kernel, stream, ident, parent) -> None:
+    """Control-thread handler: this rank's GPU as ``torchdist._gpu.device_status`` reads it."""
+    try:
+        from clusterkernel.torchdist._gpu import device_status
+
+        reply = {"status": "ok", "rank": _rank, "gpu": device_status()}
+    except Exception as e:
+        reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
+    kernel.session.send(stream, GPU_REPLY, reply, parent, ident)
+
+
 def _on_torch_abort(kernel, stream, ident, parent) -> None:
     """Control-thread handler: abort this rank's torch.distributed groups."""
     try:
@@ -127,6 +141,9 @@ def _install_stack_handler() -> None:
         kernel, stream, ident, parent
     )
     kernel.control_handlers[TORCH_ABORT_REQUEST] = lambda stream, ident, parent: _on_torch_abort(
+        kernel, stream, ident, parent
+    )
+    kernel.control_handlers[GPU_REQUEST] = lambda stream, ident, parent: _on_gpu_request(
         kernel, stream, ident, parent
     )
     from clusterkernel.engine import _debugger  # breakpoint() and post-mortem, same channel

@@ -229,8 +229,12 @@ def sbatch_script(
     account: str | None = None,
     job_name: str | None = None,
     python: str | None = None,
+    gpus_per_node: int | None = None,
+    gres: str | None = None,
 ) -> str:
     """An sbatch file that runs ``script`` with ``srun --mpi=pmix`` on nodes x tasks ranks.
+
+    ``gpus_per_node`` / ``gres`` ask Slurm for GPUs (``--gpus-per-node``, ``--gres``).
 
     Uses this Python (``sys.executable``) and the script's absolute path; the job's
     output goes to ``<script stem>-<jobid>.out`` beside the script.
@@ -242,6 +246,10 @@ def sbatch_script(
             raise ExportError(f"--{flag} must be a positive integer; got {count!r}")
     if not _SLURM_TIME.match(time):
         raise ExportError(f"--time {time!r}: use minutes, HH:MM:SS or D-HH:MM:SS, e.g. 01:30:00")
+    if gpus_per_node is not None and (not isinstance(gpus_per_node, int) or gpus_per_node < 1):
+        raise ExportError(f"--gpus-per-node must be a positive integer; got {gpus_per_node!r}")
+    if gres is not None and not re.match(r"^[\w.:,]+$", gres):
+        raise ExportError(f"--gres {gres!r}: use Slurm's form, e.g. gpu:4 or gpu:a100:2")
     for flag, value in (("partition", partition), ("account", account), ("job-name", job_name)):
         if value is not None and not _SLURM_NAME.match(value):
             raise ExportError(f"--{flag} {value!r}: use letters, digits, '.', '_', '+', '-'")
@@ -255,6 +263,8 @@ def sbatch_script(
         f"#SBATCH --time={time}",
         *([f"#SBATCH --partition={partition}"] if partition else []),
         *([f"#SBATCH --account={account}"] if account else []),
+        *([f"#SBATCH --gpus-per-node={gpus_per_node}"] if gpus_per_node else []),
+        *([f"#SBATCH --gres={gres}"] if gres else []),
         f"#SBATCH --output={path.with_name(path.stem + '-%j.out')}",
         "",
         "# Written by clusterkernel export: one MPI rank per task, run by the Python that",
@@ -342,6 +352,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time", default="01:00:00", help="Slurm time limit (default 01:00:00)")
     parser.add_argument("--partition", help="Slurm partition")
     parser.add_argument("--account", help="Slurm account")
+    parser.add_argument("--gpus-per-node", type=int, help="Slurm GPUs per node")
+    parser.add_argument("--gres", help="Slurm generic resources, e.g. gpu:4")
     parser.add_argument(
         "--include-failed",
         action="store_true",
@@ -388,7 +400,10 @@ def read_notebook(path: str | Path) -> NotebookCells:
 def main(args: argparse.Namespace) -> int:
     """``clusterkernel export notebook.ipynb -o job.py [--sbatch job.sbatch] ...``."""
     nb = Path(args.notebook)
-    slurm = {k: getattr(args, k) for k in ("nodes", "ntasks_per_node", "time", "partition")}
+    slurm = {
+        k: getattr(args, k)
+        for k in ("nodes", "ntasks_per_node", "time", "partition", "gpus_per_node", "gres")
+    }
     try:
         cells, kernel_ranks, kernel_torch, failed = read_notebook(nb)
         names = [f"code cell {i}" for i in range(1, len(cells) + 1)]

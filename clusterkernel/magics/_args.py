@@ -65,6 +65,16 @@ def ranks_arg(text: str | None) -> list[int] | None:
     help="make torch.distributed's default process group on every rank (after every restart too)",
 )
 @argument(
+    "--gpus-per-rank",
+    type=int,
+    metavar="K",
+    help="GPUs per rank, by LOCAL_RANK (default: 1 where a host has GPUs)",
+)
+@argument("--no-gpu-binding", action="store_true", help="leave torch's current GPU alone")
+@argument("--gpu-share", action="store_true", help="allow more ranks on a node than GPUs")
+@argument("--gpus-per-node", type=int, metavar="N", help="Slurm: GPUs to ask for on each node")
+@argument("--gres", help="Slurm: a generic resource request, e.g. gpu:a100:4")
+@argument(
     "--backend",
     choices=("gloo", "nccl"),
     help="the process group's backend (implies --torch; default: torch's pick by device)",
@@ -129,6 +139,8 @@ def cell_args(line):
 @argument("--time", default="01:00:00", help="Slurm time limit (default 01:00:00)")
 @argument("--partition", help="Slurm partition")
 @argument("--account", help="Slurm account")
+@argument("--gpus-per-node", type=int, help="Slurm GPUs per node")
+@argument("--gres", help="Slurm generic resources, e.g. gpu:4")
 @argument(
     "--include-failed",
     action="store_true",

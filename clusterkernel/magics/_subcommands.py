@@ -72,8 +72,16 @@ class Subcommands:
                 "Use %mpi restart, or %mpi stop first."
             )
         slurm = {"nodes": args.nodes, "partition": args.partition, "account": args.account}
-        if not args.slurm and any(slurm.values()):
-            raise UsageError("--nodes, --partition and --account go with --slurm.")
+        gpu_request = [f"--gpus-per-node={args.gpus_per_node}"] if args.gpus_per_node else []
+        gpu_request += [f"--gres={args.gres}"] if args.gres else []
+        if not args.slurm and (any(slurm.values()) or gpu_request):
+            raise UsageError(
+                "--nodes, --partition, --account, --gpus-per-node and --gres go with --slurm."
+            )
+        if gpu_request:
+            slurm["slurm_args"] = gpu_request
+        if args.no_gpu_binding and args.gpus_per_rank:
+            raise UsageError("--no-gpu-binding and --gpus-per-rank contradict each other.")
         try:
             cluster = Cluster(
                 n=args.n,
@@ -86,6 +94,8 @@ class Subcommands:
                 fault_tolerant=args.fault_tolerant,
                 torch=args.torch,
                 backend=args.backend,
+                gpus_per_rank=0 if args.no_gpu_binding else args.gpus_per_rank,
+                gpu_share=args.gpu_share,
                 **{k: v for k, v in slurm.items() if v is not None},
             )
         except (ValueError, FileNotFoundError, HostError, MPINotFoundError, ClusterError) as e:
@@ -137,8 +147,10 @@ class Subcommands:
         for r in rows:
             cpu = "-" if r["cpu"] is None else f"{r['cpu']:.0f}"
             mem = "-" if r["memory_mib"] is None else f"{r['memory_mib']:.0f}"
+            gpu = _gpu_text(r["gpu"]) if "gpu" in r else ""
             print(
                 f"{r['rank']:>4}  {r['host']:<16} {r['pid']:>8}  {r['state']:<6} {cpu:>6} {mem:>8}"
+                + gpu
             )
         return None
 
@@ -263,6 +275,8 @@ class Subcommands:
                 time=args.time,
                 partition=args.partition,
                 account=args.account,
+                gpus_per_node=args.gpus_per_node,
+                gres=args.gres,
             )
         except export.ExportError as e:
             raise UsageError(str(e)) from None
@@ -278,3 +292,12 @@ def _group_text(groups: dict[int, dict]) -> str:
     if not first:
         return "none"
     return f"{first['backend']}, {first['world_size']} ranks, rendezvous {first['master']}"
+
+
+def _gpu_text(gpu: dict | None) -> str:
+    """``  GPU 1 NVIDIA H100: 1.2/79.6 GiB, 37 %`` for a status row."""
+    if not gpu:
+        return "  GPU -"
+    util = "" if gpu.get("util") is None else f", {gpu['util']:.0f} %"
+    used, total = gpu["mem_used_mib"] / 1024, gpu["mem_total_mib"] / 1024
+    return f"  GPU {gpu['gpu']} {gpu['name']}: {used:.1f}/{total:.1f} GiB{util}"

@@ -107,7 +107,9 @@ def init(backend: str | None = None, timeout: float | None = None) -> dict:
     if timeout is not None:
         kwargs["timeout"] = timedelta(seconds=timeout)
     if backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        bound = os.environ.get("CLUSTERKERNEL_GPUS")  # the GPU binding's pick
+        index = int(bound.split(",")[0]) if bound else int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
         kwargs["device_id"] = device
     dist.init_process_group(backend=backend, **kwargs)

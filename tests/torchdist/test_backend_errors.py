@@ -18,3 +18,16 @@ def test_nccl_without_gpus_is_refused_on_every_rank_and_leaves_nothing(no_shared
     assert "[rank 0]" in str(info.value) and "[rank 1]" in str(info.value)
     assert "nccl" in str(info.value) and "--backend gloo" in str(info.value)
     assert not wait_no_cluster_processes(20)
+
+
+def test_gpus_asked_of_a_host_without_them_is_refused_on_every_rank(no_shared_cluster):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs")
+    with pytest.raises(ClusterError) as info:
+        Cluster(n=2, gpus_per_rank=1).start()
+    said = str(info.value)
+    assert "Binding each rank to its GPU failed" in said
+    assert "[rank 0]" in said and "[rank 1]" in said and "this host has no GPU" in said
+    assert not wait_no_cluster_processes(20)

@@ -118,3 +118,43 @@ def test_a_second_init_gets_a_note_that_says_what_to_do():
     assert "%mpi start --torch made it" in _torch.error_hint([twice], True)
     assert "torch-reinit" in _torch.error_hint([twice], False)
     assert _torch.error_hint(["ZeroDivisionError: division by zero"], True) == ""
+
+
+def test_each_rank_gets_its_gpus_by_local_rank():
+    from clusterkernel.torchdist._gpu import GpuBindingError, devices_for
+
+    assert [devices_for(r, 4, 4) for r in range(4)] == [[0], [1], [2], [3]]
+    assert [devices_for(r, 2, 8, gpus_per_rank=4) for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(GpuBindingError, match="need 4 GPUs and this host has 2.*at most 2 ranks"):
+        devices_for(0, 4, 2)
+    assert [devices_for(r, 4, 2, share=True) for r in range(4)] == [[0], [1], [0], [1]]
+    with pytest.raises(GpuBindingError, match="no GPU"):
+        devices_for(0, 1, 0)
+
+
+def test_slurm_gpu_requests_reach_the_batch_file(tmp_path):
+    from clusterkernel.export import ExportError, sbatch_script
+
+    text = sbatch_script(tmp_path / "job.py", nodes=2, ntasks_per_node=4, gpus_per_node=4)
+    assert "#SBATCH --gpus-per-node=4" in text
+    assert "#SBATCH --gres=gpu:a100:2" in sbatch_script(tmp_path / "job.py", gres="gpu:a100:2")
+    with pytest.raises(ExportError, match="gres"):
+        sbatch_script(tmp_path / "job.py", gres="gpu; rm -rf /")
+
+
+def test_gpu_options_that_contradict_or_lack_slurm_are_usage_errors():
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import clusterkernel.magics as ck_magics
+
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "clusterkernel")
+    for line, said in (
+        ("start -n 2 --gpus-per-node 4", "go with --slurm"),
+        ("start -n 2 --no-gpu-binding --gpus-per-rank 1", "contradict"),
+    ):
+        with pytest.raises(UsageError, match=said):
+            ck_magics._magics.mpi(line)
+    with pytest.raises(ValueError, match="gpus_per_rank"):
+        Cluster(n=2, gpus_per_rank=-1)
