@@ -24,7 +24,7 @@ from collections.abc import Iterable
 CLUSTER_FIXTURES = frozenset({"_shared_holder", "slurm_testbed", "run_ranks"})
 
 # a module that holds one of these names runs its tests' jobs on real ranks
-RANK_RUNNERS = frozenset({"run_mpi", "run_worker"})
+RANK_RUNNERS = frozenset({"run_mpi", "run_worker", "run_case_files"})
 
 # tests that start ranks without those
 STARTS_RANKS = frozenset(

@@ -105,3 +105,31 @@ def run_mpi(
     if proc.returncode != 0:
         pytest.fail(f"{what} exited {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}")
     return MPIRun(out, err)
+
+
+def run_case_files(n: int, case_dir: Path, *pytest_args: str, timeout: float = 240) -> str:
+    """Run the pytest case files (``case_*.py``) of ``case_dir`` on every rank of one
+    ``mpiexec -n n`` job; its output. Only ``case_dir``'s own conftest applies (the
+    suite's fixtures belong to the client side); a rank stuck past 90 s dumps its stack
+    and exits, which ends the job, so a hang fails instead of blocking the suite."""
+    return run_mpi(
+        n,
+        "-m",
+        "pytest",
+        "-q",
+        "--color=no",
+        "-x",
+        "-p",
+        "no:cacheprovider",
+        f"--confcutdir={case_dir}",
+        "-o",
+        "python_files=case_*.py",
+        "-o",
+        "timeout=90",
+        "-o",
+        "timeout_method=thread",
+        *(pytest_args or (".",)),
+        cwd=case_dir,
+        tag_output=True,
+        timeout=timeout,
+    ).stdout

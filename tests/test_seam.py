@@ -15,7 +15,7 @@ import sys
 CLIENT = ["cluster", "output", "export", "magics", "dashboard", "debug", "errors", "mpiexec"]
 # engine side: runs on the ranks (engine/_job_prelude is a script an exported job runs, not imported)
 ENGINE = ["comm", "metrics", "partition", "data", "train", "engine", "torchdist"]
-SEAM = ["records", "_wire", "_shm_names", "_rank_call"]
+SEAM = ["records", "_wire", "_shm_names", "_rank_call", "_net"]
 _NOT_IMPORTED = {"clusterkernel.engine._job_prelude"}
 
 

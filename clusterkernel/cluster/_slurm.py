@@ -25,13 +25,13 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import time
 from collections import Counter
 
 from traitlets.config import Config
 
+from clusterkernel._net import route_source
 from clusterkernel.cluster._launch import _base_config, process_ended, tail
 from clusterkernel.errors import ClusterError
 from clusterkernel.mpiexec import QUIET_OSC
@@ -99,14 +99,6 @@ def node_addresses(partition: str | None = None, names: list[str] | None = None)
             continue
         addrs.append(fields.get("NodeAddr") or fields["NodeName"])
     return addrs
-
-
-def route_source(address: str) -> str:
-    """This machine's address on the route to ``address`` (no packet is sent)."""
-    infos = socket.getaddrinfo(address, 9, socket.AF_INET, socket.SOCK_DGRAM)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(infos[0][4])
-        return s.getsockname()[0]
 
 
 def controller_address(nodes: list[str]) -> str:

@@ -106,26 +106,31 @@ def _flight(frames: list[dict]) -> list[dict]:
     return out
 
 
-def _on_gpu_request(kernel, stream, ident, parent) -> None:
-    """Control-thread handler: this rank's GPU as ``torchdist._gpu.device_status`` reads it."""
-    try:
-        from clusterkernel.torchdist._gpu import device_status
+def _gpu(content: dict) -> dict:
+    """This rank's GPU, as ``torchdist._gpu.device_status`` reads it."""
+    from clusterkernel.torchdist._gpu import device_status
 
-        reply = {"status": "ok", "rank": _rank, "gpu": device_status()}
-    except Exception as e:
-        reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
-    kernel.session.send(stream, GPU_REPLY, reply, parent, ident)
+    return {"gpu": device_status()}
 
 
-def _on_torch_abort(kernel, stream, ident, parent) -> None:
-    """Control-thread handler: abort this rank's torch.distributed groups."""
-    try:
-        from clusterkernel.torchdist._group import abort
+def _torch_abort(content: dict) -> dict:
+    """Abort this rank's torch.distributed groups (frees a rank blocked in one)."""
+    from clusterkernel.torchdist._group import abort
 
-        reply = {"status": "ok", "rank": _rank, "aborted": abort()}
-    except Exception as e:
-        reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
-    kernel.session.send(stream, TORCH_ABORT_REPLY, reply, parent, ident)
+    return {"aborted": abort()}
+
+
+def _answering(kernel, reply_type: str, answer):
+    """A control-thread handler that replies ``answer(request content)`` (plus status, rank)."""
+
+    def handler(stream, ident, parent) -> None:
+        try:
+            reply = {"status": "ok", "rank": _rank, **answer(parent.get("content", {}))}
+        except Exception as e:
+            reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
+        kernel.session.send(stream, reply_type, reply, parent, ident)
+
+    return handler
 
 
 def _install_stack_handler() -> None:
@@ -140,12 +145,10 @@ def _install_stack_handler() -> None:
     kernel.control_handlers[STACK_REQUEST] = lambda stream, ident, parent: _on_stack_request(
         kernel, stream, ident, parent
     )
-    kernel.control_handlers[TORCH_ABORT_REQUEST] = lambda stream, ident, parent: _on_torch_abort(
-        kernel, stream, ident, parent
+    kernel.control_handlers[TORCH_ABORT_REQUEST] = _answering(
+        kernel, TORCH_ABORT_REPLY, _torch_abort
     )
-    kernel.control_handlers[GPU_REQUEST] = lambda stream, ident, parent: _on_gpu_request(
-        kernel, stream, ident, parent
-    )
+    kernel.control_handlers[GPU_REQUEST] = _answering(kernel, GPU_REPLY, _gpu)
     from clusterkernel.engine import _debugger  # breakpoint() and post-mortem, same channel
 
     _debugger.install(kernel)

@@ -22,6 +22,8 @@ import os
 import socket
 from typing import Any
 
+from clusterkernel._net import route_source
+
 # torchrun's names (torch/distributed/run.py); GROUP_RANK is torchrun's node index,
 # NODE_RANK the name the Lightning and accelerate launchers read for the same.
 NAMES = (
@@ -77,7 +79,7 @@ def master_address(hosts: list[str], networks: list[list[str]] | None = None) ->
         return "127.0.0.1"
     for host in others:
         try:
-            return _route_source(host)
+            return route_source(host)
         except OSError:
             continue
     shared = _shared_address(hosts, networks or [])
@@ -108,14 +110,6 @@ def _shared_address(hosts: list[str], networks: list[list[str]]) -> str | None:
         if all(iface.network in nets for h, nets in by_host.items() if h != hosts[0]):
             return str(iface.ip)
     return None
-
-
-def _route_source(host: str) -> str:
-    """This machine's address on the route to ``host`` (no packet is sent)."""
-    info = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(info[0][4])
-        return s.getsockname()[0]
 
 
 def free_port(address: str) -> int:

@@ -12,36 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests._mpirun import run_mpi
+from tests._mpirun import run_case_files
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 240
 
 
 def run_cases(n: int, *pytest_args: str) -> str:
-    return run_mpi(
-        n,
-        "-m",
-        "pytest",
-        "-q",
-        "--color=no",
-        "-x",
-        "-p",
-        "no:cacheprovider",
-        # Only mpi/'s own conftest: the suite's fixtures belong to the client side.
-        f"--confcutdir={HERE / 'mpi'}",
-        "-o",
-        "python_files=case_*.py",
-        # A rank stuck past this dumps its stack and exits, which ends the job.
-        "-o",
-        "timeout=90",
-        "-o",
-        "timeout_method=thread",
-        *pytest_args,
-        cwd=HERE / "mpi",
-        tag_output=True,
-        timeout=TIMEOUT,
-    ).stdout
+    return run_case_files(n, HERE / "mpi", *pytest_args, timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

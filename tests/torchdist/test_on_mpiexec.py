@@ -9,33 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests._mpirun import run_mpi
+from tests._mpirun import run_case_files
 
 HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_torchrun_cases_on_n_ranks(n):
-    out = run_mpi(
-        n,
-        "-m",
-        "pytest",
-        "-q",
-        "--color=no",
-        "-x",
-        "-p",
-        "no:cacheprovider",
-        f"--confcutdir={HERE / 'mpi'}",
-        "-o",
-        "python_files=case_*.py",
-        "-o",
-        "timeout=90",
-        "-o",
-        "timeout_method=thread",
-        ".",
-        cwd=HERE / "mpi",
-        tag_output=True,
-        timeout=240,
-    ).stdout
+    out = run_case_files(n, HERE / "mpi")
     assert out.count(" passed") >= n, out
     assert "skipped" not in out or "GPUs" in out, out
