@@ -59,8 +59,13 @@ def _what(e: dict) -> str:
     return f"{e['op']} #{e['seq']} ({e['group']}, {size}{', ' + where if where else ''})"
 
 
+# Rooted calls whose recorded size differs by role in torch's flight recorder: only the
+# root records scatter's list and gather's outputs (a non-root rank's reads 0 B).
+_ROOTED = {"scatter", "gather"}
+
+
 def _signature(e: dict) -> tuple:
-    sized = e["op"] in _SIZED
+    sized = e["op"] in _SIZED and not (e.get("torch") and e["op"] in _ROOTED)
     return (e["op"], e["dtype"] if sized else "", e["nbytes"] if sized else -1)
 
 

@@ -165,8 +165,8 @@ def aborted_note(cluster: Cluster, aborted: list[int], stuck: list[int]) -> str:
         return (
             f"Aborting the torch.distributed groups of ranks {format_ranks(aborted)} did not "
             f"free rank {format_ranks(stuck)}: gloo closes a group's connections only once "
-            "nothing holds the group (a DDP or FSDP model, or a device mesh, in the ranks' "
-            "variables does)."
+            "nothing holds the group (a DDP or FSDP model or a device mesh in the ranks' "
+            "variables does, and so do torch's DTensor caches once a DTensor was used)."
         )
     head = (
         f"Ranks {format_ranks(aborted)}: their torch.distributed groups were aborted to free "

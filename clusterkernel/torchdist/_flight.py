@@ -102,7 +102,10 @@ def entries(
     ``in_call``: whether this rank's main thread is inside torch right now (its
     stack's innermost frames are torch's). A group's newest call counts as not done
     when torch has not retired it and the rank is still in torch: gloo retires a
-    blocking call only when the next starts, so torch's own state cannot tell.
+    blocking call only when the next starts, so torch's own state cannot tell; older
+    calls of a group are done (a rank is in one blocking call at a time). torch's
+    ``pg_status`` is not used: a group made again keeps its entries' name ('0') while
+    its status moves to another key, which made a new group's blocked call look done.
     ``where``: the (file, line) the main thread is at, given to calls not done (the
     dump carries no stacks, see :func:`dump`).
     """
@@ -111,7 +114,6 @@ def entries(
         return []
     skip = (_torch_dir(), _PACKAGE)
     config = data.get("pg_config", {})
-    status = data.get("pg_status", {})
     default = _backend()  # for entries that do not name their backend
     out = []
     for e in data["entries"]:
@@ -122,14 +124,7 @@ def entries(
         nbytes, dtype = _size(e.get("input_sizes"), e.get("input_dtypes"))
         path, line = _caller(e.get("frames") or [], skip)
         ranks = _ranks(config, pg_name)
-        completed = status.get(pg_name, {}).get("last_completed_collective", -1)
-        done = (
-            bool(e.get("retired"))
-            or e.get("state") == "completed"
-            or (not e.get("is_p2p") and e["collective_seq_id"] <= completed)
-        )
-        if not done and not path:
-            path, line = where
+        done = bool(e.get("retired")) or e.get("state") == "completed"
         entry = {
             "seq": int(e["p2p_seq_id"] if e.get("is_p2p") else e["collective_seq_id"]),
             "op": op,
@@ -146,9 +141,15 @@ def entries(
         }
         out.append(entry)
     out = _newest_incarnation(out)
-    if not in_call:
-        for e in out:
+    newest: dict[str, dict] = {}
+    for e in out:
+        if e["peer"] is None:
+            newest[e["group_instance"]] = e
+    for e in out:
+        if not in_call or (e["peer"] is None and e is not newest[e["group_instance"]]):
             e["done"] = True
+        elif not e["done"] and not e["file"]:
+            e["file"], e["line"] = where
     return out
 
 

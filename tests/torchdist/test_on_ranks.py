@@ -209,6 +209,12 @@ def test_a_rank_blocked_in_gloo_is_named_and_freed_keeping_variables(tcluster: C
     assert tcluster.pull("total") == {0: [2.0, 2.0], 1: [2.0, 2.0]}
     tcluster.run("port = int(os.environ['MASTER_PORT'])")
     assert tcluster.pull("port")[0] != old_port
+    # a second hang, in the group made again, is read as well as the first
+    with pytest.raises(CellInterrupted) as again:
+        tcluster.run("if dist.get_rank() == 1:\n    dist.all_reduce(t)\n", timeout=4)
+    text = "\n".join(again.value.render(color=False))
+    assert "rank 1 waits in all_reduce #2 (gloo, 8 B float32, cell line 2)" in text, text
+    assert "aborting its torch.distributed group freed it" in text
 
 
 def test_a_group_a_ddp_model_holds_cannot_be_freed_and_the_ranks_restart(tcluster: Cluster):

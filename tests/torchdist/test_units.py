@@ -158,3 +158,23 @@ def test_gpu_options_that_contradict_or_lack_slurm_are_usage_errors():
             ck_magics._magics.mpi(line)
     with pytest.raises(ValueError, match="gpus_per_rank"):
         Cluster(n=2, gpus_per_rank=-1)
+
+
+def test_a_group_made_again_is_read_without_torchs_status_of_the_old_one():
+    # after reinit torch keeps the entries' group name ("0") but reports the new group's
+    # status under another key: the old status must not mark the new blocked call done
+    calls = [_entry(1, True), _entry(2, False)]
+    data = _dump(calls, completed=125)
+    data["pg_status"] = {
+        "0": {"last_completed_collective": 125},
+        "1": {"last_completed_collective": 1},
+    }
+    got = entries(True, data, where=("/tmp/ipykernel_1/3.py", 3))
+    assert [e["done"] for e in got] == [True, False] and got[-1]["line"] == 3
+
+
+def test_rooted_calls_torch_records_by_role_are_no_mismatch():
+    root = entries(False, _dump([_entry(1, True, size=256, op="gloo:scatter")]))
+    other = entries(False, _dump([_entry(1, True, size=0, op="gloo:scatter")]))
+    root[0]["done"] = other[0]["done"] = False  # both waiting in it
+    assert "mismatch" not in compare({0: root, 1: other})
