@@ -77,16 +77,10 @@ def ranks_up(cluster: Cluster, backend: str | None | bool) -> dict[int, list[int
     """torchrun's environment on every rank, its GPU (where the host has GPUs, or as
     ``cluster.gpus_per_rank`` says); then the default group unless ``backend`` is
     False (None: torch picks the backend). Returns each bound rank's GPUs."""
-    _call_all(
-        cluster,
-        "Setting torchrun's environment",
-        "clusterkernel.torchdist:torchrun_env",
-        timeout=30,
-    )
     bound = _call_all(
         cluster,
-        "Binding each rank to its GPU",
-        "clusterkernel.torchdist._gpu:bind_ranks",
+        "Setting torchrun's environment and each rank's GPU",
+        "clusterkernel.torchdist._gpu:prepare_rank",
         cluster.gpus_per_rank,
         cluster.gpu_share,
         timeout=120,

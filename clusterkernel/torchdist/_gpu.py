@@ -101,6 +101,14 @@ def bind_ranks(gpus_per_rank: int | None = None, share: bool = False) -> dict:
     return bind(gpus_per_rank or 1, share)
 
 
+def prepare_rank(gpus_per_rank: int | None = None, share: bool = False) -> dict:
+    """What a fresh rank gets in one call: torchrun's environment, then its GPU."""
+    from clusterkernel.torchdist._env import torchrun_env
+
+    torchrun_env()
+    return bind_ranks(gpus_per_rank, share)
+
+
 def device_status() -> dict | None:
     """This rank's GPU: name, memory used/total (MiB), utilisation %; None without one.
 

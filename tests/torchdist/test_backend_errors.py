@@ -19,6 +19,6 @@ def test_gpus_asked_of_a_host_without_them_is_refused_on_every_rank(no_shared_cl
     with pytest.raises(ClusterError) as info:
         Cluster(n=2, gpus_per_rank=1).start()
     said = str(info.value)
-    assert "Binding each rank to its GPU failed" in said
+    assert "Setting torchrun's environment and each rank's GPU failed" in said
     assert "[rank 0]" in said and "[rank 1]" in said and "this host has no GPU" in said
     assert not wait_no_cluster_processes(20)
