@@ -170,18 +170,8 @@ def _pending_p2p(flights: dict[int, list[dict]]) -> list[str]:
     return lines
 
 
-def summarize(cluster: Cluster, ranks: list[int], busy: list[int]) -> str:
-    """Ask the cell's ranks for their flight records and compare them (see :func:`compare`).
-
-    Ranks still running are asked through their control channel, so this works while
-    they are blocked in MPI and on any host; ranks that finished the cell answer too.
-    """
-    return compare(*collect(cluster, ranks, busy))
-
-
-def has_torch_calls(collected: tuple[dict, dict] | dict) -> bool:
+def has_torch_calls(flights: dict[int, list[dict]]) -> bool:
     """Whether any rank's flight records (from :func:`collect`) hold torch.distributed calls."""
-    flights = collected[0] if isinstance(collected, tuple) else {}
     return any(e.get("torch") for entries in flights.values() for e in entries)
 
 
@@ -189,7 +179,11 @@ def collect(
     cluster: Cluster, ranks: list[int], busy: list[int]
 ) -> tuple[dict[int, list[dict]], dict[int, str]]:
     """Each answering rank's flight records (comm's and torch's), and where each rank is:
-    the arguments of :func:`compare`."""
+    the arguments of :func:`compare`.
+
+    Ranks still running are asked through their control channel, so this works while
+    they are blocked in MPI and on any host; ranks that finished the cell answer too.
+    """
     state = request_state(cluster.client, {r: cluster.engine_id(r) for r in ranks})
     positions = {}
     for r in ranks:

@@ -158,8 +158,10 @@ class CellRun:
         busy = self.busy_ranks()
         stacks = self.cluster.stacks(busy, code=self.code) if (stacks_first and busy) else {}
         # Read before the interrupt unwinds anything: who waits in which call.
-        flight_entries = _hangreport.collect(self.cluster, self.ranks, busy) if busy else {}
-        flight = _hangreport.compare(*flight_entries) if flight_entries else ""
+        flights, positions = (
+            _hangreport.collect(self.cluster, self.ranks, busy) if busy else ({}, {})
+        )
+        flight = _hangreport.compare(flights, positions) if busy else ""
         released = self._release_breakpoints(busy) if busy else []
         busy = self.busy_ranks()
         if busy:
@@ -170,7 +172,7 @@ class CellRun:
             self.ar.wait(_GRACE)
         stuck = self.busy_ranks()
         aborted: list[int] = []
-        if stuck and _hangreport.has_torch_calls(flight_entries):
+        if stuck and _hangreport.has_torch_calls(flights):
             # a rank blocked in gloo/NCCL: closing every rank's group frees it
             aborted = self._abort_torch_groups()
             stuck = self.busy_ranks()
@@ -189,7 +191,7 @@ class CellRun:
                 how = (
                     "aborting its torch.distributed group freed it"
                     if r in aborted
-                    else ("SIGINT stopped it")
+                    else "SIGINT stopped it"
                 )
                 items.append((r, kind, f"{what}{how}", detail))
             elif r in released:
