@@ -1,0 +1,161 @@
+"""Issue 22: your torch.distributed code in %%mpi cells vs the same code under torchrun.
+
+Two questions, each side by side in one run, rounds interleaved:
+
+- ``ddp``: DDP (gloo, CPU) training throughput of one training function, run by
+  ``torchrun --standalone --nproc-per-node N`` and in a ``Cluster(n=N, torch=True)``
+  through ``cluster.run`` (what a ``%%mpi`` cell does). Samples/s = samples trained
+  by all ranks / the slowest rank's time; warm-up steps are not timed. The cluster is
+  started once (start time is the other question). Target: >= 0.98x torchrun.
+- ``start``: ``Cluster(n=4).start()`` vs ``Cluster(n=4, torch=True).start()`` (the
+  group made on every rank), each stopped again. Target: under 1 s more.
+
+Run from the repository root, under the MPI lock, on a quiet machine::
+
+    flock /tmp/ck-mpi.lock python benchmarks/bench_torch.py [--part ddp|start|all] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# One training function, the same text for both sides.
+_TRAIN = """
+def train(steps=200, warmup=10, batch=64):
+    import time, torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    teacher = torch.nn.Linear(256, 10)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+        torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    ddp = DDP(net)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for step in range(warmup + steps):
+        if step == warmup:
+            dist.barrier()
+            t0 = time.perf_counter()
+        x = torch.randn(batch, 256, generator=g)
+        y = teacher(x).argmax(1)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    elapsed = time.perf_counter() - t0
+    slowest = torch.tensor([elapsed])
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return steps * batch * dist.get_world_size() / slowest.item()
+"""
+
+_TORCHRUN_MAIN = """
+import json, torch.distributed as dist
+dist.init_process_group("gloo")
+rate = train()
+if dist.get_rank() == 0:
+    print("RATE", json.dumps(rate), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _torchrun(n: int, script: Path) -> float:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    out = subprocess.run(
+        [torchrun, "--standalone", f"--nproc-per-node={n}", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    for line in out.stdout.splitlines():
+        if line.startswith("RATE "):
+            return json.loads(line[5:])
+    raise RuntimeError(f"torchrun gave no rate:\n{out.stdout}\n{out.stderr}")
+
+
+def _cluster_rate(cluster) -> float:
+    cluster.run("rate = train()")
+    return cluster.pull("rate")[0]
+
+
+def part_ddp(n: int, rounds: int) -> None:
+    from clusterkernel import Cluster
+
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "train_ddp.py"
+        script.write_text(_TRAIN + _TORCHRUN_MAIN)
+        cluster = Cluster(n=n, torch=True, env={"OMP_NUM_THREADS": "1"}).start()
+        try:
+            cluster.run(_TRAIN)
+            ratios, ours, theirs = [], [], []
+            for r in range(rounds):
+                order = ("torchrun", "cluster") if r % 2 == 0 else ("cluster", "torchrun")
+                got = {}
+                for side in order:
+                    got[side] = (
+                        _torchrun(n, script) if side == "torchrun" else _cluster_rate(cluster)
+                    )
+                ours.append(got["cluster"])
+                theirs.append(got["torchrun"])
+                ratios.append(got["cluster"] / got["torchrun"])
+                print(
+                    f"round {r + 1}: %%mpi {got['cluster']:.0f} samples/s, torchrun "
+                    f"{got['torchrun']:.0f} samples/s, ratio {ratios[-1]:.3f}",
+                    flush=True,
+                )
+        finally:
+            cluster.stop()
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    print(
+        "\n| ranks | %%mpi samples/s (median) | torchrun samples/s (median) | ratio (median of rounds) | middle half |"
+    )
+    print("|---|---|---|---|---|")
+    print(
+        f"| {n} | {statistics.median(ours):.0f} | {statistics.median(theirs):.0f} | "
+        f"{statistics.median(ratios):.3f}x | {q[0]:.3f}-{q[2]:.3f} |"
+    )
+
+
+def part_start(n: int, rounds: int) -> None:
+    from clusterkernel import Cluster
+
+    times: dict[str, list[float]] = {"plain": [], "torch": []}
+    for r in range(rounds):
+        order = ("plain", "torch") if r % 2 == 0 else ("torch", "plain")
+        for side in order:
+            t0 = time.perf_counter()
+            c = Cluster(n=n, torch=side == "torch").start()
+            times[side].append(time.perf_counter() - t0)
+            c.stop()
+        print(
+            f"round {r + 1}: plain {times['plain'][-1]:.2f} s, --torch {times['torch'][-1]:.2f} s",
+            flush=True,
+        )
+    plain, torch_ = statistics.median(times["plain"]), statistics.median(times["torch"])
+    print("\n| ranks | start (median) | start --torch (median) | difference |")
+    print("|---|---|---|---|")
+    print(f"| {n} | {plain:.2f} s | {torch_:.2f} s | {torch_ - plain:+.2f} s |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--part", choices=("ddp", "start", "all"), default="all")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ranks", type=int, default=2, help="ranks for the ddp part")
+    args = parser.parse_args()
+    if args.part in ("ddp", "all"):
+        part_ddp(args.ranks, args.rounds)
+    if args.part in ("start", "all"):
+        part_start(4, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
