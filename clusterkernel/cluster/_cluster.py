@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from clusterkernel.cluster import _rank_faults, _stacks, _torch
+from clusterkernel import _oom
+from clusterkernel.cluster import _namespace, _rank_faults, _stacks, _torch
 from clusterkernel.cluster._launcher_choice import choose_launcher
 from clusterkernel.cluster._lifecycle import Engines
+from clusterkernel.cluster._namespace import RankNames
 from clusterkernel.cluster._status import RankStatus
 from clusterkernel.errors import CellInterrupted, ClusterError, RankError, format_ranks
 
@@ -149,6 +152,7 @@ class Cluster:
         self.lost: str | None = None  # why the engine set is gone, if it is
         self.dead: dict[int, str] = {}  # rank -> how it died (fault-tolerant jobs)
         self._dashboard: Dashboard | None = None  # the one the ranks stream to
+        self.rank_names = RankNames()  # what Tab offers while a rank cannot answer
 
     # ------------------------------------------------------------------ lifecycle
     def __repr__(self) -> str:
@@ -246,6 +250,7 @@ class Cluster:
             self._engines = None
             self.dead = {}
             self.gpus = {}
+            self.rank_names.forget()
             dash, self._dashboard = self._dashboard, None
             if dash is not None:  # after the ranks, so its last picture shows them stopped
                 dash._cluster_stopped()
@@ -310,7 +315,8 @@ class Cluster:
 
     @property
     def rank_info(self) -> dict[int, dict]:
-        """``{rank: {"rank", "host", "pid", "engine"}}`` as each rank reported at start."""
+        """``{rank: {"rank", "host", "pid", "engine", "oom"}}`` as each rank reported at start
+        (``oom``: its memory cgroup's OOM-kill counter then, see :meth:`out_of_memory`)."""
         return dict(self._engines.rank_info) if self._engines is not None else {}
 
     @property
@@ -395,6 +401,48 @@ class Cluster:
         return dict(zip(ranks, values))
 
     # ------------------------------------------------------------------ run
+    def complete(
+        self, code: str, cursor_pos: int | None = None, rank: int = 0, timeout: float = 1.0
+    ) -> dict:
+        """What Tab offers at ``cursor_pos`` (default: the end) in ``code`` on rank ``rank``:
+        a Jupyter ``complete_reply`` content (``matches``, ``cursor_start``, ``cursor_end``).
+
+        The rank's own IPython completer answers, through its control channel, so a rank
+        busy in a cell answers too; one that does not within ``timeout`` seconds gets the
+        top-level names it listed last (``metadata["clusterkernel"]["from"] == "cache"``).
+        Nothing in ``code`` is run.
+
+        Example::
+
+            cluster.run("import torch")
+            cluster.complete("torch.zer")["matches"]    # ['zeros', 'zeros_like']
+        """
+        self._require_running()
+        self.engine_id(rank)  # clear error for a rank that does not exist
+        cursor = len(code) if cursor_pos is None else cursor_pos
+        return _namespace.complete(self, code, cursor, rank, timeout)
+
+    def inspect(
+        self,
+        code: str,
+        cursor_pos: int | None = None,
+        detail_level: int = 0,
+        rank: int = 0,
+        timeout: float = 1.0,
+    ) -> dict:
+        """What Shift-Tab / ``name?`` (``detail_level=1``: ``name??``) shows for the name at
+        ``cursor_pos`` in ``code`` on rank ``rank``: a Jupyter ``inspect_reply`` content
+        (``found``, ``data``). ``found`` is False when the rank does not answer in time.
+
+        Example::
+
+            cluster.inspect("model")["data"]["text/plain"]   # rank 0's model, as model? shows it
+        """
+        self._require_running()
+        self.engine_id(rank)
+        cursor = len(code) if cursor_pos is None else cursor_pos
+        return _namespace.inspect(self, code, cursor, detail_level, rank, timeout)
+
     def run(
         self,
         code: str,
@@ -531,6 +579,17 @@ class Cluster:
 
     def interrupt(self, ranks: list[int]) -> None:
         self.signal(signal.SIGINT, ranks)
+
+    def out_of_memory(self, ranks: list[int]) -> list[int]:
+        """Those of ``ranks`` (on this host) in whose memory cgroup the kernel's
+        out-of-memory killer has struck since they started (see :mod:`clusterkernel._oom`)."""
+        here = socket.gethostname()
+        info = self.rank_info
+        return [
+            r
+            for r in ranks
+            if info.get(r, {}).get("host") == here and _oom.killed_since(info[r].get("oom"))
+        ]
 
     def dead_ranks(self) -> tuple[list[int], str] | None:
         """If the MPI job has ended, ``(ranks that died first, the launcher's report)``."""

@@ -6,6 +6,9 @@ An ipyparallel upgrade that moves these breaks this module alone:
   engine's control channel (stacks, debugger, torch abort), which ipykernel's
   control thread answers while the rank's main thread is blocked in MPI. The
   client has no public call to address one engine's control channel;
+- **pages** (:func:`pager_outputs`): what ``obj?`` or ``%pdoc`` in a cell shows travels
+  in the engine's execute reply as a "page" payload, which ipyparallel keeps in its
+  reply object's private content;
 - **reply timestamps** (:func:`install_date_parser`): every reply to a cell carries
   the time its engine started the cell, and ipyparallel's client parses it with
   ``dateutil.parser.parse`` in its IO thread: ~49 us per rank and cell here (~1.6 ms
@@ -48,6 +51,13 @@ def install_date_parser() -> None:
         _util._parse_date = parse_date
 
 
+def control_send(client, engine_id: int, msg_type: str, content: dict):
+    """Send ``msg_type`` on one engine's control channel; the future of its reply message
+    (it does not wait: sending happens in the client's IO thread)."""
+    ident = client._build_targets([engine_id])[0]
+    return client._send(client._control_stream, msg_type, content=content, ident=ident)
+
+
 def control_request(
     client, engines: dict[int, int], msg_type: str, content: dict, timeout: float = 3.0
 ) -> dict[int, dict]:
@@ -55,10 +65,7 @@ def control_request(
     ``{rank: reply content}`` of those that answered within ``timeout``."""
     if not engines:
         return {}
-    futures = {}
-    for rank, eid in engines.items():
-        ident = client._build_targets([eid])[0]
-        futures[rank] = client._send(client._control_stream, msg_type, content=content, ident=ident)
+    futures = {rank: control_send(client, eid, msg_type, content) for rank, eid in engines.items()}
     deadline = time.monotonic() + timeout
     out = {}
     for rank, future in futures.items():
@@ -68,3 +75,16 @@ def control_request(
             continue
         out[rank] = msg.get("content", {})
     return out
+
+
+def pager_outputs(result) -> list[dict]:
+    """The pages an engine's execute reply carries (``obj?``, ``obj??``, ``%pdoc`` in the
+    cell), as display_data contents; [] for anything else (an error, a lost engine)."""
+    content = getattr(result, "_content", None)
+    if not isinstance(content, dict):
+        return []
+    return [
+        {"data": page["data"], "metadata": {}}
+        for page in content.get("payload") or ()
+        if page.get("source") == "page" and isinstance(page.get("data"), dict)
+    ]

@@ -25,7 +25,7 @@ import socket
 import sys
 import threading
 
-from clusterkernel import _shm_names
+from clusterkernel import _oom, _shm_names
 from clusterkernel.engine._frames import frame_locals
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -149,6 +149,17 @@ def _install_stack_handler() -> None:
         kernel, TORCH_ABORT_REPLY, _torch_abort
     )
     kernel.control_handlers[GPU_REQUEST] = _answering(kernel, GPU_REPLY, _gpu)
+    from clusterkernel.engine import _warnings  # warnings name the cell, not a temp file
+
+    _warnings.install(shell)
+    from clusterkernel.engine import _completion  # Tab and Shift-Tab on rank-side names
+
+    kernel.control_handlers[_completion.COMPLETE_REQUEST] = _answering(
+        kernel, _completion.COMPLETE_REPLY, lambda content: _completion.complete(kernel, content)
+    )
+    kernel.control_handlers[_completion.INSPECT_REQUEST] = _answering(
+        kernel, _completion.INSPECT_REPLY, lambda content: _completion.inspect_name(kernel, content)
+    )
     from clusterkernel.engine import _debugger  # breakpoint() and post-mortem, same channel
 
     _debugger.install(kernel)
@@ -181,4 +192,5 @@ def setup(stack_dir: str | None) -> dict:
         "size": world.Get_size(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "oom": _oom.counter(),  # read again if this rank dies of SIGKILL
     }

@@ -11,6 +11,7 @@ with ``c.InteractiveShellApp.extensions = ["clusterkernel"]`` in
 
 from __future__ import annotations
 
+from clusterkernel.magics import _completion
 from clusterkernel.magics._mpi import MPIMagics
 
 __all__ = ["MPIMagics", "load_ipython_extension", "unload_ipython_extension", "current_cluster"]
@@ -23,10 +24,12 @@ def load_ipython_extension(ipython) -> None:
     if _magics is None or _magics.shell is not ipython:
         _magics = MPIMagics(ipython)
     ipython.register_magics(_magics)
+    _completion.install(ipython, current_cluster)  # Tab in rank cells asks the ranks
 
 
 def unload_ipython_extension(ipython) -> None:
     global _magics
+    _completion.uninstall(ipython)
     if _magics is not None:
         _magics._stop_quietly()
         _magics = None
