@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["job_report", "dead_ranks", "death_cause"]
+__all__ = ["job_report", "dead_ranks", "death_cause", "OUT_OF_MEMORY"]
 
 # Lines of ipyparallel's own processes, noise in a launcher's log.
 _IPP_NOISE = ("[KernelNanny", "[IPEngine", "[IPController")
@@ -70,8 +70,14 @@ def _srun_first(report: str) -> str:
     return report[: m.start()] if m else report
 
 
+OUT_OF_MEMORY = "out of memory: the kernel's OOM killer ended it (signal 9)"
+
+
 def death_cause(report: str) -> str:
-    """``"exit code 3"`` or ``"killed by signal 9 (Killed)"`` from a launcher's report."""
+    """``"exit code 3"`` or ``"killed by signal 9 (Killed)"`` from a launcher's report
+    (:data:`OUT_OF_MEMORY` where Slurm says it killed a task for its memory)."""
+    if re.search(r"oom[_-]kill event|: Out Of Memory", _srun_first(report)):
+        return OUT_OF_MEMORY
     m = re.search(r"exited\s+on\s+signal\s+(\d+)(?:\s+\(([^)]+)\))?", report)
     if m:
         return f"killed by signal {m.group(1)}" + (f" ({m.group(2)})" if m.group(2) else "")

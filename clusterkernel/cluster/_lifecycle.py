@@ -25,6 +25,7 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
+from clusterkernel import _shm_names
 from clusterkernel.cluster import _ipp
 from clusterkernel.cluster._launch import (
     Guard,
@@ -226,6 +227,10 @@ class Engines:
         if self.guard is not None:
             self.guard.release()
             self.guard = None
+        if self.run_dir:
+            # prterun removes the job's shared-memory segments, but not a rank's whose
+            # process was SIGKILLed (the out-of-memory killer): the names the ranks noted
+            _shm_names.remove(self.run_dir)
         remove_run_dir(self.run_dir)
         self.run_dir = None
         self.rank_info = {}

@@ -25,15 +25,16 @@ from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
 
-from clusterkernel.cluster import _hangreport, _torch
+from clusterkernel.cluster import _hangreport, _ipp, _torch
 from clusterkernel.cluster._breakpoints import Stops
-from clusterkernel.cluster._jobreport import death_cause
+from clusterkernel.cluster._jobreport import OUT_OF_MEMORY, death_cause
 from clusterkernel.errors import (
     CellInterrupted,
     RankError,
     format_ranks,
     group_failures,
     notebook_execution_count,
+    retitle_cell,
 )
 from clusterkernel.output import RankOutput, Renderer, default_renderer
 
@@ -71,6 +72,7 @@ class CellRun:
         mds = self.ar.metadata
         self._mds = mds if isinstance(mds, list) else [mds]
         self._stops = Stops(cluster, self.ranks, self._mds, self.renderer)
+        self._pages: dict[int, list[dict]] | None = None  # obj? in the cell: each rank's page
         self.started = time.monotonic()
         self.done = False
         # the notebook's cell this run belongs to (a --noblock run is waited on later)
@@ -91,12 +93,16 @@ class CellRun:
         md = self._mds[self.ranks.index(rank)]
         return RankOutput(
             stdout=md.get("stdout") or "",
-            stderr=md.get("stderr") or "",
-            outputs=list(md.get("outputs") or []),
+            # warnings name the engine's cell number: the notebook's, as in tracebacks
+            stderr=retitle_cell(md.get("stderr") or "", self.execution_count),
+            outputs=list(md.get("outputs") or []) + (self._pages or {}).get(rank, []),
             execute_result=md.get("execute_result") or None,
         )
 
     def _pump(self) -> None:
+        if self._pages is None and self.ar.ready():  # pages come with the replies
+            results = self.ar.get(return_exceptions=True)
+            self._pages = {r: _ipp.pager_outputs(res) for r, res in zip(self.ranks, results)}
         for rank in self.ranks:
             self.renderer.update(rank, self.output(rank))
 
@@ -143,12 +149,27 @@ class CellRun:
     # ------------------------------------------------------------------ faults
     def _job_ended(self, dead: list[int], report: str) -> RankError:
         why = death_cause(report)
+        oom = self.cluster.out_of_memory(dead) if "signal 9" in why else []
+        if oom and len(oom) == len(dead):
+            why = OUT_OF_MEMORY
         others = [r for r in self.cluster.ranks if r not in dead]
         head = f"rank {format_ranks(dead)} died" if dead else "the MPI job ended"
         self.cluster.mark_lost(f"The MPI job ended: {head}{f' ({why})' if why else ''}.")
-        items = [(r, "died", why or "process exited", report) for r in dead]
+        # the launcher's own words only where they say more than the summary does
+        detail = "" if why else report
+        items = [
+            (r, "died", OUT_OF_MEMORY if r in oom else (why or "process exited"), detail)
+            for r in dead
+        ]
         items += [(r, "stopped", "stopped by mpiexec when the job ended", "") for r in others]
         note = "All ranks are gone; run %mpi restart (cluster.restart()) for a fresh set."
+        if oom:
+            note = (
+                f"Rank {format_ranks(oom)} ran out of memory: use less per rank (smaller "
+                "batches or model shards), or fewer ranks per node.\n" + note
+            )
+        if why:
+            note += "\nThe launcher's own report: cluster.job_output()."
         return RankError(group_failures(items), note=note)
 
     def _free_stuck(
