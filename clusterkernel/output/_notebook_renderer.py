@@ -1,13 +1,16 @@
 """The notebook's view of a running cell: a shared area, then one per rank (client side).
 
 :class:`NotebookRenderer` shows one shared area, then one area per rank in rank
-order, all updated in place. A line that two or more ranks printed with the same
-text at the same line index (per stream; rich outputs and ``Out`` count as items
-too) is shown once in the shared area under its ranks (``[ranks 0-15]``); every
-other line stays in its rank's area. A line that only one rank has printed so far
-waits ``hold`` seconds before it shows in that rank's area (the others usually
-catch up within that), so lines do not jump between areas while a cell streams.
-Quiet or fully shared ranks show nothing.
+order, all updated in place. Each rank's output is a list of messages in the order
+they came (a line, a warning with its source line, a traceback, a rich output,
+``Out``: :mod:`clusterkernel.output._entries`). The messages that open a rank's
+output the same way as at least one other rank's are shown once in the shared area
+under their ranks (``[ranks 0-15]``); from a rank's first message of its own on,
+everything it printed stays in its own area, in order, so a message is never split
+and never shown above one its rank printed earlier. A message only one rank has
+printed so far waits ``hold`` seconds before it shows in that rank's area (the others
+usually catch up within that), so lines do not jump between areas while a cell
+streams. Quiet or fully shared ranks show nothing.
 
 Example::
 
@@ -21,11 +24,11 @@ Example::
 from __future__ import annotations
 
 import html
-import json
 import time
-from collections import Counter, deque
+from collections import deque
 
 from clusterkernel.errors import _ANSI, rank_label
+from clusterkernel.output._entries import RankEntries, Sharing
 from clusterkernel.output._rank_output import RankOutput, plain_text
 
 _STYLE = (
@@ -48,11 +51,8 @@ def _rich_html(content: dict) -> str:
     return f"<pre>{html.escape(data.get('text/plain', ''))}</pre>"
 
 
-_KINDS = ("stdout", "stderr", "output", "result")
-
-
 class NotebookRenderer:
-    """A shared area for identical lines, then one area per rank, updated in place.
+    """A shared area for the messages ranks share, then one area per rank, updated in place.
 
     See the module docstring for what goes where. ``shown()`` returns what each
     area shows now (its display data), shared area first, for tests and tools.
@@ -68,7 +68,7 @@ class NotebookRenderer:
     """
 
     min_interval = 0.1  # seconds between updates of one area
-    hold = 0.2  # seconds a line only one rank has printed waits before it shows
+    hold = 0.2  # seconds a message only one rank has printed waits before it shows
 
     def __init__(self, ranks: list[int], hold: float | None = None) -> None:
         self.ranks = list(ranks)
@@ -80,154 +80,74 @@ class NotebookRenderer:
         self._last: dict[int | None, float] = {}
         self._dirty: set[int | None] = set()
         self._keys: dict[int, tuple] = {}
-        self._seen: dict[tuple[int, str], int] = {}
-        self._partial: dict[tuple[int, str], str] = {}
-        # Each rank's items per kind, by index (a line's text, or a rich output's key).
-        self._items: dict[tuple[int, str], list[str]] = {}
-        self._content: dict[tuple[int, str, int], dict] = {}  # rich outputs, Out
-        # Per (kind, index): which rank has which item there, and how many share it.
-        self._at: dict[tuple[str, int], dict[int, str]] = {}
-        self._counts: dict[tuple[str, int], Counter] = {}
-        self._group_cache: dict[tuple[str, int], list[list[int]]] = {}
-        self._born: dict[tuple[str, int, int], float] = {}
+        self._entries = {r: RankEntries() for r in self.ranks}
+        self._sharing = Sharing()
         self._young: deque[tuple[float, int]] = deque()
         self._final = False
 
-    # ------------------------------------------------------------ the model
-    def _set(self, rank: int, kind: str, index: int, item: str, now: float) -> None:
-        items = self._items.setdefault((rank, kind), [])
-        old = items[index] if index < len(items) else None
-        if old == item:
-            return
-        if index < len(items):
-            items[index] = item
-        else:
-            items.append(item)
-        at = self._at.setdefault((kind, index), {})
-        counts = self._counts.setdefault((kind, index), Counter())
-        at[rank] = item
-        self._group_cache.pop((kind, index), None)
-        self._born.setdefault((kind, index, rank), now)
-        # Redraw only the areas whose content changes: a rank's own area only when
-        # the item there was or is its alone (shared items live in the shared area).
-        for text, delta in ((old, -1), (item, +1)):
-            if text is None:
-                continue
-            counts[text] += delta
-            n = counts[text]
-            if (delta < 0 and n == 0) or (delta > 0 and n == 1):
-                self._dirty.add(rank)
-                if delta > 0:
-                    self._young.append((now, rank))  # shown once the hold has passed
-            if n >= 2 or (delta < 0 and n == 1):
-                self._dirty.add(None)
-            if (delta > 0 and n == 2) or (delta < 0 and n == 1):
-                # The other holder moves between its own area and the shared one.
-                self._dirty.update(r for r, t in at.items() if t == text and r != rank)
-
-    def _ingest_text(self, rank: int, kind: str, text: str, now: float) -> None:
-        key = (rank, kind)
-        seen = self._seen.get(key, 0)
-        if len(text) == seen:
-            return
-        buf = self._partial.get(key, "") + text[seen:]
-        self._seen[key] = len(text)
-        lines = buf.split("\n")
-        tail = lines.pop()
-        first = len(self._items.get(key, [])) - (1 if self._partial.get(key) else 0)
-        for i, line in enumerate(lines):
-            self._set(rank, kind, first + i, line, now)
-        if tail:
-            self._set(rank, kind, first + len(lines), tail, now)
-        self._partial[key] = tail
-
-    def _ingest_rich(self, rank: int, kind: str, contents: list[dict], now: float) -> None:
-        done = len(self._items.get((rank, kind), []))
-        for i, content in enumerate(contents[done:], done):
-            self._content[(rank, kind, i)] = content
-            self._set(rank, kind, i, json.dumps(content.get("data", {}), sort_keys=True), now)
-
-    def _groups(self, kind: str, index: int) -> list[list[int]]:
-        """The rank sets sharing an item at ``(kind, index)``, lowest rank first (cached)."""
-        key = (kind, index)
-        cached = self._group_cache.get(key)
-        if cached is None:
-            groups: dict[str, list[int]] = {}
-            for r, item in self._at[key].items():
-                groups.setdefault(item, []).append(r)
-            cached = sorted(sorted(g) for g in groups.values() if len(g) >= 2)
-            self._group_cache[key] = cached
-        return cached
-
-    def _shared(self, rank: int, kind: str, index: int) -> bool:
-        item = self._at[(kind, index)][rank]
-        return self._counts[(kind, index)][item] >= 2
-
     # ------------------------------------------------------------ rendering
-    def _html_items(self, rank: int, items: list[tuple[str, int]]) -> list[str]:
+    def _html_items(self, rank: int, indices: list[int]) -> list[str]:
+        entries = self._entries[rank]
         parts: list[str] = []
         run: list[str] = []
         run_kind = None
-        for kind, i in [*items, ("", -1)]:
+        for i in [*indices, -1]:
+            kind = entries.kinds[i] if i >= 0 else ""
             if run and kind != run_kind:
                 cls = " class='ck-err'" if run_kind == "stderr" else ""
                 text = html.escape(_ANSI.sub("", "\n".join(run)))
                 parts.append(f"<pre{cls}>{text}</pre>")
                 run = []
             if kind in ("stdout", "stderr"):
-                run.append(self._items[(rank, kind)][i])
+                run.append(entries.keys[i])
                 run_kind = kind
             elif kind == "output":
-                parts.append(_rich_html(self._content[(rank, kind, i)]))
+                parts.append(_rich_html(entries.contents[i]))
             elif kind == "result":
-                parts.append(f"<div>Out: {_rich_html(self._content[(rank, kind, i)])}</div>")
+                parts.append(f"<div>Out: {_rich_html(entries.contents[i])}</div>")
         return parts
 
-    def _text_items(self, rank: int, label: str, items: list[tuple[str, int]]) -> list[str]:
+    def _text_items(self, rank: int, label: str, indices: list[int]) -> list[str]:
+        entries = self._entries[rank]
         out = []
-        for kind, i in items:
+        for i in indices:
+            kind = entries.kinds[i]
             if kind in ("stdout", "stderr"):
-                out.append(self._items[(rank, kind)][i])
+                out.append(entries.keys[i])
             elif kind == "output":
-                out.append(plain_text(self._content[(rank, kind, i)]))
+                out.append(plain_text(entries.contents[i]))
             else:
-                out.append(f"Out[{label}]: {plain_text(self._content[(rank, kind, i)])}")
+                out.append(f"Out[{label}]: {plain_text(entries.contents[i])}")
         return out
 
-    def _blocks(self, area: int | None, now: float) -> list[tuple[list[int], list]]:
-        """``(ranks, [(kind, index), ...])`` blocks an area shows, in order."""
+    def _blocks(self, area: int | None, now: float) -> list[tuple[list[int], list[int]]]:
+        """``(ranks, [entry index, ...])`` blocks an area shows, in order."""
         if area is not None:
-            items = []
-            for kind in _KINDS:
-                for i in range(len(self._items.get((area, kind), []))):
-                    if self._shared(area, kind, i):
-                        continue
-                    young = now - self._born[(kind, i, area)] < self.hold
-                    if young and not self._final:
-                        continue
-                    items.append((kind, i))
-            return [([area], items)] if items else []
-        blocks: list[tuple[list[int], list]] = []
-        for kind in _KINDS:
-            i = 0
-            while (kind, i) in self._at:
-                for ranks in self._groups(kind, i):
-                    if blocks and blocks[-1][0] == ranks:
-                        blocks[-1][1].append((kind, i))
-                    else:
-                        blocks.append((ranks, [(kind, i)]))
-                i += 1
+            entries = self._entries[area]
+            first = self._sharing.prefix.get(area, 0)
+            if first >= len(entries):
+                return []
+            if not self._final and now - entries.born[first] < self.hold:
+                return []  # the others may still print it: wait, and keep the order
+            return [([area], list(range(first, len(entries))))]
+        blocks: list[tuple[list[int], list[int]]] = []
+        for i, groups in enumerate(self._sharing.groups):
+            for ranks in groups:
+                if blocks and blocks[-1][0] == ranks:
+                    blocks[-1][1].append(i)
+                else:
+                    blocks.append((ranks, [i]))
         return blocks
 
     def _bundle(self, area: int | None, now: float) -> dict:
         html_parts: list[str] = []
         text_parts: list[str] = []
-        for ranks, items in self._blocks(area, now):
+        for ranks, indices in self._blocks(area, now):
             label = rank_label(ranks)
             html_parts.append(f"<div class='ck-rank'><b>[{label}]</b>")
-            html_parts += self._html_items(ranks[0], items)
+            html_parts += self._html_items(ranks[0], indices)
             html_parts.append("</div>")
-            text_parts += [f"[{label}]", *self._text_items(ranks[0], label, items)]
+            text_parts += [f"[{label}]", *self._text_items(ranks[0], label, indices)]
         if not text_parts:
             return {"text/plain": ""}
         return {"text/html": _STYLE + "".join(html_parts), "text/plain": "\n".join(text_parts)}
@@ -269,11 +189,16 @@ class NotebookRenderer:
         if self._keys.get(rank) != key:
             self._keys[rank] = key
             now = time.monotonic()
-            self._ingest_text(rank, "stdout", out.stdout, now)
-            self._ingest_text(rank, "stderr", out.stderr, now)
-            self._ingest_rich(rank, "output", out.outputs, now)
-            result = [out.execute_result] if out.execute_result else []
-            self._ingest_rich(rank, "result", result, now)
+            entries = self._entries[rank]
+            before = len(entries)
+            entries.ingest(out, now)
+            if len(entries) > before:
+                self._young.append((now, rank))  # its area may show them once the hold passes
+            self._dirty.add(rank)
+            old = dict(self._sharing.prefix)
+            if self._sharing.update(self._entries) is not None:
+                self._dirty.add(None)
+                self._dirty.update(r for r in self.ranks if old.get(r) != self._sharing.prefix[r])
         self._draw_due(force=False)
 
     def shown(self) -> list[dict]:

@@ -11,6 +11,14 @@ line goes first and the copies print apart. Lines more than the hold apart print
 in the order they arrived; a line without its newline waits for it (or for the
 end of the cell). :func:`group_lines` is that grouping on its own.
 
+Ranks of a fresh engine set reach the same ``print`` up to a second apart (one is
+still importing torch). So a batch also waits, up to ``peer_wait`` seconds (1.0),
+until every rank of the cell has printed as many lines as the batch's furthest
+rank: lines that all ranks print at the same point come out in rank order. A rank
+that does not catch up within that time is not waited for again in this cell, so a
+rank that prints alone (``if rank == 0: print(...)``) is held back once, by at most
+``peer_wait``, and then streams with the plain ``hold``.
+
 Example::
 
     r = TerminalRenderer([0, 1])
@@ -85,9 +93,12 @@ class TerminalRenderer:
     """
 
     hold = 0.2
+    peer_wait = 1.0
 
     def __init__(self, ranks: list[int], stream=None, hold: float | None = None) -> None:
         self.ranks = ranks
+        self._printed = dict.fromkeys(ranks, 0)  # lines each rank has produced so far
+        self._not_waited_for: set[int] = set()  # ranks that did not catch up once
         self.stream = stream
         if hold is not None:
             self.hold = hold
@@ -120,7 +131,7 @@ class TerminalRenderer:
         new_round = self._last_rank is None or rank <= self._last_rank
         self._last_rank = rank
         if new_round and self._batch_since is not None and now - self._batch_since >= self.hold:
-            self._flush()
+            self._flush_unless_peers_behind(now)
         items = [("stdout", line) for line in self._lines(rank, "stdout", out.stdout)]
         items += [("stderr", line) for line in self._lines(rank, "stderr", out.stderr)]
         items += [
@@ -132,11 +143,26 @@ class TerminalRenderer:
             self._shown_result.add(rank)
             items.append(("result", plain_text(out.execute_result)))
         if items:
+            self._printed[rank] = self._printed.get(rank, 0) + len(items)
             self._batch.setdefault(rank, []).extend(items)
             if self._batch_since is None:
                 self._batch_since = now
         if self.hold <= 0:
             self._flush()
+
+    def _flush_unless_peers_behind(self, now: float) -> None:
+        """Print the batch, unless ranks that have not yet printed as far as the batch's
+        furthest rank may still catch up (see the module)."""
+        furthest = max((self._printed[r] for r in self._batch), default=0)
+        behind = [
+            r
+            for r in self.ranks
+            if r not in self._not_waited_for and self._printed.get(r, 0) < furthest
+        ]
+        if behind and now - self._batch_since < self.peer_wait:
+            return
+        self._not_waited_for.update(behind)
+        self._flush()
 
     def _flush(self) -> None:
         batch, self._batch, self._batch_since = self._batch, {}, None

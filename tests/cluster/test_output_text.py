@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 
@@ -77,6 +78,43 @@ def test_terminal_prints_at_once_without_hold_and_keeps_partial_lines():
     assert out.getvalue().splitlines()[-2:] == ["a notice", "[rank 1] tail"]
 
 
+def _stream_rounds(term, arrivals: list[tuple[float, int, str]], until: float) -> None:
+    """Drive ``term`` as the runner does: every rank updated in rank order each 50 ms;
+    ``arrivals``: (seconds from now, rank, text it has printed by then)."""
+    start = time.monotonic()
+    texts = dict.fromkeys(term.ranks, "")
+    while (now := time.monotonic() - start) < until:
+        for at, rank, text in arrivals:
+            if at <= now:
+                texts[rank] = text
+        for rank in term.ranks:
+            term.update(rank, RankOutput(stdout=texts[rank]))
+        time.sleep(0.05)
+
+
+def test_terminal_puts_a_line_every_rank_prints_in_rank_order_though_ranks_are_late():
+    out = io.StringIO()
+    term = TerminalRenderer([0, 1, 2, 3], stream=out)
+    # a fresh engine set: each rank reaches its print at another time, in another order
+    arrivals = [(0.0, 2, "hello from 2\n"), (0.15, 0, "hello from 0\n"),
+                (0.3, 3, "hello from 3\n"), (0.45, 1, "hello from 1\n")]  # fmt: skip
+    _stream_rounds(term, arrivals, until=0.9)
+    printed_early = out.getvalue()
+    term.finish()
+    assert printed_early.splitlines() == [f"[rank {r}] hello from {r}" for r in range(4)]
+
+
+def test_terminal_holds_a_rank_that_prints_alone_once_at_most():
+    out = io.StringIO()
+    term = TerminalRenderer([0, 1], stream=out)
+    arrivals = [(0.0, 0, "step 0\n"), (1.5, 0, "step 0\nstep 1\n")]
+    _stream_rounds(term, arrivals, until=1.3)
+    assert out.getvalue() == "[rank 0] step 0\n"  # after waiting for rank 1 once
+    _stream_rounds(term, [(0.0, 0, "step 0\nstep 1\n")], until=0.6)
+    assert out.getvalue().endswith("[rank 0] step 1\n")  # not waited for again: the hold only
+    term.finish()
+
+
 def _notebook(ranks, outputs: dict[int, RankOutput]) -> NotebookRenderer:
     nb = NotebookRenderer(ranks, hold=0)
     nb.min_interval = 0
@@ -139,6 +177,59 @@ def test_notebook_holds_a_lone_line_until_the_hold_passes():
     assert nb.shown()[1]["text/plain"] == ""  # not yet: rank 1 may print it too
     nb.finish()  # the cell is over: nothing waits any more
     assert nb.shown()[1]["text/plain"] == "[rank 0]\nsoon shared"
+
+
+WARNING = "{}:19: UserWarning: Converting a tensor to a Python number\n  log(loss=float(loss))\n"
+
+
+def test_notebook_never_splits_a_multi_line_message_between_areas():
+    # the header names each rank's own file; the continuation is the same on both
+    outs = {r: RankOutput(stderr=WARNING.format(f"/tmp/ipykernel_{r}/a.py")) for r in (0, 1)}
+    shown = _notebook([0, 1], outs).shown()
+    assert shown[0]["text/plain"] == ""  # nothing shared: the messages differ as wholes
+    for r in (0, 1):
+        assert shown[1 + r]["text/plain"].splitlines()[1:] == [
+            f"/tmp/ipykernel_{r}/a.py:19: UserWarning: Converting a tensor to a Python number",
+            "  log(loss=float(loss))",
+        ]
+    same = {r: RankOutput(stderr=WARNING.format("Cell In[4], line 3")) for r in (0, 1)}
+    assert _notebook([0, 1], same).shown()[0]["text/plain"].splitlines() == [
+        "[ranks 0-1]", "Cell In[4], line 3:19: UserWarning: Converting a tensor to a Python number",
+        "  log(loss=float(loss))",
+    ]  # fmt: skip
+    tb = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: no\n'
+    outs = {0: RankOutput(stdout="a\n", stderr=tb), 1: RankOutput(stdout="a\n", stderr=tb[:-15])}
+    shown = _notebook([0, 1], outs).shown()
+    assert shown[0]["text/plain"] == "[ranks 0-1]\na"
+    assert shown[1]["text/plain"].endswith("line 1\nValueError: no")  # the traceback whole
+
+
+def test_notebook_keeps_the_order_messages_arrived_in_across_streams():
+    nb = NotebookRenderer([0], hold=0)
+    nb.min_interval = 0
+    nb.update(0, RankOutput(stdout="epoch 0\n"))
+    nb.update(0, RankOutput(stdout="epoch 0\n", stderr=WARNING.format("Cell In[2], line 5")))
+    nb.update(
+        0, RankOutput(stdout="epoch 0\nepoch 1\n", stderr=WARNING.format("Cell In[2], line 5"))
+    )
+    nb.finish()
+    lines = nb.shown()[1]["text/plain"].splitlines()
+    assert lines[1] == "epoch 0" and lines[2].startswith("Cell In[2], line 5:19: UserWarning")
+    assert lines[-1] == "epoch 1"
+
+
+def test_notebook_shares_only_what_opens_each_ranks_output():
+    # ranks 2 and 3 agree on epoch 2 but not on epochs 0-1: epoch 2 stays below those
+    outs = {
+        r: RankOutput(stdout=f"start\nepoch 0 loss {r}\nepoch 1 loss {r}\nepoch 2 loss 0.001\n")
+        for r in (2, 3)
+    }
+    shown = _notebook([2, 3], outs).shown()
+    assert shown[0]["text/plain"] == "[ranks 2-3]\nstart"
+    for r in (2, 3):
+        assert shown[1 + [2, 3].index(r)]["text/plain"].splitlines() == [
+            f"[rank {r}]", f"epoch 0 loss {r}", f"epoch 1 loss {r}", "epoch 2 loss 0.001",
+        ]  # fmt: skip
 
 
 def test_rank_labels():
