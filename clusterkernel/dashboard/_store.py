@@ -26,6 +26,8 @@ from clusterkernel.records import comm_record, scalar_record, span_record
 
 KINDS = ("comm", "scalar", "span")
 MERGE_GAP = 0.001  # s: timeline intervals closer than this become one (drawing only)
+# log() values that count samples since the previous such call: throughput from them
+THROUGHPUT_COUNTS = ("samples", "batch_size")
 MAX_SEGMENTS = 20_000  # per rank and interval kind/name kept for the timeline (records: all)
 
 
@@ -115,6 +117,36 @@ class _Rank:
         self.last_seen = 0.0
         # timeline intervals in wall time, merged as they arrive: (kind, name) -> _Segments
         self.segments: dict[tuple[str, str], _Segments] = {}
+        self.counted_at = float("nan")  # time of the last log() with a samples count
+
+    def derive_throughput(self, cols: dict, by_name: dict) -> None:
+        """``samples_per_s`` from ``log(step=..., samples=n)`` (or ``batch_size=n``): the
+        samples a call reports over the time since this rank's previous such call.
+        A loop that logs ``samples_per_s`` itself keeps its own figures."""
+        if "samples_per_s" in by_name:
+            return
+        times = np.asarray(_numeric(cols["time"]), dtype=float)
+        if "values" in cols:
+            name = next((n for n in THROUGHPUT_COUNTS if n in cols["values"]), None)
+            if name is None:
+                return
+            steps, counts = by_name[name]
+            steps, counts = np.asarray(steps, dtype=float), np.asarray(counts, dtype=float)
+        else:  # mixed names: the records that carry a count
+            found = ((i, next((v[n] for n in THROUGHPUT_COUNTS if n in v), None))
+                     for i, v in enumerate(cols["dicts"]))  # fmt: skip
+            picked = [(i, count) for i, count in found if count is not None]
+            if not picked:
+                return
+            index = np.array([i for i, _ in picked])
+            all_steps = np.asarray(list(_wire._seq(cols["step"])), dtype=float)
+            steps, counts, times = all_steps[index], np.array([c for _, c in picked]), times[index]
+        before = np.concatenate([[self.counted_at], times[:-1]])
+        dt = times - before
+        ok = np.isfinite(before) & (dt > 0)
+        if ok.any():
+            by_name["samples_per_s"] = (steps[ok], counts[ok] / dt[ok])
+        self.counted_at = float(times[-1])
 
     def add_intervals(self, kind: str, name: str, start: np.ndarray, end: np.ndarray) -> None:
         if len(start):
@@ -132,6 +164,13 @@ def _by_code(cat: _wire.Cat):
     codes = np.frombuffer(cat.codes, dtype=np.int64)
     for i, name in enumerate(cat.names):
         yield name, codes == i
+
+
+def blocked_differs(rows: list[dict]) -> bool:
+    """Whether any op spent less time blocked than in flight (async calls overlapped with
+    work). A sync call blocks throughout, so for sync-only tables the column would repeat
+    "total s" and is left out."""
+    return any(r["wait_s"] < r["seconds"] * (1 - 1e-6) for r in rows)
 
 
 class MetricsStore:
@@ -208,6 +247,7 @@ class MetricsStore:
                     steps, vals = by_name.setdefault(name, ([], []))
                     steps.append(step)
                     vals.append(v)
+        r.derive_throughput(cols, by_name)
         for name, (steps, vals) in by_name.items():
             series = r.series.get(name)
             if series is None:
@@ -304,6 +344,17 @@ class MetricsStore:
                         }
                     )
             return rows
+
+    def latest(self) -> float | None:
+        """Wall time of the newest end of any comm call or span on any rank (None: none yet)."""
+        with self._lock:
+            ends = [
+                seg.end.view()[-1]
+                for r in self._ranks.values()
+                for seg in r.segments.values()
+                if seg.end.n
+            ]
+        return float(max(ends)) if ends else None
 
     def timeline_arrays(
         self, window: float, now: float | None = None

@@ -7,7 +7,7 @@ import threading
 
 from tqdm import tqdm
 
-from clusterkernel.dashboard._store import MetricsStore
+from clusterkernel.dashboard._store import MetricsStore, blocked_differs
 
 
 class TerminalProgress:
@@ -81,9 +81,14 @@ def summary(store: MetricsStore) -> str:
         lines.append(f"{rank:>4} {len(steps):>7} {first:>11} {last:>10} {mean:>10}")
     comm = store.comm_table()
     if comm:
-        lines.append(f"{'rank':>4} {'op':<16} {'count':>7} {'total s':>9} {'wait s':>9}")
+        blocked = blocked_differs(comm)
+        lines.append(
+            f"{'rank':>4} {'op':<16} {'count':>7} {'total s':>9}"
+            + (f" {'blocked s':>9}" if blocked else "")
+        )
         for r in comm:
             lines.append(
-                f"{r['rank']:>4} {r['op']:<16} {r['count']:>7} {r['seconds']:>9.4f} {r['wait_s']:>9.4f}"
+                f"{r['rank']:>4} {r['op']:<16} {r['count']:>7} {r['seconds']:>9.4f}"
+                + (f" {r['wait_s']:>9.4f}" if blocked else "")
             )
     return "\n".join(lines)

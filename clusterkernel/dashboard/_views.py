@@ -14,12 +14,13 @@ drawing thread calls ``update``.
 from __future__ import annotations
 
 import html
+import time
 
 import ipywidgets as w
 import numpy as np
 
 from clusterkernel.dashboard._plot import Plot, Series
-from clusterkernel.dashboard._store import MetricsStore
+from clusterkernel.dashboard._store import MetricsStore, blocked_differs
 from clusterkernel.dashboard._thin import thin
 
 PALETTE = (
@@ -124,11 +125,12 @@ def _bytes(n: float) -> str:
     return f"{n:.1f}\u00a0GiB"
 
 
-_COMM_HEAD = ("rank", "op", "algorithm", "count", "bytes", "total s", "wait s", "mean ms", "")
+_COMM_HEAD = ("rank", "op", "algorithm", "count", "bytes", "total s", "blocked s", "mean ms", "")
 
 
 class CommPanel:
-    """Time in each communication op per rank: a table with bars (count, bytes, wait).
+    """Time in each communication op per rank: a table with bars (count, bytes, time;
+    time blocked too where async calls made it differ, see :func:`blocked_differs`).
 
     Plain HTML: a table is what this panel is; the bar in each row is the op's
     share of the busiest row, so the slow op and the rank that waits stand out.
@@ -144,13 +146,15 @@ class CommPanel:
             return
         self._last = rows
         top = max(r["seconds"] for r in rows) or 1.0
-        head = "".join(f"<th>{h}</th>" for h in _COMM_HEAD)
+        blocked = blocked_differs(rows)
+        head = "".join(f"<th>{h}</th>" for h in _COMM_HEAD if blocked or h != "blocked s")
         body = "".join(
             f"<tr><td>{r['rank']}</td><td>{html.escape(str(r['op']))}</td>"
             f"<td>{html.escape(', '.join(r['algorithms']))}</td><td>{r['count']}</td>"
-            f"<td>{_bytes(r['nbytes'])}</td><td>{r['seconds']:.4f}</td><td>{r['wait_s']:.4f}</td>"
-            f"<td>{1e3 * r['seconds'] / max(r['count'], 1):.3f}</td>"
-            f"<td style='width:120px;text-align:left'><div style='background:{rank_color(r['rank'])};"
+            f"<td>{_bytes(r['nbytes'])}</td><td>{r['seconds']:.4f}</td>"
+            + (f"<td>{r['wait_s']:.4f}</td>" if blocked else "")
+            + f"<td>{1e3 * r['seconds'] / max(r['count'], 1):.3f}</td>"
+            + f"<td style='width:120px;text-align:left'><div style='background:{rank_color(r['rank'])};"
             f"height:9px;width:{100 * r['seconds'] / top:.1f}%'></div></td></tr>"
             for r in rows
         )
@@ -163,8 +167,12 @@ class CommPanel:
         )  # fmt: skip
 
 
+QUIET_AFTER = 1.0  # s without a comm call or span: the timeline stops scrolling
+
+
 class TimelinePanel:
-    """Compute and comm per rank over the last ``window`` seconds, live.
+    """Compute and comm per rank over the last ``window`` seconds, live; once the ranks
+    record nothing for a second (the cell ended), the last window stays on show.
 
     The Horovod timeline's view at a glance: the window is cut into ``columns``
     time slots (about a pixel each); per rank, a comm op's bar covers the slots
@@ -208,7 +216,15 @@ class TimelinePanel:
         segs: dict[str, list] = {}
         busy: dict[int, np.ndarray] = {}  # rank -> slots with any activity
         blocked: dict[int, np.ndarray] = {}
-        for (rank, kind, name), (start, end) in store.timeline_arrays(self.window).items():
+        now, live = time.time(), True
+        latest = store.latest()
+        if latest is not None and now - latest > QUIET_AFTER:
+            # the ranks went quiet (the cell ended): keep showing their last window
+            now, live = latest + QUIET_AFTER, False
+        xlabel = "seconds ago" if live else "seconds before the ranks went quiet"
+        if self.plot.xlabel != xlabel:
+            self.plot.xlabel = xlabel
+        for (rank, kind, name), (start, end) in store.timeline_arrays(self.window, now).items():
             occ = _occupancy(start, end, -self.window, slot, self.columns)
             busy[rank] = np.maximum(busy.get(rank, 0), occ > 0)
             if kind == "blocked":
@@ -335,12 +351,20 @@ class DashboardView:
                     layout=w.Layout(width="100%"),
                 ),
                 self.timeline.widget,
-                w.HBox([self.comm.widget, self.status.widget], layout=w.Layout(width="100%")),
+                # side by side where both fit, one above the other where not: a table
+                # never draws over its neighbour (the comm table scrolls inside its box)
+                w.HBox(
+                    [self.comm.widget, self.status.widget],
+                    layout=w.Layout(width="100%", flex_flow="row wrap"),
+                ),
             ],
             layout=w.Layout(width="100%"),
         )
         self.loss.widget.layout.width = self.throughput.widget.layout.width = "50%"
-        self.comm.widget.layout.width = self.status.widget.layout.width = "50%"
+        for table, basis in ((self.comm.widget, "560px"), (self.status.widget, "420px")):
+            table.layout.flex = f"1 1 {basis}"
+            table.layout.min_width = "0"
+            table.layout.overflow = "auto"
         self.widget.add_class("ck-dashboard")
 
     def set_header(self, text: str) -> None:

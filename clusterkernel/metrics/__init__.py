@@ -18,7 +18,7 @@ Example::
     from clusterkernel import metrics
     with metrics.recorder().span("forward"):
         loss = model(x)
-    metrics.log(step=3, loss=float(loss))
+    metrics.log(step=3, loss=loss.item(), samples=64)   # samples: for throughput
     new = metrics.recorder().drain()   # [{"kind": "comm", ...}, {"kind": "scalar", ...}, ...]
 """
 
@@ -173,7 +173,9 @@ class Recorder:
     def log(self, step: int | None = None, **scalars: float) -> None:
         """Record scalar values (loss, accuracy, ...) at a training step.
 
-        Without ``step`` the recorder counts calls. Example: ``rec.log(step=5, loss=0.3)``.
+        Without ``step`` the recorder counts calls. ``samples=n`` (or ``batch_size=n``):
+        samples processed since the previous such call; the dashboard shows
+        ``samples_per_s`` from it. Example: ``rec.log(step=5, loss=0.3, samples=64)``.
         """
         if not scalars:
             raise ValueError("log() needs at least one value, e.g. log(step=1, loss=0.5)")

@@ -67,6 +67,7 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
                 break  # the last cell ran
             time.sleep(0.1)
         page.screenshot(path=str(ARTIFACTS / "dashboard_lab.png"), full_page=True)
+        tables = _tables_at_widths(page, (1400, 800))
         final = page.evaluate(LOSS_POINTS_JS)
         pixels = page.evaluate(LOSS_PIXELS_JS, [rank_color(r) for r in range(4)])
         rows = page.evaluate(TIMELINE_ROWS_JS)
@@ -92,9 +93,36 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
     assert [label for label, _ in rows] == ["0", "1", "2", "3"], rows
     tops = [y for _, y in rows]
     assert all(a < b for a, b in zip(tops, tops[1:])), f"rank rows top to bottom: {rows}"
+    for width, (comm, status, browser_open) in tables.items():
+        assert browser_open, f"the file browser was not open at {width} px"
+        side_by_side = status["left"] >= comm["right"] - 1
+        stacked = status["top"] >= comm["bottom"] - 1
+        assert side_by_side or stacked, f"at {width} px the tables overlap: {comm} {status}"
     print(f"browser saw {len(states)} pictures; {len(during)} samples while training")
     left = wait_no_cluster_processes(30)
     assert not left, f"left behind: {[p.cmdline() for p in left]}"
+
+
+TABLE_BOXES_JS = """() => {
+    const box = (sel) => { const r = document.querySelector(sel).getBoundingClientRect();
+        return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; };
+    const browser = document.querySelector('#filebrowser');
+    return [box('.ck-comm-table'), box('.ck-status'),
+            !!browser && browser.getBoundingClientRect().width > 0];
+}"""
+
+
+def _tables_at_widths(page, widths) -> dict:
+    """The comm and status tables' boxes at each viewport width, the file browser open."""
+    if not page.evaluate(TABLE_BOXES_JS)[2]:
+        page.click("[data-id='filebrowser']")  # the left sidebar's file browser tab
+    out = {}
+    for width in widths:
+        page.set_viewport_size({"width": width, "height": 1000})
+        time.sleep(0.5)  # a relayout
+        page.screenshot(path=str(ARTIFACTS / f"dashboard_lab_{width}.png"), full_page=True)
+        out[width] = page.evaluate(TABLE_BOXES_JS)
+    return out
 
 
 def test_voila_serves_the_dashboard_app(no_shared_cluster):

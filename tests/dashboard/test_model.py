@@ -351,3 +351,57 @@ def test_recorder_read_is_by_absolute_index_and_reports_trimmed_records():
     rec.log(step=9, loss=1.0)
     items, nxt, lost = rec.read("scalar", 6)
     assert [t[0] for t in items] == [9] and nxt == 7
+
+
+def test_comm_table_shows_blocked_time_only_where_it_differs_from_total():
+    sync = MetricsStore()  # sync calls block throughout: the column would repeat total
+    sync.ingest(_msg(0, 1, comm=[("all_reduce", 64, "mpi", 2, 100.0, 0.01, 0.01)] * 3))
+    view = DashboardView()
+    view.comm.update(sync)
+    assert "total s" in view.comm.widget.value and "blocked s" not in view.comm.widget.value
+    assert "blocked s" not in summary(sync)
+    overlapped = MetricsStore()  # an async call that ran 10 ms, waited on for 2 ms
+    overlapped.ingest(_msg(0, 1, comm=[("all_reduce", 64, "mpi", 2, 100.0, 0.01, 0.002)]))
+    view = DashboardView()
+    view.comm.update(overlapped)
+    assert "<th>blocked s</th>" in view.comm.widget.value
+    assert "<td>0.0020</td>" in view.comm.widget.value
+    assert "blocked s" in summary(overlapped)
+
+
+def test_throughput_from_logged_sample_counts():
+    s = MetricsStore()
+    # 64 samples every 0.5 s on rank 0; batch_size every 0.25 s, in two messages, on rank 1
+    s.ingest(
+        _msg(0, 1, scalars=[(i, 100.0 + 0.5 * i, {"loss": 1.0, "samples": 64}) for i in range(4)])
+    )
+    s.ingest(_msg(1, 1, scalars=[(0, 100.0, {"batch_size": 32}), (1, 100.25, {"loss": 1.0})]))
+    s.ingest(_msg(1, 2, scalars=[(2, 100.5, {"batch_size": 32})]))
+    speed = s.series("samples_per_s")
+    assert speed[0][0].tolist() == [1, 2, 3] and speed[0][1].tolist() == pytest.approx([128.0] * 3)
+    assert speed[1][0].tolist() == [2] and speed[1][1].tolist() == pytest.approx([64.0])
+    view = DashboardView()
+    assert view.throughput.update(s) > 0
+    # a loop that logs samples_per_s itself keeps its own figures
+    own = MetricsStore()
+    own.ingest(_msg(0, 1, scalars=[(0, 100.0, {"samples": 64, "samples_per_s": 7.0}),
+                                   (1, 101.0, {"samples": 64, "samples_per_s": 7.0})]))  # fmt: skip
+    assert own.series("samples_per_s")[0][1].tolist() == [7.0, 7.0]
+
+
+def test_timeline_keeps_the_last_window_once_the_ranks_go_quiet():
+    s = MetricsStore()
+    now = time.time()
+    # a 2 s all_reduce that ended 30 s ago (wall = pc + offset; pc 100.3 is "now - 28")
+    s.ingest(
+        _msg(0, 1, comm=[("all_reduce", 64, "mpi", 1, 96.3, 2.0, 2.0)], pc=100.3, wall=now - 28)
+    )
+    view = DashboardView(window=10.0)
+    view.timeline.update(s, s.ranks())
+    bars = view.timeline.bars("all_reduce")
+    assert len(bars) == 1 and (bars[0, 1] - bars[0, 0]) == pytest.approx(2.0, abs=0.06)
+    assert bars[0, 1] == pytest.approx(-1.0, abs=0.06)  # it ended a second before the end
+    assert view.timeline.plot.xlabel == "seconds before the ranks went quiet"
+    s.ingest(_msg(0, 2, comm=[("all_reduce", 64, "mpi", 1, 128.0, 0.5, 0.5)], pc=128.5, wall=now))
+    view.timeline.update(s, s.ranks())
+    assert view.timeline.plot.xlabel == "seconds ago"  # live again: it scrolls
