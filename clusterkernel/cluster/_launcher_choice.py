@@ -78,6 +78,13 @@ def choose_launcher(
     if nodes or partition or account or slurm_args:
         raise ValueError("nodes=, partition=, account= and slurm_args= are for launcher='slurm'.")
     parsed = parse_hosts(hosts)
+    slots = [count for _, count in parsed]
+    if n is not None and parsed and all(slots) and n > sum(slots):
+        raise ValueError(
+            f"{n} ranks, but hosts= gives {sum(slots)} slots "
+            f"({', '.join(f'{h}:{c}' for h, c in parsed)}): ask for at most {sum(slots)} "
+            "ranks, or give the hosts more slots."
+        )
     check_hosts_resolve(parsed)
     runtime = MPIRuntime.detect(mpiexec)
     local = MpiexecLauncher(

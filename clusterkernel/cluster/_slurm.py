@@ -149,6 +149,13 @@ class SlurmLauncher:
                 )
             n, alloc_nodes = allocation_size()
             nodes = nodes or alloc_nodes
+        elif self.step:
+            tasks, _ = allocation_size()
+            if n > tasks:
+                raise ValueError(
+                    f"{n} ranks, but this Slurm allocation has {tasks} tasks (SLURM_NTASKS): "
+                    f"ask for at most {tasks}, or leave n out to use the whole allocation."
+                )
         if nodes is not None and (nodes < 1 or nodes > n):
             raise ValueError(f"nodes must be between 1 and n={n}, got {nodes}.")
         self.n = n
