@@ -9,7 +9,7 @@ tight loop (the worst case for a stream) while the notebook side collects them,
 side by side in one cluster:
 
 - ``none``     no stream: the loop's own speed;
-- ``zmq``      clusterkernel's channel (``metrics.stream``: signed JSON batches over a
+- ``zmq``      clusterkernel's channel (``metrics.stream``: signed batches of binary columns over a
                ZMQ PUSH socket per rank, sent from a thread; the recorder is the buffer);
 - ``datapub``  ipyparallel's ``publish_data`` from a thread on each rank, 10 times a
                second, each message a window of the last ``--window`` records with a

@@ -51,8 +51,9 @@ from array import array
 from operator import itemgetter
 from typing import NamedTuple
 
+from clusterkernel.records import KINDS
+
 VERSION = 2
-KINDS = ("comm", "scalar", "span")
 _TYPECODES = ("q", "d")  # the only array types a header may name
 
 

@@ -12,10 +12,13 @@ import subprocess
 import sys
 
 # client side: runs in the notebook
-CLIENT = ["cluster", "output", "export", "magics", "dashboard", "debug", "errors", "mpiexec"]
+CLIENT = [
+    "cluster", "output", "export", "magics", "dashboard", "debug", "errors", "mpiexec", "kernel",
+    "quickstart", "teaching_notebooks",
+]  # fmt: skip
 # engine side: runs on the ranks (engine/_job_prelude is a script an exported job runs, not imported)
 ENGINE = ["comm", "metrics", "partition", "data", "train", "engine", "torchdist"]
-SEAM = ["records", "_wire", "_shm_names", "_rank_call", "_net"]
+SEAM = ["records", "_wire", "_shm_names", "_rank_call", "_net", "_oom"]
 _NOT_IMPORTED = {"clusterkernel.engine._job_prelude"}
 
 

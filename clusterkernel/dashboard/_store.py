@@ -22,9 +22,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from clusterkernel import _wire
-from clusterkernel.records import comm_record, scalar_record, span_record
+from clusterkernel.records import KINDS, comm_record, scalar_record, span_record
 
-KINDS = ("comm", "scalar", "span")
 MERGE_GAP = 0.001  # s: timeline intervals closer than this become one (drawing only)
 # log() values that count samples since the previous such call: throughput from them
 THROUGHPUT_COUNTS = ("samples", "batch_size")
