@@ -7,6 +7,7 @@ dispatches, so ``clusterkernel --help`` lists them all::
     clusterkernel install-kernel -n 4 --user
     clusterkernel uninstall-kernel
     clusterkernel notebooks my-notebooks
+    clusterkernel list
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "install-kernel": ("clusterkernel.kernel", 'install the "Python 3 (MPI, N ranks)" kernel'),
     "uninstall-kernel": ("clusterkernel.kernel", "remove the MPI kernel's kernelspec"),
     "notebooks": ("clusterkernel.teaching_notebooks", "copy the teaching notebooks into a folder"),
+    "list": ("clusterkernel.cluster._keep", "your kept clusters (%mpi start --keep): %mpi attach"),
 }
 
 

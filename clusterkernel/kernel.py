@@ -38,9 +38,9 @@ def display_name(ranks: int, torch: bool = False) -> str:
     return f"Python 3 (MPI, {ranks} rank{'s' if ranks != 1 else ''}{group})"
 
 
-def kernel_spec(ranks: int, torch: bool = False) -> dict:
+def kernel_spec(ranks: int, torch: bool = False, keep: str | None = None) -> dict:
     """The kernel.json of the MPI kernel with ``ranks`` ranks (``torch``: as ``%mpi start
-    --torch``).
+    --torch``; ``keep``: as ``%mpi start --keep``, and a restarted kernel attaches again).
 
     Example::
 
@@ -49,7 +49,8 @@ def kernel_spec(ranks: int, torch: bool = False) -> dict:
     return {
         "argv": [sys.executable, "-m", "clusterkernel.kernel", "-f", "{connection_file}"]
         + ["--ranks", str(ranks)]
-        + (["--torch"] if torch else []),
+        + (["--torch"] if torch else [])
+        + (["--keep", keep] if keep else []),
         "display_name": display_name(ranks, torch),
         "language": "python",
         "interrupt_mode": "signal",  # SIGINT: %%mpi's KeyboardInterrupt handling
@@ -73,12 +74,15 @@ def install(
     user: bool = False,
     prefix: str | None = None,
     torch: bool = False,
+    keep: str | None = None,
 ) -> str:
     """Install the kernelspec; return the directory it went to.
 
     ``user=True``: the user's Jupyter data dir; ``prefix``: ``PREFIX/share/jupyter``
     (``sys.prefix`` for a virtualenv); neither: the system-wide location. ``torch``:
     the ranks start with torch.distributed's default group (``%mpi start --torch``).
+    ``keep``: the ranks outlive the kernel for that long (``%mpi start --keep``), and a
+    restarted kernel (the kernel menu's restart) attaches to them again.
 
     Example::
 
@@ -88,11 +92,15 @@ def install(
     from jupyter_client.kernelspec import KernelSpecManager
 
     _check(ranks, name)
+    if keep is not None:
+        from clusterkernel.cluster._keep import parse_keep
+
+        parse_keep(keep)  # a ValueError now, not when the kernel starts
     with tempfile.TemporaryDirectory() as tmp:
         for logo in Path(RESOURCES).glob("logo-*.png"):  # the launcher tile's icon
             shutil.copy(logo, tmp)
         with open(os.path.join(tmp, "kernel.json"), "w") as f:
-            json.dump(kernel_spec(ranks, torch), f, indent=1)
+            json.dump(kernel_spec(ranks, torch, keep), f, indent=1)
         return KernelSpecManager().install_kernel_spec(
             tmp, kernel_name=name, user=user, prefix=prefix, replace=True
         )
@@ -143,13 +151,24 @@ def add_install_kernel_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start the ranks with torch.distributed's default process group (%%mpi start --torch)",
     )
+    parser.add_argument(
+        "--keep",
+        metavar="TIME",
+        help="the ranks outlive the kernel for TIME (e.g. 2h; %%mpi start --keep), and a "
+        "restarted kernel attaches to them again",
+    )
     _location(parser)
 
 
 def install_kernel_main(args: argparse.Namespace) -> int:
     """``clusterkernel install-kernel``: install the "Python 3 (MPI, N ranks)" kernelspec."""
     prefix = sys.prefix if args.sys_prefix else args.prefix
-    path = install(args.ranks, args.name, user=not prefix, prefix=prefix, torch=args.torch)
+    try:
+        path = install(
+            args.ranks, args.name, user=not prefix, prefix=prefix, torch=args.torch, keep=args.keep
+        )
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     print(f"Installed kernelspec {args.name!r} ({display_name(args.ranks, args.torch)}) in {path}")
     return 0
 
@@ -183,10 +202,14 @@ def _kernel_cell(lines: list[str]) -> list[str]:
 _kernel_cell.sends_to_ranks = True
 
 
-def kernel_mode(shell, ranks: int, torch: bool = False) -> None:
+def kernel_mode(
+    shell, ranks: int, torch: bool = False, keep: str | None = None, origin: str | None = None
+) -> None:
     """Run every cell of ``shell`` on ``ranks`` ranks, started when a cell first needs them.
 
-    Loads the clusterkernel extension if it is not loaded yet.
+    Loads the clusterkernel extension if it is not loaded yet. ``keep``: the ranks outlive
+    the kernel (``%mpi start --keep``); a kernel of the same ``origin`` (a restart keeps
+    the connection file) attaches to them instead of starting new ones.
 
     Example::
 
@@ -196,6 +219,9 @@ def kernel_mode(shell, ranks: int, torch: bool = False) -> None:
     shell.extension_manager.load_extension("clusterkernel")
     magics = shell.magics_manager.registry["MPIMagics"]
     magics.autostart = f"-n {ranks}" + (" --torch" if torch else "")
+    if keep:
+        magics.autostart += f" --keep {keep}"
+        magics.origin = origin
     if _kernel_cell not in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.append(_kernel_cell)
 
@@ -207,12 +233,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m clusterkernel.kernel", add_help=False)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--torch", action="store_true")
+    parser.add_argument("--keep")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.ranks < 1:
         raise SystemExit(f"--ranks must be at least 1, got {args.ranks}.")
     app = IPKernelApp.instance(extensions=["clusterkernel"])
     app.initialize(rest)
-    kernel_mode(app.shell, args.ranks, args.torch)
+    # a restart from the kernel menu keeps the connection file: it names this notebook's kernel
+    origin = f"kernel {os.path.abspath(app.connection_file)}"
+    kernel_mode(app.shell, args.ranks, args.torch, args.keep, origin)
     app.start()
 
 

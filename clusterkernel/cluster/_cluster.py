@@ -18,14 +18,17 @@ Example::
 from __future__ import annotations
 
 import logging
+import math
+import os
 import signal
 import socket
+import time as _time
 from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
 from clusterkernel import _oom
-from clusterkernel.cluster import _namespace, _rank_faults, _stacks, _torch
+from clusterkernel.cluster import _follow, _keep, _namespace, _rank_faults, _stacks, _torch
 from clusterkernel.cluster._launcher_choice import choose_launcher
 from clusterkernel.cluster._lifecycle import Engines
 from clusterkernel.cluster._namespace import RankNames
@@ -74,6 +77,11 @@ class Cluster:
     gpus_per_rank : GPUs each rank gets by its ``LOCAL_RANK`` (torch's current device
         is the first). Default: one where a host has GPUs; 0: no binding. More ranks
         on a node than GPUs is an error at start unless ``gpu_share``.
+    keep : let the ranks outlive this process (``"2h"``, ``"30m"``, seconds, or
+        ``True``: until stopped): when it dies or :meth:`detach` es, the controller,
+        ranks and any Slurm job keep running, their variables intact, until no client
+        has been attached for that long. :meth:`attach` (``%mpi attach``) comes back.
+        Default: nothing outlives the process that started it.
 
     Example::
 
@@ -83,6 +91,9 @@ class Cluster:
 
         Cluster(n=8, launcher="slurm", nodes=2, time="1:00:00").start()
         Cluster(n=2, torch=True).start()    # dist.is_initialized() on every rank
+
+        Cluster(n=4, keep="2h").start()     # later, in another process:
+        cluster = Cluster.attach()          # the same ranks, their variables intact
     """
 
     def __init__(
@@ -109,8 +120,20 @@ class Cluster:
         backend: str | None = None,
         gpus_per_rank: int | None = None,
         gpu_share: bool = False,
+        keep: bool | str | float | None = None,
     ) -> None:
         _torch.check_backend_name(backend)
+        self.keep = _keep.parse_keep(keep)  # seconds, inf, or None: not kept
+        # what attach() needs to make this Cluster again in another process
+        self._settings = {
+            "n": n, "hosts": hosts, "hostfile": hostfile, "mpiexec": mpiexec,
+            "launcher": launcher, "nodes": nodes, "partition": partition, "time": time,
+            "account": account, "slurm_args": list(slurm_args),
+            "controller_ip": controller_ip, "env": dict(env or {}), "timeout": timeout,
+            "start_timeout": start_timeout, "fault_tolerant": fault_tolerant,
+            "torch": torch, "backend": backend, "gpus_per_rank": gpus_per_rank,
+            "gpu_share": gpu_share,
+        }  # fmt: skip
         if gpus_per_rank is not None and (
             not isinstance(gpus_per_rank, int)
             or isinstance(gpus_per_rank, bool)
@@ -152,6 +175,8 @@ class Cluster:
         self.lost: str | None = None  # why the engine set is gone, if it is
         self.dead: dict[int, str] = {}  # rank -> how it died (fault-tolerant jobs)
         self._dashboard: Dashboard | None = None  # the one the ranks stream to
+        self.replaced: dict | None = None  # the session attach(force=True) took over from
+        self.taken_over_by: dict | None = None  # the session that took this one's place
         self.rank_names = RankNames()  # what Tab offers while a rank cannot answer
 
     # ------------------------------------------------------------------ lifecycle
@@ -205,13 +230,150 @@ class Cluster:
             log_level=self.log_level,
             guard=self.guard,
             start_timeout=self.start_timeout,
+            keep=self.keep if self.guard else None,
         )
         try:
             self._ranks_up()
+            if self.keep is not None:
+                self._write_record()
         except BaseException:
             self._teardown()
             raise
         return self
+
+    # ------------------------------------------------------------------ keep / attach
+    @property
+    def id(self) -> str | None:
+        """The id ``%mpi list`` shows and :meth:`attach` takes (None when stopped)."""
+        return _keep.cluster_id(self.run_dir) if self.run_dir else None
+
+    def _write_record(self) -> None:
+        engines = self._engines
+        hosts = sorted({info["host"] for info in engines.rank_info.values()})
+        where = f"Slurm job {self.job_id}" if self.job_id else ", ".join(hosts)
+        record = {
+            "id": self.id,
+            "uid": os.getuid(),
+            "created": _time.time(),
+            "keep_s": None if math.isinf(self.keep) else self.keep,
+            "n": self.n,
+            "where": f"{where} ({self.launcher.describe()})",
+            "job_id": self.job_id,
+            "settings": self._settings,
+            "run_dir": engines.run_dir,
+            "cluster_file": engines.cluster_file,
+            "rank_info": engines.rank_info,
+            "guard_pid": engines.guard.pid if engines.guard is not None else None,
+            "guard_host": socket.gethostname(),
+            "client": _keep.me(),
+            "idle_since": None,
+            "ended": None,
+        }
+        _keep.write(engines.run_dir, record)
+
+    @classmethod
+    def attach(cls, cluster_id: str | None = None, force: bool = False) -> Cluster:
+        """Connect to a cluster started with ``keep`` (by this user, on this host): the
+        ranks and their variables as they were. ``cluster_id``: as :func:`kept` lists it;
+        may be left out when there is one. A cluster another live session drives is
+        refused unless ``force`` (a takeover: that session is told at its next call;
+        ``cluster.replaced`` names it here).
+
+        Example::
+
+            cluster = Cluster.attach()      # %mpi attach
+            cluster.pull("model_state")
+        """
+        try:
+            record = _keep.find(cluster_id)
+        except ValueError as e:
+            raise ClusterError(str(e)) from None
+        if record.get("ended"):
+            _keep.remove_ended(record)
+            raise ClusterError(
+                f"Kept cluster {record['id']} ended while no one was attached: "
+                f"{record['ended']}. What was left of it is removed; start a new one."
+            )
+        if record.get("guard_host") != socket.gethostname():
+            raise ClusterError(
+                f"Attach to cluster {record['id']} from {record['guard_host']}, where it was "
+                "started: its guard runs there and watches who is attached."
+            )
+        settings = dict(record["settings"], n=record["n"])
+        cluster = cls(**settings, keep=True if record["keep_s"] is None else record["keep_s"])
+        try:
+            cluster.replaced = _keep.claim(record["run_dir"], force)
+        except ValueError as e:
+            raise ClusterError(str(e)) from None
+        try:
+            cluster._engines = Engines.attach(
+                cluster.launcher,
+                cluster.n,
+                record["run_dir"],
+                record["cluster_file"],
+                record["rank_info"],
+                _torch.engine_env(cluster.env),
+                keeper_pid=record.get("guard_pid"),
+                log_level=cluster.log_level,
+            )
+        except BaseException:
+            _keep.release(record["run_dir"])
+            raise
+        return cluster
+
+    def follow(self) -> list[int]:
+        """Show, by rank and live, the output of a cell that a previous session sent and
+        the ranks still run (after :meth:`attach`), until it ends; the ranks that ran it
+        (``[]``: none did). A kernel interrupt interrupts that cell on the ranks.
+
+        Example::
+
+            cluster = Cluster.attach()
+            cluster.follow()      # the training loop's prints, as they come, until it ends
+        """
+        self._require_running()
+        cells = _follow.running(self)
+        if cells:
+            _follow.follow(self, cells)
+        return sorted(cells)
+
+    def detach(self) -> None:
+        """Leave a kept cluster running (its ranks, variables, Slurm job) and let go of it:
+        it stops after its keep time without a client; :meth:`attach` comes back.
+
+        Example::
+
+            cluster.detach()     # %mpi detach
+        """
+        self._require_running()
+        if self.keep is None:
+            raise ClusterError(
+                "This cluster was not started with keep: detaching would leave ranks no one "
+                "can reach. Stop it (%mpi stop), or start with --keep 2h (keep='2h')."
+            )
+        _keep.release(self._engines.run_dir)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Forget the processes without stopping them (the guard keeps them)."""
+        engines, self._engines = self._engines, None
+        if engines is not None:
+            engines.detach()
+        self.rank_names.forget()
+        dash, self._dashboard = self._dashboard, None
+        if dash is not None:
+            dash._cluster_stopped()
+
+    def _taken_over(self) -> dict | None:
+        """The session that took this kept cluster over, if one did (we then let go)."""
+        if self.keep is None or self._engines is None:
+            return None
+        holder = _keep.holder(self._engines.run_dir)
+        if holder is None or holder.get("pid") == os.getpid():
+            return None
+        self._let_go()
+        self.taken_over_by = holder
+        return holder
 
     def _ranks_up(self) -> None:
         """What every fresh set of ranks gets: torchrun's environment, and the group if asked."""
@@ -233,9 +395,9 @@ class Cluster:
     def stop(self) -> None:
         """Stop every rank and the controller; return once their processes are gone.
 
-        Safe to call twice.
+        Safe to call twice. A kept cluster another session took over is left to it.
         """
-        if not self.running:
+        if not self.running or self._taken_over():
             return
         try:
             self._ranks_going_down()
@@ -268,6 +430,8 @@ class Cluster:
         self.lost = None
         self.dead = {}
         self._ranks_up()
+        if self.keep is not None:
+            _keep.update(self._engines.run_dir, {"rank_info": self._engines.rank_info})
 
     def torch_group(self) -> dict[int, dict]:
         """Each rank's default torch.distributed group: ``{rank: {"backend", "rank",
@@ -355,6 +519,13 @@ class Cluster:
         return self.client[[self.engine_id(r) for r in ranks]]
 
     def _require_running(self) -> None:
+        taken = self._taken_over()
+        if taken is not None:
+            raise ClusterError(
+                f"Another session (pid {taken['pid']} on {taken['host']}) took this kept "
+                "cluster over with attach --force; this one has let go of it. "
+                "%mpi attach --force takes it back."
+            )
         if not self.running:
             raise ClusterError("No MPI ranks are running. Start them with %mpi start -n 4.")
         if self.lost:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -174,13 +175,22 @@ def process_ended(engine_set) -> bool:
 
 # ---------------------------------------------------------------- files
 def make_run_dir() -> str:
-    """A new directory for one cluster's files, readable by the user alone."""
+    """A new directory for one cluster's files, readable by the user alone.
+
+    Named ``cluster-<6 digits>``: the digits are the id a kept cluster is attached by
+    (``%mpi attach 482913``), short enough to type."""
     root = os.environ.get(RUN_ROOT_ENV) or os.path.join(
         os.path.expanduser("~"), ".clusterkernel", "clusters"
     )
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
-        path = tempfile.mkdtemp(prefix="cluster-", dir=root)
+        while True:  # mkdir is atomic: a name another start took is simply tried again
+            path = os.path.join(root, f"cluster-{secrets.randbelow(900_000) + 100_000}")
+            try:
+                os.mkdir(path, 0o700)
+                break
+            except FileExistsError:
+                continue
     except OSError:  # a read-only home: the machine's temp directory
         path = tempfile.mkdtemp(prefix="clusterkernel-")
     os.chmod(path, 0o700)
@@ -201,9 +211,11 @@ class Guard:
     and removes the run directory (``clusterkernel.cluster._guard``).
     """
 
-    def __init__(self, cluster_file: str, run_dir: str) -> None:
+    def __init__(self, cluster_file: str, run_dir: str, keep: float | None = None) -> None:
+        # keep: seconds (inf: until stopped) the guard keeps the cluster once we are gone
+        args = [cluster_file, run_dir] + ([repr(float(keep))] if keep is not None else [])
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "clusterkernel.cluster._guard", cluster_file, run_dir],
+            [sys.executable, "-m", "clusterkernel.cluster._guard", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -216,15 +228,22 @@ class Guard:
 
     def release(self) -> None:
         """Tell the guard we stopped the cluster ourselves, and wait for it to go."""
-        try:
-            self._proc.stdin.write(b"stopped\n")
-            self._proc.stdin.close()
-        except OSError:
-            pass
+        self._say(b"stopped\n")
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self._proc.kill()
+
+    def detach(self) -> None:
+        """Leave a kept cluster to the guard (it keeps it, see ``_guard.keep``)."""
+        self._say(b"detached\n")
+
+    def _say(self, line: bytes) -> None:
+        try:
+            self._proc.stdin.write(line)
+            self._proc.stdin.close()
+        except OSError:
+            pass
 
 
 def private_cluster_file(ipp_cluster: ipp.Cluster) -> None:

@@ -78,6 +78,7 @@ class Engines:
         self.client: ipp.Client | None = None
         self.run_dir: str | None = None
         self.guard: Guard | None = None
+        self.keeper: psutil.Process | None = None  # a kept cluster's guard, when attached
         self.rank_info: dict[int, dict] = {}  # rank -> {rank, host, pid, engine}
         self.engine_of: dict[int, int] = {}  # rank -> engine id
 
@@ -90,8 +91,10 @@ class Engines:
         log_level: int = logging.WARNING,
         guard: bool = True,
         start_timeout: float = 90.0,
+        keep: float | None = None,
     ) -> Engines:
-        """Start the controller and ``n`` ranks; on any failure nothing is left running."""
+        """Start the controller and ``n`` ranks; on any failure nothing is left running.
+        ``keep``: seconds the guard keeps them once this process is gone (``_keep``)."""
         self = cls(launcher, n, start_timeout)
         _ipp.install_date_parser()  # ~49 us less per rank and cell (BENCHMARKS.md, issue 11)
         kwargs: dict[str, Any] = {}
@@ -109,11 +112,13 @@ class Engines:
                 log=_ipp_log(log_level),
                 **kwargs,
             )
+            if keep is not None:  # ipyparallel's own exit handler would stop it first
+                self.ipp.shutdown_atexit = False
             self.ipp.start_controller_sync()
             self.client = self.ipp.connect_client_sync()
             private_cluster_file(self.ipp)
             if guard:
-                self.guard = Guard(self.ipp.cluster_file, self.run_dir)
+                self.guard = Guard(self.ipp.cluster_file, self.run_dir, keep)
             self.ipp.start_engines_sync(n)
             self.ipp.update_cluster_file()  # now with the job id, for the guard
             self._wait_for_new_engines(old_pids=set())
@@ -121,6 +126,52 @@ class Engines:
             self.teardown()
             raise
         return self
+
+    @classmethod
+    def attach(
+        cls, launcher: Launcher, n: int, run_dir: str, cluster_file: str, rank_info: dict,
+        env: dict[str, str], keeper_pid: int | None = None, log_level: int = logging.WARNING,
+    ) -> Engines:  # fmt: skip
+        """Connect to the running processes of a kept cluster (its guard keeps watching)."""
+        self = cls(launcher, n, start_timeout=90.0)
+        self.run_dir = run_dir
+        # with the launcher's configuration, so that a restart starts ranks as start() did
+        self.ipp = ipp.Cluster.from_file(
+            cluster_file,
+            engines=launcher.engines(),
+            config=launcher.config(env, run_dir),
+            log=_ipp_log(log_level),
+        )
+        self.client = self.ipp.connect_client_sync()
+        self.rank_info = {int(r): info for r, info in rank_info.items()}
+        self.engine_of = {r: info["engine"] for r, info in self.rank_info.items()}
+        self.keeper = _process(keeper_pid) if keeper_pid else None
+        try:
+            self.client.wait_for_engines(len(self.engine_of), timeout=10)
+        except (ipp.error.TimeoutError, ipp.error.EngineError, OSError):
+            pass
+        missing = sorted(set(self.engine_of.values()) - set(self.client.ids))
+        if missing:
+            self.client.close()
+            raise ClusterError(
+                f"The kept cluster's engines {missing} did not register again within 10 s; "
+                "%mpi list says what is left of it."
+            )
+        return self
+
+    def detach(self) -> None:
+        """Leave the processes running for the guard to keep; this object is done."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.guard is not None:
+            self.guard.detach()
+            self.guard = None
+        self.keeper = None
+        self.ipp = None  # shutdown_atexit is off: dropping it stops nothing
+        self.run_dir = None
+        self.rank_info = {}
+        self.engine_of = {}
 
     # ------------------------------------------------------------------ reading
     @property
@@ -159,6 +210,8 @@ class Engines:
                 pass
         if self.guard is not None:
             pids.add(self.guard.pid)
+        if self.keeper is not None and self.keeper.is_running():
+            pids.add(self.keeper.pid)
         return sorted(pids)
 
     # ------------------------------------------------------------------ changing
@@ -227,6 +280,9 @@ class Engines:
         if self.guard is not None:
             self.guard.release()
             self.guard = None
+        if self.keeper is not None:  # it leaves once it sees the cluster file gone
+            psutil.wait_procs([self.keeper], timeout=10)
+            self.keeper = None
         if self.run_dir:
             # prterun removes the job's shared-memory segments, but not a rank's whose
             # process was SIGKILLed (the out-of-memory killer): the names the ranks noted

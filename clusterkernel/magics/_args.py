@@ -79,8 +79,25 @@ def ranks_arg(text: str | None) -> list[int] | None:
     choices=("gloo", "nccl"),
     help="the process group's backend (implies --torch; default: torch's pick by device)",
 )
+@argument(
+    "--keep",
+    metavar="TIME",
+    help="the ranks outlive this kernel (e.g. 2h, 30m, or forever) until no session has been "
+    "attached for TIME; %%mpi attach comes back",
+)
 def start_args(line):
     """%mpi start: start MPI ranks as ipyparallel engines."""
+
+
+@magic_arguments()
+@argument("id", nargs="?", help="the kept cluster's id (%%mpi list); not needed when there is one")
+@argument(
+    "--force",
+    action="store_true",
+    help="take over from a session that is attached now (it is told at its next call)",
+)
+def attach_args(line):
+    """%mpi attach: connect to ranks kept with --keep; their variables as they were."""
 
 
 @magic_arguments()
@@ -172,6 +189,9 @@ class _HelpFormatter(MagicHelpFormatter):
 HELP_ROWS = [
     (start_args, "%mpi start"),
     ("%mpi stop", "stop every rank and the controller"),
+    ("%mpi list", "your kept clusters (--keep): id, ranks, where, age, idle time left"),
+    (attach_args, "%mpi attach"),
+    ("%mpi detach", "leave kept ranks running (for their --keep time) and let go"),
     ("%mpi restart", "fresh ranks (frees stuck ones; state is lost)"),
     (torch_reinit_args, "%mpi torch-reinit"),
     ("%mpi status", "rank, host, pid, state, CPU, memory"),

@@ -29,7 +29,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, magics_class
 from IPython.core.magic_arguments import parse_argstring
 
-from clusterkernel.cluster import Cluster, _session
+from clusterkernel.cluster import Cluster, _keep, _session
 from clusterkernel.errors import ClusterError
 from clusterkernel.magics._args import SUBCOMMANDS, cell_args, mpi_help, ranks_arg, start_args
 from clusterkernel.magics._subcommands import Subcommands
@@ -62,8 +62,16 @@ class MPIMagics(Subcommands, Magics):
         _session.set_cluster(cluster)
 
     def _stop_quietly(self) -> None:
-        if self.cluster is not None:
-            self.cluster.stop()
+        """At exit (a kernel shut down or restarted): stop the ranks, or leave kept ones."""
+        if self.cluster is None or not self.cluster.running:
+            return
+        try:
+            if self.cluster.keep is not None:
+                self.cluster.detach()
+            else:
+                self.cluster.stop()
+        except ClusterError:  # another session took the kept cluster over: it is theirs
+            pass
 
     def _require_cluster(self) -> Cluster:
         if self.autostart is not None and (self.cluster is None or not self.cluster.running):
@@ -76,11 +84,24 @@ class MPIMagics(Subcommands, Magics):
     # Set by the "Python 3 (MPI)" kernel (clusterkernel.kernel): the %mpi start
     # arguments used when a cell needs ranks and none run.
     autostart: str | None = None
+    # with --keep: who started the kept ranks (a restarted kernel attaches to them again)
+    origin: str | None = None
 
     def _start_lazily(self) -> None:
+        if self.origin is not None:
+            mine = [
+                r
+                for r in _keep.kept()
+                if r.get("origin") == self.origin and not r["attached"] and not r.get("ended")
+            ]
+            if mine:
+                self._sub_attach(mine[0]["id"])
+                return
         n = parse_argstring(start_args, self.autostart).n
         print(f"Starting {n or 'the'} MPI ranks...", flush=True)
         self._sub_start(self.autostart)
+        if self.origin is not None and self.cluster.keep is not None:
+            _keep.update(self.cluster.run_dir, {"origin": self.origin})
 
     @cell_magic
     def local(self, line: str, cell: str):

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
-from clusterkernel.cluster import Cluster
-from clusterkernel.errors import ClusterError, rank_label
+from clusterkernel.cluster import Cluster, _follow, _keep
+from clusterkernel.errors import ClusterError, format_ranks, rank_label
 from clusterkernel.magics._args import (
+    attach_args,
     debug_args,
     export_args,
     pull_args,
@@ -96,6 +97,7 @@ class Subcommands:
                 backend=args.backend,
                 gpus_per_rank=0 if args.no_gpu_binding else args.gpus_per_rank,
                 gpu_share=args.gpu_share,
+                keep=args.keep,
                 **{k: v for k, v in slurm.items() if v is not None},
             )
         except (ValueError, FileNotFoundError, HostError, MPINotFoundError, ClusterError) as e:
@@ -110,16 +112,67 @@ class Subcommands:
         group = ""
         if cluster.torch:
             group = f"; torch.distributed group: {_group_text(cluster.torch_group())}"
-        print(f"Started {cluster.n} MPI ranks ({cluster.launcher.describe()}){on}{group}.")
+        kept = ""
+        if cluster.keep is not None:
+            kept = (
+                f"; kept {_keep.describe_keep(cluster.keep)} without a session as cluster "
+                f"{cluster.id} (%mpi detach, %mpi attach)"
+            )
+        print(f"Started {cluster.n} MPI ranks ({cluster.launcher.describe()}){on}{group}{kept}.")
+
+    def _sub_list(self, rest: str) -> None:
+        _keep.main(None)  # as `clusterkernel list`: ended ones are reported once, then removed
+
+    def _sub_attach(self, rest: str) -> None:
+        args = parse_argstring(attach_args, rest)
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError(
+                f"This session already drives {self.cluster.n} ranks: %mpi detach (or stop) "
+                "them first."
+            )
+        cluster = Cluster.attach(args.id, force=args.force)  # ClusterError: a message
+        self.cluster = cluster
+        if cluster.replaced:
+            print(
+                f"Took cluster {cluster.id} over from pid {cluster.replaced['pid']} on "
+                f"{cluster.replaced['host']}; that session is told at its next call."
+            )
+        print(f"Attached to {cluster.n} MPI ranks (cluster {cluster.id}).", flush=True)
+        busy = sorted(_follow.running(cluster))
+        if busy:
+            print(
+                f"Rank{'s' if len(busy) > 1 else ''} {format_ranks(busy)} still running a cell "
+                "sent before this session attached; its output follows until it ends (the "
+                "stop button interrupts it).",
+                flush=True,
+            )
+            cluster.follow()
+
+    def _sub_detach(self, rest: str) -> None:
+        cluster = self._require_cluster()
+        cluster.detach()  # ClusterError for a cluster not kept: a message
+        self.cluster = None
+        self._sub_off("")
+        print(
+            f"Detached; the ranks stay for {_keep.describe_keep(cluster.keep)} without a "
+            "session. %mpi attach comes back."
+        )
 
     def _sub_stop(self, rest: str) -> None:
         if self.cluster is None or not self.cluster.running:
             print("No MPI ranks are running.")
             return
-        self.cluster.stop()
+        cluster = self.cluster
+        cluster.stop()
         self.cluster = None
         self._sub_off("")
-        print("Stopped all MPI ranks.")
+        if cluster.taken_over_by is not None:
+            print(
+                f"Another session (pid {cluster.taken_over_by['pid']}) drives these ranks now; "
+                "this one has let go of them and stopped nothing."
+            )
+        else:
+            print("Stopped all MPI ranks.")
 
     def _sub_restart(self, rest: str) -> None:
         cluster = self._require_cluster()

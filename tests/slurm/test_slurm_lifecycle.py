@@ -85,6 +85,38 @@ def test_a_killed_notebook_kernel_leaves_no_job_and_no_process(slurm_testbed):
     assert not os.path.isdir(run_dir), "the guard left the cluster's run directory"
 
 
+def test_a_kept_job_survives_a_killed_kernel_and_stop_after_attach_cancels_it(
+    slurm_testbed, tmp_path, monkeypatch
+):
+    from clusterkernel.cluster import _keep
+
+    monkeypatch.setenv("CLUSTERKERNEL_RUN_DIR", str(tmp_path / "runs"))
+    kernel = _KERNEL.replace("nodes=2)", "nodes=2, keep='10m')").replace(
+        ".start()\n", '.start()\nc.run("zz = 7")\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", kernel], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    line = ""
+    while not line.startswith("JOB"):
+        line = proc.stdout.readline().strip("\r\n ").split("\r")[-1].strip()
+        assert line or proc.poll() is None, "the kernel process ended before its cluster started"
+    _, run_dir, job = line.split()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(3)
+    assert job in slurm_testbed.jobs(), "the kept job did not outlive the kernel"
+    [record] = _keep.kept()
+    assert record["job_id"] == job and record["where"].startswith(f"Slurm job {job}"), record
+    cluster = Cluster.attach()
+    assert cluster.pull("zz") == {0: 7, 1: 7}
+    assert sorted(row["host"] for row in cluster.status()) == ["node1", "node2"]
+    cluster.stop()
+    jobs, on1, on2 = slurm_testbed.leftovers(timeout=20)
+    assert job not in jobs and not on1 and not on2, (jobs, on1, on2)
+    assert not os.path.isdir(run_dir)
+
+
 _IN_ALLOCATION = """
 from clusterkernel import Cluster
 with Cluster() as c:

@@ -1,0 +1,323 @@
+"""Kept clusters: ranks that outlive the kernel when asked, and the way back to them.
+
+Real kernels (jupyter_client), a real terminal IPython and real ranks. Each test keeps
+its clusters in a run directory of its own (``CLUSTERKERNEL_RUN_DIR``), so ``list`` and
+``attach`` see only what the test made, never a user's own kept clusters.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from clusterkernel import Cluster
+from clusterkernel.cluster import _keep
+from clusterkernel.errors import ClusterError
+from tests._procs import cluster_processes, wait_no_cluster_processes
+from tests.kernel.test_restart import _run
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch) -> str:
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o755)  # others may look in; the run directories inside are 0700
+    monkeypatch.setenv("CLUSTERKERNEL_RUN_DIR", str(root))
+    yield str(root)
+    for record in _keep.kept():  # what a failed test kept: stopped, or it would stay
+        if not record.get("ended"):
+            try:
+                Cluster.attach(record["id"], force=True).stop()
+            except ClusterError:
+                pass
+
+
+@pytest.fixture
+def kernels():
+    started = []
+
+    def start(name: str = "python3"):
+        km, kc = start_new_kernel(kernel_name=name, startup_timeout=60)
+        started.append((km, kc))
+        return km, kc
+
+    yield start
+    for km, kc in started:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+
+
+def _ok(kc, code: str) -> str:
+    reply, out = _run(kc, code)
+    assert reply["status"] == "ok", (reply, out)
+    return out
+
+
+def _shown(kc, code: str) -> str:
+    """Everything a cell shows: streams and the text of displays (rank areas)."""
+    shown = []
+
+    def hook(msg):
+        content = msg["content"]
+        if msg["msg_type"] == "stream":
+            shown.append(content["text"])
+        elif msg["msg_type"] in ("display_data", "update_display_data"):
+            shown.append(content["data"].get("text/plain", ""))
+
+    reply = kc.execute_interactive(code, timeout=120, output_hook=hook)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return "\n".join(shown)
+
+
+def _error(kc, code: str) -> str:
+    reply, _ = _run(kc, code)
+    assert reply["status"] == "error", reply
+    return f"{reply['ename']}: {reply['evalue']}"
+
+
+def _rank_pids() -> set[int]:
+    """The ranks' engine processes (not their nannies, not prterun)."""
+    return {p.pid for p in cluster_processes() if p.cmdline()[1:3] == ["-m", "ipyparallel.engine"]}
+
+
+def _gone(run_dir: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not os.path.exists(run_dir) and not cluster_processes():
+            return True
+        time.sleep(0.25)
+    return False
+
+
+def _gone_but_the_kernel(timeout: float) -> bool:
+    """No cluster process is left but the MPI kernel itself (it runs on, ranks stopped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        procs = [p for p in cluster_processes() if "clusterkernel.kernel" not in p.cmdline()]
+        if not procs:
+            return True
+        time.sleep(0.25)
+    return False
+
+
+def test_bad_keep_values_are_refused_at_once():
+    for bad in ("-1", "soon", "0", "2x", "", "nan"):
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match="keep takes a duration such as 90s, 30m, 2h"):
+            Cluster(n=2, keep=bad)
+        assert time.monotonic() - t0 < 1
+    assert _keep.parse_keep("1h30m") == 5400
+    assert _keep.parse_keep("90s") == _keep.parse_keep(90) == 90
+    assert _keep.parse_keep(True) == _keep.parse_keep("forever") == float("inf")
+    assert _keep.parse_keep(None) is None and _keep.parse_keep(False) is None
+
+
+def test_attach_to_nothing_or_a_wrong_id_says_so(runs):
+    with pytest.raises(ClusterError, match="No kept cluster to attach"):
+        Cluster.attach()
+    with pytest.raises(ClusterError, match="No kept cluster 'nope' of yours"):
+        Cluster.attach("nope")
+    out = subprocess.run(
+        [sys.executable, "-m", "clusterkernel", "list"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "No kept clusters" in out.stdout, out
+
+
+def test_a_killed_kernel_keeps_its_ranks_and_a_terminal_ipython_attaches(
+    runs, kernels, no_shared_cluster
+):
+    km, kc = kernels()
+    _ok(kc, "%load_ext clusterkernel")
+    said = _ok(kc, "%mpi start -n 2 --keep 1h")
+    assert "kept until" not in said and "kept 1h without a session as cluster" in said, said
+    _ok(
+        kc,
+        "%%mpi\nimport clusterkernel\nfrom mpi4py import MPI\n"
+        "zz_kept = 100 + MPI.COMM_WORLD.rank\nclusterkernel.log(step=0, loss=1.5)",
+    )
+    ranks = _rank_pids()
+    assert len(ranks) == 2
+    [record] = _keep.kept()
+    assert record["attached"] and record["client"]["pid"] == km.provisioner.process.pid
+
+    os.kill(km.provisioner.process.pid, signal.SIGKILL)  # a kernel that died outright
+    time.sleep(3)
+    assert _rank_pids() == ranks, "the kept ranks did not outlive the kernel"
+    [record] = _keep.kept()
+    assert not record["attached"], record
+
+    # a terminal IPython on the same machine: list, attach (no id: there is one), use, stop
+    script = textwrap.dedent("""\
+        %load_ext clusterkernel
+        %mpi list
+        %mpi attach
+        pulled = %mpi pull zz_kept
+        print("pulled", pulled)
+        from clusterkernel.magics import current_cluster
+        dash = current_cluster().dashboard()
+        dash.sync()
+        print("history", sorted((r["rank"], r["values"]["loss"]) for r in dash.records("scalar")))
+        %mpi stop
+    """)
+    out = subprocess.run(
+        [sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", "--quick",
+         "--HistoryManager.enabled=False"],
+        input=script, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert f"{record['id']}" in out.stdout and "none" in out.stdout, out.stdout
+    assert f"Attached to 2 MPI ranks (cluster {record['id']})" in out.stdout, out
+    assert "pulled {0: 100, 1: 101}" in out.stdout, out
+    # the dashboard shows what the ranks logged before the kernel died
+    assert "history [(0, 1.5), (1, 1.5)]" in out.stdout, out
+    assert _gone(record["run_dir"], 15), "attach + stop left processes or files"
+
+
+def test_without_keep_nothing_outlives_a_killed_starter(runs, no_shared_cluster):
+    starter = subprocess.Popen(
+        [sys.executable, "-c",
+         "from clusterkernel import Cluster; import os, signal, sys\n"
+         "c = Cluster(n=2).start(); print(c.run_dir, flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    run_dir = starter.stdout.readline().strip()
+    starter.kill()
+    starter.wait()
+    assert _gone(run_dir, 20)
+    assert _keep.kept() == []
+
+
+def test_a_short_keep_expires_and_removes_everything(runs, no_shared_cluster):
+    shm_before = set(os.listdir("/dev/shm"))
+    starter = subprocess.Popen(
+        [sys.executable, "-c",
+         "from clusterkernel import Cluster; import sys\n"
+         "c = Cluster(n=2, keep='3s').start()\n"
+         # a shared-memory window on each rank: its /dev/shm file must go too
+         "c.run('from clusterkernel import comm; w = comm.shm_empty((1024,))')\n"
+         "print(c.run_dir, flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    run_dir = starter.stdout.readline().strip()
+    shm_job = set(os.listdir("/dev/shm")) - shm_before
+    assert shm_job, "the ranks made no shared-memory file: nothing to check"
+    starter.kill()
+    starter.wait()
+    time.sleep(1.5)
+    [record] = _keep.kept()  # still kept: 3 s have not passed
+    assert cluster_processes()
+    assert _gone(run_dir, 20), "the keep time passed and something was left"
+    assert _keep.kept() == []
+    assert not shm_job & set(os.listdir("/dev/shm")), "the job's /dev/shm files were left"
+
+
+def test_one_driver_at_a_time_and_a_takeover_while_a_cell_runs(runs, kernels, no_shared_cluster):
+    _, first = kernels()
+    _ok(first, "%load_ext clusterkernel")
+    _ok(first, "%mpi start -n 2 --keep 10m")
+    _ok(first, "%%mpi\nzz_before = 7")
+    running = first.execute(
+        "%%mpi\nimport time\nfor i in range(5):\n    print('step', i, flush=True)\n"
+        "    time.sleep(1)\nzz_after = 8"
+    )
+    time.sleep(2)
+
+    _, second = kernels()
+    _ok(second, "%load_ext clusterkernel")
+    refused = _error(second, "%mpi attach")
+    assert "attached to another session" in refused and "--force" in refused, refused
+    said = _shown(second, "%mpi attach --force")  # shows the running cell until it ends
+    assert "Took cluster" in said and "that session is told at its next call" in said, said
+    assert "Ranks 0-1 still running a cell sent before this session attached" in said, said
+    assert "step 4" in said, f"the running cell's output did not reach the new session: {said}"
+    # the new driver's cell waits for the running one and sees what it made
+    assert "zz 7 8" in _shown(second, "%%mpi --ranks 0\nprint('zz', zz_before, zz_after)")
+
+    while True:  # the first kernel's cell ends (its result went to a client that let go)
+        msg = first.get_shell_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == running:
+            break
+    told = _error(first, "%%mpi\nprint(1)")
+    assert "took this kept cluster over" in told, told
+    _ok(first, "%mpi stop")  # harmless: it no longer drives the ranks
+    assert len(_rank_pids()) == 2
+    _ok(second, "%mpi stop")
+    assert not wait_no_cluster_processes(20)
+
+
+def test_the_mpi_kernel_with_keep_attaches_again_after_a_restart(runs, kernels, tmp_path):
+    prefix = tmp_path / "prefix"
+    subprocess.run(
+        [sys.executable, "-m", "clusterkernel", "install-kernel", "-n", "2", "--keep", "5m",
+         "--name", "ck-keep", "--prefix", str(prefix)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
+    try:
+        km, kc = kernels("ck-keep")
+        _ok(kc, "zz_model_state = 5")
+        ranks = _rank_pids()
+        km.restart_kernel(now=False)  # the kernel menu's restart: a clean shutdown first
+        kc.wait_for_ready(timeout=60)
+        out = _shown(kc, "print('again', zz_model_state)")
+        assert "Attached to 2 MPI ranks" in out and "again 5" in out, out
+        assert _rank_pids() == ranks
+        _ok(kc, "%mpi stop")
+        assert _gone_but_the_kernel(20), [p.cmdline() for p in cluster_processes()]
+    finally:
+        del os.environ["JUPYTER_PATH"]
+
+
+def test_another_users_cluster_is_neither_listed_nor_attached(runs, no_shared_cluster):
+    # A second Unix user cannot run this machine's Python (it lives under /root, 0700),
+    # so the other user's cluster is made by ownership: a copy of a real record, chowned.
+    with Cluster(n=2, keep="10m") as cluster:
+        assert os.stat(cluster.run_dir).st_mode & 0o777 == 0o700
+        assert os.stat(_keep.record_path(cluster.run_dir)).st_mode & 0o777 == 0o600
+        record = _keep.read(cluster.run_dir)
+        theirs = os.path.join(runs, "cluster-theirs")
+        os.mkdir(theirs, 0o700)
+        _keep.write(theirs, {**record, "id": "theirs", "run_dir": theirs, "uid": 65534})
+        os.chown(_keep.record_path(theirs), 65534, 65534)
+        os.chown(theirs, 65534, 65534)
+        # and one of ours that others could read: not trusted either
+        loose = os.path.join(runs, "cluster-loose")
+        os.mkdir(loose, 0o700)
+        _keep.write(loose, {**record, "id": "loose", "run_dir": loose})
+        os.chmod(loose, 0o755)
+
+        assert [r["id"] for r in _keep.kept()] == [cluster.id]
+        for other in ("theirs", "loose"):
+            with pytest.raises(ClusterError, match=f"No kept cluster '{other}' of yours"):
+                Cluster.attach(other)
+        assert cluster.pull("__name__")  # ours, still running
+
+
+def test_ranks_that_die_while_no_one_is_attached_are_reported_once_then_removed(
+    runs, no_shared_cluster
+):
+    starter = subprocess.Popen(
+        [sys.executable, "-c",
+         "from clusterkernel import Cluster; import sys\n"
+         "c = Cluster(n=2, keep='10m').start(); print(c.run_dir, flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    run_dir = starter.stdout.readline().strip()
+    starter.kill()
+    starter.wait()
+    os.kill(sorted(_rank_pids())[0], signal.SIGKILL)  # MPI ends the whole job
+    deadline = time.monotonic() + 30
+    while not (_keep.kept() or [{}])[0].get("ended") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    [record] = _keep.kept()
+    assert record["ended"].startswith("the MPI job ended (killed by signal 9"), record
+    assert not wait_no_cluster_processes(20)
+    with pytest.raises(ClusterError, match="ended while no one was attached: the MPI job ended"):
+        Cluster.attach(record["id"])
+    assert not os.path.exists(run_dir) and _keep.kept() == []
