@@ -249,15 +249,15 @@ class Cluster:
 
     def _write_record(self) -> None:
         engines = self._engines
-        hosts = sorted({info["host"] for info in engines.rank_info.values()})
-        where = f"Slurm job {self.job_id}" if self.job_id else ", ".join(hosts)
+        hosts = ", ".join(sorted({info["host"] for info in engines.rank_info.values()}))
+        where = f"Slurm job {self.job_id} on {hosts}" if self.job_id else hosts
         record = {
             "id": self.id,
             "uid": os.getuid(),
             "created": _time.time(),
             "keep_s": None if math.isinf(self.keep) else self.keep,
             "n": self.n,
-            "where": f"{where} ({self.launcher.describe()})",
+            "where": where,
             "job_id": self.job_id,
             "settings": self._settings,
             "run_dir": engines.run_dir,

@@ -302,7 +302,7 @@ def table(records: list[dict]) -> str:
     """``%mpi list``'s text: one line per kept cluster."""
     if not records:
         return "No kept clusters (start one with %mpi start --keep 2h)."
-    lines = [f"{'id':<10} {'ranks':>5}  {'where':<28} {'age':>7}  {'stops in':>13}  client"]
+    lines = [f"{'id':<10} {'ranks':>5}  {'where':<32} {'age':>7}  {'stops in':>13}  client"]
     for r in records:
         if r.get("ended"):
             lines.append(f"{r['id']:<10} {r['n']:>5}  ended: {r['ended']}")
@@ -313,7 +313,7 @@ def table(records: list[dict]) -> str:
             left = "never" if math.isinf(r["idle_left"]) else _short(r["idle_left"])
             client = "none"
         lines.append(
-            f"{r['id']:<10} {r['n']:>5}  {r['where'][:28]:<28} {_short(r['age']):>7}  "
+            f"{r['id']:<10} {r['n']:>5}  {r['where'][:32]:<32} {_short(r['age']):>7}  "
             f"{left:>13}  {client}"
         )
     return "\n".join(lines)
