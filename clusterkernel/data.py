@@ -93,6 +93,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
     Example::
 
+        # not run: it needs MNIST's files, which nothing here downloads
         images = read_idx("data/train-images-idx3-ubyte")   # (60000, 28, 28) uint8
     """
     path = Path(path)
@@ -138,6 +139,7 @@ def mnist(root: str | os.PathLike, train: bool = True, flatten: bool = False) ->
 
     Example::
 
+        # not run: it needs MNIST's files, which nothing here downloads
         ds = mnist("~/data/mnist", train=True, flatten=True)
     """
     root = Path(root).expanduser()

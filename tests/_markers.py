@@ -56,6 +56,7 @@ SLOW: dict[str, float] = {
     "tests/slurm/test_slurm_cluster.py::test_a_rank_that_dies_on_the_other_node_is_named": 12,
     "tests/dashboard/test_kernel_status.py::test_dashboard_cell_stays_busy_through_jupyterlabs_subshell_requests": 11,
     "tests/cluster/test_quickstart.py::test_quickstart_runs_in_a_terminal": 10,
+    "tests/test_examples.py::test_examples_that_start_their_own_cluster": 17,
     "tests/torchdist/test_on_ranks.py::test_a_group_a_ddp_model_holds_cannot_be_freed_and_the_ranks_restart": 13,
     "tests/torchdist/test_on_mpiexec.py::test_torchrun_cases_on_n_ranks": 11,
     "tests/torchdist/test_on_ranks.py::test_a_rank_blocked_in_gloo_is_named_and_freed_keeping_variables": 10,

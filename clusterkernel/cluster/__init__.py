@@ -15,11 +15,11 @@ the cluster through its public methods and properties only (``client``, ``view``
 ``engine_id``, ``restart``, ``mark_lost``, ``abort_torch_groups``...). The dashboard
 and the cluster still tell each other when one of them stops (``_dashboard_*``).
 
-Example::
+Example (``cluster``: a running :class:`Cluster`, from ``Cluster(n=4).start()`` or
+``%mpi start -n 4``; README.md starts one)::
 
-    from clusterkernel.cluster import Cluster
-    with Cluster(n=2) as cluster:
-        cluster.run("from clusterkernel import comm; print(comm.rank())")
+    cluster.run("from clusterkernel import comm; print(comm.rank())")   # a %%mpi cell
+    [row["state"] for row in cluster.status()]   # ['idle', 'idle', 'idle', 'idle']
 """
 
 from __future__ import annotations

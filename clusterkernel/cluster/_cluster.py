@@ -89,9 +89,11 @@ class Cluster:
         cluster.run("print('hi')")      # [rank 0] hi / [rank 1] hi
         cluster.stop()
 
+    Example (other starts)::
+
+        # not run: a Slurm job, and clusters left running for other examples
         Cluster(n=8, launcher="slurm", nodes=2, time="1:00:00").start()
         Cluster(n=2, torch=True).start()    # dist.is_initialized() on every rank
-
         Cluster(n=4, keep="2h").start()     # later, in another process:
         cluster = Cluster.attach()          # the same ranks, their variables intact
     """
@@ -281,6 +283,7 @@ class Cluster:
 
         Example::
 
+            # not run: needs a cluster another process started with keep=
             cluster = Cluster.attach()      # %mpi attach
             cluster.pull("model_state")
         """
@@ -328,6 +331,7 @@ class Cluster:
 
         Example::
 
+            # not run: needs a cluster another process started with keep=, busy in a cell
             cluster = Cluster.attach()
             cluster.follow()      # the training loop's prints, as they come, until it ends
         """
@@ -343,7 +347,9 @@ class Cluster:
 
         Example::
 
-            cluster.detach()     # %mpi detach
+            kept = Cluster(n=2, keep="10m").start()
+            kept.detach()                    # %mpi detach: the ranks run on
+            Cluster.attach(kept.id).stop()   # back again, and stopped
         """
         self._require_running()
         if self.keep is None:
@@ -586,7 +592,7 @@ class Cluster:
         Example::
 
             cluster.run("import torch")
-            cluster.complete("torch.zer")["matches"]    # ['zeros', 'zeros_like']
+            cluster.complete("torch.zer")["matches"]    # ['zero_', 'zeros', 'zeros_like']
         """
         self._require_running()
         self.engine_id(rank)  # clear error for a rank that does not exist
@@ -727,6 +733,10 @@ class Cluster:
 
         Example::
 
+            try:  # ranks 1 and 3 fail: post-mortem on them
+                cluster.run("x = 10 * comm.rank()\\nassert comm.rank() not in (1, 3)")
+            except RankError:
+                pass
             with cluster.debug(ranks=[1, 3]) as dbg:
                 dbg.send("p x")      # {1: "10", 3: "30"}
         """

@@ -151,7 +151,10 @@ FLIGHT = FlightRecorder()
 def flight() -> list[dict]:
     """This rank's last communication calls, oldest first (see the module docstring).
 
-    Example: ``comm.flight()[-1]["op"]`` is the op of the latest call.
+    Example::
+
+        comm.barrier()
+        comm.flight()[-1]["op"]   # 'barrier'
     """
     return FLIGHT.snapshot()
 

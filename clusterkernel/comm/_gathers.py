@@ -33,7 +33,10 @@ def broadcast(
     ``algorithm="shm"`` goes through the group's shared memory (one node); ``"auto"``
     (the default) picks it or ``"mpi"`` by size.
 
-    Example: ``comm.broadcast(weights, src=0)``
+    Example::
+
+        weights = torch.randn(8)         # different on every rank ...
+        comm.broadcast(weights, src=0)   # ... now rank 0's everywhere
     """
     g, c = member(group)
     root = g.group_rank(src, "src")

@@ -66,8 +66,9 @@ class Work:
 
     Example::
 
+        a, b = torch.ones(4), torch.ones(1000)
         w1 = comm.all_reduce(a, async_op=True)
-        w2 = comm.all_reduce(b, async_op=True)
+        w2 = comm.all_reduce(b, async_op=True)   # both in flight
         w1.wait(); w2.wait()
     """
 

@@ -56,7 +56,10 @@ def broadcast_object(
 ) -> Any:
     """Return rank ``src``'s ``obj`` on every rank (others pass anything, e.g. None).
 
-    Example: ``cfg = comm.broadcast_object(cfg if comm.rank() == 0 else None, src=0)``
+    Example::
+
+        cfg = {"lr": 0.1, "epochs": 3} if comm.rank() == 0 else None
+        cfg = comm.broadcast_object(cfg, src=0)   # rank 0's dict, on every rank
     """
     g, root, pkl, tag, call = _setup("broadcast_object", group, src)
     return drive(call, _bcast_steps(g, root, pkl, tag, obj), async_op)
@@ -69,8 +72,8 @@ def broadcast_object_list(
 
     Example::
 
-        objs = [model_cfg, epoch] if comm.rank() == 0 else [None, None]
-        comm.broadcast_object_list(objs, src=0)
+        objs = [{"width": 64}, 3] if comm.rank() == 0 else [None, None]
+        comm.broadcast_object_list(objs, src=0)   # objs == [{'width': 64}, 3] everywhere
     """
     _need_list(object_list, "object_list")
     g, root, pkl, tag, call = _setup("broadcast_object_list", group, src, count=len(object_list))

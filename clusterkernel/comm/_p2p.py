@@ -60,7 +60,12 @@ def send(
 ) -> Work | None:
     """Send ``tensor`` to rank ``dst`` (blocking unless ``async_op=True``).
 
-    Example: ``comm.send(torch.ones(3), dst=1)``
+    Example::
+
+        if comm.rank() == 0:
+            comm.send(torch.ones(3), dst=1)
+        elif comm.rank() == 1:
+            comm.recv(t, src=0)        # t == [1.0, 1.0, 1.0]
     """
     g, c = member(group)
     peer = _peer(g, dst, "dst")
@@ -71,7 +76,17 @@ def send(
 
 
 def isend(tensor: torch.Tensor, dst: int, group: Group | None = None, tag: int = 0) -> Work:
-    """Nonblocking :func:`send`; returns a Work. Example: ``w = comm.isend(t, 1); w.wait()``"""
+    """Nonblocking :func:`send`; returns a Work.
+
+    Example::
+
+        if comm.rank() == 0:
+            w = comm.isend(t, dst=1)
+            ...                        # compute while the tensor goes out
+            w.wait()                   # then t may be written again
+        elif comm.rank() == 1:
+            comm.recv(t, src=0)
+    """
     return send(tensor, dst, group, tag, async_op=True)
 
 
@@ -90,7 +105,11 @@ def recv(
     Example::
 
         t = torch.empty(3)
-        sender = comm.recv(t)          # from whoever sends first
+        if comm.rank() == 0:
+            for _ in range(comm.size() - 1):
+                sender = comm.recv(t)  # from whoever sends first; t holds its rank
+        else:
+            comm.send(torch.full((3,), float(comm.rank())), dst=0)
     """
     g, c = member(group)
     peer = _ANY if src is None else _peer(g, src, "src")
@@ -147,7 +166,12 @@ def send_object(
     """Send any picklable object to rank ``dst`` (pickle protocol 5: large numpy
     arrays and tensors inside go out of band, without an extra copy).
 
-    Example: ``comm.send_object({"step": 3, "lr": 0.1}, dst=1)``
+    Example::
+
+        if comm.rank() == 0:
+            comm.send_object({"step": 3, "lr": 0.1}, dst=1)
+        elif comm.rank() == 1:
+            cfg = comm.recv_object(src=0)   # {'step': 3, 'lr': 0.1}
     """
     g, c = member(group)
     peer = _peer(g, dst, "dst")
@@ -167,7 +191,12 @@ def recv_object(
     then whenever it is polled (``wait()``/``is_completed()``): several outstanding
     ones with the same source and tag get the messages in the order they find them.
 
-    Example: ``cfg = comm.recv_object(src=0)``
+    Example::
+
+        if comm.rank() == 0:
+            comm.send_object({"step": 3, "lr": 0.1}, dst=1)
+        elif comm.rank() == 1:
+            cfg = comm.recv_object(src=0)   # {'step': 3, 'lr': 0.1}
     """
     g, c = member(group)
     peer = _ANY if src is None else _peer(g, src, "src")

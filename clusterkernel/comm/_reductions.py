@@ -193,7 +193,10 @@ def reduce(
 ) -> Work | None:
     """Reduce ``tensor`` across the group into rank ``dst``'s tensor (others unchanged).
 
-    Example: ``comm.reduce(loss_sum, dst=0, op=comm.SUM)``
+    Example::
+
+        loss_sum = torch.tensor([2.0 * comm.rank()])
+        comm.reduce(loss_sum, dst=0, op=comm.SUM)   # rank 0: the total; the others: their own
     """
     g, c = member(group)
     root = g.group_rank(dst, "dst")

@@ -64,9 +64,9 @@ def shm_empty(
 
     Example::
 
-        grads = comm.shm_empty(1 << 24)        # 64 MB of float32, every rank
-        grads.copy_(local_gradients)
-        comm.all_reduce(grads, op=comm.AVG, algorithm="shm")
+        grads = comm.shm_empty(1 << 20)        # 4 MB of float32 on every rank: keep it
+        grads.fill_(float(comm.rank()))        # this rank's gradients, say
+        comm.all_reduce(grads, op=comm.AVG, algorithm="shm")   # in place, no copies
     """
     g = resolve(group)
     g.member_comm()  # raises when this rank is not a member

@@ -108,7 +108,10 @@ def tune(
     written is a warning, not an error. Metrics and the flight recorder are paused
     meanwhile, so the dashboard does not show the probes.
 
-    Example: ``comm.tune()["all_reduce"]["algs"]`` (e.g. ``['mpi', 'shm', 'ring']``)
+    Example::
+
+        # not run: it measures for a while and replaces this machine's table for every job
+        comm.tune()["all_reduce"]["algs"]   # e.g. ['mpi', 'shm', 'ring']
     """
     g = resolve(group)
     g.member_comm()  # a clear error for a non-member

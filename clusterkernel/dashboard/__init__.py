@@ -6,11 +6,11 @@ streamed (filled by :class:`Receiver` from its own thread); the panels in
 cluster and redraws from a thread of its own, so it stays live while ``%%mpi``
 blocks the notebook. Exports write CSV, JSON, a Chrome trace and a PNG.
 
-Example::
+Example (two notebook cells, once ``%mpi start -n 4`` has started the ranks)::
 
     %load_ext clusterkernel
-    %mpi start -n 4
     %mpi dashboard                 # or: dash = clusterkernel.Dashboard(); dash
+
     %%mpi --dashboard
     import clusterkernel
     for step in range(200):

@@ -51,13 +51,16 @@ class Dashboard:
         ``benchmarks/bench_dashboard.py --part draw``); the store keeps every point.
     interval : seconds between the ranks' batched sends.
 
-    Example::
+    Example (three notebook cells)::
 
         dash = clusterkernel.Dashboard()   # or cluster.dashboard(), %mpi dashboard
         dash                               # shows it; it updates while cells run
+
         %%mpi
+        import clusterkernel
         for step in range(100):
-            clusterkernel.log(step=step, loss=train_step())
+            clusterkernel.log(step=step, loss=1 / (step + 1))
+
         dash.export("run1/")               # CSV, JSON, Chrome trace, PNG
     """
 
@@ -224,6 +227,7 @@ class Dashboard:
 
         Example::
 
+            dash = cluster.dashboard()
             dash.pause()    # e.g. from a button, or before a timing-critical run
             dash.resume()   # catches up with everything logged meanwhile
         """

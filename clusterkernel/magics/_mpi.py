@@ -40,6 +40,12 @@ class MPIMagics(Subcommands, Magics):
     """``%mpi`` and ``%%mpi``. See ``%mpi?``."""
 
     def __init__(self, shell) -> None:
+        """The magics of one IPython ``shell`` (``%load_ext clusterkernel`` makes them).
+
+        Example::
+
+            %load_ext clusterkernel
+        """
         super().__init__(shell)
         self.cluster = None
         # execution counts of cells that raised or were interrupted: %mpi export leaves them out

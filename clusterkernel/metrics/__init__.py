@@ -17,7 +17,7 @@ Example::
 
     from clusterkernel import metrics
     with metrics.recorder().span("forward"):
-        loss = model(x)
+        loss = loss_fn(model(x), y)
     metrics.log(step=3, loss=loss.item(), samples=64)   # samples: for throughput
     new = metrics.recorder().drain()   # [{"kind": "comm", ...}, {"kind": "scalar", ...}, ...]
 """
@@ -160,9 +160,12 @@ class Recorder:
 
         Example::
 
+            from mpi4py import MPI
+            left, right = (comm.rank() - 1) % comm.size(), (comm.rank() + 1) % comm.size()
+            edge, halo = np.ones(1024), np.empty(1024)     # 8192 bytes each way
             t0 = time.perf_counter()
-            req.wait()                   # e.g. a raw mpi4py exchange
-            metrics.recorder().timing("halo", 8192, t0, time.perf_counter() - t0)
+            MPI.COMM_WORLD.Sendrecv(edge, right, recvbuf=halo, source=left)   # raw mpi4py
+            metrics.recorder().timing("halo", edge.nbytes, t0, time.perf_counter() - t0)
         """
         if self.enabled:  # _append() inlined: every comm call lands here
             store = self.comm
@@ -279,6 +282,7 @@ def stream(address: str, key: bytes, interval: float = 0.1) -> dict:
 
     Example::
 
+        # not run: it needs a notebook listening at the address (a Dashboard)
         metrics.stream("tcp://127.0.0.1:5555", key=b"secret")
     """
     from clusterkernel.metrics import _stream

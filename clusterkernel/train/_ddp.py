@@ -253,6 +253,7 @@ class DataParallel(nn.Module):
 
         Example::
 
+            model = DataParallel(net, optimizer=opt)
             with model.no_sync():
                 loss_fn(model(x1), y1).backward()   # local only
             loss_fn(model(x2), y2).backward()       # averages the sum of both

@@ -36,11 +36,16 @@ def register_mode(name: str, cls: type[TrainingMode]) -> type[TrainingMode]:
 
     Example::
 
-        class EASGD(TrainingMode):
-            def step(self, step): ...   # elastic averaging every tau steps
+        class Elastic(TrainingMode):
+            def __init__(self, tau: int = 8):   # mode_options are its arguments
+                self.tau = tau
 
-        register_mode("easgd", EASGD)
-        Trainer(model, opt, loss_fn, data, mode="easgd", mode_options={"tau": 4})
+            def step(self, step):
+                super().step(step)              # the local update; then, every tau
+                ...                             # steps, your averaging
+
+        register_mode("elastic", Elastic)
+        Trainer(net, opt, loss_fn, data, mode="elastic", mode_options={"tau": 4}).fit(1)
     """
     if not (isinstance(cls, type) and issubclass(cls, TrainingMode)):
         raise TypeError(f"register_mode needs a TrainingMode subclass, got {cls!r}.")
@@ -102,10 +107,12 @@ class TrainingMode:
 
             def step(self, step: int) -> None:
                 super().step(step)
-                if step % self.k == 0:
-                    average_parameters(self.model)   # your collective here
+                if step % self.k == 0:               # your collective here
+                    for p in self.model.parameters():
+                        comm.all_reduce(p.data, op=comm.AVG)
 
         register_mode("periodic", PeriodicAverage)
+        Trainer(net, opt, F.cross_entropy, data, mode="periodic").fit(1)
     """
 
     name: ClassVar[str] = "base"
@@ -323,7 +330,10 @@ class PipelineMode(TrainingMode):
 
     Example (the loss is known on the last stage only)::
 
-        Trainer(nn.Sequential(...), opt, F.cross_entropy, data, mode="pipeline",
+        net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                            nn.Linear(32, 10))       # stages balanced by size over the ranks
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        Trainer(net, opt, F.cross_entropy, data, mode="pipeline",
                 mode_options={"chunks": 4}).fit(3)
     """
 

@@ -37,9 +37,10 @@ class PipelineError(RuntimeError):
 
     Example::
 
+        pipe = PipelineParallel(nn.Sequential(*(nn.Linear(64, 64) for _ in range(4))))
         try:
-            loss = pipe.train_step(x, y, F.cross_entropy)
-        except PipelineError as exc:   # e.g. "stage 0 (rank 0): ... mat1 and mat2 ..."
+            loss = pipe.train_step(x[:, :60], y, F.cross_entropy)   # 60 features, not 64
+        except PipelineError as exc:   # "pipeline stage 0 (rank 0) failed: ... mat1 and mat2 ..."
             print(exc)
     """
 
@@ -57,8 +58,9 @@ class PipelineParallel(nn.Module):
 
     Example::
 
-        net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-        pipe = PipelineParallel(net, balance=[1, 2], chunks=4)   # on 2 ranks
+        net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                            nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+        pipe = PipelineParallel(net, balance=[2, 2, 2, 1], chunks=4)   # on 4 ranks
         opt = torch.optim.SGD(pipe.parameters(), lr=0.1)         # this stage only
         opt.zero_grad()
         loss = pipe.train_step(x, y, nn.functional.cross_entropy)
@@ -83,7 +85,8 @@ class PipelineParallel(nn.Module):
 
         Example::
 
-            pipe = PipelineParallel(nn.Sequential(a, b, c, d), balance=[2, 2], chunks=8)
+            layers = [nn.Linear(64, 64) for _ in range(7)] + [nn.Linear(64, 10)]
+            pipe = PipelineParallel(nn.Sequential(*layers), balance=[2, 2, 2, 2], chunks=8)
         """
         super().__init__()
         self.group = group

@@ -20,7 +20,11 @@ def spare_core(ranks_fallback: int = 1) -> bool:
     with compute (measured: slower, see BENCHMARKS.md, issue 4). The ranks per
     node come from the MPI launcher's environment, else ``ranks_fallback``.
 
-    Example: ``Trainer(..., prefetch="auto")`` uses this.
+    ``Trainer(..., prefetch="auto")`` asks it.
+
+    Example::
+
+        spare_core()   # e.g. False: 4 ranks of one torch thread each on 2 cores
     """
     import torch
 

@@ -33,7 +33,9 @@ class Trainer:
 
     Example (on every rank)::
 
-        trainer = Trainer(Net(), opt, nn.functional.cross_entropy, digits(),
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        trainer = Trainer(net, opt, nn.functional.cross_entropy, digits(),
                           batch_size=128, checkpoint_dir="ckpt")
         trainer.add_hook("on_epoch_end", lambda t: print(t.epoch, t.last_loss))
         trainer.fit(epochs=5)

@@ -31,6 +31,7 @@ Example (one hook per model, registered before the first backward)::
     sent = []
     other = DataParallel(net2, optimizer=opt2)
     other.register_comm_hook(sent, counted)   # state: passed to every call
+    loss_fn(other(x), y).backward()           # sent: the bytes of every bucket
 """
 
 from __future__ import annotations
@@ -188,6 +189,7 @@ def allreduce_hook(state: comm.Group | None, bucket: GradBucket) -> CommFuture:
 
     Example::
 
+        model = DataParallel(net, optimizer=opt)
         model.register_comm_hook(None, allreduce_hook)   # the default
     """
     group = bucket.group if state is None else state
@@ -240,6 +242,7 @@ def fp16_compress_wrapper(hook: CommHook) -> CommHook:
 
     Example::
 
+        model = DataParallel(net, optimizer=opt)
         model.register_comm_hook(None, fp16_compress_wrapper(allreduce_hook))
     """
 
