@@ -37,7 +37,7 @@ STARTS_RANKS = frozenset(
 # of the whole suite on the 2-core machine, other work beside it (issue 15 item 7)
 SLOW: dict[str, float] = {
     "tests/notebooks/test_notebooks.py::test_notebook_executes_and_gives_the_stored_outputs": 18,
-    "tests/notebooks/test_notebooks.py::test_notebook_08_runs_on_two_slurm_nodes": 70,
+    "tests/notebooks/test_notebooks.py::test_notebook_08_runs_on_two_slurm_nodes": 90,
     "tests/notebooks/test_notebooks.py::test_notebook_08_without_slurm_runs_on_this_machine": 25,
     "tests/test_binder.py::test_fresh_venv_from_binder_runs_the_quick_start": 70,
     "tests/dashboard/test_browser.py": 154,

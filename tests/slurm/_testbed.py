@@ -237,6 +237,10 @@ class SlurmTestbed:
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             # 4 declared CPUs on 2 real cores: PRRTE's bind-to-core would refuse
             "PRTE_MCA_hwloc_default_binding_policy": "none",
+            # ...and both nodes share those 2 cores: a rank waiting in MPI must yield
+            # them, as Open MPI's ranks do on one machine under --oversubscribe (real
+            # nodes have cores of their own; here a busy-polling rank starves the rest)
+            "OMPI_MCA_mpi_yield_when_idle": "1",
             # node2 has only the veth: MPI's TCP and PRRTE's daemons must use it
             "PRTE_MCA_oob_tcp_if_include": f"{self.net}.0/24",
             "OMPI_MCA_btl_tcp_if_include": f"{self.net}.0/24",
