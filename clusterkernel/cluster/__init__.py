@@ -5,15 +5,18 @@ a rank. :class:`Cluster` is the entry point; the private modules beside it each
 do one part of its job: launching (``_launch``, ``_launcher_choice``, ``_slurm``,
 ``_guard``), the processes of a running cluster (``_lifecycle.Engines``), what every
 fresh set of ranks gets (``_torch``: torchrun's environment, the default group),
-``_session`` and ``_status``, one running cell (``runner``, ``_breakpoints``) and
+``_session`` and ``_status``, one running cell (``runner``, ``_breakpoints``),
 what a failing or hung rank tells the user (``_rank_faults``, ``_jobreport``,
-``_stacks``, ``_hangreport``).
+``_stacks``, ``_hangreport``), clusters kept past their session (``_keep``: the
+record, list, claim; ``_follow``: a cell another session left running) and Tab
+answered by a rank (``_namespace``).
 
 Who calls whom: ``Cluster`` owns one ``Engines`` while it runs and alone changes it
 (start, restart, stop); ``runner.CellRun``, the fault reports and ``_torch`` reach
 the cluster through its public methods and properties only (``client``, ``view``,
 ``engine_id``, ``restart``, ``mark_lost``, ``abort_torch_groups``...). The dashboard
-and the cluster still tell each other when one of them stops (``_dashboard_*``).
+and the cluster still tell each other when one of them stops (``_dashboard_*``). A
+kept cluster's guard process reads its record (``_keep``) and never calls back.
 
 Example (``cluster``: a running :class:`Cluster`, from ``Cluster(n=4).start()`` or
 ``%mpi start -n 4``; README.md starts one)::
