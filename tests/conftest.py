@@ -19,12 +19,37 @@ from tests.slurm._testbed import SlurmTestbed, missing_programs
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test ``cluster`` and ``slow`` as ``tests/_markers.py`` says."""
+    """Mark each test ``cluster`` and ``slow`` as ``tests/_markers.py`` says, and run the
+    modules that use the shared cluster first (see :func:`shared_cluster_first`)."""
     for item in items:
         module = getattr(item, "module", None)
         module_names = vars(module) if module is not None else ()
         for name in sorted(markers_for(item.nodeid, item.fixturenames, module_names)):
             item.add_marker(name)
+    items[:] = shared_cluster_first(items)
+
+
+def shared_cluster_first(items: list) -> list:
+    """``items`` with the modules whose tests use the shared cluster first, those that
+    also stop it (a test of their own takes ``no_shared_cluster``) last among them.
+
+    The shared 4-rank cluster starts on first use and is stopped by every test that
+    needs the machine to itself; in file order the two kinds alternate, and the suite
+    paid a start and a stop (~10 s) at each of about ten changes. Whole modules move,
+    each keeping its own order, so module-scoped fixtures are set up once as before.
+    """
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def kind(tests: list) -> int:
+        uses = any("cluster" in t.fixturenames for t in tests)
+        stops = any("_shared_holder" in t.fixturenames and "cluster" not in t.fixturenames
+                    for t in tests)  # fmt: skip
+        return 0 if uses and not stops else 1 if uses else 2
+
+    ordered = sorted(modules.values(), key=kind)  # stable: file order within each kind
+    return [item for tests in ordered for item in tests]
 
 
 class _Shared:

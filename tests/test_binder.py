@@ -77,8 +77,21 @@ def test_fresh_venv_from_binder_runs_the_quick_start(no_shared_cluster, tmp_path
         if ln.strip() != CPU_INDEX
     ]
     reqs.write_text("\n".join(kept) + "\n")
+    # --no-compile: Python compiles what the notebook imports when it imports it; the
+    # ~10,000 other files of torch and JupyterLab would cost this test ~25 s up front
     _run(
-        [py, "-m", "pip", "install", "-q", "-c", str(REPO / "constraints.txt"), "-r", str(reqs)],
+        [
+            py,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-compile",
+            "-c",
+            str(REPO / "constraints.txt"),
+            "-r",
+            str(reqs),
+        ],
         cwd=REPO,  # repo2docker installs from the repository root: "." is the package
         env=env,
         timeout=1200,

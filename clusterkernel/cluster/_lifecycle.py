@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import ipyparallel as ipp
@@ -276,12 +277,12 @@ class Engines:
             finally:
                 self.ipp = None
         # ipyparallel returns before the engines' nannies have exited
-        psutil.wait_procs(procs, timeout=10)
+        _wait_gone(procs, timeout=10)
         if self.guard is not None:
             self.guard.release()
             self.guard = None
         if self.keeper is not None:  # it leaves once it sees the cluster file gone
-            psutil.wait_procs([self.keeper], timeout=10)
+            _wait_gone([self.keeper], timeout=10)
             self.keeper = None
         if self.run_dir:
             # prterun removes the job's shared-memory segments, but not a rank's whose
@@ -291,6 +292,29 @@ class Engines:
         self.run_dir = None
         self.rank_info = {}
         self.engine_of = {}
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> None:
+    """Return once every process in ``procs`` has exited (or ``timeout`` passed).
+
+    Not ``psutil.wait_procs``: a process that is not our child stays a zombie until its
+    own parent reaps it (a kept cluster's guard, whose parent is the session that started
+    it), and ``wait_procs`` would wait the whole timeout for it.
+    """
+    deadline = time.monotonic() + timeout
+    left = list(procs)
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if _running(p)]
+        if left:
+            time.sleep(0.05)
+    psutil.wait_procs(procs, timeout=0)  # reaps those that are our children
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _process(pid: int) -> psutil.Process | None:

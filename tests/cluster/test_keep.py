@@ -21,6 +21,7 @@ from clusterkernel import Cluster
 from clusterkernel.cluster import _keep
 from clusterkernel.errors import ClusterError
 from tests._procs import cluster_processes, wait_no_cluster_processes
+from tests.kernel.test_completion import _shown
 from tests.kernel.test_restart import _run
 
 
@@ -60,22 +61,6 @@ def _ok(kc, code: str) -> str:
     return out
 
 
-def _shown(kc, code: str) -> str:
-    """Everything a cell shows: streams and the text of displays (rank areas)."""
-    shown = []
-
-    def hook(msg):
-        content = msg["content"]
-        if msg["msg_type"] == "stream":
-            shown.append(content["text"])
-        elif msg["msg_type"] in ("display_data", "update_display_data"):
-            shown.append(content["data"].get("text/plain", ""))
-
-    reply = kc.execute_interactive(code, timeout=120, output_hook=hook)
-    assert reply["content"]["status"] == "ok", reply["content"]
-    return "\n".join(shown)
-
-
 def _error(kc, code: str) -> str:
     reply, _ = _run(kc, code)
     assert reply["status"] == "error", reply
@@ -85,6 +70,23 @@ def _error(kc, code: str) -> str:
 def _rank_pids() -> set[int]:
     """The ranks' engine processes (not their nannies, not prterun)."""
     return {p.pid for p in cluster_processes() if p.cmdline()[1:3] == ["-m", "ipyparallel.engine"]}
+
+
+def _started_and_killed(cluster_args: str, then: str = "") -> str:
+    """A process (a "kernel") that starts ``Cluster(n=2, <cluster_args>)``, runs ``then``
+    on the ranks and dies of SIGKILL; the cluster's run directory."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c",
+         "from clusterkernel import Cluster; import sys\n"
+         f"c = Cluster(n=2{cluster_args}).start()\n"
+         f"if {then!r}: c.run({then!r})\n"
+         "print(c.run_dir, flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    run_dir = starter.stdout.readline().strip()
+    starter.kill()
+    starter.wait()
+    return run_dir
 
 
 def _gone(run_dir: str, timeout: float) -> bool:
@@ -179,36 +181,14 @@ def test_a_killed_kernel_keeps_its_ranks_and_a_terminal_ipython_attaches(
     assert _gone(record["run_dir"], 15), "attach + stop left processes or files"
 
 
-def test_without_keep_nothing_outlives_a_killed_starter(runs, no_shared_cluster):
-    starter = subprocess.Popen(
-        [sys.executable, "-c",
-         "from clusterkernel import Cluster; import os, signal, sys\n"
-         "c = Cluster(n=2).start(); print(c.run_dir, flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    run_dir = starter.stdout.readline().strip()
-    starter.kill()
-    starter.wait()
-    assert _gone(run_dir, 20)
-    assert _keep.kept() == []
-
-
 def test_a_short_keep_expires_and_removes_everything(runs, no_shared_cluster):
     shm_before = set(os.listdir("/dev/shm"))
-    starter = subprocess.Popen(
-        [sys.executable, "-c",
-         "from clusterkernel import Cluster; import sys\n"
-         "c = Cluster(n=2, keep='3s').start()\n"
-         # a shared-memory window on each rank: its /dev/shm file must go too
-         "c.run('from clusterkernel import comm; w = comm.shm_empty((1024,))')\n"
-         "print(c.run_dir, flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    run_dir = starter.stdout.readline().strip()
+    # a shared-memory window on each rank: its /dev/shm file must go too
+    run_dir = _started_and_killed(
+        ", keep='3s'", "from clusterkernel import comm; w = comm.shm_empty((1024,))"
+    )
     shm_job = set(os.listdir("/dev/shm")) - shm_before
     assert shm_job, "the ranks made no shared-memory file: nothing to check"
-    starter.kill()
-    starter.wait()
     time.sleep(1.5)
     [record] = _keep.kept()  # still kept: 3 s have not passed
     assert cluster_processes()
@@ -302,15 +282,7 @@ def test_another_users_cluster_is_neither_listed_nor_attached(runs, no_shared_cl
 def test_ranks_that_die_while_no_one_is_attached_are_reported_once_then_removed(
     runs, no_shared_cluster
 ):
-    starter = subprocess.Popen(
-        [sys.executable, "-c",
-         "from clusterkernel import Cluster; import sys\n"
-         "c = Cluster(n=2, keep='10m').start(); print(c.run_dir, flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    run_dir = starter.stdout.readline().strip()
-    starter.kill()
-    starter.wait()
+    run_dir = _started_and_killed(", keep='10m'")
     os.kill(sorted(_rank_pids())[0], signal.SIGKILL)  # MPI ends the whole job
     deadline = time.monotonic() + 30
     while not (_keep.kept() or [{}])[0].get("ended") and time.monotonic() < deadline:
