@@ -150,11 +150,12 @@ def main() -> None:
     parser.add_argument("--part", choices=("ddp", "start", "all"), default="all")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ranks", type=int, default=2, help="ranks for the ddp part")
+    parser.add_argument("--start-ranks", type=int, default=4, help="ranks for the start part")
     args = parser.parse_args()
     if args.part in ("ddp", "all"):
         part_ddp(args.ranks, args.rounds)
     if args.part in ("start", "all"):
-        part_start(4, args.rounds)
+        part_start(args.start_ranks, args.rounds)
 
 
 if __name__ == "__main__":
