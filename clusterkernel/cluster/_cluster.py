@@ -362,13 +362,11 @@ class Cluster:
 
     def _let_go(self) -> None:
         """Forget the processes without stopping them (the guard keeps them)."""
-        engines, self._engines = self._engines, None
-        if engines is not None:
-            engines.detach()
-        self.rank_names.forget()
-        dash, self._dashboard = self._dashboard, None
-        if dash is not None:
-            dash._cluster_stopped()
+        try:
+            if self._engines is not None:
+                self._engines.detach()
+        finally:
+            self._forget_ranks()
 
     def _taken_over(self) -> dict | None:
         """The session that took this kept cluster over, if one did (we then let go)."""
@@ -415,13 +413,17 @@ class Cluster:
             if self._engines is not None:
                 self._engines.teardown()
         finally:
-            self._engines = None
-            self.dead = {}
-            self.gpus = {}
-            self.rank_names.forget()
-            dash, self._dashboard = self._dashboard, None
-            if dash is not None:  # after the ranks, so its last picture shows them stopped
-                dash._cluster_stopped()
+            self._forget_ranks()
+
+    def _forget_ranks(self) -> None:
+        """This object no longer drives ranks (stopped, or left to a kept cluster's guard)."""
+        self._engines = None
+        self.dead = {}
+        self.gpus = {}
+        self.rank_names.forget()
+        dash, self._dashboard = self._dashboard, None
+        if dash is not None:  # after the ranks, so its last picture shows them stopped
+            dash._cluster_stopped()
 
     def restart(self) -> None:
         """Stop all ranks (stuck ones included) and start a full set again.

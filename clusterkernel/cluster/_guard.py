@@ -78,11 +78,6 @@ def stop_tree(pids: list[int]) -> None:
     psutil.wait_procs(alive, timeout=_GRACE)
 
 
-def _engine_sets(cluster_file: str) -> list[dict]:
-    with open(cluster_file) as f:
-        return list(json.load(f).get("engines", {}).get("sets", {}).values())
-
-
 def _slurm_state(job_id: str) -> str | None:
     """A Slurm job's state (``RUNNING``, ``TIMEOUT``...), None if Slurm no longer knows it."""
     scontrol = shutil.which("scontrol")
@@ -136,7 +131,8 @@ def keep(cluster_file: str, run_dir: str, keep_s: float) -> bool:
             return False
         try:
             ended = why_ended(cluster_file)
-        except (OSError, ValueError):  # the file went away under us: a client stopped it
+        except (OSError, ValueError):  # gone or half-written: look again after a pause
+            time.sleep(_POLL)
             continue
         if ended is None:
             ended_since = None

@@ -176,9 +176,7 @@ def claim(run_dir: str, force: bool) -> dict | None:
     """Make this process the record's client; the live client it replaced (a takeover
     with ``force``), or None. Without ``force`` a live client is a ValueError."""
     replaced: dict | None = None
-
-    def take(record: dict) -> None:
-        nonlocal replaced
+    with _locked(run_dir) as record:  # a refusal raises before the record is written
         old = record.get("client")
         if client_alive(old) and old["pid"] != os.getpid():
             if not force:
@@ -192,9 +190,6 @@ def claim(run_dir: str, force: bool) -> dict | None:
             replaced = old
         record["client"] = me()
         record["idle_since"] = None
-
-    with _locked(run_dir) as record:
-        take(record)
     return replaced
 
 
