@@ -221,8 +221,10 @@ class Engines:
         assert self.ipp is not None
         old_pids = {info["pid"] for info in self.rank_info.values()}
         engine_set = self.engine_set
+        old_procs = _tree(getattr(engine_set, "pid", None))
         self.ipp.stop_engines_sync()
         self.launcher.stopped(engine_set, timeout=30)
+        _end(old_procs, grace=_NANNY_GRACE)
         self.ipp.start_engines_sync(self.n)
         self.ipp.update_cluster_file()
         self._wait_for_new_engines(old_pids)
@@ -261,8 +263,11 @@ class Engines:
 
     def teardown(self) -> None:
         """Stop every process and return once they are gone; remove the run directory."""
-        guard = self.guard.pid if self.guard is not None else None
-        procs = [p for p in map(_process, self.processes()) if p is not None and p.pid != guard]
+        # the guard is released below, and a keeper leaves by itself: neither is ended here
+        spared = {x.pid for x in (self.guard, self.keeper) if x is not None}
+        procs = [
+            p for p in map(_process, self.processes()) if p is not None and p.pid not in spared
+        ]
         engine_set = self.engine_set
         if self.client is not None:
             try:
@@ -276,8 +281,7 @@ class Engines:
                 self.launcher.stopped(engine_set, timeout=30)
             finally:
                 self.ipp = None
-        # ipyparallel returns before the engines' nannies have exited
-        _wait_gone(procs, timeout=10)
+        _end(procs, grace=_NANNY_GRACE)
         if self.guard is not None:
             self.guard.release()
             self.guard = None
@@ -308,6 +312,40 @@ def _wait_gone(procs: list[psutil.Process], timeout: float) -> None:
         if left:
             time.sleep(0.05)
     psutil.wait_procs(procs, timeout=0)  # reaps those that are our children
+
+
+# ipyparallel returns from a stop before the engines' nannies have exited. A nanny
+# tells the controller its engine is gone (3 s at most), then ends its zmq context,
+# which waits without limit for a reply it relays to a controller that has already
+# stopped: seen once in a CI run, a nanny that outlived every later test.
+_NANNY_GRACE = 5.0
+
+
+def _end(procs: list[psutil.Process], grace: float) -> None:
+    """Give ``procs`` ``grace`` s to exit by themselves, then terminate (and kill) the rest."""
+    _wait_gone(procs, timeout=grace)
+    left = [p for p in procs if _running(p)]
+    for sig in ("terminate", "kill"):
+        for proc in left:
+            try:
+                getattr(proc, sig)()
+            except psutil.Error:
+                pass
+        _wait_gone(left, timeout=2)
+        left = [p for p in left if _running(p)]
+        if not left:
+            return
+
+
+def _tree(pid: int | None) -> list[psutil.Process]:
+    """``pid``'s process and all its descendants (none if it is gone)."""
+    proc = _process(pid) if pid else None
+    if proc is None:
+        return []
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return [proc]
 
 
 def _running(proc: psutil.Process) -> bool:

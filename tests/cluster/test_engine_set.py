@@ -181,6 +181,26 @@ def test_dead_rank_is_named_and_restart_recovers(cluster: Cluster, how, expect):
     assert sorted(per_rank_lines(rec.text)) == [(r, "back") for r in range(4)]
 
 
+def test_restart_ends_a_rank_nanny_that_would_not_exit(cluster: Cluster):
+    # ipyparallel's stop returns before each engine's nanny exits, and a nanny can wait
+    # without end on a reply for a controller that has gone (CI once kept one alive).
+    # A stopped process cannot exit by itself: only the restart's own clean-up ends it.
+    ranks = {r["rank"]: psutil.Process(r["pid"]) for r in cluster.status()}
+    nanny = next(
+        c for c in ranks[1].children() if "ipyparallel.engine.nanny" in " ".join(c.cmdline())
+    )
+    nanny.suspend()
+    try:
+        cluster.restart()
+        assert not nanny.is_running() or nanny.status() == psutil.STATUS_ZOMBIE
+    finally:
+        if nanny.is_running():
+            nanny.kill()
+    rec = Recorder(cluster.ranks)
+    cluster.run("print('back')", renderer=rec)
+    assert sorted(per_rank_lines(rec.text)) == [(r, "back") for r in range(4)]
+
+
 def test_listens_on_loopback_only_and_private_connection_files(cluster: Cluster):
     # The controller and the engines; prterun is Open MPI's daemon (see cluster.py).
     listening = []
