@@ -48,6 +48,9 @@ to ``comm``::
 CPU tensors travel zero-copy through mpi4py's buffer interface; float16 and
 bfloat16 are reduced in float32; non-contiguous and device tensors are staged
 through a contiguous host copy (device tensors go direct when MPI is CUDA-aware).
+Where the ranks have a torch.distributed default group with a backend for CUDA
+(``%mpi start --torch`` on GPU nodes: NCCL), CUDA tensors go through it instead,
+checked, recorded and timed as comm's own calls (:func:`route_to_torch`).
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ from clusterkernel.comm._ops import AVG, MAX, MIN, PRODUCT, SUM, ReduceOp
 from clusterkernel.comm._p2p import irecv, isend, recv, recv_object, send, send_object
 from clusterkernel.comm._reductions import all_reduce, reduce, reduce_scatter, reduce_scatter_tensor
 from clusterkernel.comm._shm_alloc import shm_empty
+from clusterkernel.comm._torchpath import route_to_torch
 from clusterkernel.comm._tune import tune
 
 # torch.distributed spellings, so ported code runs unchanged.
@@ -152,6 +156,7 @@ __all__ = [
     "new_group",
     "node_group",
     "rank",
+    "route_to_torch",
     "recv",
     "recv_object",
     "reduce",

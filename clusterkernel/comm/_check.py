@@ -35,7 +35,8 @@ from clusterkernel.records import human_bytes
 
 _SIG_LEN = 16
 _MAX_DIMS = 6
-_ALGS = ("mpi", "ring", "shm", "hier", "auto")
+# the torch path's backends last: the indices before them are in agreed signatures
+_ALGS = ("mpi", "ring", "shm", "hier", "auto", "gloo", "nccl")
 # Every checked call; a rank must be able to name a call it did not make itself.
 CHECKED_CALLS = (
     "barrier",

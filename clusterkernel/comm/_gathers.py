@@ -12,13 +12,14 @@ from functools import partial
 
 import torch
 
-from clusterkernel.comm import _auto, _shm
+from clusterkernel.comm import _auto, _shm, _torchpath
 from clusterkernel.comm._begin import begin
 from clusterkernel.comm._dtypes import bbuf, buf, dtype_of, unstage, wire
 from clusterkernel.comm._groups import Group, member
 from clusterkernel.comm._handle import Call, Work, run
 from clusterkernel.comm._ops import DATA_ALGORITHMS, check_algorithm
 from clusterkernel.comm._tensorlists import check_list, pack, root_only, same_dtype, unpack
+from clusterkernel.comm._torchpath import route_for
 
 
 def broadcast(
@@ -40,6 +41,10 @@ def broadcast(
     """
     g, c = member(group)
     root = g.group_rank(src, "src")
+    route = route_for(g, tensor)
+    if route is not None:
+        entry = begin(g, "broadcast", tensor, root=src, alg=route[1])
+        return _torchpath.broadcast(g, tensor, src, route, async_op, entry)
     if algorithm == "auto":
         dtype_of(tensor)  # a clear error for a non-tensor, before any message
         algorithm = _auto.pick(g, "broadcast", tensor, tensor.nbytes)
@@ -204,6 +209,10 @@ def all_gather_into_tensor(
             f"all_gather_into_tensor: output has {output.numel()} elements, needs "
             f"{g.size} x {input.numel()} = {g.size * input.numel()}"
         )
+    route = route_for(g, output)
+    if route is not None:
+        entry = begin(g, "all_gather_into_tensor", input, nbytes=output.nbytes, alg=route[1])
+        return _torchpath.all_gather_into_tensor(g, output, input, route, async_op, entry)
     if algorithm == "auto":
         algorithm = _auto.pick(g, "all_gather_into_tensor", output, output.nbytes)
     if algorithm != "mpi":

@@ -15,10 +15,12 @@ import torch
 from mpi4py import MPI
 from mpi4py.util import pkl5
 
+from clusterkernel.comm import _torchpath
 from clusterkernel.comm._dtypes import buf, unstage, wire
 from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._groups import Group, member
 from clusterkernel.comm._handle import Call, Work, _now, drive, note, run
+from clusterkernel.comm._torchpath import route_for
 
 _ANY = MPI.ANY_SOURCE
 # Object messages live at tag + _OBJECT_TAGS; user tags must stay below it.
@@ -70,6 +72,10 @@ def send(
     g, c = member(group)
     peer = _peer(g, dst, "dst")
     tag = _tag(tag)
+    route = route_for(g, tensor)
+    if route is not None:
+        entry = _note(g, "send", tensor, peer)
+        return _torchpath.send(g, tensor, dst, tag, route, async_op, entry)
     w, info = wire(tensor)
     call = Call("send", tensor.nbytes, "mpi", g.size, _note(g, "send", tensor, peer))
     return run(call, c.Send, c.Isend, (buf(w, info), peer, tag), async_op=async_op, keep=w)
@@ -114,6 +120,11 @@ def recv(
     g, c = member(group)
     peer = _ANY if src is None else _peer(g, src, "src")
     tag = _tag(tag)
+    # from any rank: MPI (NCCL cannot), so the sender's tensor must be on the host too
+    route = route_for(g, tensor) if src is not None else None
+    if route is not None:
+        entry = _note(g, "recv", tensor, peer)
+        return _torchpath.recv(g, tensor, src, tag, route, async_op, entry)
     w, info = wire(tensor, copy_in=False)
     nbytes = w.numel() * info.itemsize
     call = Call("recv", tensor.nbytes, "mpi", g.size, _note(g, "recv", tensor, peer))

@@ -16,7 +16,7 @@ from functools import partial
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm import _auto, _hier, _ring, _shm
+from clusterkernel.comm import _auto, _hier, _ring, _shm, _torchpath
 from clusterkernel.comm._begin import begin
 from clusterkernel.comm._check import STATE as _CHECK
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
@@ -39,6 +39,8 @@ from clusterkernel.comm._ops import (
     parse_op,
 )
 from clusterkernel.comm._tensorlists import check_list, pack, same_dtype
+from clusterkernel.comm._torchpath import ROUTE as _ROUTE
+from clusterkernel.comm._torchpath import route_for, torch_group
 
 _IN_PLACE = MPI.IN_PLACE
 _getframe = sys._getframe
@@ -102,6 +104,13 @@ def all_reduce(
     if info is not None:
         size = tensor.nbytes
         cpu = tensor.is_cpu
+        if not cpu or _ROUTE.cpu:  # a device tensor: NCCL, where the ranks have it
+            route = torch_group(g, tensor)
+            if route is not None:
+                if op.mpi.get(info.kind) is None:
+                    op_for(op, info.kind, dtype)  # raises
+                entry = begin(g, "all_reduce", tensor, op=op, alg=route[1])
+                return _torchpath.all_reduce(g, tensor, op, route, async_op, entry)
     if algorithm == "auto":
         if info is None or not cpu:
             algorithm = "mpi"  # not a tensor (wire() below says so), or device memory
@@ -201,6 +210,12 @@ def reduce(
     g, c = member(group)
     root = g.group_rank(dst, "dst")
     op = parse_op(op)
+    route = route_for(g, tensor)
+    if route is not None:
+        info = dtype_of(tensor)
+        _mpi_op(op, info, tensor.dtype)  # raises for an op undefined on the dtype
+        entry = begin(g, "reduce", tensor, op=op, root=dst, alg=route[1])
+        return _torchpath.reduce(g, tensor, dst, op, route, async_op, entry)
     w, info = wire(tensor, reduce=True)
     mpi_op = _mpi_op(op, info, tensor.dtype)
     if g.rank == root:
@@ -288,6 +303,12 @@ def reduce_scatter_tensor(
             f"reduce_scatter_tensor: input has {input.numel()} elements, needs "
             f"{g.size} x {output.numel()} = {g.size * output.numel()}"
         )
+    route = route_for(g, output)
+    if route is not None:
+        op_for(op, dtype_of(output).kind, output.dtype)  # raises if undefined
+        name = "reduce_scatter_tensor"
+        entry = begin(g, name, output, op=op, nbytes=input.nbytes, alg=route[1])
+        return _torchpath.reduce_scatter_tensor(g, output, input, op, route, async_op, entry)
     if algorithm == "auto":
         algorithm = _auto.pick(g, "reduce_scatter_tensor", input, input.nbytes)
     if algorithm != "mpi":

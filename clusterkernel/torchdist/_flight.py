@@ -124,6 +124,11 @@ def entries(
         nbytes, dtype = _size(e.get("input_sizes"), e.get("input_dtypes"))
         path, line = _caller(e.get("frames") or [], skip)
         ranks = _ranks(config, pg_name)
+        if not ranks and pg_desc == "default_pg":
+            # torch 2.13 keys its group configs by a name that every group after the
+            # first shares, and leaves the later ones' ranks empty; the default group
+            # is every rank's
+            ranks = _world_ranks()
         done = bool(e.get("retired")) or e.get("state") == "completed"
         entry = {
             "seq": int(e["p2p_seq_id"] if e.get("is_p2p") else e["collective_seq_id"]),
@@ -160,6 +165,14 @@ def _ranks(config: dict, pg_name: str) -> list[int]:
         return [int(r) for r in json.loads(found.get("ranks", "[]"))]
     except (ValueError, TypeError):
         return []
+
+
+def _world_ranks() -> list[int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return list(range(dist.get_world_size()))
+    return list(range(int(os.environ.get("WORLD_SIZE", "0"))))
 
 
 def _newest_incarnation(out: list[dict]) -> list[dict]:

@@ -47,7 +47,10 @@ class Bucket:
         self.params = params
         self.numel = sum(p.numel() for p in params)
         if flat is None:
-            flat = torch.zeros(self.numel + len(params), dtype=params[0].dtype)
+            # on the parameters' device: a CUDA model's buckets go through NCCL
+            # (comm's torch path), not through host copies
+            p0 = params[0]
+            flat = torch.zeros(self.numel + len(params), dtype=p0.dtype, device=p0.device)
         self.flat = flat  # zeros (in the group's shared memory when given)
         self.views: list[torch.Tensor] = []
         offset = 0

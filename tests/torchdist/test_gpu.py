@@ -40,3 +40,18 @@ def test_each_rank_is_bound_to_its_gpu_and_nccl_reduces_cuda_tensors(gpu_cluster
     assert all("nccl" in b for b in gpu_cluster.pull("backend").values())
     rows = gpu_cluster.status()
     assert all(row["gpu"] and row["gpu"]["mem_total_mib"] > 0 for row in rows)
+
+
+def test_comms_collectives_on_cuda_tensors_go_through_nccl(gpu_cluster: Cluster):
+    n = gpu_cluster.n
+    gpu_cluster.run(
+        "import torch\n"
+        "from clusterkernel import comm, metrics\n"
+        "t = torch.full((1 << 20,), float(comm.rank() + 1), device='cuda')\n"
+        "comm.all_reduce(t)\n"
+        "total, where = t[0].item(), t.device.type\n"
+        "alg = metrics.recorder().records('comm')[-1]['algorithm']"
+    )
+    assert set(gpu_cluster.pull("total").values()) == {n * (n + 1) / 2}
+    assert set(gpu_cluster.pull("where").values()) == {"cuda"}
+    assert set(gpu_cluster.pull("alg").values()) == {"nccl"}
