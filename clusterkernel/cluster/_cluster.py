@@ -228,7 +228,7 @@ class Cluster:
         self._engines = Engines.start(
             self.launcher,
             self.n,
-            _torch.engine_env(self.env),
+            _torch.engine_env(self.env, group=self.torch),
             log_level=self.log_level,
             guard=self.guard,
             start_timeout=self.start_timeout,
@@ -315,7 +315,7 @@ class Cluster:
                 record["run_dir"],
                 record["cluster_file"],
                 record["rank_info"],
-                _torch.engine_env(cluster.env),
+                _torch.engine_env(cluster.env, group=cluster.torch),
                 keeper_pid=record.get("guard_pid"),
                 log_level=cluster.log_level,
             )

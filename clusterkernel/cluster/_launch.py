@@ -36,6 +36,7 @@ import ipyparallel as ipp
 import psutil
 from traitlets.config import Config
 
+from clusterkernel.engine._warm_start import PREIMPORT
 from clusterkernel.errors import ClusterError
 from clusterkernel.mpiexec import MPIRuntime, is_local_only
 
@@ -74,6 +75,15 @@ class Launcher(Protocol):
     def waiting(self, engine_set) -> str | None: ...
     def stopped(self, engine_set, timeout: float) -> None: ...
     def describe(self) -> str: ...
+
+
+def engine_cmd(env: dict[str, str]) -> list[str]:
+    """ipyparallel's engine command for ranks started with ``env``: through
+    :mod:`clusterkernel.engine._warm_start` where ``env`` names modules to import while
+    the engine registers (``--torch``: torch.distributed), else ipyparallel's own."""
+    if env.get(PREIMPORT):
+        return [sys.executable, "-m", "clusterkernel.engine._warm_start"]
+    return [sys.executable, "-m", "ipyparallel.engine"]
 
 
 def _base_config() -> Config:
@@ -137,6 +147,7 @@ class MpiexecLauncher:
             self.n, hosts=self.hosts, hostfile=self.hostfile, fault_tolerant=self.fault_tolerant
         )
         launcher.environment = full
+        launcher.engine_cmd = engine_cmd(full)
         launcher.engine_args = ["--log-level=WARN"]
         return cfg
 

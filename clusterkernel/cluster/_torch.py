@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import ipyparallel as ipp
 
 from clusterkernel._rank_call import rank_call
+from clusterkernel.engine._warm_start import PREIMPORT
 from clusterkernel.errors import ClusterError, format_ranks
 
 if TYPE_CHECKING:
@@ -43,9 +44,15 @@ def check_backend_name(backend: str | None) -> None:
         )
 
 
-def engine_env(env: dict[str, str]) -> dict[str, str]:
-    """The ranks' environment: the user's, plus what clusterkernel needs set at launch."""
+def engine_env(env: dict[str, str], group: bool = False) -> dict[str, str]:
+    """The ranks' environment: the user's, plus what clusterkernel needs set at launch.
+
+    ``group``: the ranks get a default group at start (``--torch``), so each engine
+    imports torch.distributed while it registers (``engine/_warm_start.py``).
+    """
     out = dict(env)
+    if group:
+        out.setdefault(PREIMPORT, "torch.distributed")
     # Figures made on a rank are sent to the notebook when shown.
     out.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     for key, value in _TORCH_ENV.items():
