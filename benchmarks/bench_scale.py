@@ -29,11 +29,11 @@ alone). At the sizes in ``--idle-sizes`` each cluster also sits idle ``--idle`` 
 while the CPU time of its controller (with its schedulers) and its MPI job (mpiexec,
 prterun, engines, nannies) is read (the heartbeat's cost: 500 / 3000 / 200 ms).
 
-    flock /tmp/clusterkernel-mpi.lock .venv/bin/python benchmarks/bench_scale.py
-    flock /tmp/clusterkernel-mpi.lock .venv/bin/python benchmarks/bench_scale.py --profile 16
-    flock /tmp/clusterkernel-mpi.lock .venv/bin/python benchmarks/bench_scale.py \
+    flock /tmp/ck-mpi.lock .venv/bin/python benchmarks/bench_scale.py
+    flock /tmp/ck-mpi.lock .venv/bin/python benchmarks/bench_scale.py --profile 16
+    flock /tmp/ck-mpi.lock .venv/bin/python benchmarks/bench_scale.py \
         --heartbeat 500 3000 200 --sizes 32
-    flock /tmp/clusterkernel-mpi.lock .venv/bin/python benchmarks/bench_scale.py --slurm
+    flock /tmp/ck-mpi.lock .venv/bin/python benchmarks/bench_scale.py --slurm
 """
 
 from __future__ import annotations
