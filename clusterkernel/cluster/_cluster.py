@@ -34,6 +34,7 @@ from clusterkernel.cluster._lifecycle import Engines
 from clusterkernel.cluster._namespace import RankNames
 from clusterkernel.cluster._status import RankStatus
 from clusterkernel.errors import CellInterrupted, ClusterError, RankError, format_ranks
+from clusterkernel.export._sbatch import DEFAULT_TIME
 
 if TYPE_CHECKING:
     from clusterkernel.cluster.runner import CellRun
@@ -57,8 +58,11 @@ class Cluster:
     launcher : ``"mpiexec"`` or ``"slurm"``. Default: ``"slurm"`` inside a Slurm
         allocation (a job step over its nodes), else ``"mpiexec"``.
     nodes, partition, time, account, slurm_args : the Slurm job's shape
-        (``launcher="slurm"``): ranks spread over ``nodes`` nodes; ``slurm_args``
-        are extra ``#SBATCH`` options (``srun`` options inside an allocation).
+        (``launcher="slurm"``): ranks spread over ``nodes`` nodes; ``time`` the job's
+        limit (default 01:00:00, as for an exported job; None: the partition's);
+        ``slurm_args`` are extra ``#SBATCH`` options (``srun`` options inside an
+        allocation). Checked as an exported job's sbatch file is: a bad value is a
+        ``ValueError`` at ``Cluster(...)``.
     controller_ip : the address the controller listens on. Default: loopback
         for one machine; for Slurm, the address through which this machine
         reaches the nodes; ``"*"`` listens on every interface.
@@ -108,7 +112,7 @@ class Cluster:
         launcher: str | None = None,
         nodes: int | None = None,
         partition: str | None = None,
-        time: str | None = "0:30:00",
+        time: str | None = DEFAULT_TIME,
         account: str | None = None,
         slurm_args: tuple[str, ...] | list[str] = (),
         controller_ip: str | None = None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from clusterkernel.cluster._launch import Launcher, MpiexecLauncher
+from clusterkernel.export._sbatch import DEFAULT_TIME
 from clusterkernel.mpiexec import MPIRuntime, check_hosts_resolve, parse_hosts
 
 LAUNCHERS = ("mpiexec", "slurm")
@@ -40,7 +41,7 @@ def choose_launcher(
     launcher: str | None = None,
     nodes: int | None = None,
     partition: str | None = None,
-    time: str | None = "0:30:00",
+    time: str | None = DEFAULT_TIME,
     account: str | None = None,
     slurm_args: tuple[str, ...] | list[str] = (),
     controller_ip: str | None = None,

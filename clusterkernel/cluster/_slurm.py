@@ -15,7 +15,7 @@ nodes, never on every interface unless asked.
 
 Example::
 
-    launcher = SlurmLauncher(n=8, nodes=2, time="0:30:00")
+    launcher = SlurmLauncher(n=8, nodes=2, time="01:00:00")
     launcher.controller_ip()     # e.g. "10.1.2.3"
 """
 
@@ -34,6 +34,7 @@ from traitlets.config import Config
 from clusterkernel._net import route_source
 from clusterkernel.cluster._launch import _base_config, process_ended, tail
 from clusterkernel.errors import ClusterError
+from clusterkernel.export._sbatch import DEFAULT_TIME, SbatchOptions
 from clusterkernel.mpiexec import QUIET_OSC
 
 # Job states in which the engines are still to come or still there.
@@ -124,7 +125,11 @@ def controller_address(nodes: list[str]) -> str:
 
 
 class SlurmLauncher:
-    """Engines as a Slurm job (or a job step inside the current allocation)."""
+    """Engines as a Slurm job (or a job step inside the current allocation).
+
+    Its job's ``#SBATCH`` options (defaults and checks) are
+    :class:`~clusterkernel.export._sbatch.SbatchOptions`, the same as an exported job's.
+    """
 
     kind = "slurm"
     multi_node = True
@@ -135,7 +140,7 @@ class SlurmLauncher:
         *,
         nodes: int | None = None,
         partition: str | None = None,
-        time: str | None = "0:30:00",
+        time: str | None = DEFAULT_TIME,
         account: str | None = None,
         slurm_args: tuple[str, ...] | list[str] = (),
         controller_ip: str | None = None,
@@ -156,7 +161,15 @@ class SlurmLauncher:
                     f"{n} ranks, but this Slurm allocation has {tasks} tasks (SLURM_NTASKS): "
                     f"ask for at most {tasks}, or leave n out to use the whole allocation."
                 )
-        if nodes is not None and (nodes < 1 or nodes > n):
+        self.sbatch = SbatchOptions(  # checked here, before anything starts
+            nodes=nodes,
+            ntasks_per_node=-(-n // nodes) if isinstance(nodes, int) and nodes > 0 else None,
+            time=time,
+            partition=partition,
+            account=account,
+            extra=tuple(str(a) for a in slurm_args),
+        )
+        if nodes is not None and nodes > n:
             raise ValueError(f"nodes must be between 1 and n={n}, got {nodes}.")
         self.n = n
         self.nodes = nodes
@@ -212,19 +225,8 @@ class SlurmLauncher:
             "#SBATCH --ntasks={n}",
             "#SBATCH --output={output_file}",
             "#SBATCH --export=ALL",
+            *(esc(line) for line in self.sbatch.lines()),
         ]
-        if self.nodes:
-            lines += [
-                f"#SBATCH --nodes={self.nodes}",
-                f"#SBATCH --ntasks-per-node={self._per_node}",
-            ]
-        if self.time:
-            lines.append(f"#SBATCH --time={esc(self.time)}")
-        if self.partition:
-            lines.append(f"#SBATCH --partition={esc(self.partition)}")
-        if self.account:
-            lines.append(f"#SBATCH --account={esc(self.account)}")
-        lines += [f"#SBATCH {esc(a)}" for a in self.slurm_args]
         srun = " ".join(shlex.quote(o) for o in self._srun_options())
         lines.append(f"exec srun {srun} {{program_and_args}}")
         return "\n".join(lines) + "\n"

@@ -32,14 +32,12 @@ from typing import NamedTuple
 
 from clusterkernel.export._cellcode import ExportError, ipy_call, python_of, rank_cell
 from clusterkernel.export._pushcode import push_block, push_items
+from clusterkernel.export._sbatch import DEFAULT_TIME, SbatchOptions
 from clusterkernel.mpiexec import QUIET_OSC
 
 __all__ = ["ExportError", "export_cells", "sbatch_script", "write_job", "live_pushes"]
 
 _PRELUDE_FILE = Path(__file__).parent.parent / "engine" / "_job_prelude.py"
-
-_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
-_SLURM_NAME = re.compile(r"^[\w.+-]+$")
 
 
 def _prelude() -> str:
@@ -224,7 +222,7 @@ def sbatch_script(
     script: str | Path,
     nodes: int = 1,
     ntasks_per_node: int = 4,
-    time: str = "01:00:00",
+    time: str | None = DEFAULT_TIME,
     partition: str | None = None,
     account: str | None = None,
     job_name: str | None = None,
@@ -235,37 +233,31 @@ def sbatch_script(
     """An sbatch file that runs ``script`` with ``srun --mpi=pmix`` on nodes x tasks ranks.
 
     ``gpus_per_node`` / ``gres`` ask Slurm for GPUs (``--gpus-per-node``, ``--gres``).
+    The ``#SBATCH`` lines, their defaults (``time`` 01:00:00) and their checks are
+    :class:`~clusterkernel.export._sbatch.SbatchOptions`, the same as ``%mpi start --slurm``'s;
+    a bad value is an :class:`ExportError` saying what to give.
 
     Uses this Python (``sys.executable``) and the script's absolute path; the job's
     output goes to ``<script stem>-<jobid>.out`` beside the script.
     """
     path = Path(script).resolve()
-    job_name = job_name or path.stem
-    for flag, count in (("nodes", nodes), ("ntasks-per-node", ntasks_per_node)):
-        if not isinstance(count, int) or count < 1:
-            raise ExportError(f"--{flag} must be a positive integer; got {count!r}")
-    if not _SLURM_TIME.match(time):
-        raise ExportError(f"--time {time!r}: use minutes, HH:MM:SS or D-HH:MM:SS, e.g. 01:30:00")
-    if gpus_per_node is not None and (not isinstance(gpus_per_node, int) or gpus_per_node < 1):
-        raise ExportError(f"--gpus-per-node must be a positive integer; got {gpus_per_node!r}")
-    if gres is not None and not re.match(r"^[\w.:,]+$", gres):
-        raise ExportError(f"--gres {gres!r}: use Slurm's form, e.g. gpu:4 or gpu:a100:2")
-    for flag, value in (("partition", partition), ("account", account), ("job-name", job_name)):
-        if value is not None and not _SLURM_NAME.match(value):
-            raise ExportError(f"--{flag} {value!r}: use letters, digits, '.', '_', '+', '-'")
-    if re.search(r"\s", str(path)):
-        raise ExportError(f"{path}: Slurm's --output cannot hold spaces; move the script")
+    try:
+        options = SbatchOptions(
+            nodes=nodes,
+            ntasks_per_node=ntasks_per_node,
+            time=time,
+            partition=partition,
+            account=account,
+            gpus_per_node=gpus_per_node,
+            gres=gres,
+            job_name=job_name or path.stem,
+            output=str(path.with_name(path.stem + "-%j.out")),
+        )
+    except ValueError as e:
+        raise ExportError(str(e)) from None
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --nodes={nodes}",
-        f"#SBATCH --ntasks-per-node={ntasks_per_node}",
-        f"#SBATCH --time={time}",
-        *([f"#SBATCH --partition={partition}"] if partition else []),
-        *([f"#SBATCH --account={account}"] if account else []),
-        *([f"#SBATCH --gpus-per-node={gpus_per_node}"] if gpus_per_node else []),
-        *([f"#SBATCH --gres={gres}"] if gres else []),
-        f"#SBATCH --output={path.with_name(path.stem + '-%j.out')}",
+        *options.lines(),
         "",
         "# Written by clusterkernel export: one MPI rank per task, run by the Python that",
         "# exported the notebook, so the job has the same packages.",
@@ -349,7 +341,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sbatch", help="also write a Slurm batch file here")
     parser.add_argument("--nodes", type=int, default=1, help="Slurm nodes (default 1)")
     parser.add_argument("--ntasks-per-node", type=int, help="ranks per node (default: -n / nodes)")
-    parser.add_argument("--time", default="01:00:00", help="Slurm time limit (default 01:00:00)")
+    parser.add_argument(
+        "--time", default=DEFAULT_TIME, help=f"Slurm time limit (default {DEFAULT_TIME})"
+    )
     parser.add_argument("--partition", help="Slurm partition")
     parser.add_argument("--account", help="Slurm account")
     parser.add_argument("--gpus-per-node", type=int, help="Slurm GPUs per node")

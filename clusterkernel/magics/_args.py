@@ -21,6 +21,8 @@ from IPython.core.magic_arguments import (
     magic_arguments,
 )
 
+from clusterkernel.export._sbatch import DEFAULT_TIME
+
 
 def ranks_arg(text: str | None) -> list[int] | None:
     """``--ranks`` as a sorted list: ``"0,2"`` -> [0, 2], ``"0-3"`` -> [0, 1, 2, 3]; None stays None."""
@@ -48,7 +50,9 @@ def ranks_arg(text: str | None) -> list[int] | None:
 @argument("--slurm", action="store_true", help="start the ranks as a Slurm job (sbatch + srun)")
 @argument("--nodes", type=int, help="Slurm: spread the ranks over this many nodes")
 @argument("--partition", help="Slurm: the partition (queue) to submit to")
-@argument("--time", default="0:30:00", help="Slurm: the job's time limit (default 0:30:00)")
+@argument(
+    "--time", default=DEFAULT_TIME, help=f"Slurm: the job's time limit (default {DEFAULT_TIME})"
+)
 @argument("--account", help="Slurm: the account to charge")
 @argument("--hosts", help='hosts and slots for several machines, e.g. "a:2,b:2"')
 @argument("--hostfile", help="an MPI hostfile")
@@ -153,7 +157,7 @@ def cell_args(line):
 @argument("--sbatch", help="also write a Slurm batch file, e.g. job.sbatch")
 @argument("--nodes", type=int, default=1, help="Slurm nodes (default 1)")
 @argument("--ntasks-per-node", type=int, help="ranks per node (default: the ranks / nodes)")
-@argument("--time", default="01:00:00", help="Slurm time limit (default 01:00:00)")
+@argument("--time", default=DEFAULT_TIME, help=f"Slurm time limit (default {DEFAULT_TIME})")
 @argument("--partition", help="Slurm partition")
 @argument("--account", help="Slurm account")
 @argument("--gpus-per-node", type=int, help="Slurm GPUs per node")

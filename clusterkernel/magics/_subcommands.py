@@ -21,6 +21,7 @@ from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel.cluster import Cluster, _follow, _keep
 from clusterkernel.errors import ClusterError, format_ranks, rank_label
+from clusterkernel.export._sbatch import SbatchOptions
 from clusterkernel.magics._args import (
     attach_args,
     debug_args,
@@ -73,8 +74,12 @@ class Subcommands:
                 "Use %mpi restart, or %mpi stop first."
             )
         slurm = {"nodes": args.nodes, "partition": args.partition, "account": args.account}
-        gpu_request = [f"--gpus-per-node={args.gpus_per_node}"] if args.gpus_per_node else []
-        gpu_request += [f"--gres={args.gres}"] if args.gres else []
+        try:  # checked and written as an exported job's sbatch file has them
+            gpu_request = SbatchOptions(
+                time=None, gpus_per_node=args.gpus_per_node, gres=args.gres
+            ).directives()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         if not args.slurm and (any(slurm.values()) or gpu_request):
             raise UsageError(
                 "--nodes, --partition, --account, --gpus-per-node and --gres go with --slurm."
