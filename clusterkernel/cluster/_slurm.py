@@ -32,7 +32,7 @@ from collections import Counter
 from traitlets.config import Config
 
 from clusterkernel._net import route_source
-from clusterkernel.cluster._launch import _base_config, process_ended, tail
+from clusterkernel.cluster._launch import _base_config, engine_cmd, process_ended, tail
 from clusterkernel.errors import ClusterError
 from clusterkernel.export._sbatch import DEFAULT_TIME, SbatchOptions
 from clusterkernel.mpiexec import QUIET_OSC
@@ -248,6 +248,7 @@ class SlurmLauncher:
             launcher.output_file = os.path.join(run_dir, "engines.out")
             launcher.engine_args = ["--log-level=WARN", "--mpi"]
         launcher.environment = full
+        launcher.engine_cmd = engine_cmd(full)
         return cfg
 
     # ------------------------------------------------------------ the job
