@@ -15,7 +15,7 @@ Starts itself under ``mpiexec -n N``. In one job, interleaved over several round
   runs of the same code differ by on this machine)
 - ``flight``: flight recorder on, no check
 - ``default``: flight recorder on and the default check (new signatures), as shipped
-- ``check-all``: ``set_check(True)``, every call checked (for reference)
+- ``check-all``: ``set_check("every")``, every call checked (for reference)
 
 A time is the slowest rank's mean per call in one round; the table shows the
 median over rounds. Costs are judged on paired rounds (every variant runs once in
@@ -70,7 +70,8 @@ def worker(rounds: int) -> None:
     def setup(variant: str) -> None:
         bare = variant.startswith("bare")
         comm.set_flight(not bare)
-        comm.set_check("off" if bare or variant == "flight" else variant == "check-all")
+        off = bare or variant == "flight"
+        comm.set_check("off" if off else "every" if variant == "check-all" else "new")
 
     results: dict[int, dict[str, list[float]]] = {}
     for nbytes in SIZES:

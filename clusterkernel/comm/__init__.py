@@ -39,8 +39,9 @@ to ``comm``::
 - Mismatches are caught: the first call of each new signature (op, size, dtype,
   reduce op, root) on a group is compared across its ranks before data moves, so a
   rank passing another size raises :class:`CollectiveMismatchError` on every rank
-  instead of hanging or returning wrong sums. Check mode (:func:`set_check` or
-  ``CLUSTERKERNEL_COMM_CHECK=1``) compares every call, shapes included.
+  instead of hanging or returning wrong sums. ``set_check("every")`` (or
+  ``CLUSTERKERNEL_COMM_CHECK=every``) compares every call, shapes included;
+  ``set_check("off")`` none; :func:`check_mode` says which is in force.
 - The flight recorder (:func:`flight`) keeps each rank's last calls (op, sequence
   number per group, bytes, dtype, calling line); the notebook's hang report
   compares them across ranks.
@@ -57,7 +58,7 @@ from __future__ import annotations
 
 from clusterkernel.comm._alltoall import all_to_all, all_to_all_single
 from clusterkernel.comm._auto import auto_choice
-from clusterkernel.comm._check import check_enabled, set_check
+from clusterkernel.comm._check import check_enabled, check_mode, set_check
 from clusterkernel.comm._dtypes import cuda_aware, force_staging
 from clusterkernel.comm._errors import CollectiveMismatchError, CommError
 from clusterkernel.comm._flight import flight, set_flight
@@ -141,6 +142,7 @@ __all__ = [
     "broadcast_object",
     "broadcast_object_list",
     "check_enabled",
+    "check_mode",
     "cuda_aware",
     "destroy_group",
     "flight",

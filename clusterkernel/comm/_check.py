@@ -1,14 +1,16 @@
 """Checks that every rank of a group enters the same collective with the same op,
 size and dtype, so a mismatch raises instead of hanging or returning garbage.
 
-Two levels:
+Three modes (:func:`set_check`, read with :func:`check_mode`):
 
-- **new signatures** (the default): the first call of each new signature (op,
-  dtype, element count, reduce op, root, algorithm) on a group is checked; repeats
-  of an agreed signature cost one set lookup. A rank whose call differs from the
-  others' is caught before any data moves, the first time it happens.
-- **every call** (``CLUSTERKERNEL_COMM_CHECK=1`` or :func:`set_check`): each call is
-  checked, shapes included.
+- ``"new"`` (the default): the first call of each new signature (op, dtype, element
+  count, reduce op, root, algorithm) on a group is checked; repeats of an agreed
+  signature cost one set lookup. A rank whose call differs from the others' is
+  caught before any data moves, the first time it happens.
+- ``"every"`` (``CLUSTERKERNEL_COMM_CHECK=every``): each call is checked, shapes
+  included.
+- ``"off"`` (``CLUSTERKERNEL_COMM_CHECK=off``): no check; a mismatch may then hang or
+  give wrong values.
 
 A check is one ``Allgather`` of 16 int64 (a signature) on a private duplicate
 communicator, so it never mixes with user traffic. If signatures differ, every rank
@@ -23,6 +25,7 @@ the mismatch from the flight recorder). Point-to-point calls are not checked.
 from __future__ import annotations
 
 import os
+import warnings
 import zlib
 
 import numpy as np
@@ -61,41 +64,91 @@ CHECKED_CALLS = (
 
 
 _MAX_SEEN = 256  # agreed signatures kept per group; cleared (on every member) when full
-_ENV = os.environ.get("CLUSTERKERNEL_COMM_CHECK", "").strip().lower()
+MODES = ("new", "every", "off")
+# The spellings set_check took before the modes had names: they still work, and warn.
+_OLD_SPELLINGS = {True: "every", False: "new", "all": "every"}
+
+
+def _env_mode(value: str) -> str:
+    """The mode ``CLUSTERKERNEL_COMM_CHECK`` asks for: a mode's name; unset, empty or
+    ``0``: ``"new"``; any other value (``1``, ``all``: the older spellings): ``"every"``."""
+    value = value.strip().lower()
+    if value in MODES:
+        return value
+    return "new" if value in ("", "0") else "every"
 
 
 class _State:
-    on = _ENV not in ("", "0", "off", "new")  # every call
-    new = _ENV != "off"  # new signatures (the default)
+    """The mode as two flags, read on every collective's path (and by name in C,
+    ``_fast.c``): ``on`` is true in mode ``"every"``, ``new`` in ``"new"`` and
+    ``"every"``. :func:`set_check` sets them; nothing else should."""
+
+    on = False  # mode "every": every call is checked
+    new = True  # mode "new" or "every": new signatures are checked (and agreed)
 
 
 STATE = _State()
 
 
-def set_check(on: bool | str = True) -> None:
-    """Choose how calls are checked on this rank (choose the same on every rank).
-
-    ``True`` (or ``"all"``): every collective, shapes included. ``False`` (or
-    ``"new"``, the default): the first call of each new signature. ``"off"``: no check
-    (a mismatch may then hang or give wrong values).
-
-    Example::
-
-        comm.set_check(True)
-        comm.all_reduce(t)   # raises CollectiveMismatchError on every rank if another
-                             # rank called broadcast, or passed another shape/dtype
-    """
-    modes = {True: "all", False: "new", "all": "all", "new": "new", "off": "off"}
-    mode = modes.get(on) if isinstance(on, (bool, str)) else None
-    if mode is None:
-        raise ValueError(f"set_check takes True, False, 'all', 'new' or 'off', got {on!r}")
-    STATE.on = mode == "all"
+def _apply(mode: str) -> None:
+    STATE.on = mode == "every"
     STATE.new = mode != "off"
 
 
+def set_check(mode: str = "every") -> None:
+    """Choose how this rank's collectives are checked (choose the same on every rank).
+
+    ``"new"`` (the default mode): the first call of each new signature on a group.
+    ``"every"``: every call, shapes included. ``"off"``: no check (a mismatch may
+    then hang or give wrong values); no argument: ``"every"``. :func:`check_mode`
+    says which is in force; ``CLUSTERKERNEL_COMM_CHECK`` sets the mode a rank starts
+    in.
+
+    The older spellings ``True`` / ``"all"`` (for ``"every"``) and ``False`` (for
+    ``"new"``) still work and raise a :class:`DeprecationWarning`.
+
+    Example::
+
+        comm.set_check("every")
+        comm.all_reduce(t)   # raises CollectiveMismatchError on every rank if another
+                             # rank called broadcast, or passed another shape/dtype
+        comm.set_check("new")
+    """
+    if isinstance(mode, (bool, str)) and mode in _OLD_SPELLINGS:
+        new = _OLD_SPELLINGS[mode]
+        warnings.warn(
+            f"set_check({mode!r}) is deprecated: use set_check({new!r})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        mode = new
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"set_check takes 'new', 'every' or 'off', got {mode!r}")
+    _apply(mode)
+
+
+def check_mode() -> str:
+    """This rank's check mode: ``"new"`` (the default), ``"every"`` or ``"off"``.
+
+    Example::
+
+        comm.check_mode()   # 'new'
+    """
+    if STATE.on:
+        return "every"
+    return "new" if STATE.new else "off"
+
+
 def check_enabled() -> bool:
-    """Whether every call is checked on this rank (``set_check(True)``)."""
+    """Whether *every* call is checked on this rank (mode ``"every"``).
+
+    False in the default mode ``"new"``, where new signatures are still checked, and
+    in mode ``"off"``; :func:`check_mode` names the mode.
+    """
     return STATE.on
+
+
+_apply(_env_mode(os.environ.get("CLUSTERKERNEL_COMM_CHECK", "")))
 
 
 def _code(text: str) -> int:

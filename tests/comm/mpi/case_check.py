@@ -1,4 +1,4 @@
-"""Check mode on every rank: mismatched collectives raise everywhere, naming ranks."""
+"""Check mode "every" on every rank: mismatched collectives raise everywhere, naming ranks."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ pytestmark = pytest.mark.skipif(SIZE < 2, reason="a mismatch needs two ranks")
 
 @pytest.fixture(autouse=True)
 def checking():
-    comm.set_check(True)
+    comm.set_check("every")
     yield
-    comm.set_check(False)
+    comm.set_check("new")
 
 
 def _raised(fn, *args, **kwargs) -> str:
@@ -33,7 +33,7 @@ def test_matching_calls_pass():
     comm.broadcast(t, src=0)
     comm.barrier()
     comm.all_reduce_coalesced([t, torch.ones(2)])
-    agree(comm.check_enabled() and bool(torch.all(t == SIZE**3)))
+    agree(comm.check_mode() == "every" and bool(torch.all(t == SIZE**3)))
 
 
 def test_different_collectives_named_on_every_rank():

@@ -103,11 +103,11 @@ def test_the_rest_takes_the_python_path():
         "new signature": lambda: comm.all_reduce(torch.ones(65)),
     }
     hits = {name: _hits_of(fn) for name, fn in cases.items()}
-    comm.set_check(True)
+    comm.set_check("every")
     try:
-        hits["check mode"] = _hits_of(lambda: comm.all_reduce(t))
+        hits["check mode every"] = _hits_of(lambda: comm.all_reduce(t))
     finally:
-        comm.set_check(False)
+        comm.set_check("new")
     comm.force_staging(True)
     try:
         hits["staging forced"] = _hits_of(lambda: comm.all_reduce(t))

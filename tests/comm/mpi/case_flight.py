@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from _helpers import RANK, SIZE, WORLD, agree
@@ -87,7 +89,7 @@ def test_ring_size_keeps_the_last_calls():
 def test_mismatched_size_raises_on_every_rank_by_default():
     if SIZE < 2:
         pytest.skip("a mismatch needs two ranks")
-    assert not comm.check_enabled()  # the default, not check mode
+    assert comm.check_mode() == "new"  # the default: new signatures are checked
     # A fresh group has agreed on nothing yet: its first call of a signature is checked.
     fresh = comm.new_group()
     t = torch.ones(1000 + 37 if RANK != 1 else 10)
@@ -120,21 +122,42 @@ def test_set_check_modes():
     fresh = comm.new_group()
     key = ("all_reduce", torch.float32, 5, comm.SUM, None, "mpi", -1, -1)
     try:
-        comm.set_check("off")
-        comm.all_reduce(torch.ones(5), group=fresh)
-        off_skipped = key not in fresh._sigs
-        comm.set_check(False)
-        comm.all_reduce(torch.ones(5), group=fresh)
-        new_checked = key in fresh._sigs
-        comm.set_check(True)
-        on = comm.check_enabled()
-        with pytest.raises(ValueError, match="set_check takes"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)  # the new names do not warn
+            comm.set_check("off")
+            off = comm.check_mode() == "off" and not comm.check_enabled()
+            comm.all_reduce(torch.ones(5), group=fresh)
+            off_skipped = key not in fresh._sigs
+            comm.set_check("new")
+            new = comm.check_mode() == "new" and not comm.check_enabled()
+            comm.all_reduce(torch.ones(5), group=fresh)
+            new_checked = key in fresh._sigs
+            comm.set_check("every")
+            every = comm.check_mode() == "every" and comm.check_enabled()
+        with pytest.raises(ValueError, match="set_check takes 'new', 'every' or 'off'"):
             comm.set_check("sometimes")
+        with pytest.raises(ValueError, match="set_check takes"):
+            comm.set_check(1)  # not True: only the old spellings themselves are aliases
     finally:
-        comm.set_check(False)
+        comm.set_check("new")
     comm.destroy_group(fresh)
     WORLD.Barrier()
-    agree(off_skipped and new_checked and on and not comm.check_enabled())
+    modes = (off, off_skipped, new, new_checked, every)
+    agree(all(modes) and comm.check_mode() == "new", modes)
+
+
+def test_old_check_spellings_still_work_and_warn():
+    seen = {}
+    try:
+        for old, mode in ((True, "every"), ("all", "every"), (False, "new")):
+            with pytest.warns(DeprecationWarning, match=rf"use set_check\('{mode}'\)") as w:
+                comm.set_check(old)
+            # the warning names the caller's line, not set_check's own
+            seen[repr(old)] = (comm.check_mode(), w[0].filename == __file__)
+    finally:
+        comm.set_check("new")
+    want = {"True": ("every", True), "'all'": ("every", True), "False": ("new", True)}
+    agree(seen == want, seen)
 
 
 def test_every_kind_of_call_names_the_users_line():
