@@ -16,7 +16,9 @@ from clusterkernel.comm._flight import DONE, FLIGHT
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._ops import ReduceOp
 
-_CHECK = _check.STATE
+# _check.STATE bound here: begin() runs on every collective, and a module global is one
+# lookup where _check.STATE is two
+_CHECK_STATE = _check.STATE
 
 
 def begin(
@@ -46,9 +48,9 @@ def begin(
     flight = FLIGHT
     entry = flight.record(g, name, nbytes, dtype, depth=3) if flight.on else None
     try:
-        if _CHECK.on:
+        if _CHECK_STATE.on:  # mode "every"
             _check.verify(g, name, tensor, op=op, root=root, alg=alg, count=count, extra=extra)
-        elif _CHECK.new:
+        elif _CHECK_STATE.new:  # mode "new"
             numel = tensor.numel() if tensor is not None and detail != "dtype" else -1
             key = (name, dtype, numel, op, root, alg, count, extra)
             if key not in g._sigs:

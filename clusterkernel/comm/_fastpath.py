@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 from mpi4py import MPI
 
+from clusterkernel.comm import _check
 from clusterkernel.comm._auto import ZERO_COPY_MIN
-from clusterkernel.comm._check import STATE as _CHECK
 from clusterkernel.comm._dtypes import DTYPES, HUGE_THRESHOLD, STAGING
 from clusterkernel.comm._flight import FLIGHT, OURS
 from clusterkernel.comm._groups import WORLD
@@ -79,7 +79,7 @@ def _configure() -> bool:
         comm=MPI._handleof(WORLD.comm) & mask,
         group=WORLD,
         dtypes=dtypes,
-        check=_CHECK,
+        check=_check.STATE,  # read by name: .on (mode "every"), .new
         staging=STAGING,
         flight=FLIGHT,
         ours=OURS,

@@ -16,14 +16,12 @@ from functools import partial
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm import _auto, _hier, _ring, _shm, _torchpath
+from clusterkernel.comm import _auto, _fastpath, _hier, _ring, _shm, _torchpath
 from clusterkernel.comm._begin import begin
-from clusterkernel.comm._check import STATE as _CHECK
+from clusterkernel.comm._check import STATE as _CHECK_STATE  # a module global: see all_reduce
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
-from clusterkernel.comm._dtypes import HUGE_THRESHOLD as _BIG
+from clusterkernel.comm._dtypes import HUGE_THRESHOLD, DType, bbuf, buf, dtype_of, unstage, wire
 from clusterkernel.comm._dtypes import STAGING as _STAGING
-from clusterkernel.comm._dtypes import DType, bbuf, buf, dtype_of, unstage, wire
-from clusterkernel.comm._fastpath import wrap as _with_fast_path
 from clusterkernel.comm._flight import DONE as _DONE
 from clusterkernel.comm._flight import FLIGHT as _FLIGHT
 from clusterkernel.comm._flight import OURS as _OURS
@@ -148,10 +146,11 @@ def all_reduce(
     # begin() inlined for the common case, a signature the group has agreed on. The
     # short key stands for begin's full one ("all_reduce", dtype, count, op, None,
     # algorithm, -1, -1): a tuple of 4 hashes in half the time of 8.
-    chk = _CHECK
-    if chk.on or (chk.new and (dtype, count, op, algorithm) not in g._sigs):
+    # _check.STATE as a module global and then a local: one lookup, not two, per call.
+    check = _CHECK_STATE  # .on: mode "every"; .new: mode "new" (or "every")
+    if check.on or (check.new and (dtype, count, op, algorithm) not in g._sigs):
         entry = begin(g, "all_reduce", tensor, op=op, alg=algorithm)
-        if not chk.on:  # agreed by begin (check mode reads no keys: keep none)
+        if not check.on:  # agreed by begin (mode "every" reads no keys: keep none)
             g._sigs.add((dtype, count, op, algorithm))
     elif _FLIGHT.on:
         f = _getframe(1)
@@ -170,7 +169,11 @@ def all_reduce(
         if algorithm == "hier":
             return _hier.all_reduce(g, tensor, op, async_op, entry)
         return _ring.all_reduce(g, tensor, w, info, op, async_op, entry)
-    spec = [_fromaddress(w.data_ptr(), nbytes), count, info.mpi] if nbytes < _BIG else buf(w, info)
+    spec = (
+        [_fromaddress(w.data_ptr(), nbytes), count, info.mpi]
+        if nbytes < HUGE_THRESHOLD
+        else buf(w, info)
+    )
     finish = None if (w is tensor and op is not AVG) else _reduce_finisher(tensor, w, op, g.size)
     if async_op:
         call = Call("all_reduce", nbytes, "mpi", g.size, entry)
@@ -190,7 +193,7 @@ def all_reduce(
     return None
 
 
-all_reduce = _with_fast_path(all_reduce)
+all_reduce = _fastpath.wrap(all_reduce)
 
 
 def reduce(
