@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+
+import pytest
 import torch
 from _helpers import RANK, SIZE, agree
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from clusterkernel import comm
 from clusterkernel.comm import _ring
@@ -68,12 +72,40 @@ def test_async_result_is_not_visible_before_wait_for_avg():
     agree(bool(torch.allclose(t, torch.full((4,), (SIZE - 1) / 2))), "avg")
 
 
-def test_temporary_tensors_survive_until_wait():
-    # The Work keeps its buffers alive even if the caller drops every reference.
-    works = [comm.all_reduce(torch.ones(4096) * RANK, async_op=True) for _ in range(8)]
-    import gc
+def _revive(ref: StorageWeakRef, n: int) -> torch.Tensor | None:
+    """A float32 tensor over the storage ``ref`` names, or None if it was freed."""
+    storage = None if ref.expired() else torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+    return None if storage is None else torch.empty(0).set_(storage, 0, (n,), (1,))
 
+
+@pytest.mark.parametrize("algorithm", ["auto", "mpi", "ring", "shm"])
+def test_temporary_tensors_survive_until_wait(algorithm):
+    # The Work keeps its tensor's memory alive when the caller drops every reference:
+    # each tensor below is reachable only through its Work (a weak reference to its
+    # storage, torch's own, does not count) until wait() is called, and then holds the
+    # sum. A Work already complete when the call returns (a ring of one rank has nothing
+    # to send) need keep nothing; an MPI request is in flight until wait().
+    n = 4096
+    works, refs, in_flight = [], [], []
+    for i in range(8):
+        t = torch.arange(n, dtype=torch.float32) + (RANK + 1) * (i + 1)
+        works.append(comm.all_reduce(t, algorithm=algorithm, async_op=True))
+        refs.append(StorageWeakRef(t.untyped_storage()))
+        in_flight.append(not works[-1]._done)  # read before t is dropped
+    del t
     gc.collect()
+    # strong references again, all at once: a Work completed by another's wait() drops
+    # its own
+    tensors = [_revive(r, n) for r in refs]
+    kept = [t is not None for t in tensors]
     for w in works:
         w.wait()
-    agree(True)
+    sums = {}
+    for i, t in enumerate(tensors):
+        if t is not None:
+            want = torch.arange(n, dtype=torch.float32) * SIZE + TRI * (i + 1)
+            sums[i] = torch.equal(t, want)
+    # every tensor in flight was kept, and holds the sum after wait()
+    ok = all(sums.get(i, False) for i, f in enumerate(in_flight) if f) and all(sums.values())
+    ok = ok and (algorithm != "mpi" or all(in_flight))
+    agree(ok, f"{algorithm}: in flight {in_flight}, kept {kept}, sums right {sums}")

@@ -5,10 +5,13 @@ host staging path used for device tensors."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
-from _helpers import ALL_DTYPES, RANK, SIZE, agree, data, expect_error
+from _helpers import ALL_DTYPES, RANK, SIZE, WORLD, agree, data, expect_error
+from mpi4py import MPI
 
 from clusterkernel import comm
 from clusterkernel.comm import _dtypes
@@ -104,10 +107,29 @@ def test_all_to_all_single_equal_and_uneven(async_op):
     agree(ok and torch.equal(out, want), "all_to_all_single")
 
 
+def _monotonic() -> int:
+    # CLOCK_MONOTONIC: one clock for every process of a Linux machine (not only this one)
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
 @pytest.mark.parametrize("async_op", [False, True])
-def test_barrier(async_op):
+def test_barrier_lets_no_rank_leave_before_every_rank_arrived(async_op):
+    # Each rank notes the time it arrives (just before the call) and the time it leaves
+    # (after the call, or its wait(), returns); the last arrival must come before the
+    # first departure. That holds for any barrier, however slow or loaded the machine:
+    # no threshold. The last rank arrives 0.2 s late, so a barrier that did not wait
+    # would let the others leave before it arrived and fail the check.
+    if len(set(WORLD.allgather(MPI.Get_processor_name()))) > 1:
+        pytest.skip("the ranks' clocks are compared: they must share one machine")
+    if RANK == SIZE - 1:
+        time.sleep(0.2)
+    arrived = _monotonic()
     _wait(comm.barrier(async_op=async_op), async_op)
-    agree(True)
+    left = _monotonic()
+    times = WORLD.allgather((arrived, left))
+    last_arrival = max(a for a, _ in times)
+    first_departure = min(d for _, d in times)
+    agree(last_arrival <= first_departure, f"(arrived, left) per rank, ns: {times}")
 
 
 @pytest.mark.parametrize("algorithm", ["mpi", "shm"])
