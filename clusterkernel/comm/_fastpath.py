@@ -40,19 +40,18 @@ except ImportError:  # not built: the Python path does everything
 
 
 def _libmpi_symbol(name: str) -> int:
-    """The address of ``name`` in the MPI library mpi4py loaded (0 if not found)."""
+    """The address of ``name`` in the MPI library mpi4py loaded (0 if not found).
+
+    Looked up through mpi4py's own extension module: ``dlsym`` on its handle searches
+    the libraries it was linked against, so any MPI library name works (Open MPI's
+    ``libmpi.so``, MPICH's, a vendor's such as ``libmpi_cray``).
+    """
+    mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 1)
     try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/libmpi." in line}
-    except OSError:  # not Linux
+        fn = getattr(ctypes.CDLL(MPI.__file__, mode=mode), name)
+    except (OSError, AttributeError):
         return 0
-    for path in sorted(paths):
-        try:
-            fn = getattr(ctypes.CDLL(path), name)
-        except (OSError, AttributeError):
-            continue
-        return ctypes.cast(fn, ctypes.c_void_p).value or 0
-    return 0
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
 
 
 def _configure() -> bool:

@@ -259,3 +259,9 @@ def test_an_error_reading_the_dtype_is_not_swallowed():
     with pytest.raises(RuntimeError, match="raised once"):
         comm.all_reduce(RaisesOnce())
     agree(True)
+
+
+def test_mpi_is_found_through_mpi4py_whatever_its_library_is_named():
+    # dlsym on mpi4py's module searches the MPI library it links, by any name
+    found = _fastpath._libmpi_symbol("MPI_Allreduce")
+    agree(found != 0 and _fastpath._libmpi_symbol("MPI_No_such_call") == 0, hex(found))
