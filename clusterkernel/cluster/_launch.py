@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import ipyparallel as ipp
 import psutil
+from ipyparallel.cluster.launcher import ipengine_cmd_argv
 from traitlets.config import Config
 
 from clusterkernel.engine._warm_start import PREIMPORT
@@ -83,7 +84,7 @@ def engine_cmd(env: dict[str, str]) -> list[str]:
     the engine registers (``--torch``: torch.distributed), else ipyparallel's own."""
     if env.get(PREIMPORT):
         return [sys.executable, "-m", "clusterkernel.engine._warm_start"]
-    return [sys.executable, "-m", "ipyparallel.engine"]
+    return list(ipengine_cmd_argv)
 
 
 def _base_config() -> Config:
