@@ -2,7 +2,8 @@
 
 Everything here runs in the notebook (or the IPython REPL); nothing here runs on
 a rank. :class:`Cluster` is the entry point; the private modules beside it each
-do one part of its job: launching (``_launch``, ``_launcher_choice``, ``_slurm``,
+do one part of its job: launching (``_launch_settings``: the launch options as one
+object, :class:`LaunchSettings`, which builds the launcher; ``_launch``, ``_slurm``,
 ``_guard``), the processes of a running cluster (``_lifecycle.Engines``), what every
 fresh set of ranks gets (``_torch``: torchrun's environment, the default group),
 ``_session`` and ``_status``, one running cell (``runner``, ``_breakpoints``),
@@ -28,5 +29,6 @@ Example (``cluster``: a running :class:`Cluster`, from ``Cluster(n=4).start()`` 
 from __future__ import annotations
 
 from clusterkernel.cluster._cluster import CellInterrupted, Cluster, ClusterError, RankError
+from clusterkernel.cluster._launch_settings import LaunchSettings
 
-__all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted"]
+__all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted", "LaunchSettings"]

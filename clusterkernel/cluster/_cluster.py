@@ -29,7 +29,7 @@ import ipyparallel as ipp
 
 from clusterkernel import _oom
 from clusterkernel.cluster import _follow, _keep, _namespace, _rank_faults, _stacks, _torch
-from clusterkernel.cluster._launcher_choice import choose_launcher
+from clusterkernel.cluster._launch_settings import LaunchSettings, launcher_for
 from clusterkernel.cluster._lifecycle import Engines
 from clusterkernel.cluster._namespace import RankNames
 from clusterkernel.cluster._status import RankStatus
@@ -37,6 +37,7 @@ from clusterkernel.errors import CellInterrupted, ClusterError, RankError, forma
 from clusterkernel.export._sbatch import DEFAULT_TIME
 
 if TYPE_CHECKING:
+    from clusterkernel.cluster._launch import Launcher
     from clusterkernel.cluster.runner import CellRun
     from clusterkernel.dashboard import Dashboard
 
@@ -56,7 +57,10 @@ class Cluster:
     hostfile : an MPI hostfile instead of ``hosts``.
     mpiexec : path to ``mpiexec``; default: next to ``sys.executable``, then PATH.
     launcher : ``"mpiexec"`` or ``"slurm"``. Default: ``"slurm"`` inside a Slurm
-        allocation (a job step over its nodes), else ``"mpiexec"``.
+        allocation (a job step over its nodes), else ``"mpiexec"``. Or a
+        :class:`~clusterkernel.cluster.LaunchSettings` (or the launcher it built) that
+        holds every launch option (``n`` to ``fault_tolerant`` here), given once and
+        passed as one object; then those arguments are left out.
     nodes, partition, time, account, slurm_args : the Slurm job's shape
         (``launcher="slurm"``): ranks spread over ``nodes`` nodes; ``time`` the job's
         limit (default 01:00:00, as for an exported job; None: the partition's);
@@ -97,6 +101,8 @@ class Cluster:
 
         # not run: a Slurm job, and clusters left running for other examples
         Cluster(n=8, launcher="slurm", nodes=2, time="1:00:00").start()
+        slurm = LaunchSettings(n=8, launcher="slurm", nodes=2, time="1:00:00")
+        Cluster(launcher=slurm, torch=True).start()   # the same launch, said once
         Cluster(n=2, torch=True).start()    # dist.is_initialized() on every rank
         Cluster(n=4, keep="2h").start()     # later, in another process:
         cluster = Cluster.attach()          # the same ranks, their variables intact
@@ -109,7 +115,7 @@ class Cluster:
         hostfile: str | None = None,
         mpiexec: str | None = None,
         *,
-        launcher: str | None = None,
+        launcher: str | LaunchSettings | Launcher | None = None,
         nodes: int | None = None,
         partition: str | None = None,
         time: str | None = DEFAULT_TIME,
@@ -130,16 +136,6 @@ class Cluster:
     ) -> None:
         _torch.check_backend_name(backend)
         self.keep = _keep.parse_keep(keep)  # seconds, inf, or None: not kept
-        # what attach() needs to make this Cluster again in another process
-        self._settings = {
-            "n": n, "hosts": hosts, "hostfile": hostfile, "mpiexec": mpiexec,
-            "launcher": launcher, "nodes": nodes, "partition": partition, "time": time,
-            "account": account, "slurm_args": list(slurm_args),
-            "controller_ip": controller_ip, "env": dict(env or {}), "timeout": timeout,
-            "start_timeout": start_timeout, "fault_tolerant": fault_tolerant,
-            "torch": torch, "backend": backend, "gpus_per_rank": gpus_per_rank,
-            "gpu_share": gpu_share,
-        }  # fmt: skip
         if gpus_per_rank is not None and (
             not isinstance(gpus_per_rank, int)
             or isinstance(gpus_per_rank, bool)
@@ -148,20 +144,23 @@ class Cluster:
             raise ValueError(
                 f"gpus_per_rank must be 0 (no binding) or more, got {gpus_per_rank!r}."
             )
-        self.launcher, self.runtime = choose_launcher(
-            n,
-            hosts,
-            hostfile,
-            mpiexec,
-            launcher=launcher,
-            nodes=nodes,
-            partition=partition,
-            time=time,
-            account=account,
-            slurm_args=slurm_args,
-            controller_ip=controller_ip,
-            fault_tolerant=fault_tolerant,
-        )
+        # the one place the launch options are named: from here on they travel as one
+        # object, the launcher's settings
+        self.launcher = launcher_for(
+            launcher,
+            LaunchSettings(
+                n=n, hosts=hosts, hostfile=hostfile, mpiexec=mpiexec, nodes=nodes,
+                partition=partition, time=time, account=account, slurm_args=slurm_args,
+                controller_ip=controller_ip, fault_tolerant=fault_tolerant,
+            ),
+        )  # fmt: skip
+        self.runtime = getattr(self.launcher, "runtime", None)  # None for Slurm: srun starts
+        # what attach() needs to make this Cluster again in another process
+        self._settings = {
+            **self.launcher.settings.record(), "env": dict(env or {}), "timeout": timeout,
+            "start_timeout": start_timeout, "torch": torch, "backend": backend,
+            "gpus_per_rank": gpus_per_rank, "gpu_share": gpu_share,
+        }  # fmt: skip
         self.n = self.launcher.n
         self.multi_node = self.launcher.multi_node
         self.env = dict(env or {})
@@ -169,7 +168,7 @@ class Cluster:
         self.start_timeout = start_timeout
         self.guard = guard
         self.log_level = log_level
-        self.fault_tolerant = fault_tolerant
+        self.fault_tolerant = self.launcher.settings.fault_tolerant
         self.torch = bool(torch or backend)
         self.backend = backend
         self.gpus_per_rank = gpus_per_rank

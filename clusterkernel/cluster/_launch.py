@@ -13,9 +13,12 @@ Around them, what every launcher needs: a private directory for the cluster's
 files, the guard process that stops the cluster if the notebook dies, and the wait
 for ``n`` fresh engines.
 
+Each launcher is built once from a
+:class:`~clusterkernel.cluster._launch_settings.LaunchSettings` and keeps it.
+
 Example::
 
-    launcher = MpiexecLauncher(MPIRuntime.detect(), n=4)
+    launcher = LaunchSettings(n=4).build()      # an MpiexecLauncher
     cfg = launcher.config(env={}, run_dir=make_run_dir())
 """
 
@@ -30,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ipyparallel as ipp
 import psutil
@@ -39,7 +42,10 @@ from traitlets.config import Config
 
 from clusterkernel.engine._warm_start import PREIMPORT
 from clusterkernel.errors import ClusterError
-from clusterkernel.mpiexec import MPIRuntime, is_local_only
+from clusterkernel.mpiexec import MPIRuntime, check_hosts_resolve, is_local_only, parse_hosts
+
+if TYPE_CHECKING:
+    from clusterkernel.cluster._launch_settings import LaunchSettings
 
 # A single-machine job has no reason to be reachable from the network: ranks talk
 # through shared memory, so Open MPI's TCP transport (which listens on every
@@ -60,11 +66,23 @@ _SAY_PROGRESS_AFTER = 20.0
 # default IPython profile, whose clusters Jupyter's ipyparallel extension adopts.
 RUN_ROOT_ENV = "CLUSTERKERNEL_RUN_DIR"
 
+# Ranks per core one machine is allowed before a start is refused: 32 ranks ran on the
+# 2-core test machine (BENCHMARKS.md, issue 11); 100,000 took 108 s to fail there.
+MAX_RANKS_PER_CORE_ENV = "CLUSTERKERNEL_MAX_RANKS_PER_CORE"
+_MAX_RANKS_PER_CORE = 32
+
+
+def local_rank_limit() -> int:
+    """The most ranks a start on this machine alone may ask for (cores x the per-core cap)."""
+    per_core = int(os.environ.get(MAX_RANKS_PER_CORE_ENV) or _MAX_RANKS_PER_CORE)
+    return (os.cpu_count() or 1) * per_core
+
 
 class Launcher(Protocol):
     """What :class:`~clusterkernel.Cluster` needs from a way of starting engines."""
 
     kind: str  # "mpiexec" or "slurm"
+    settings: LaunchSettings  # what it was built from (a kept cluster's record)
     n: int
     multi_node: bool
 
@@ -97,26 +115,52 @@ def _base_config() -> Config:
 
 
 class MpiexecLauncher:
-    """Engines started by ``mpiexec`` here or on a host list."""
+    """Engines started by ``mpiexec`` here or on a host list, as ``settings`` say.
+
+    Refuses, before anything starts, what ``mpiexec`` cannot do with them: Slurm's
+    options, more ranks than the hosts' slots, an unknown host, more ranks than this
+    machine alone takes.
+
+    Example::
+
+        launcher = MpiexecLauncher(LaunchSettings(n=4, hosts="a:2,b:2"))
+        launcher.multi_node          # True: the controller listens for other machines
+    """
 
     kind = "mpiexec"
 
-    def __init__(
-        self,
-        runtime: MPIRuntime,
-        n: int,
-        hosts: list[tuple[str, int | None]] | None = None,
-        hostfile: str | None = None,
-        fault_tolerant: bool = False,
-        controller_ip: str | None = None,
-    ) -> None:
-        self.runtime = runtime
-        self.n = n
-        self.hosts = hosts or []
-        self.hostfile = hostfile
-        self.fault_tolerant = fault_tolerant
-        self.multi_node = bool(hostfile) or not is_local_only(self.hosts)
-        self._controller_ip = controller_ip
+    def __init__(self, settings: LaunchSettings) -> None:
+        if settings.nodes or settings.partition or settings.account or settings.slurm_args:
+            raise ValueError(
+                "nodes=, partition=, account= and slurm_args= are for launcher='slurm'."
+            )
+        hosts = parse_hosts(settings.hosts)
+        slots = [count for _, count in hosts]
+        n = settings.n
+        if n is not None and hosts and all(slots) and n > sum(slots):
+            raise ValueError(
+                f"{n} ranks, but hosts= gives {sum(slots)} slots "
+                f"({', '.join(f'{h}:{c}' for h, c in hosts)}): ask for at most {sum(slots)} "
+                "ranks, or give the hosts more slots."
+            )
+        check_hosts_resolve(hosts)
+        self.settings = settings
+        self.runtime = MPIRuntime.detect(settings.mpiexec)
+        self.n = n or 4
+        self.hosts = hosts
+        self.hostfile = settings.hostfile
+        self.fault_tolerant = settings.fault_tolerant
+        self.multi_node = bool(self.hostfile) or not is_local_only(self.hosts)
+        limit = local_rank_limit()
+        if not self.multi_node and self.n > limit:
+            cores = os.cpu_count() or 1
+            raise ValueError(
+                f"{self.n} ranks on this machine alone: at most {limit} "
+                f"({os.cpu_count()} cores x {limit // cores}) are started here. "
+                f"Ask for fewer, spread them with hosts=/--hosts or Slurm, or raise the cap with "
+                f"{MAX_RANKS_PER_CORE_ENV}."
+            )
+        self._controller_ip = settings.controller_ip
 
     def engines(self) -> str:
         return "mpi"

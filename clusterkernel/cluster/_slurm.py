@@ -15,7 +15,7 @@ nodes, never on every interface unless asked.
 
 Example::
 
-    launcher = SlurmLauncher(n=8, nodes=2, time="01:00:00")
+    launcher = LaunchSettings(n=8, launcher="slurm", nodes=2).build()   # a SlurmLauncher
     launcher.controller_ip()     # e.g. "10.1.2.3"
 """
 
@@ -28,14 +28,18 @@ import shutil
 import subprocess
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from traitlets.config import Config
 
 from clusterkernel._net import route_source
 from clusterkernel.cluster._launch import _base_config, engine_cmd, process_ended, tail
 from clusterkernel.errors import ClusterError
-from clusterkernel.export._sbatch import DEFAULT_TIME, SbatchOptions
+from clusterkernel.export._sbatch import SbatchOptions
 from clusterkernel.mpiexec import QUIET_OSC
+
+if TYPE_CHECKING:
+    from clusterkernel.cluster._launch_settings import LaunchSettings
 
 # Job states in which the engines are still to come or still there.
 _ALIVE = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED"}
@@ -125,27 +129,31 @@ def controller_address(nodes: list[str]) -> str:
 
 
 class SlurmLauncher:
-    """Engines as a Slurm job (or a job step inside the current allocation).
+    """Engines as a Slurm job (or a job step inside the current allocation), as
+    ``settings`` say.
 
-    Its job's ``#SBATCH`` options (defaults and checks) are
+    Refuses, before anything starts, what Slurm cannot do with them: hosts (Slurm
+    chooses), ``fault_tolerant``, more ranks than the allocation's tasks. Its job's
+    ``#SBATCH`` options (defaults and checks) are
     :class:`~clusterkernel.export._sbatch.SbatchOptions`, the same as an exported job's.
+
+    Example::
+
+        launcher = SlurmLauncher(LaunchSettings(n=4, launcher="slurm", time="2:00:00"))
+        launcher.batch_script()      # the job script; "#SBATCH --time=2:00:00" among its lines
     """
 
     kind = "slurm"
     multi_node = True
 
-    def __init__(
-        self,
-        n: int | None = None,
-        *,
-        nodes: int | None = None,
-        partition: str | None = None,
-        time: str | None = DEFAULT_TIME,
-        account: str | None = None,
-        slurm_args: tuple[str, ...] | list[str] = (),
-        controller_ip: str | None = None,
-    ) -> None:
+    def __init__(self, settings: LaunchSettings) -> None:
+        if settings.hosts or settings.hostfile:
+            raise ValueError("Slurm chooses the hosts: leave out hosts=/hostfile=.")
+        if settings.fault_tolerant:
+            raise ValueError("fault_tolerant=True needs launcher='mpiexec' (Open MPI's ULFM).")
+        self.settings = settings
         self.step = in_allocation()
+        n, nodes = settings.n, settings.nodes
         if n is None:
             if not self.step:
                 raise ValueError(
@@ -164,20 +172,16 @@ class SlurmLauncher:
         self.sbatch = SbatchOptions(  # checked here, before anything starts
             nodes=nodes,
             ntasks_per_node=-(-n // nodes) if isinstance(nodes, int) and nodes > 0 else None,
-            time=time,
-            partition=partition,
-            account=account,
-            extra=tuple(str(a) for a in slurm_args),
+            time=settings.time,
+            partition=settings.partition,
+            account=settings.account,
+            extra=settings.slurm_args,
         )
         if nodes is not None and nodes > n:
             raise ValueError(f"nodes must be between 1 and n={n}, got {nodes}.")
         self.n = n
-        self.nodes = nodes
-        self.partition = partition
-        self.time = time
-        self.account = account
-        self.slurm_args = [str(a) for a in slurm_args]
-        self._controller_ip = controller_ip
+        self.nodes = nodes  # the allocation's inside one, when not given
+        self._controller_ip = settings.controller_ip
         self.job_id: str | None = None
         self._state: tuple[str, str] | None = None
         self._state_at = 0.0
@@ -196,7 +200,7 @@ class SlurmLauncher:
                 ).split()
                 addrs = node_addresses(names=names) or names
             else:
-                addrs = node_addresses(self.partition)
+                addrs = node_addresses(self.settings.partition)
             self._controller_ip = controller_address(addrs)
         return self._controller_ip
 
@@ -211,7 +215,7 @@ class SlurmLauncher:
         opts = ["--mpi=pmix", "--kill-on-bad-exit=1"]
         if self.step and self.nodes:
             opts += [f"--nodes={self.nodes}", f"--ntasks-per-node={self._per_node}"]
-        return opts + (self.slurm_args if self.step else [])
+        return opts + (list(self.settings.slurm_args) if self.step else [])
 
     def batch_script(self) -> str:
         """The job script (an ipyparallel template: ``{program_and_args}`` and friends)."""

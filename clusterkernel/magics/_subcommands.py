@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
-from clusterkernel.cluster import Cluster, _follow, _keep
+from clusterkernel.cluster import Cluster, LaunchSettings, _follow, _keep
 from clusterkernel.errors import ClusterError, format_ranks, rank_label
-from clusterkernel.export._sbatch import SbatchOptions
 from clusterkernel.magics._args import (
     attach_args,
     debug_args,
@@ -73,37 +72,17 @@ class Subcommands:
                 f"MPI ranks are already running ({self.cluster.n} ranks). "
                 "Use %mpi restart, or %mpi stop first."
             )
-        slurm = {"nodes": args.nodes, "partition": args.partition, "account": args.account}
-        try:  # checked and written as an exported job's sbatch file has them
-            gpu_request = SbatchOptions(
-                time=None, gpus_per_node=args.gpus_per_node, gres=args.gres
-            ).directives()
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        if not args.slurm and (any(slurm.values()) or gpu_request):
-            raise UsageError(
-                "--nodes, --partition, --account, --gpus-per-node and --gres go with --slurm."
-            )
-        if gpu_request:
-            slurm["slurm_args"] = gpu_request
         if args.no_gpu_binding and args.gpus_per_rank:
             raise UsageError("--no-gpu-binding and --gpus-per-rank contradict each other.")
         try:
             cluster = Cluster(
-                n=args.n,
-                hosts=args.hosts,
-                hostfile=args.hostfile,
-                mpiexec=args.mpiexec,
-                launcher="slurm" if args.slurm else None,
-                time=args.time,
+                launcher=LaunchSettings.from_args(args),  # -n, --slurm, --hosts, ...
                 timeout=args.timeout,
-                fault_tolerant=args.fault_tolerant,
                 torch=args.torch,
                 backend=args.backend,
                 gpus_per_rank=0 if args.no_gpu_binding else args.gpus_per_rank,
                 gpu_share=args.gpu_share,
                 keep=args.keep,
-                **{k: v for k, v in slurm.items() if v is not None},
             )
         except (ValueError, FileNotFoundError, HostError, MPINotFoundError, ClusterError) as e:
             raise UsageError(str(e)) from None

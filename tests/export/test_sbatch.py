@@ -13,7 +13,7 @@ import pytest
 from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel import Cluster
-from clusterkernel.cluster._launcher_choice import choose_launcher
+from clusterkernel.cluster import LaunchSettings
 from clusterkernel.cluster._slurm import SlurmLauncher
 from clusterkernel.export import ExportError, add_arguments, sbatch_script
 from clusterkernel.export._sbatch import DEFAULT_TIME, SbatchOptions
@@ -30,6 +30,10 @@ def _header(text: str) -> list[str]:
 
 def _shared(lines: list[str]) -> list[str]:
     return [line for line in lines if not line.startswith(_OWN)]
+
+
+def _slurm(n: int, **options) -> SlurmLauncher:
+    return LaunchSettings(n, launcher="slurm", **options).build()
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +56,7 @@ def test_slurm_start_and_export_write_the_same_header(tmp_path, options):
     # the magic hands the GPU request to the launcher as extra sbatch options
     gpus = {k: options.pop(k) for k in ("gpus_per_node", "gres") if k in options}
     extra = SbatchOptions(time=None, **gpus).directives()
-    launcher = SlurmLauncher(3 * nodes, slurm_args=extra, **options)
+    launcher = _slurm(3 * nodes, slurm_args=extra, **options)
     launched = _header(launcher.batch_script())
     assert launched[:4] == [
         "#SBATCH --job-name=clusterkernel-{cluster_id}",
@@ -76,8 +80,8 @@ def test_one_default_time_limit_everywhere():
     defaults = {
         "SbatchOptions": SbatchOptions().time,
         "sbatch_script": inspect.signature(sbatch_script).parameters["time"].default,
-        "SlurmLauncher": SlurmLauncher(4).sbatch.time,
-        "choose_launcher": inspect.signature(choose_launcher).parameters["time"].default,
+        "SlurmLauncher": _slurm(4).sbatch.time,
+        "LaunchSettings": LaunchSettings().time,
         "Cluster": inspect.signature(Cluster).parameters["time"].default,
         "%mpi start": parse_argstring(start_args, "--slurm").time,
         "%mpi export": parse_argstring(export_args, "job.py").time,
@@ -86,7 +90,7 @@ def test_one_default_time_limit_everywhere():
     add_arguments(parser)
     defaults["clusterkernel export"] = parser.parse_args(["nb.ipynb"]).time
     assert set(defaults.values()) == {DEFAULT_TIME}, defaults
-    assert "--time=01:00:00" in SlurmLauncher(4).batch_script()
+    assert "--time=01:00:00" in _slurm(4).batch_script()
     assert f"(default {DEFAULT_TIME})" in start_args.__doc__
     assert f"(default {DEFAULT_TIME})" in export_args.__doc__
     help_text = parser.format_help()
@@ -109,7 +113,7 @@ def test_bad_options_are_refused_alike(options, message):
     with pytest.raises(ExportError, match=message) as exported:
         sbatch_script("job.py", **options)
     with pytest.raises(ValueError, match=message) as launched:
-        SlurmLauncher(4, **options)
+        _slurm(4, **options)
     with pytest.raises(ValueError, match=message) as cluster:
         Cluster(n=4, launcher="slurm", **options)  # before anything starts
     assert str(exported.value) == str(launched.value) == str(cluster.value)
@@ -132,8 +136,8 @@ def test_bad_gpu_requests_are_refused_alike(options, message):
 
 def test_extra_options_are_one_line_each_and_escaped_for_the_template():
     with pytest.raises(ValueError, match=r"slurm_args=\): give each option as a string on one"):
-        SlurmLauncher(4, slurm_args=["--constraint=a100\n#SBATCH --exclusive"])
-    script = SlurmLauncher(4, slurm_args=["--comment={x}"]).batch_script()
+        _slurm(4, slurm_args=["--constraint=a100\n#SBATCH --exclusive"])
+    script = _slurm(4, slurm_args=["--comment={x}"]).batch_script()
     assert "#SBATCH --comment={{x}}" in script  # ipyparallel's str.format gives {x} back
     assert script.format(cluster_id="c", n=4, output_file="o", program_and_args="p")
 
