@@ -44,8 +44,9 @@ from mpi4py import MPI
 
 from clusterkernel.comm import _check, _shm_alloc
 from clusterkernel.comm._errors import CommError
-from clusterkernel.comm._flight import DONE, FLIGHT
+from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._groups import Group, resolve
+from clusterkernel.comm._ledger import DONE
 from clusterkernel.comm._ops import ALGORITHMS, FUSED_ALGORITHMS
 
 # The ops whose calls take ``algorithm=``; the *_tensor and coalesced variants use

@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 
 from clusterkernel.comm import _check
-from clusterkernel.comm._flight import DONE, FLIGHT
+from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._groups import Group
+from clusterkernel.comm._ledger import DONE
 from clusterkernel.comm._ops import ReduceOp
 
 # _check.STATE bound here: begin() runs on every collective, and a module global is one

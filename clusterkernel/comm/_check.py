@@ -253,6 +253,7 @@ def agree(group: Group, key: tuple, name: str, tensor: object = None, **fields: 
     verify(group, name, tensor, **fields)
     if len(seen) >= _MAX_SEEN:
         seen.clear()
+        group._sig_gen += 1  # plans that cached "agreed" look again
     seen.add(key)
 
 

@@ -1,16 +1,18 @@
 /* The common case of comm.all_reduce, in C.
  *
- * A blocking SUM allreduce of a small contiguous CPU tensor on the world group, by
- * MPI (asked for, or auto's pick) and whose signature the group agreed on, is a
- * few microseconds of MPI; in Python, comm's own work around it (dtype and auto
- * look-ups, the signature check, the flight entry, the timing record) cost as much
- * again. Here the same work is done in C and MPI_Allreduce is called directly, with
- * the GIL released as mpi4py does. FastFunction is the public comm.all_reduce: it
- * tries try_fast() on calls of that shape and hands every other call, and every
- * call try_fast() declines, to the Python all_reduce unchanged. try_fast() decides
- * nothing the Python path does not decide the same way: it mirrors the inlined
- * steps of _reductions.all_reduce one for one, and tests/comm/mpi/case_fastpath.py
- * holds the two to the same results, flight entries and timing records.
+ * A blocking allreduce of a contiguous CPU tensor whose plan (_plan.py, made by
+ * _reductions.all_reduce on the signature's first call) says "MPI's own allreduce
+ * on the tensor's memory, nothing after", on a signature the group has agreed on,
+ * is a few microseconds of MPI; comm's own work around it (the plan look-up, the
+ * flight entry, the timing record) costs as much again in Python. Here that work is
+ * done in C and MPI_Allreduce is called directly, with the GIL released as mpi4py
+ * does. FastFunction is the public comm.all_reduce: it tries try_fast() on blocking
+ * calls and hands every other call, and every call try_fast() declines, to the
+ * Python all_reduce unchanged. try_fast() holds no rules of its own: it looks the
+ * call's key up in the group's plans and runs what the plan says, with the plan's
+ * handles; the flight entry and timing record follow the ledger's layouts
+ * (_ledger.py), handed over by configure(). tests/comm/mpi/case_fastpath.py holds the
+ * two paths to the same results, flight entries and timing records.
  *
  * No MPI header or library is needed to build it: MPI_Allreduce's address and the
  * handles come from mpi4py at run time (_fastpath.py), as integers. Open MPI's
@@ -24,12 +26,12 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "_flightring.h"
-
 #if PY_VERSION_HEX >= 0x030B0000 /* PyFrame_GetLasti */
 
 typedef int (*allreduce_ptr)(const void *, void *, int, void *, void *, void *);
 typedef int (*allreduce_int)(const void *, void *, int, int, int, int);
+
+enum { ENTRY_LEN = 9, RECORD_LEN = 7 };
 
 static struct {
     int ready;
@@ -37,19 +39,22 @@ static struct {
     unsigned long long hits; /* calls done here (tests check the path was taken) */
     void *fn;
     int pointer_handles;
-    intptr_t in_place, comm;
-    Py_ssize_t limit;
+    intptr_t in_place;
     /* owned references, set by configure() */
-    PyObject *group, *gsize, *dtypes, *check, *staging, *flight, *ours, *rec, *error, *sum;
+    PyObject *world, *group_type, *plan_type, *sum, *check, *staging, *flight, *ours, *rec, *error;
     /* where __slots__ attributes live in their objects (-1: look them up by name) */
-    Py_ssize_t at_auto, at_sigs, at_calls, at_flight_on, at_ring;
+    Py_ssize_t at_plans, at_sig_gen, at_calls, at_size, at_flight_on, at_ring;
+    Py_ssize_t at_fast, at_agreed, at_count, at_psize;
+    /* the ledger's layouts (_ledger.ENTRY, records.COMM_FIELDS): where each field goes */
+    int e_seq, e_op, e_group, e_nbytes, e_dtype, e_peer, e_code, e_lasti, e_done;
+    int r_op, r_nbytes, r_alg, r_gsize, r_start, r_dur, r_wait;
     PyObject *user_code; /* the last caller's code found outside clusterkernel (held) */
 } S;
 
-static PyObject *n_dtype, *n_is_cpu, *n_nbytes, *n_is_contiguous, *n_data_ptr, *n_force,
-    *n_auto, *n_all_reduce, *n_mpi, *n_on, *n_new, *n_sigs, *n_ring, *n_append, *n_calls,
-    *n_enabled, *n_comm, *n_capacity, *n_trim, *n_op, *n_group, *n_async_op, *n_algorithm,
-    *n_auto_alg;
+static PyObject *n_dtype, *n_is_cpu, *n_numel, *n_is_contiguous, *n_data_ptr, *n_force,
+    *n_all_reduce, *n_mpi, *n_on, *n_new, *n_ring, *n_append, *n_calls, *n_enabled,
+    *n_comm, *n_capacity, *n_trim, *n_op, *n_group, *n_async_op, *n_algorithm, *n_auto_alg,
+    *n_plans, *n_sig_gen, *n_size, *n_fast, *n_agreed, *n_count;
 
 /* time.perf_counter(): CLOCK_MONOTONIC on Linux, the only system configured (the
  * timing record's start is compared with the Python path's). */
@@ -60,10 +65,10 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* The offset of obj's __slots__ attribute name (a writable object slot), or -1. */
-static Py_ssize_t slot_offset(PyObject *obj, const char *name)
+/* The offset of type's __slots__ attribute name (a writable object slot), or -1. */
+static Py_ssize_t slot_offset(PyObject *type, const char *name)
 {
-    PyObject *descr = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), name);
+    PyObject *descr = PyObject_GetAttrString(type, name);
     if (descr == NULL) {
         PyErr_Clear();
         return -1;
@@ -113,49 +118,22 @@ static int flag(PyObject *obj, Py_ssize_t off, PyObject *name)
     return r;
 }
 
-/* algs[bisect_right(limits, nbytes)] is "mpi": 1; anything else: 0. Limits that are
- * not plain ints in range, or rules of another shape, are left to the Python path
- * (bisect compares whatever they are, or raises the error there). */
-static int auto_picks_mpi(PyObject *rules, Py_ssize_t nbytes)
+/* a == b for two Python ints (0 when either is not one) */
+static int same_int(PyObject *a, PyObject *b)
 {
-    PyObject *rule = PyDict_GetItemWithError(rules, n_all_reduce); /* borrowed */
-    if (rule == NULL || !PyTuple_CheckExact(rule) || PyTuple_GET_SIZE(rule) != 2) {
-        PyErr_Clear();
-        return 0;
-    }
-    Py_INCREF(rule); /* nothing below runs Python code, but the rules are not ours */
-    PyObject *limits = PyTuple_GET_ITEM(rule, 0), *algs = PyTuple_GET_ITEM(rule, 1);
-    int r = 0;
-    if ((PyList_CheckExact(limits) || PyTuple_CheckExact(limits)) &&
-        (PyList_CheckExact(algs) || PyTuple_CheckExact(algs))) {
-        Py_ssize_t lo = 0, hi = PySequence_Fast_GET_SIZE(limits), ok = 1;
-        while (lo < hi && ok) { /* bisect_right */
-            Py_ssize_t mid = (lo + hi) / 2;
-            PyObject *item = PySequence_Fast_GET_ITEM(limits, mid);
-            Py_ssize_t v = PyLong_CheckExact(item) ? PyLong_AsSsize_t(item) : -1;
-            if (v == -1 && (!PyLong_CheckExact(item) || PyErr_Occurred())) {
-                PyErr_Clear();
-                ok = 0;
-            } else if (nbytes < v) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        if (ok && lo < PySequence_Fast_GET_SIZE(algs)) {
-            PyObject *alg = PySequence_Fast_GET_ITEM(algs, lo);
-            r = PyUnicode_Check(alg) && PyUnicode_Compare(alg, n_mpi) == 0;
-        }
-    }
-    Py_DECREF(rule);
-    return r;
+    return a == b || (PyLong_CheckExact(a) && PyLong_CheckExact(b) &&
+                      PyObject_RichCompareBool(a, b, Py_EQ) == 1);
 }
 
-/* The call done here: 1; left to the Python path (nothing done): 0; an error: -1. */
-static int try_fast_here(PyObject *t, int given_mpi)
+/* The call done here: 1; left to the Python path (nothing done): 0; an error: -1.
+ * Decides nothing itself: the group's plan for the call's key (_reductions.py makes
+ * it) says whether MPI's allreduce runs on the tensor's memory and with which
+ * handles; the check mode and the plan's agreement say whether a check is due. */
+static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algorithm)
 {
-    PyObject *t0 = NULL, *dtype = NULL, *nb = NULL, *v = NULL, *sig = NULL, *entry = NULL;
-    PyObject *code = NULL, *ptr_obj = NULL;
+    PyObject *t0 = NULL, *dtype = NULL, *cpu = NULL, *numel = NULL, *key = NULL;
+    PyObject *plans = NULL, *plan = NULL, *fast = NULL, *v = NULL, *entry = NULL;
+    PyObject *code = NULL, *ptr_obj = NULL, *size = NULL, *count = NULL;
     PyFrameObject *caller; /* borrowed */
     int r;
     if ((t0 = PyFloat_FromDouble(now())) == NULL)
@@ -166,27 +144,28 @@ static int try_fast_here(PyObject *t, int given_mpi)
         PyErr_Clear(); /* not a tensor: the Python path says so */
         goto fallback;
     }
-    PyObject *info = PyDict_GetItemWithError(S.dtypes, dtype); /* borrowed */
-    if (info == NULL)
-        goto fallback_or_error; /* halves, complex, unknown: staged in Python */
-    if ((r = flag(t, -1, n_is_cpu)) != 1)
-        goto fallback_or_error;
-    if ((nb = PyObject_GetAttr(t, n_nbytes)) == NULL)
-        goto error;
-    Py_ssize_t nbytes = PyLong_AsSsize_t(nb);
-    if (nbytes == -1 && PyErr_Occurred())
-        goto error;
-    if (nbytes >= S.limit)
-        goto fallback;
-    if (!given_mpi) { /* algorithm="auto": only where it picks MPI */
-        if ((v = attr(S.group, S.at_auto, n_auto)) == NULL)
+    if ((cpu = PyObject_GetAttr(t, n_is_cpu)) == NULL ||
+        (numel = PyObject_CallMethodNoArgs(t, n_numel)) == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
             goto error;
-        if (v == Py_None || !PyDict_Check(v))
-            goto fallback; /* auto not set up yet: the Python path does it */
-        if (!auto_picks_mpi(v, nbytes))
-            goto fallback;
-        Py_CLEAR(v);
+        PyErr_Clear(); /* not a tensor (a numpy array has a dtype): as above */
+        goto fallback;
     }
+    /* _reductions.all_reduce's key: (dtype, numel, op, algorithm, is_cpu) */
+    if ((key = PyTuple_Pack(5, dtype, numel, op, algorithm, cpu)) == NULL)
+        goto error;
+    if ((plans = attr(g, S.at_plans, n_plans)) == NULL)
+        goto error;
+    if (!PyDict_CheckExact(plans))
+        goto fallback;
+    plan = PyDict_GetItemWithError(plans, key); /* borrowed; a bad key: the Python path */
+    if (plan == NULL || !Py_IS_TYPE(plan, (PyTypeObject *)S.plan_type))
+        goto fallback_or_error;
+    Py_INCREF(plan);
+    if ((fast = attr(plan, S.at_fast, n_fast)) == NULL)
+        goto error;
+    if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 3)
+        goto fallback; /* None: not a call for this path */
     if ((v = PyObject_CallMethodNoArgs(t, n_is_contiguous)) == NULL)
         goto error;
     if (v != Py_True)
@@ -195,25 +174,28 @@ static int try_fast_here(PyObject *t, int given_mpi)
     if ((r = flag(S.staging, -1, n_force)) != 0)
         goto fallback_or_error;
     if ((r = flag(S.check, -1, n_on)) != 0)
-        goto fallback_or_error; /* check mode: every call goes through begin() */
-    Py_ssize_t itemsize = PyLong_AsSsize_t(PyTuple_GET_ITEM(info, 1));
-    if (itemsize <= 0 || nbytes % itemsize)
-        goto fallback_or_error;
-    Py_ssize_t count = nbytes / itemsize;
+        goto fallback_or_error; /* mode "every": every call goes through begin() */
     if ((r = flag(S.check, -1, n_new)) < 0)
         goto error;
-    if (r) { /* the signature must be one the group agreed on (begin() agrees new ones) */
-        PyObject *sigs = attr(S.group, S.at_sigs, n_sigs);
-        if (sigs == NULL)
+    if (r) { /* mode "new": the plan must know its signature agreed (_plan.agreed) */
+        PyObject *gen = attr(g, S.at_sig_gen, n_sig_gen);
+        if (gen == NULL)
             goto error;
-        PyObject *n = PyLong_FromSsize_t(count);
-        sig = n ? PyTuple_Pack(4, dtype, n, S.sum, n_mpi) : NULL;
-        Py_XDECREF(n);
-        r = sig == NULL ? -1 : PySet_Contains(sigs, sig);
-        Py_DECREF(sigs);
-        if (r != 1)
-            goto fallback_or_error;
+        v = attr(plan, S.at_agreed, n_agreed);
+        r = v != NULL && same_int(v, gen);
+        Py_DECREF(gen);
+        if (v == NULL)
+            goto error;
+        Py_CLEAR(v);
+        if (!r)
+            goto fallback;
     }
+    if ((size = attr(plan, S.at_psize, n_size)) == NULL ||
+        (count = attr(plan, S.at_count, n_count)) == NULL)
+        goto error;
+    Py_ssize_t n = PyLong_AsSsize_t(count);
+    if (n < 0 || n > INT32_MAX)
+        goto fallback_or_error;
     if ((r = flag(S.flight, S.at_flight_on, n_on)) < 0)
         goto error;
     if (r) { /* the flight entry of a direct call (a call from clusterkernel walks out: Python) */
@@ -229,73 +211,59 @@ static int try_fast_here(PyObject *t, int given_mpi)
                 goto fallback_or_error;
             Py_XSETREF(S.user_code, Py_NewRef(code));
         }
-        PyObject *seq = attr(S.group, S.at_calls, n_calls);
+        PyObject *seq = attr(g, S.at_calls, n_calls);
         if (seq == NULL)
             goto error;
-        Py_ssize_t n = PyLong_AsSsize_t(seq);
-        PyObject *next = n == -1 && PyErr_Occurred() ? NULL : PyLong_FromSsize_t(n + 1);
-        if (next == NULL || set_attr(S.group, S.at_calls, n_calls, next) < 0) {
+        Py_ssize_t k = PyLong_AsSsize_t(seq);
+        PyObject *next = k == -1 && PyErr_Occurred() ? NULL : PyLong_FromSsize_t(k + 1);
+        if (next == NULL || set_attr(g, S.at_calls, n_calls, next) < 0) {
             Py_DECREF(seq);
             Py_XDECREF(next);
             goto error;
         }
         Py_DECREF(next);
-        /* [seq, op, group, nbytes, dtype, peer, code, lasti, done]: _flight's layout */
         PyObject *lasti = PyLong_FromLong(PyFrame_GetLasti(caller));
-        PyObject *ring = lasti ? attr(S.flight, S.at_ring, n_ring) : NULL;
-        if (ring == NULL) {
+        entry = lasti ? PyList_New(ENTRY_LEN) : NULL;
+        if (entry == NULL) {
             Py_DECREF(seq);
             Py_XDECREF(lasti);
             goto error;
         }
-        int ours = Py_IS_TYPE(ring, &CkFlightRingType);
-        PyObject *reused = ours ? ck_ring_recycle((FlightRing *)ring, 9) : NULL;
-        entry = reused ? Py_NewRef(reused) : PyList_New(9);
-        if (entry == NULL) {
-            Py_DECREF(seq);
-            Py_DECREF(lasti);
-            Py_DECREF(ring);
+        /* seq and lasti: references handed over */
+        PyList_SET_ITEM(entry, S.e_seq, seq);
+        PyList_SET_ITEM(entry, S.e_op, Py_NewRef(n_all_reduce));
+        PyList_SET_ITEM(entry, S.e_group, Py_NewRef(g));
+        PyList_SET_ITEM(entry, S.e_nbytes, Py_NewRef(size));
+        PyList_SET_ITEM(entry, S.e_dtype, Py_NewRef(dtype));
+        PyList_SET_ITEM(entry, S.e_peer, Py_NewRef(Py_None));
+        PyList_SET_ITEM(entry, S.e_code, Py_NewRef(code));
+        PyList_SET_ITEM(entry, S.e_lasti, lasti);
+        PyList_SET_ITEM(entry, S.e_done, Py_NewRef(Py_False));
+        PyObject *ring = attr(S.flight, S.at_ring, n_ring);
+        v = ring ? PyObject_CallMethodOneArg(ring, n_append, entry) : NULL;
+        Py_XDECREF(ring);
+        if (v == NULL)
             goto error;
-        }
-        PyObject *items[9] = {seq, n_all_reduce, S.group, nb, dtype, Py_None, code, lasti, Py_False};
-        PyObject *olds[9] = {NULL};
-        for (int i = 0; i < 9; i++) { /* seq and lasti: references handed over */
-            olds[i] = reused ? PyList_GET_ITEM(entry, i) : NULL;
-            PyList_SET_ITEM(entry, i, i == 0 || i == 7 ? items[i] : Py_NewRef(items[i]));
-        }
-        for (int i = 0; i < 9; i++) /* only once the entry is whole: a release may run code */
-            Py_XDECREF(olds[i]);
-        if (reused == NULL) {
-            if (ours) {
-                ck_ring_push((FlightRing *)ring, Py_NewRef(entry));
-            } else { /* a plain deque (set by hand): its append */
-                v = PyObject_CallMethodOneArg(ring, n_append, entry);
-                if (v == NULL) {
-                    Py_DECREF(ring);
-                    goto error;
-                }
-                Py_CLEAR(v);
-            }
-        }
-        Py_DECREF(ring);
+        Py_CLEAR(v);
     }
     if ((ptr_obj = PyObject_CallMethodNoArgs(t, n_data_ptr)) == NULL)
         goto error;
     void *buf = PyLong_AsVoidPtr(ptr_obj);
     if (buf == NULL && PyErr_Occurred())
         goto error;
-    intptr_t datatype = (intptr_t)PyLong_AsVoidPtr(PyTuple_GET_ITEM(info, 0));
-    intptr_t op = (intptr_t)PyLong_AsVoidPtr(PyTuple_GET_ITEM(info, 2));
+    intptr_t datatype = (intptr_t)PyLong_AsVoidPtr(PyTuple_GET_ITEM(fast, 0));
+    intptr_t mpi_op = (intptr_t)PyLong_AsVoidPtr(PyTuple_GET_ITEM(fast, 1));
+    intptr_t comm = (intptr_t)PyLong_AsVoidPtr(PyTuple_GET_ITEM(fast, 2));
     if (PyErr_Occurred())
         goto error;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     if (S.pointer_handles)
-        rc = ((allreduce_ptr)S.fn)((void *)S.in_place, buf, (int)count, (void *)datatype,
-                                   (void *)op, (void *)S.comm);
+        rc = ((allreduce_ptr)S.fn)((void *)S.in_place, buf, (int)n, (void *)datatype,
+                                   (void *)mpi_op, (void *)comm);
     else
-        rc = ((allreduce_int)S.fn)((void *)S.in_place, buf, (int)count, (int)datatype,
-                                   (int)op, (int)S.comm);
+        rc = ((allreduce_int)S.fn)((void *)S.in_place, buf, (int)n, (int)datatype,
+                                   (int)mpi_op, (int)comm);
     Py_END_ALLOW_THREADS
     if (rc != 0) { /* as mpi4py: MPI.Exception(error code) */
         PyObject *exc = PyObject_CallFunction(S.error, "i", rc);
@@ -305,83 +273,91 @@ static int try_fast_here(PyObject *t, int given_mpi)
         }
         goto error;
     }
-    if (entry != NULL && PyList_SetItem(entry, 8, Py_NewRef(Py_True)) < 0)
+    if (entry != NULL && PyList_SetItem(entry, S.e_done, Py_NewRef(Py_True)) < 0)
         goto error;
     if ((r = flag(S.rec, -1, n_enabled)) < 0)
         goto error;
-    if (r) { /* the timing record: _handle.note()'s tuple */
-        PyObject *dur = PyFloat_FromDouble(now() - PyFloat_AS_DOUBLE(t0));
-        PyObject *rec = dur ? PyTuple_Pack(7, n_all_reduce, nb, n_mpi, S.gsize, t0, dur, dur) : NULL;
-        Py_XDECREF(dur);
-        PyObject *store = rec ? PyObject_GetAttr(S.rec, n_comm) : NULL;
+    if (r) { /* the timing record: _ledger.close()'s */
+        PyObject *gsize = attr(g, S.at_size, n_size);
+        PyObject *dur = gsize ? PyFloat_FromDouble(now() - PyFloat_AS_DOUBLE(t0)) : NULL;
+        PyObject *rec = dur ? PyTuple_New(RECORD_LEN) : NULL;
+        if (rec == NULL) {
+            Py_XDECREF(gsize);
+            Py_XDECREF(dur);
+            goto error;
+        }
+        PyTuple_SET_ITEM(rec, S.r_op, Py_NewRef(n_all_reduce));
+        PyTuple_SET_ITEM(rec, S.r_nbytes, Py_NewRef(size));
+        PyTuple_SET_ITEM(rec, S.r_alg, Py_NewRef(n_mpi));
+        PyTuple_SET_ITEM(rec, S.r_gsize, gsize);
+        PyTuple_SET_ITEM(rec, S.r_start, Py_NewRef(t0));
+        PyTuple_SET_ITEM(rec, S.r_dur, Py_NewRef(dur));
+        PyTuple_SET_ITEM(rec, S.r_wait, dur);
+        PyObject *store = PyObject_GetAttr(S.rec, n_comm);
         r = store ? PyList_Append(store, rec) : -1;
-        Py_XDECREF(rec);
+        Py_DECREF(rec);
         if (r < 0) {
             Py_XDECREF(store);
             goto error;
         }
-        Py_ssize_t n = PyList_GET_SIZE(store);
+        Py_ssize_t len = PyList_GET_SIZE(store);
         Py_DECREF(store);
         PyObject *cap = PyObject_GetAttr(S.rec, n_capacity);
         Py_ssize_t capacity = cap ? PyLong_AsSsize_t(cap) : -1;
         Py_XDECREF(cap);
         if (capacity == -1 && PyErr_Occurred())
             goto error;
-        if (n > capacity) {
+        if (len > capacity) {
             if ((v = PyObject_CallMethodOneArg(S.rec, n_trim, n_comm)) == NULL)
                 goto error;
             Py_CLEAR(v);
         }
     }
-    Py_DECREF(t0);
-    Py_DECREF(dtype);
-    Py_DECREF(nb);
-    Py_XDECREF(sig);
-    Py_XDECREF(entry);
-    Py_XDECREF(code);
-    Py_DECREF(ptr_obj);
+    r = 1;
     S.hits++;
-    return 1;
+    goto done;
 
 fallback_or_error:
     if (PyErr_Occurred())
         goto error;
 fallback:
-    Py_XDECREF(t0);
-    Py_XDECREF(dtype);
-    Py_XDECREF(nb);
-    Py_XDECREF(v);
-    Py_XDECREF(sig);
-    Py_XDECREF(code);
-    return 0;
-
+    r = 0;
+    goto done;
 error:
+    r = -1;
+done:
     Py_XDECREF(t0);
     Py_XDECREF(dtype);
-    Py_XDECREF(nb);
+    Py_XDECREF(cpu);
+    Py_XDECREF(numel);
+    Py_XDECREF(key);
+    Py_XDECREF(plans);
+    Py_XDECREF(plan);
+    Py_XDECREF(fast);
     Py_XDECREF(v);
-    Py_XDECREF(sig);
     Py_XDECREF(entry);
     Py_XDECREF(code);
     Py_XDECREF(ptr_obj);
-    return -1;
+    Py_XDECREF(size);
+    Py_XDECREF(count);
+    return r;
 }
 
-/* try_fast_here() borrows S's objects (the dtype table, the group...) across calls
+/* try_fast_here() borrows S's objects (the world group, the recorder...) across calls
  * into Python and across MPI with the GIL released: configure() waits for none of
  * them, so it refuses while any call is inside. */
-static int try_fast(PyObject *t, int given_mpi)
+static int try_fast(PyObject *t, PyObject *g, PyObject *op, PyObject *algorithm)
 {
     S.busy++;
-    int r = try_fast_here(t, given_mpi);
+    int r = try_fast_here(t, g, op, algorithm);
     S.busy--;
     return r;
 }
 
-/* FastFunction(python_all_reduce): the public comm.all_reduce. A call in the common
- * case's shape (the tensor, then op SUM, group None, async_op False and algorithm
- * "auto" or "mpi", given or by default) tries try_fast(); anything else, and every call it
- * declines, goes to the Python function with the arguments exactly as given. Being
+/* FastFunction(python_all_reduce): the public comm.all_reduce. A blocking call (the
+ * tensor, then op, group (None or a Group), async_op False and algorithm, given by
+ * position or keyword or by default) tries try_fast(); anything else, and every call
+ * it declines, goes to the Python function with the arguments exactly as given. Being
  * C, it adds no Python frame: the flight entry reads the caller's frame directly. */
 typedef struct {
     PyObject_HEAD
@@ -428,10 +404,10 @@ static PyObject *fastfn_vectorcall(PyObject *self, PyObject *const *args, size_t
             else
                 plain = 0;
         }
-        int given_mpi = plain && is_name(algorithm, n_mpi);
-        if (plain && op == S.sum && group == Py_None && async_op == Py_False &&
-            (given_mpi || is_name(algorithm, n_auto_alg))) {
-            int r = try_fast(args[0], given_mpi);
+        if (group == Py_None)
+            group = S.world;
+        if (plain && async_op == Py_False && Py_IS_TYPE(group, (PyTypeObject *)S.group_type)) {
+            int r = try_fast(args[0], group, op, algorithm);
             if (r == 1)
                 Py_RETURN_NONE;
             if (r < 0)
@@ -526,70 +502,95 @@ static PyTypeObject FastFunctionType = {
 static void release(void)
 {
     S.ready = 0;
-    Py_CLEAR(S.group);
-    Py_CLEAR(S.gsize);
-    Py_CLEAR(S.dtypes);
+    Py_CLEAR(S.world);
+    Py_CLEAR(S.group_type);
+    Py_CLEAR(S.plan_type);
+    Py_CLEAR(S.sum);
     Py_CLEAR(S.check);
     Py_CLEAR(S.staging);
     Py_CLEAR(S.flight);
     Py_CLEAR(S.ours);
     Py_CLEAR(S.rec);
     Py_CLEAR(S.error);
-    Py_CLEAR(S.sum);
     Py_CLEAR(S.user_code);
+}
+
+/* Where each name of `names` (a tuple of str) sits in the layout `fields`; -1 if
+ * `fields` is not a tuple of exactly those names, in any order. */
+static int layout(PyObject *fields, const char *const *names, int *const *at, int len)
+{
+    if (!PyTuple_Check(fields) || PyTuple_GET_SIZE(fields) != len) {
+        PyErr_Format(PyExc_ValueError, "a layout of %d fields is needed", len);
+        return -1;
+    }
+    for (int i = 0; i < len; i++) {
+        *at[i] = -1;
+        for (int j = 0; j < len; j++) {
+            PyObject *f = PyTuple_GET_ITEM(fields, j);
+            if (PyUnicode_Check(f) && PyUnicode_CompareWithASCIIString(f, names[i]) == 0)
+                *at[i] = j;
+        }
+        if (*at[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "the layout %R has no field %s", fields, names[i]);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static PyObject *fast_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"allreduce", "pointer_handles", "in_place", "comm", "group",
-                            "dtypes", "check", "staging", "flight", "ours", "recorder",
-                            "error", "limit", "sum", NULL};
-    unsigned long long fn, in_place, comm;
+    static char *names[] = {"allreduce", "pointer_handles", "in_place", "world", "plan_type",
+                            "sum", "check", "staging", "flight", "ours", "recorder", "error",
+                            "entry", "record", NULL};
+    unsigned long long fn, in_place;
     int pointer_handles;
-    Py_ssize_t limit;
-    PyObject *group, *dtypes, *check, *staging, *flight, *ours, *rec, *error, *sum;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KpKKOO!OOOO!OOnO", names, &fn, &pointer_handles,
-                                     &in_place, &comm, &group, &PyDict_Type, &dtypes, &check,
-                                     &staging, &flight, &PyFrozenSet_Type, &ours, &rec,
-                                     &error, &limit, &sum))
+    PyObject *world, *plan_type, *sum, *check, *staging, *flight, *ours, *rec, *error;
+    PyObject *entry, *record;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KpKOO!OOOOO!OOOO", names, &fn, &pointer_handles,
+                                     &in_place, &world, &PyType_Type, &plan_type, &sum, &check,
+                                     &staging, &flight, &PyFrozenSet_Type, &ours, &rec, &error,
+                                     &entry, &record))
         return NULL;
-    /* each dtypes value: (datatype handle, itemsize, SUM's op handle) */
-    PyObject *key, *value;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(dtypes, &pos, &key, &value)) {
-        if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 3) {
-            PyErr_SetString(PyExc_ValueError, "dtypes values are (datatype, itemsize, op)");
-            return NULL;
-        }
-    }
+    static const char *const entry_names[] = {"seq", "op", "group", "nbytes", "dtype",
+                                              "peer", "code", "lasti", "done"};
+    int *const entry_at[] = {&S.e_seq, &S.e_op, &S.e_group, &S.e_nbytes, &S.e_dtype,
+                             &S.e_peer, &S.e_code, &S.e_lasti, &S.e_done};
+    static const char *const record_names[] = {"op", "nbytes", "algorithm", "group_size",
+                                               "start", "duration", "wait"};
+    int *const record_at[] = {&S.r_op, &S.r_nbytes, &S.r_alg, &S.r_gsize,
+                              &S.r_start, &S.r_dur, &S.r_wait};
     if (S.busy) {
         PyErr_SetString(PyExc_RuntimeError, "configure() while an all_reduce is in the fast path");
         return NULL;
     }
-    PyObject *gsize = PyObject_GetAttrString(group, "size");
-    if (gsize == NULL)
-        return NULL;
     release();
+    if (layout(entry, entry_names, entry_at, ENTRY_LEN) < 0 ||
+        layout(record, record_names, record_at, RECORD_LEN) < 0)
+        return NULL;
     S.fn = (void *)(uintptr_t)fn;
     S.pointer_handles = pointer_handles;
     S.in_place = (intptr_t)in_place;
-    S.comm = (intptr_t)comm;
-    S.limit = limit;
-    S.group = Py_NewRef(group);
-    S.gsize = gsize;
-    S.dtypes = Py_NewRef(dtypes);
+    S.world = Py_NewRef(world);
+    S.group_type = Py_NewRef((PyObject *)Py_TYPE(world));
+    S.plan_type = Py_NewRef(plan_type);
+    S.sum = Py_NewRef(sum);
     S.check = Py_NewRef(check);
     S.staging = Py_NewRef(staging);
     S.flight = Py_NewRef(flight);
     S.ours = Py_NewRef(ours);
     S.rec = Py_NewRef(rec);
     S.error = Py_NewRef(error);
-    S.sum = Py_NewRef(sum);
-    S.at_auto = slot_offset(group, "_auto");
-    S.at_sigs = slot_offset(group, "_sigs");
-    S.at_calls = slot_offset(group, "_calls");
-    S.at_flight_on = slot_offset(flight, "on");
-    S.at_ring = slot_offset(flight, "ring");
+    S.at_plans = slot_offset(S.group_type, "_plans");
+    S.at_sig_gen = slot_offset(S.group_type, "_sig_gen");
+    S.at_calls = slot_offset(S.group_type, "_calls");
+    S.at_size = slot_offset(S.group_type, "size");
+    S.at_flight_on = slot_offset((PyObject *)Py_TYPE(flight), "on");
+    S.at_ring = slot_offset((PyObject *)Py_TYPE(flight), "ring");
+    S.at_fast = slot_offset(plan_type, "fast");
+    S.at_agreed = slot_offset(plan_type, "agreed");
+    S.at_count = slot_offset(plan_type, "count");
+    S.at_psize = slot_offset(plan_type, "size");
     S.ready = fn != 0;
     Py_RETURN_NONE;
 }
@@ -599,7 +600,7 @@ static PyObject *fast_enable(PyObject *self, PyObject *on)
     int r = PyObject_IsTrue(on);
     if (r < 0)
         return NULL;
-    if (r && (S.group == NULL || S.fn == NULL)) {
+    if (r && (S.world == NULL || S.fn == NULL)) {
         PyErr_SetString(PyExc_RuntimeError, "configure() with MPI_Allreduce's address first");
         return NULL;
     }
@@ -629,16 +630,14 @@ static int intern_names(void)
         return -1;
     INTERN(n_dtype, "dtype");
     INTERN(n_is_cpu, "is_cpu");
-    INTERN(n_nbytes, "nbytes");
+    INTERN(n_numel, "numel");
     INTERN(n_is_contiguous, "is_contiguous");
     INTERN(n_data_ptr, "data_ptr");
     INTERN(n_force, "force");
-    INTERN(n_auto, "_auto");
     INTERN(n_all_reduce, "all_reduce");
     INTERN(n_mpi, "mpi");
     INTERN(n_on, "on");
     INTERN(n_new, "new");
-    INTERN(n_sigs, "_sigs");
     INTERN(n_ring, "ring");
     INTERN(n_append, "append");
     INTERN(n_calls, "_calls");
@@ -651,6 +650,12 @@ static int intern_names(void)
     INTERN(n_async_op, "async_op");
     INTERN(n_algorithm, "algorithm");
     INTERN(n_auto_alg, "auto");
+    INTERN(n_plans, "_plans");
+    INTERN(n_sig_gen, "_sig_gen");
+    INTERN(n_size, "size");
+    INTERN(n_fast, "fast");
+    INTERN(n_agreed, "agreed");
+    INTERN(n_count, "count");
 #undef INTERN
     return 0;
 }
@@ -673,9 +678,8 @@ PyMODINIT_FUNC PyInit__fast(void)
         return NULL;
     PyObject *m = PyModule_Create(&module);
 #if PY_VERSION_HEX >= 0x030B0000
-    if (m != NULL && (PyType_Ready(&FastFunctionType) < 0 || PyType_Ready(&CkFlightRingType) < 0 ||
-                      PyModule_AddObjectRef(m, "FastFunction", (PyObject *)&FastFunctionType) < 0 ||
-                      PyModule_AddObjectRef(m, "FlightRing", (PyObject *)&CkFlightRingType) < 0))
+    if (m != NULL && (PyType_Ready(&FastFunctionType) < 0 ||
+                      PyModule_AddObjectRef(m, "FastFunction", (PyObject *)&FastFunctionType) < 0))
         Py_CLEAR(m);
 #endif
     return m;

@@ -1,8 +1,10 @@
 """Loading and configuring the C fast path of ``comm.all_reduce`` (``_fast.c``).
 
-The common case (a blocking SUM allreduce of a small contiguous CPU tensor on the
-world group by MPI, asked for or auto's pick, a signature the group already agreed
-on) runs in C, with the same flight entry and timing record as the Python path.
+The common case (a blocking allreduce of a contiguous CPU tensor whose plan says
+MPI's own allreduce on the tensor's memory, on a signature the group already agreed
+on; see :mod:`._plan`) runs in C, with the same flight entry and timing record as
+the Python path. The C holds no rules of its own: it reads the group's plan, and the
+ledger's layouts (:mod:`._ledger`) it is handed here.
 :func:`wrap` makes the public ``all_reduce``: a C callable that hands every other
 call to the Python function. When the extension was not built (no C compiler at
 install time, Python before 3.11, not Linux) the Python function is used as it is.
@@ -26,12 +28,12 @@ from collections.abc import Callable
 from mpi4py import MPI
 
 from clusterkernel.comm import _check
-from clusterkernel.comm._auto import ZERO_COPY_MIN
-from clusterkernel.comm._dtypes import DTYPES, HUGE_THRESHOLD, STAGING
+from clusterkernel.comm._dtypes import STAGING, DType
 from clusterkernel.comm._flight import FLIGHT, OURS
-from clusterkernel.comm._groups import WORLD
-from clusterkernel.comm._handle import _REC
+from clusterkernel.comm._groups import WORLD, Group
+from clusterkernel.comm._ledger import ENTRY, REC, RECORD
 from clusterkernel.comm._ops import SUM
+from clusterkernel.comm._plan import Plan
 
 try:
     from clusterkernel.comm import _fast
@@ -54,38 +56,33 @@ def _libmpi_symbol(name: str) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value or 0
 
 
+_MASK = 0  # handles as unsigned ints of MPI's handle size (int handles may be negative)
+
+
 def _configure() -> bool:
+    global _MASK
     if _fast is None or not hasattr(_fast, "configure"):
         return False
     address = _libmpi_symbol("MPI_Allreduce")
     handle_size = MPI._sizeof(MPI.Comm)
     if not address or handle_size not in (4, ctypes.sizeof(ctypes.c_void_p)):
         return False
-    mask = (1 << (8 * handle_size)) - 1  # int handles may be negative
-    dtypes = {}
-    for dtype, info in DTYPES.items():
-        op = SUM.mpi.get(info.kind)
-        if info.kind in "fib" and op is not None:  # as the Python path's zero-copy case
-            dtypes[dtype] = (
-                MPI._handleof(info.mpi) & mask,
-                info.itemsize,
-                MPI._handleof(op) & mask,
-            )
+    _MASK = (1 << (8 * handle_size)) - 1
     _fast.configure(
         allreduce=address,
         pointer_handles=handle_size != 4,
         in_place=int(MPI.IN_PLACE),
-        comm=MPI._handleof(WORLD.comm) & mask,
-        group=WORLD,
-        dtypes=dtypes,
+        world=WORLD,
+        plan_type=Plan,
+        sum=SUM,  # all_reduce's default op
         check=_check.STATE,  # read by name: .on (mode "every"), .new
         staging=STAGING,
         flight=FLIGHT,
         ours=OURS,
-        recorder=_REC,
+        recorder=REC,
         error=MPI.Exception,
-        limit=min(HUGE_THRESHOLD, ZERO_COPY_MIN),
-        sum=SUM,
+        entry=ENTRY,
+        record=RECORD,
     )
     if os.environ.get("CLUSTERKERNEL_FASTPATH", "1") in ("0", "off"):
         _fast.enable(False)
@@ -93,6 +90,19 @@ def _configure() -> bool:
 
 
 _READY = _configure()
+
+
+def handles(g: Group, info: DType, mpi_op: MPI.Op) -> tuple[int, int, int] | None:
+    """What a plan hands the C path: the datatype, op and ``g``'s communicator handles
+    (None when the C path is not built, so no plan asks for it)."""
+    if not _READY:
+        return None
+    mask = _MASK
+    return (
+        MPI._handleof(info.mpi) & mask,
+        MPI._handleof(mpi_op) & mask,
+        MPI._handleof(g.comm) & mask,
+    )
 
 
 def wrap(all_reduce: Callable) -> Callable:

@@ -27,11 +27,7 @@ from collections import deque
 import torch
 
 from clusterkernel.comm._groups import Group
-
-try:  # the same ring in C, which the C fast path of all_reduce appends to directly
-    from clusterkernel.comm._fast import FlightRing as _Ring
-except ImportError:  # the extension not built (or before Python 3.11)
-    _Ring = deque
+from clusterkernel.comm._ledger import CODE, DONE, DTYPE, GROUP, LASTI, NBYTES, OP, PEER, SEQ
 
 DEFAULT_SIZE = 64
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,10 +42,6 @@ OURS = frozenset(
     for name in names
     if name.endswith(".py")
 )
-# Entry layout: a list, so completion can flip DONE in place without a lookup.
-# The caller is kept as code and instruction offset; the line is worked out only
-# when someone reads the recorder (f_lineno costs more than the rest of a record).
-SEQ, OP, GROUP, NBYTES, DTYPE, PEER, CODE, LASTI, DONE = range(9)
 _getframe = sys._getframe
 
 
@@ -74,7 +66,7 @@ class FlightRecorder:
     __slots__ = ("ring", "on")
 
     def __init__(self, size: int = DEFAULT_SIZE) -> None:
-        self.ring = _Ring(maxlen=size)
+        self.ring = deque(maxlen=size)
         self.on = os.environ.get("CLUSTERKERNEL_FLIGHT", "1") not in ("0", "off")
 
     def record(
@@ -167,5 +159,5 @@ def set_flight(on: bool = True, size: int | None = None) -> None:
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be a positive int, got {size!r}")
-        FLIGHT.ring = _Ring(maxlen=size)
+        FLIGHT.ring = deque(maxlen=size)
     FLIGHT.on = bool(on)

@@ -42,6 +42,8 @@ class Group:
         "_seq",
         "_calls",
         "_sigs",
+        "_sig_gen",
+        "_plans",
         "_shm",
         "_hier",
         "_auto",
@@ -62,6 +64,8 @@ class Group:
         self._seq = 0
         self._calls = 0  # collectives entered: the flight recorder's sequence number
         self._sigs: set = set()  # call signatures every member has agreed on (_check)
+        self._sig_gen = 0  # bumped each time _sigs starts afresh (plans cache membership)
+        self._plans: dict = {}  # this rank's plans of calls on the group (_plan)
         self._shm = None  # the shared-memory segment of algorithm="shm" (_shm_segment)
         self._hier = None  # algorithm="hier"'s node and leader communicators (_hier)
         self._auto: dict | None = None  # algorithm="auto"'s rules for this group (_auto)
@@ -113,6 +117,7 @@ class Group:
 
     def free(self) -> None:
         """Release the communicators (collective over the group's members)."""
+        self._plans = {}  # they hold its communicator's handle (the C path calls MPI with it)
         if self._hier is not None:
             self._hier.free()
             self._hier = None

@@ -2,9 +2,9 @@
 
 Every call is described by a :class:`Call` and ends in :func:`run` (one MPI call,
 blocking or nonblocking) or :func:`drive` (a multi-step algorithm written as a
-generator, such as the ring). Both write one record per call through :func:`note`
-(the only writer of the comm layer's timing records) and mark the call's flight
-recorder entry done.
+generator, such as the ring). Both close the call in the ledger through :func:`note`
+(:func:`~clusterkernel.comm._ledger.close`: the call's flight entry marked done, its
+timing record written).
 
 A step generator yields a list of MPI requests to wait for, or ``None`` to be
 polled again later (e.g. a probe found nothing yet), and returns the call's result.
@@ -18,11 +18,9 @@ from typing import Any, NamedTuple
 
 from mpi4py import MPI
 
-from clusterkernel import metrics
-from clusterkernel.comm._flight import DONE
+from clusterkernel.comm._ledger import abandon, close
 
 _now = time.perf_counter
-_REC = metrics.recorder()
 _waitall = MPI.Request.Waitall
 _testall = MPI.Request.Testall
 
@@ -44,17 +42,12 @@ class Call(NamedTuple):
 
 
 def note(call: Call, t0: float, wait: float | None) -> None:
-    """Record a finished call; ``wait=None`` means a sync call (blocked throughout)."""
-    name, nbytes, alg, gsize, entry, record = call  # a Call, or its fields as a plain tuple
-    if entry is not None:
-        entry[DONE] = True
-    rec = _REC
-    if rec.enabled and record:  # rec.timing() inlined: every comm call lands here
-        dur = _now() - t0
-        store = rec.comm
-        store.append((name, nbytes, alg, gsize, t0, dur, dur if wait is None else wait))
-        if len(store) > rec.capacity:
-            rec.trim("comm")
+    """Close a finished call in the ledger; ``wait=None``: a sync call (blocked throughout)."""
+    name, nbytes, alg, gsize, entry, record = call
+    if record:
+        close(entry, name, nbytes, alg, gsize, t0, wait)
+    else:  # a step of another call: that call writes the record
+        abandon(entry)
 
 
 class Work:

@@ -35,9 +35,9 @@ from mpi4py import MPI
 
 from clusterkernel.comm import _shm
 from clusterkernel.comm._dtypes import DTYPES, DType, buf, unstage, wire
-from clusterkernel.comm._flight import DONE
 from clusterkernel.comm._groups import Group, _world_ranks
 from clusterkernel.comm._handle import Call, Work
+from clusterkernel.comm._ledger import DONE
 from clusterkernel.comm._ops import AVG, SUM, ReduceOp, op_for
 from clusterkernel.comm._shm_segment import segment
 from clusterkernel.comm._shm_steps import slot_dtype

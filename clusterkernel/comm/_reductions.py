@@ -5,28 +5,30 @@ call: group membership, local validation (bad input fails before any message),
 :func:`~clusterkernel.comm._begin.begin` (check and flight entry), then one MPI
 call, blocking or nonblocking (``async_op=True`` returns a
 :class:`~clusterkernel.comm.Work`). Halves reduce in float32.
+
+``all_reduce``, the call training loops make most, works from a plan
+(:mod:`._plan`): the first call of a signature validates it and works out the
+algorithm, the MPI datatype and op; later calls look the plan up and run it, in
+Python or, for the plan's common case, in C (:mod:`._fastpath`).
 """
 
 from __future__ import annotations
 
-import sys
-from bisect import bisect_right as _bisect
 from functools import partial
 
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm import _auto, _fastpath, _hier, _ring, _shm, _torchpath
+from clusterkernel.comm import _auto, _fastpath, _hier, _plan, _ring, _shm, _torchpath
 from clusterkernel.comm._begin import begin
 from clusterkernel.comm._check import STATE as _CHECK_STATE  # a module global: see all_reduce
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
-from clusterkernel.comm._dtypes import HUGE_THRESHOLD, DType, bbuf, buf, dtype_of, unstage, wire
+from clusterkernel.comm._dtypes import F32, HUGE_THRESHOLD, bbuf, buf, dtype_of, unstage, wire
 from clusterkernel.comm._dtypes import STAGING as _STAGING
-from clusterkernel.comm._flight import DONE as _DONE
 from clusterkernel.comm._flight import FLIGHT as _FLIGHT
-from clusterkernel.comm._flight import OURS as _OURS
 from clusterkernel.comm._groups import WORLD, Group, member, resolve
-from clusterkernel.comm._handle import _REC, Call, Work, _now, run
+from clusterkernel.comm._handle import Call, Work, _now, run
+from clusterkernel.comm._ledger import close
 from clusterkernel.comm._ops import (
     AVG,
     DATA_ALGORITHMS,
@@ -41,7 +43,6 @@ from clusterkernel.comm._torchpath import ROUTE as _ROUTE
 from clusterkernel.comm._torchpath import route_for, torch_group
 
 _IN_PLACE = MPI.IN_PLACE
-_getframe = sys._getframe
 _fromaddress = MPI.buffer.fromaddress
 
 
@@ -55,11 +56,6 @@ def _reduce_finisher(tensor, w, op: ReduceOp, gsize: int):
     if w is tensor and op is not AVG:
         return None
     return partial(_finish_reduce, tensor, w, gsize if op is AVG else 1)
-
-
-def _mpi_op(op: ReduceOp, info: DType, dtype: torch.dtype) -> MPI.Op:
-    mpi_op = op.mpi.get(info.kind)
-    return mpi_op if mpi_op is not None else op_for(op, info.kind, dtype)
 
 
 def all_reduce(
@@ -84,115 +80,128 @@ def all_reduce(
         comm.all_reduce(t, op=comm.SUM)          # every rank: sum of all ranks
         w = comm.all_reduce(t, op=comm.AVG, async_op=True); w.wait()
     """
-    # The hottest path of the package (a 4 KB allreduce is a few microseconds): its
-    # common case runs in C when built (wrap() below; _fast.c does the steps below
-    # one for one), and member(), begin() and run() are inlined here on purpose.
+    # The common case runs in C when built (_fastpath.wrap below), from the same plan.
     t0 = _now()
     g = WORLD if group is None else resolve(group)
-    c = g.comm
-    if c is None:
-        c = g.member_comm()  # raises: not a member
+    if g.comm is None:
+        g.member_comm()  # raises: not a member
     if type(op) is not ReduceOp:
         op = parse_op(op)
     try:
-        dtype = tensor.dtype  # read once: a torch attribute costs ~0.05 us
-    except AttributeError:
-        dtype = None  # not a tensor: wire() below says so
-    info = _DTYPES.get(dtype)
-    if info is not None:
-        size = tensor.nbytes
         cpu = tensor.is_cpu
-        if not cpu or _ROUTE.cpu:  # a device tensor: NCCL, where the ranks have it
-            route = torch_group(g, tensor)
-            if route is not None:
-                if op.mpi.get(info.kind) is None:
-                    op_for(op, info.kind, dtype)  # raises
-                entry = begin(g, "all_reduce", tensor, op=op, alg=route[1])
-                return _torchpath.all_reduce(g, tensor, op, route, async_op, entry)
-    if algorithm == "auto":
-        if info is None or not cpu:
-            algorithm = "mpi"  # not a tensor (wire() below says so), or device memory
-        else:  # _auto.choose() inlined
-            rules = g._auto
-            if rules is None:
-                rules = _auto.setup(g, "all_reduce", size)
-            limits, algs = rules["all_reduce"]
-            algorithm = algs[_bisect(limits, size)]
-            if g._shm is not None:  # the group has shared memory: a shm_empty tensor?
-                algorithm = _auto.zero_copy(g, tensor, size, algorithm)
-    if (
-        info is not None
-        and info.kind in "fib"  # halves reduce staged in float32; complex may be conj
-        and cpu
-        and tensor.is_contiguous()
-        and not _STAGING.force
-    ):
-        w = tensor  # zero copy: MPI works on the tensor's own memory
-        nbytes = size
-    else:
-        if algorithm == "shm" or algorithm == "hier":
-            w = tensor  # shm and hier copy (and cast halves) themselves
-            info = dtype_of(tensor)
-        else:
-            w, info = wire(tensor, reduce=True)
-        nbytes = w.nbytes
-        size = tensor.nbytes
-    mpi_op = op.mpi.get(info.kind)
-    if mpi_op is None:
-        op_for(op, info.kind, dtype)  # raises
-    if algorithm != "mpi":
-        check_algorithm(algorithm)
-    count = nbytes // info.itemsize
-    # begin() inlined for the common case, a signature the group has agreed on. The
-    # short key stands for begin's full one ("all_reduce", dtype, count, op, None,
-    # algorithm, -1, -1): a tuple of 4 hashes in half the time of 8.
-    # _check.STATE as a module global and then a local: one lookup, not two, per call.
-    check = _CHECK_STATE  # .on: mode "every"; .new: mode "new" (or "every")
-    if check.on or (check.new and (dtype, count, op, algorithm) not in g._sigs):
-        entry = begin(g, "all_reduce", tensor, op=op, alg=algorithm)
-        if not check.on:  # agreed by begin (mode "every" reads no keys: keep none)
-            g._sigs.add((dtype, count, op, algorithm))
+        key = (tensor.dtype, tensor.numel(), op, algorithm, cpu)
+    except AttributeError:
+        dtype_of(tensor)  # raises: not a tensor
+        raise
+    if not cpu or _ROUTE.cpu:  # a device tensor: NCCL, where the ranks have it
+        route = torch_group(g, tensor)
+        if route is not None:
+            op_for(op, dtype_of(tensor).kind, tensor.dtype)  # raises if undefined
+            entry = begin(g, "all_reduce", tensor, op=op, alg=route[1])
+            return _torchpath.all_reduce(g, tensor, op, route, async_op, entry)
+    try:
+        plan = g._plans.get(key)
+    except TypeError:  # an unhashable algorithm: the new plan's checks say what is wrong
+        plan = None
+    if plan is None:
+        plan = _plan_all_reduce(g, tensor, op, algorithm, key)
+    if plan.probe and g._shm is not None:  # a tensor in the group's shared memory?
+        if _auto.zero_copy(g, tensor, plan.size, plan.alg) == "shm":
+            key = (key[0], key[1], op, "shm", True)
+            plan = g._plans.get(key) or _plan_all_reduce(g, tensor, op, "shm", key)
+    check = _CHECK_STATE
+    if check.on or (check.new and not _plan.agreed(g, plan)):
+        entry = begin(g, "all_reduce", tensor, op=op, alg=plan.alg)
+        if not check.on:
+            _plan.agreed(g, plan)  # agreed now: the next call (in C too) knows it
     elif _FLIGHT.on:
-        f = _getframe(1)
-        if f.f_code.co_filename in _OURS:  # a training mode's call: record() walks out
-            entry = _FLIGHT.record(g, "all_reduce", size, dtype, None, 2)
-        else:  # record() inlined: the user's own call, the common case
-            seq = g._calls
-            g._calls = seq + 1
-            entry = [seq, "all_reduce", g, size, dtype, None, f.f_code, f.f_lasti, False]
-            _FLIGHT.ring.append(entry)
+        entry = _FLIGHT.record(g, "all_reduce", plan.size, key[0], None, 2)
     else:
         entry = None
-    if algorithm != "mpi":
-        if algorithm == "shm":
-            return _shm.all_reduce(g, tensor, info, op, async_op, entry)
-        if algorithm == "hier":
-            return _hier.all_reduce(g, tensor, op, async_op, entry)
-        return _ring.all_reduce(g, tensor, w, info, op, async_op, entry)
-    spec = (
-        [_fromaddress(w.data_ptr(), nbytes), count, info.mpi]
-        if nbytes < HUGE_THRESHOLD
-        else buf(w, info)
+    return plan.run(plan, g, tensor, async_op, entry, t0)
+
+
+def _plan_all_reduce(
+    g: Group, tensor: torch.Tensor, op: ReduceOp, algorithm: str, key: tuple
+) -> _plan.Plan:
+    """Validate a new all_reduce signature and work out its plan (see :mod:`._plan`)."""
+    info = dtype_of(tensor)  # raises for a non-tensor, a sparse one, an unknown dtype
+    size = tensor.nbytes
+    wired = F32 if info.kind == "h" else info  # halves reduce in float32
+    mpi_op = op_for(op, wired.kind, tensor.dtype)  # raises if undefined for the dtype
+    cpu = key[4]
+    if algorithm == "auto":
+        algorithm = _auto.choose(g, "all_reduce", size) if cpu else "mpi"
+        probe = cpu and size >= _auto.ZERO_COPY_MIN  # shm_empty tensors: "shm" (per call)
+    else:
+        probe = False
+        if algorithm != "mpi":
+            check_algorithm(algorithm)
+    count = tensor.numel()
+    direct = info.kind in "fib"  # halves are staged; complex may be a lazy conjugate
+    divisor = g.size if op is AVG else 1
+    fast = None  # the C path: MPI on a host tensor's own memory, nothing after
+    if algorithm == "mpi" and cpu and direct and divisor == 1 and not probe:
+        if size < HUGE_THRESHOLD:  # huge buffers are registered first (buf())
+            fast = _fastpath.handles(g, info, mpi_op)
+    plan = _plan.Plan(
+        ("all_reduce", tensor.dtype, count, op, None, algorithm, -1, -1),
+        algorithm,
+        wired,
+        mpi_op,
+        count,
+        size,
+        op=op,
+        run=_RUNS[algorithm],
+        direct=direct,
+        probe=probe,
+        divisor=divisor,
+        fast=fast,
     )
-    finish = None if (w is tensor and op is not AVG) else _reduce_finisher(tensor, w, op, g.size)
+    return _plan.keep(g, key, plan)
+
+
+def _run_mpi(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
+    if plan.direct and tensor.is_contiguous() and not _STAGING.force:
+        w = tensor  # zero copy: MPI works on the tensor's own memory
+    else:
+        w, _ = wire(tensor, reduce=True)
+    nbytes = plan.nbytes
+    if nbytes < HUGE_THRESHOLD:
+        spec = [_fromaddress(w.data_ptr(), nbytes), plan.count, plan.info.mpi]
+    else:
+        spec = buf(w, plan.info)
+    finish = None
+    if w is not tensor or plan.divisor != 1:
+        finish = partial(_finish_reduce, tensor, w, plan.divisor)
+    c = g.comm
     if async_op:
         call = Call("all_reduce", nbytes, "mpi", g.size, entry)
-        return Work([c.Iallreduce(_IN_PLACE, spec, mpi_op)], call, t0, finish, keep=(spec, w))
-    c.Allreduce(_IN_PLACE, spec, mpi_op)
+        return Work([c.Iallreduce(_IN_PLACE, spec, plan.mpi_op)], call, t0, finish, keep=(spec, w))
+    c.Allreduce(_IN_PLACE, spec, plan.mpi_op)
     if finish is not None:
         finish()
-    if entry is not None:  # note() inlined
-        entry[_DONE] = True
-    rec = _REC
-    if rec.enabled:
-        dur = _now() - t0
-        store = rec.comm
-        store.append(("all_reduce", nbytes, "mpi", g.size, t0, dur, dur))
-        if len(store) > rec.capacity:
-            rec.trim("comm")
+    close(entry, "all_reduce", nbytes, "mpi", g.size, t0)
     return None
 
 
+def _run_ring(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
+    if plan.direct and tensor.is_contiguous() and not _STAGING.force:
+        w = tensor
+    else:
+        w, _ = wire(tensor, reduce=True)
+    return _ring.all_reduce(g, tensor, w, plan.info, plan.op, async_op, entry)
+
+
+def _run_shm(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
+    return _shm.all_reduce(g, tensor, _DTYPES[tensor.dtype], plan.op, async_op, entry)
+
+
+def _run_hier(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
+    return _hier.all_reduce(g, tensor, plan.op, async_op, entry)
+
+
+_RUNS = {"mpi": _run_mpi, "ring": _run_ring, "shm": _run_shm, "hier": _run_hier}
 all_reduce = _fastpath.wrap(all_reduce)
 
 
@@ -216,11 +225,11 @@ def reduce(
     route = route_for(g, tensor)
     if route is not None:
         info = dtype_of(tensor)
-        _mpi_op(op, info, tensor.dtype)  # raises for an op undefined on the dtype
+        op_for(op, info.kind, tensor.dtype)  # raises for an op undefined on the dtype
         entry = begin(g, "reduce", tensor, op=op, root=dst, alg=route[1])
         return _torchpath.reduce(g, tensor, dst, op, route, async_op, entry)
     w, info = wire(tensor, reduce=True)
-    mpi_op = _mpi_op(op, info, tensor.dtype)
+    mpi_op = op_for(op, info.kind, tensor.dtype)
     if g.rank == root:
         args = (_IN_PLACE, buf(w, info), mpi_op, root)
         finish = _reduce_finisher(tensor, w, op, g.size)
@@ -263,7 +272,7 @@ def reduce_scatter(
         call = Call("reduce_scatter", output.nbytes * g.size, "shm", g.size, entry)
         return _shm.reduce_scatter(g, call, output, ins, None, op, async_op)
     wo, info = wire(output, reduce=True, copy_in=False)
-    mpi_op = _mpi_op(op, info, output.dtype)
+    mpi_op = op_for(op, info.kind, output.dtype)
     packed = pack(ins, wo.dtype)
     args = (bbuf(packed, info), buf(wo, info), mpi_op)
     entry = begin(g, "reduce_scatter", output, op=op)
@@ -316,14 +325,14 @@ def reduce_scatter_tensor(
         algorithm = _auto.pick(g, "reduce_scatter_tensor", input, input.nbytes)
     if algorithm != "mpi":
         check_algorithm(algorithm, DATA_ALGORITHMS, "reduce_scatter_tensor")
-        op_for(op, _DTYPES[output.dtype].kind, output.dtype)  # raises if undefined
+        op_for(op, dtype_of(output).kind, output.dtype)  # raises if undefined
         name = "reduce_scatter_tensor"
         entry = begin(g, name, output, op=op, nbytes=input.nbytes, alg=algorithm)
         call = Call(name, input.nbytes, "shm", g.size, entry)
         return _shm.reduce_scatter(g, call, output, None, input, op, async_op)
     wi, info = wire(input, reduce=True)
     wo, _ = wire(output, reduce=True, copy_in=False)
-    mpi_op = _mpi_op(op, info, output.dtype)
+    mpi_op = op_for(op, info.kind, output.dtype)
     args = (bbuf(wi, info), buf(wo, info), mpi_op)
     entry = begin(g, "reduce_scatter_tensor", output, op=op, nbytes=input.nbytes)
     call = Call("reduce_scatter_tensor", input.nbytes, "mpi", g.size, entry)

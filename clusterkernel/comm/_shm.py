@@ -30,9 +30,9 @@ from collections.abc import Callable, Generator
 import torch
 
 from clusterkernel.comm._dtypes import DType
-from clusterkernel.comm._flight import DONE
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Call, Work, _now, note
+from clusterkernel.comm._ledger import DONE
 from clusterkernel.comm._ops import AVG, ReduceOp
 from clusterkernel.comm._shm_pipe import (
     SMALL,

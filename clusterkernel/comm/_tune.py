@@ -29,7 +29,7 @@ import torch
 from mpi4py import MPI
 
 from clusterkernel import metrics
-from clusterkernel.comm import _auto
+from clusterkernel.comm import _auto, _plan
 from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._gathers import all_gather_into_tensor, broadcast
 from clusterkernel.comm._groups import Group, resolve
@@ -152,6 +152,7 @@ def tune(
     rows = [table_row(op, nodes, g.size, r) for op, r in result.items()]
     new = _auto.rules_for(rows, nodes, g.size, base["forced"])
     g._auto = {k: new[k] if k in ops else v for k, v in base.items()}
+    _plan.forget(g)  # plans resolved "auto" with the old rules
     if save and g.rank == 0:
         try:
             _store(rows)

@@ -1,0 +1,156 @@
+"""Small allreduces against the MPI floor: what ``comm.all_reduce`` adds at 64 B and 4 KB.
+
+Run from the repository root::
+
+    python benchmarks/bench_small_calls.py               # 2 and 4 ranks, 15 rounds
+    python benchmarks/bench_small_calls.py --ranks 2 --rounds 9
+
+Starts itself under ``mpiexec -n N``. In one job, interleaved over rounds (the
+order shuffled each round, the same on every rank), each variant makes 3,000
+float32 allreduces of 64 B and of 4 KB:
+
+- ``mpi4py``: raw ``MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, a)`` on a preallocated
+  numpy array: the floor
+- ``mpi4py-again``: the same once more in the round (the A/A control: what two runs
+  of the same code differ by here)
+- ``mpi4py-tensor``: raw mpi4py on ``t.numpy()`` taken each call (what a user
+  writing mpi4py against torch tensors pays)
+- ``default``: ``comm.all_reduce(t)`` as shipped: flight recorder on, the check of
+  new signatures
+- ``python``: the same with the C fast path off (``_fastpath.enable(False)``)
+- ``bare``: the C path with recorder off and ``set_check("off")``
+- ``avg-async``: ``comm.all_reduce(t, op=comm.AVG, async_op=True).wait()``, the
+  shape of DataParallel's bucket hook
+
+A time is the slowest rank's mean per call in one round; the table shows the
+median over rounds, and ratios to ``mpi4py`` are paired per round (median and
+middle half, 25th-75th percentile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = [64, 4096]
+ITERS = 3000
+VARIANTS = ["mpi4py", "mpi4py-again", "mpi4py-tensor", "default", "python", "bare", "avg-async"]
+
+
+def worker(rounds: int) -> None:
+    import torch
+    from mpi4py import MPI
+
+    from clusterkernel import comm
+    from clusterkernel.comm import _fastpath
+
+    world = MPI.COMM_WORLD
+    rng = random.Random(11)  # the same order on every rank
+
+    def setup(variant: str) -> None:
+        comm.set_flight(variant != "bare")
+        comm.set_check("off" if variant == "bare" else "new")
+        if _fastpath.available():
+            _fastpath.enable(variant != "python")
+
+    def loop(variant: str, t, a) -> None:
+        allreduce, in_place = world.Allreduce, MPI.IN_PLACE
+        if variant.startswith("mpi4py") and variant != "mpi4py-tensor":
+            for _ in range(ITERS):
+                allreduce(in_place, a)
+        elif variant == "mpi4py-tensor":
+            for _ in range(ITERS):
+                allreduce(in_place, t.numpy())
+        elif variant == "avg-async":
+            avg, all_reduce = comm.AVG, comm.all_reduce
+            for _ in range(ITERS):
+                all_reduce(t, op=avg, async_op=True).wait()
+        else:
+            all_reduce = comm.all_reduce
+            for _ in range(ITERS):
+                all_reduce(t)
+
+    results: dict[int, dict[str, list[float]]] = {}
+    for nbytes in SIZES:
+        t = torch.ones(nbytes // 4)
+        a = t.numpy().copy()
+        per = results.setdefault(nbytes, {v: [] for v in VARIANTS})
+        for variant in VARIANTS:  # warm each path (first signatures agreed)
+            setup(variant)
+            loop(variant, t, a)
+        for _ in range(rounds):
+            order = VARIANTS[:]
+            rng.shuffle(order)
+            for variant in order:
+                setup(variant)
+                t.fill_(1.0)
+                a.fill(1.0)
+                world.Barrier()
+                t0 = time.perf_counter()
+                loop(variant, t, a)
+                mean = (time.perf_counter() - t0) / ITERS
+                per[variant].append(world.allreduce(mean, op=MPI.MAX))
+    setup("default")
+    if world.Get_rank() == 0:
+        fast = _fastpath.available()
+        print("RESULT " + json.dumps({"ranks": world.Get_size(), "fast": fast, "results": results}))
+
+
+def _mpiexec() -> list[str]:
+    exe = str(Path(sys.executable).with_name("mpiexec"))
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [exe, *extra, "--oversubscribe", "--bind-to", "none"]
+
+
+def run(n: int, rounds: int) -> dict:
+    cmd = [*_mpiexec(), "-n", str(n), sys.executable, __file__, "--worker", "--rounds", str(rounds)]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise SystemExit(f"no result from {n} ranks:\n{out.stdout}\n{out.stderr}")
+
+
+def _ratio(per: dict, num: str) -> str:
+    ratios = sorted(a / b for a, b in zip(per[num], per["mpi4py"]))
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return f"{statistics.median(ratios):.2f}x [{q1:.2f}-{q3:.2f}]"
+
+
+def report(res: dict) -> str:
+    head = f"{res['ranks']} ranks (C path {'built' if res['fast'] else 'absent'})"
+    lines = [f"{head} | " + " | ".join(VARIANTS), "---|" * len(VARIANTS) + "---"]
+    for nbytes, per in res["results"].items():
+        cells = " | ".join(f"{statistics.median(per[v]) * 1e6:.2f} us" for v in VARIANTS)
+        lines.append(f"{nbytes} B | {cells}")
+    lines += ["", f"{res['ranks']} ranks: / mpi4py | " + " | ".join(VARIANTS[1:])]
+    lines.append("---|" * (len(VARIANTS) - 1) + "---")
+    for nbytes, per in res["results"].items():
+        lines.append(f"{nbytes} B | " + " | ".join(_ratio(per, v) for v in VARIANTS[1:]))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="*", default=[2, 4])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.rounds)
+        return
+    for n in args.ranks:
+        print(report(run(n, args.rounds)), flush=True)
+        print()
+
+
+if __name__ == "__main__":
+    main()
