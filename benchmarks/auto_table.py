@@ -32,7 +32,7 @@ def main() -> None:
     rt, env = mpi_launch()
     for n in (int(r) for r in args.ranks.split(",")):
         print(f"=== {n} ranks ===", flush=True)
-        cmd = [*rt.command(n), sys.executable, "-m", "clusterkernel.comm._tune_table"]
+        cmd = [*rt.command(n), sys.executable, "-m", "clusterkernel.comm._auto.table"]
         cmd += ["--out", str(args.out), "--rounds", str(args.rounds)]
         subprocess.run(cmd, env=env, check=True, timeout=1800)
 

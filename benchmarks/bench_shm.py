@@ -70,7 +70,7 @@ def worker(out_path: str, sizes: list[int]) -> None:
     from mpi4py import MPI
 
     from clusterkernel import comm, metrics
-    from clusterkernel.comm import _shm_steps
+    from clusterkernel.comm._shm import steps as shm_steps
 
     torch.set_num_threads(1)
     metrics.enable(False)  # the same for every method; this measures the data path
@@ -89,7 +89,7 @@ def worker(out_path: str, sizes: list[int]) -> None:
         seg = comm.WORLD._shm
         seg.reserve(nb)  # the floor's full-size slots (collective: every rank grows)
         slots = seg.rows(0, torch.float32)[:, :count]
-        a, b = _shm_steps.share(count, n, rank, 4)
+        a, b = shm_steps.share(count, n, rank, 4)
         ft = ts["floor"]
 
         def floor(slots=slots, a=a, b=b, ft=ft):

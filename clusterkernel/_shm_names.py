@@ -18,7 +18,7 @@ this host's /dev/shm that start with one of them, and nothing else: other jobs'
 and other users' files carry other job ids.
 
 A process started without mpiexec (an MPI "singleton") has no prterun to remove
-its segment: ``comm`` removes it at exit (:mod:`clusterkernel.comm._shm_segment`).
+its segment: ``comm`` removes it at exit (:mod:`clusterkernel.comm._shm.segment`).
 
 Example::
 

@@ -52,12 +52,24 @@ through a contiguous host copy (device tensors go direct when MPI is CUDA-aware)
 Where the ranks have a torch.distributed default group with a backend for CUDA
 (``%mpi start --torch`` on GPU nodes: NCCL), CUDA tensors go through it instead,
 checked, recorded and timed as comm's own calls (:func:`route_to_torch`).
+
+Where things are (all private but this module)::
+
+    the calls      _reductions  _gathers  _alltoall  _p2p  _objects  _fusion  _tensorlists
+    every call's   _groups (who)  _dtypes, _ops (what)  _plan (all_reduce's plan)
+      steps        _begin, _check (agreement)  _flight, _ledger (entry, record)
+                   _handle, _turns (running, Work)  _errors
+    algorithms     _ring  _hier  _shm/ (segment, pipe, steps, alloc: shared memory)
+    choosing       _auto/ (rules, tune, table, auto_table.json)
+    other paths    _fastpath + _fast.c (all_reduce's common case in C)
+                   _torchpath (CUDA tensors through NCCL)  _hugepages (big buffers)
 """
 
 from __future__ import annotations
 
 from clusterkernel.comm._alltoall import all_to_all, all_to_all_single
 from clusterkernel.comm._auto import auto_choice
+from clusterkernel.comm._auto.tune import tune
 from clusterkernel.comm._check import check_enabled, check_mode, set_check
 from clusterkernel.comm._dtypes import cuda_aware, force_staging
 from clusterkernel.comm._errors import CollectiveMismatchError, CommError
@@ -92,9 +104,8 @@ from clusterkernel.comm._objects import (
 from clusterkernel.comm._ops import AVG, MAX, MIN, PRODUCT, SUM, ReduceOp
 from clusterkernel.comm._p2p import irecv, isend, recv, recv_object, send, send_object
 from clusterkernel.comm._reductions import all_reduce, reduce, reduce_scatter, reduce_scatter_tensor
-from clusterkernel.comm._shm_alloc import shm_empty
+from clusterkernel.comm._shm.alloc import shm_empty
 from clusterkernel.comm._torchpath import route_to_torch
-from clusterkernel.comm._tune import tune
 
 # torch.distributed spellings, so ported code runs unchanged.
 get_rank = rank

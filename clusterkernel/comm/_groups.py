@@ -66,7 +66,7 @@ class Group:
         self._sigs: set = set()  # call signatures every member has agreed on (_check)
         self._sig_gen = 0  # bumped each time _sigs starts afresh (plans cache membership)
         self._plans: dict = {}  # this rank's plans of calls on the group (_plan)
-        self._shm = None  # the shared-memory segment of algorithm="shm" (_shm_segment)
+        self._shm = None  # the shared-memory segment of algorithm="shm" (_shm.segment)
         self._hier = None  # algorithm="hier"'s node and leader communicators (_hier)
         self._auto: dict | None = None  # algorithm="auto"'s rules for this group (_auto)
 

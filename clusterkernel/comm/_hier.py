@@ -39,8 +39,8 @@ from clusterkernel.comm._groups import Group, _world_ranks
 from clusterkernel.comm._handle import Call, Work
 from clusterkernel.comm._ledger import DONE
 from clusterkernel.comm._ops import AVG, SUM, ReduceOp, op_for
-from clusterkernel.comm._shm_segment import segment
-from clusterkernel.comm._shm_steps import slot_dtype
+from clusterkernel.comm._shm.segment import segment
+from clusterkernel.comm._shm.steps import slot_dtype
 from clusterkernel.comm._turns import inline, issue, run
 
 _IN_PLACE = MPI.IN_PLACE

@@ -3,7 +3,7 @@ steps run inline (nothing else outstanding) or behind a :class:`Work`.
 
 A queue is an object with ``issued`` (tickets handed out), ``done`` (call ``k`` runs
 once ``done == k``) and ``last`` (the latest async Work): a group's shared-memory
-segment (:mod:`._shm_segment`) or its hierarchy (:mod:`._hier`). Calls on one queue
+segment (:mod:`._shm.segment`) or its hierarchy (:mod:`._hier`). Calls on one queue
 run in the same order on every member, so their steps (which share buffers or
 sub-communicators) never interleave; calls on other queues progress meanwhile.
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clusterkernel.comm._tune import _rule, merge_rows
+from clusterkernel.comm._auto.tune import _rule, merge_rows
 
 SIZES = (4096, 65536, 1 << 20, 1 << 24)
 

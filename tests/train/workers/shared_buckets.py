@@ -11,9 +11,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from clusterkernel import comm, metrics
-from clusterkernel.comm import _shm_alloc
 from clusterkernel.comm._auto import ZERO_COPY_MIN
 from clusterkernel.comm._groups import resolve
+from clusterkernel.comm._shm import alloc as shm_alloc
 from clusterkernel.data import teacher
 from clusterkernel.partition import distributed_loader, set_epoch
 from clusterkernel.train import DataParallel
@@ -54,7 +54,7 @@ def seen_by_peers(model: DataParallel) -> bool:
     seg = resolve(None)._shm
     ok = seg is not None
     for b in model._reducer.buckets:
-        arena, offset = _shm_alloc.find(seg, b.flat) if ok else (0, 0)
+        arena, offset = shm_alloc.find(seg, b.flat) if ok else (0, 0)
         if not arena:
             return False
         part = seg.arenas[arena - 1].parts[(RANK + 1) % WORLD]

@@ -13,7 +13,7 @@ call ``k``. That is why broadcast, all-gather and reduce-scatter need one barrie
 and all-reduce two.
 
 All-reduce does not use the banks: it streams through a small fixed *pipe* window
-made with the segment (:mod:`._shm_pipe`): per rank one cache line of progress
+made with the segment (:mod:`.pipe`): per rank one cache line of progress
 counters and :data:`PIPE_DEPTH` stage buffers of :data:`PIPE_CHUNK` bytes, so it
 never grows and stays in cache.
 
@@ -29,6 +29,7 @@ no mpiexec to do it).
 from __future__ import annotations
 
 import atexit
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -44,6 +45,9 @@ PIPE_CHUNK = 256 * 1024  # bytes per stage buffer of the all-reduce pipe
 PIPE_DEPTH = 4  # stage buffers per rank: chunk g uses buffer g % PIPE_DEPTH
 _LINE = 64  # one rank's progress counters: a cache line of its own
 _LIVE: list[Segment] = []  # in creation order, which is the same on every member
+# Frees that must run at exit once the segments are gone (shm_empty's arenas: alloc.py
+# adds its own, so this module need not import the one that imports it).
+AFTER_SEGMENTS: list[Callable[[], None]] = []
 _EXIT_HOOK: list = []  # registered once
 
 
@@ -92,9 +96,9 @@ class Segment:
         self.cols: tuple = ()  # ctl's first three columns (every rank's counters)
         self.stage: torch.Tensor | None = None  # uint8 [n, PIPE_DEPTH, PIPE_CHUNK]
         self.stages: dict[torch.dtype, torch.Tensor] = {}  # typed views of stage
-        self.pipes: dict[tuple, tuple] = {}  # views of the stages per chunk size (_shm_pipe)
+        self.pipes: dict[tuple, tuple] = {}  # views of the stages per chunk size (_shm.pipe)
         self._scratch: torch.Tensor | None = None  # private float32 for small halves
-        self.arenas: list = []  # shm_empty allocations on this group (_shm_alloc)
+        self.arenas: list = []  # shm_empty allocations on this group (_shm.alloc)
         self.seq = 0  # all-reduce chunks started on this group (same on every member)
 
     def open_pipe(self) -> None:
@@ -254,6 +258,5 @@ def _free_all() -> None:
     # call never waited for is not waited for now.
     for seg in list(_LIVE):
         seg.free(drain=False)
-    from clusterkernel.comm import _shm_alloc  # imports this module
-
-    _shm_alloc.free_all()
+    for then in AFTER_SEGMENTS:
+        then()

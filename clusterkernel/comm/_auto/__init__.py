@@ -42,12 +42,13 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from clusterkernel.comm import _check, _shm_alloc
+from clusterkernel.comm import _check
 from clusterkernel.comm._errors import CommError
 from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._groups import Group, resolve
 from clusterkernel.comm._ledger import DONE
 from clusterkernel.comm._ops import ALGORITHMS, FUSED_ALGORITHMS
+from clusterkernel.comm._shm import alloc as shm_alloc
 
 # The ops whose calls take ``algorithm=``; the *_tensor and coalesced variants use
 # the rule of the op they move data like.
@@ -243,7 +244,7 @@ def zero_copy(g: Group, tensor, nbytes: int, algorithm: str) -> str:
     """
     seg = g._shm
     if nbytes >= ZERO_COPY_MIN and seg is not None and seg.arenas and not g._auto["forced"]:
-        if tensor.is_contiguous() and _shm_alloc.find(seg, tensor)[0]:
+        if tensor.is_contiguous() and shm_alloc.find(seg, tensor)[0]:
             return "shm"
     return algorithm
 

@@ -1,11 +1,11 @@
 """Collectives through a group's shared memory (``algorithm="shm"``), for ranks on one node.
 
-Every call works in its bank of the group's segment (:mod:`._shm_segment`): ``n``
+Every call works in its bank of the group's segment (:mod:`.segment`): ``n``
 slots, one per group rank, in the tensor's dtype (float32 for float16/bfloat16,
 which are reduced in float32 as everywhere in comm).
 
 - all_reduce: a pipeline of cache-sized chunks through the segment's fixed stage
-  buffers, synchronized by progress counters in shared memory (:mod:`._shm_pipe`):
+  buffers, synchronized by progress counters in shared memory (:mod:`.pipe`):
   each rank copies a chunk in, reduces its ``1/n`` share of it across the ranks'
   buffers into rank 0's, and copies the result out.
 - reduce_scatter: each rank copies its ``n`` blocks into its slot; barrier; rank
@@ -15,7 +15,7 @@ which are reduced in float32 as everywhere in comm).
 
 Reductions are torch operations on views of the shared buffer (one per peer slot,
 no loop over elements); torch has no arithmetic for uint16/32/64, so those go
-through numpy's ufuncs on the same memory (:mod:`._shm_steps`). The barriers are
+through numpy's ufuncs on the same memory (:mod:`.steps`). The barriers are
 ``Ibarrier`` on the segment's private communicator, yielded to
 :func:`~clusterkernel.comm._handle.drive`, so several async calls, on one group or
 several, progress together. Calls on one group run in the order they were made
@@ -34,15 +34,15 @@ from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Call, Work, _now, note
 from clusterkernel.comm._ledger import DONE
 from clusterkernel.comm._ops import AVG, ReduceOp
-from clusterkernel.comm._shm_pipe import (
+from clusterkernel.comm._shm.pipe import (
     SMALL,
     large_steps,
     small_now,
     small_steps,
     steps_for,
 )
-from clusterkernel.comm._shm_segment import Segment, segment
-from clusterkernel.comm._shm_steps import (
+from clusterkernel.comm._shm.segment import Segment, segment
+from clusterkernel.comm._shm.steps import (
     FOLDS,
     all_gather_steps,
     broadcast_steps,

@@ -4,7 +4,7 @@ the reductions, and the barriers between phases.
 A step generator yields ``[Ibarrier request]`` where every rank must have finished
 the phase before anyone reads what it wrote (``Win.Sync`` on both sides of it, as
 the MPI shared-memory model asks), and is driven by :func:`._shm._run`.
-All-reduce has its own pipeline (:mod:`._shm_pipe`).
+All-reduce has its own pipeline (:mod:`.pipe`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Generator
 import torch
 
 from clusterkernel.comm._ops import MAX, MIN, PRODUCT, ReduceOp
-from clusterkernel.comm._shm_segment import Segment
+from clusterkernel.comm._shm.segment import Segment
 
 _UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
 _LINE = 64  # bytes: shares start on cache lines, so no two ranks write one line

@@ -1,4 +1,4 @@
-"""``mpiexec -n N python -m clusterkernel.comm._tune_table --out FILE``: measure this
+"""``mpiexec -n N python -m clusterkernel.comm._auto.table --out FILE``: measure this
 job's rows of ``algorithm="auto"``'s table (:func:`~clusterkernel.comm.tune`) and
 add them to FILE, a table that ``CLUSTERKERNEL_AUTO_TABLE`` reads (and that
 benchmarks/auto_table.py writes into the package's shipped table).
@@ -13,8 +13,8 @@ from pathlib import Path
 from mpi4py import MPI
 
 from clusterkernel.comm import _auto
+from clusterkernel.comm._auto.tune import merge_rows, table_row, tune
 from clusterkernel.comm._groups import WORLD
-from clusterkernel.comm._tune import merge_rows, table_row, tune
 
 
 def main(argv: list[str] | None = None) -> None:

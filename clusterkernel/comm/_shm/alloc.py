@@ -25,8 +25,8 @@ from mpi4py import MPI
 
 from clusterkernel.comm._dtypes import dtype_of
 from clusterkernel.comm._groups import Group, resolve
-from clusterkernel.comm._shm_segment import PIPE_CHUNK, Segment, segment
-from clusterkernel.comm._shm_steps import share
+from clusterkernel.comm._shm.segment import AFTER_SEGMENTS, PIPE_CHUNK, Segment, segment
+from clusterkernel.comm._shm.steps import share
 
 _ARENAS: list[Arena] = []  # every live allocation, in creation order (same on all members)
 
@@ -147,3 +147,6 @@ def free_all() -> None:
     """Free every allocation (collective; at exit, after the segments)."""
     while _ARENAS:
         _ARENAS.pop(0).free()
+
+
+AFTER_SEGMENTS.append(free_all)

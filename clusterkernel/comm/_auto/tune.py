@@ -14,7 +14,7 @@ Run it once per machine (it takes seconds) from every rank::
 
 Or from a shell, to write a table file (``CLUSTERKERNEL_AUTO_TABLE`` reads one)::
 
-    mpiexec -n 4 python -m clusterkernel.comm._tune_table --out table.json
+    mpiexec -n 4 python -m clusterkernel.comm._auto.table --out table.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The shared-memory all-reduce as a pipeline of cache-sized chunks (:mod:`._shm`).
 
-A tensor is cut into chunks of at most :data:`~._shm_segment.PIPE_CHUNK` bytes
+A tensor is cut into chunks of at most :data:`~.segment.PIPE_CHUNK` bytes
 (smaller for mid sizes, so they pipeline too). Chunk ``g`` (counted over the
 group's whole life, the same on every member) goes through stage buffer
 ``g % PIPE_DEPTH`` of every rank:
@@ -28,9 +28,9 @@ from collections.abc import Generator
 
 import torch
 
-from clusterkernel.comm._shm_alloc import find, peers, zero_copy_reduce
-from clusterkernel.comm._shm_segment import PIPE_CHUNK, PIPE_DEPTH, Segment
-from clusterkernel.comm._shm_steps import share
+from clusterkernel.comm._shm.alloc import find, peers, zero_copy_reduce
+from clusterkernel.comm._shm.segment import PIPE_CHUNK, PIPE_DEPTH, Segment
+from clusterkernel.comm._shm.steps import share
 
 IN, RED, OUT = 0, 1, 2  # columns of a rank's counter line: progress
 ARENA, OFFSET = 3, 4  # and which shm_empty allocation (1-based; 0: none) at what offset
@@ -95,7 +95,7 @@ def large_steps(
     seg: Segment, flat: torch.Tensor, sdt: torch.dtype, fold, divisor: int
 ) -> Generator:
     """A first exchange says where every rank's tensor is: when all are in the same
-    :func:`~._shm_alloc.shm_empty` allocation, reduce them in place (no copies in or
+    :func:`~.alloc.shm_empty` allocation, reduce them in place (no copies in or
     out); otherwise run the pipeline."""
     if seg.n == 1:
         return
