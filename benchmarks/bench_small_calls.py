@@ -15,16 +15,21 @@ float32 allreduces of 64 B and of 4 KB:
   of the same code differ by here)
 - ``mpi4py-tensor``: raw mpi4py on ``t.numpy()`` taken each call (what a user
   writing mpi4py against torch tensors pays)
-- ``default``: ``comm.all_reduce(t)`` as shipped: flight recorder on, the check of
-  new signatures
-- ``python``: the same with the C fast path off (``_fastpath.enable(False)``)
-- ``bare``: the C path with recorder off and ``set_check("off")``
+- ``default``: ``comm.all_reduce(t)`` as shipped: flight recorder on, timing
+  record on, the check of new signatures
+- ``no-flight``: the same with the flight recorder off (``comm.set_flight(False)``)
+- ``no-check``: the same with ``set_check("off")``
+- ``no-record``: the same with the metrics recorder off (no timing record)
+- ``bare``: flight recorder, check and timing record all off
+- ``python``: ``default`` with the C fast path off (``_fastpath.enable(False)``)
 - ``avg-async``: ``comm.all_reduce(t, op=comm.AVG, async_op=True).wait()``, the
   shape of DataParallel's bucket hook
 
 A time is the slowest rank's mean per call in one round; the table shows the
 median over rounds, and ratios to ``mpi4py`` are paired per round (median and
-middle half, 25th-75th percentile).
+middle half, 25th-75th percentile). The last table gives what each part of the
+default costs per call: ``default`` minus the variant without it, paired per round
+(median microseconds).
 """
 
 from __future__ import annotations
@@ -42,22 +47,36 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [64, 4096]
 ITERS = 3000
-VARIANTS = ["mpi4py", "mpi4py-again", "mpi4py-tensor", "default", "python", "bare", "avg-async"]
+VARIANTS = [
+    "mpi4py",
+    "mpi4py-again",
+    "mpi4py-tensor",
+    "default",
+    "no-flight",
+    "no-check",
+    "no-record",
+    "bare",
+    "python",
+    "avg-async",
+]
 
 
 def worker(rounds: int) -> None:
     import torch
     from mpi4py import MPI
 
-    from clusterkernel import comm
+    from clusterkernel import comm, metrics
     from clusterkernel.comm import _fastpath
 
     world = MPI.COMM_WORLD
     rng = random.Random(11)  # the same order on every rank
 
+    rec = metrics.recorder()
+
     def setup(variant: str) -> None:
-        comm.set_flight(variant != "bare")
-        comm.set_check("off" if variant == "bare" else "new")
+        comm.set_flight(variant not in ("bare", "no-flight"))
+        comm.set_check("off" if variant in ("bare", "no-check") else "new")
+        rec.enabled = variant not in ("bare", "no-record")
         if _fastpath.available():
             _fastpath.enable(variant != "python")
 
@@ -135,7 +154,19 @@ def report(res: dict) -> str:
     lines.append("---|" * (len(VARIANTS) - 1) + "---")
     for nbytes, per in res["results"].items():
         lines.append(f"{nbytes} B | " + " | ".join(_ratio(per, v) for v in VARIANTS[1:]))
+    parts = [("flight entry", "no-flight"), ("check", "no-check"), ("timing record", "no-record")]
+    parts += [("all three", "bare"), ("C path vs Python", "python")]
+    lines += ["", f"{res['ranks']} ranks: cost per call | " + " | ".join(p for p, _ in parts)]
+    lines.append("---|" * len(parts) + "---")
+    for nbytes, per in res["results"].items():
+        cells = [_cost(per, without) for _, without in parts]
+        lines.append(f"{nbytes} B | " + " | ".join(cells))
     return "\n".join(lines)
+
+
+def _cost(per: dict, without: str) -> str:
+    diffs = [(a - b) * 1e6 for a, b in zip(per["default"], per[without])]
+    return f"{statistics.median(diffs):+.2f} us"
 
 
 def main() -> None:
