@@ -334,6 +334,22 @@ def live_pushes(
     return values
 
 
+# The options of %mpi export and of clusterkernel export that shape the sbatch file,
+# by their argparse names (the same in both parsers)
+SBATCH_ARGS = ("nodes", "ntasks_per_node", "time", "partition", "account", "gpus_per_node", "gres")
+
+
+def sbatch_args(args: argparse.Namespace) -> dict:
+    """The sbatch options of ``%mpi export``'s or ``clusterkernel export``'s parsed
+    options, as :func:`write_job` takes them: picked once, by name, for both.
+
+    Example::
+
+        write_job(cells, "job.py", sbatch="job.sbatch", **sbatch_args(args))
+    """
+    return {name: getattr(args, name) for name in SBATCH_ARGS}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``clusterkernel export``."""
     parser.add_argument("notebook", help="the .ipynb file")
@@ -394,10 +410,6 @@ def read_notebook(path: str | Path) -> NotebookCells:
 def main(args: argparse.Namespace) -> int:
     """``clusterkernel export notebook.ipynb -o job.py [--sbatch job.sbatch] ...``."""
     nb = Path(args.notebook)
-    slurm = {
-        k: getattr(args, k)
-        for k in ("nodes", "ntasks_per_node", "time", "partition", "gpus_per_node", "gres")
-    }
     try:
         cells, kernel_ranks, kernel_torch, failed = read_notebook(nb)
         names = [f"code cell {i}" for i in range(1, len(cells) + 1)]
@@ -411,8 +423,7 @@ def main(args: argparse.Namespace) -> int:
             torch=(True, None) if kernel_torch else None,
             failed=set() if args.include_failed else failed,
             sbatch=args.sbatch,
-            account=args.account,
-            **slurm,
+            **sbatch_args(args),
         )
     except ExportError as e:
         print(f"clusterkernel export: {e}", file=sys.stderr)

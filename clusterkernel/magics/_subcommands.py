@@ -307,13 +307,7 @@ class Subcommands:
                 auto=auto,
                 failed=failed,
                 torch=(self.cluster.torch, self.cluster.backend) if live else None,
-                nodes=args.nodes,
-                ntasks_per_node=args.ntasks_per_node,
-                time=args.time,
-                partition=args.partition,
-                account=args.account,
-                gpus_per_node=args.gpus_per_node,
-                gres=args.gres,
+                **export.sbatch_args(args),  # --nodes, --time, ...: picked by name
             )
         except export.ExportError as e:
             raise UsageError(str(e)) from None

@@ -163,3 +163,18 @@ def test_mpi_start_slurm_refuses_them_with_the_same_message(line, options):
     with pytest.raises(UsageError) as refused:  # %mpi export goes through sbatch_script
         ck_magics._magics.mpi(f"start -n 2 --slurm {line}")  # before anything starts
     assert str(refused.value) == str(exported.value)
+
+
+def test_both_export_parsers_name_the_sbatch_options_alike():
+    from clusterkernel.export import sbatch_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    line = "--nodes 2 --time 2:00:00 --partition gpu --account a --gpus-per-node 4 --gres gpu:4"
+    from_magic = sbatch_args(parse_argstring(export_args, f"job.py {line}"))
+    from_cli = sbatch_args(parser.parse_args(["nb.ipynb", *line.split()]))
+    assert from_magic == from_cli
+    assert from_magic["nodes"] == 2 and from_magic["gres"] == "gpu:4"
+    assert sbatch_args(parse_argstring(export_args, "job.py")) == sbatch_args(
+        parser.parse_args(["nb.ipynb"])
+    )
