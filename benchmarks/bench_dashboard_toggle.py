@@ -1,6 +1,6 @@
 """The live dashboard's cost to training, measured inside one run (ABAB).
 
-``bench_dashboard.py --part browser`` compares whole training runs with and without
+``bench_dashboard_training.py`` compares whole training runs with and without
 the dashboard. On this machine the same run, with no notebook or browser at all,
 varies by +-20 % from one run to the next (10 runs in a row: 60k to 84k samples/s),
 far more than the 3 % the issue allows, so those rounds cannot show the target.
@@ -17,7 +17,7 @@ on and off every ``--period`` seconds while the cell runs:
 Each rank-0 epoch end is time-stamped; the samples/s of every "on" window is divided
 by the mean of the "off" windows either side of it, so slow drifts of the machine
 cancel. The stream alone (ranks sending, kernel receiving) is in both; its cost is
-the ``stream`` row of ``bench_dashboard.py --part browser``.
+the ``stream`` row of ``bench_dashboard_training.py``.
 
     flock /tmp/ck-mpi.lock python benchmarks/bench_dashboard_toggle.py --seconds 120
 """
@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_dashboard import CONFIGS, TRAIN_DEF, _tree_cpu  # noqa: E402
+import _harness as h  # noqa: E402
+from _dashboard_bed import CONFIGS, TRAIN_DEF, tree_cpu  # noqa: E402
 
 TOGGLE = """import threading, time
 switches = []  # (wall time, "on" or "off")
@@ -137,7 +138,7 @@ def run(
                 if state != last:
                     pictures.append(now)
                 last = state
-                cpu.append((now, _tree_cpu()["browser"]))
+                cpu.append((now, tree_cpu()["browser"]))
                 if prompts and prompts[-1] not in ("[ ]:", "[]:", "[*]:"):
                     text = page.inner_text(".jp-Notebook")
                     break
@@ -227,7 +228,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.noise:
-        sps = noise(args.noise)
+        with h.mpi_lock():
+            sps = noise(args.noise)
         print("RESULT noise " + json.dumps(sps))
         print(
             f"noise: {len(sps)} identical runs, no notebook: "
@@ -236,7 +238,8 @@ def main() -> None:
         )
         return
     (REPO / "test-artifacts").mkdir(exist_ok=True)
-    res = run(args.seconds, args.period, show=not args.hidden, ranks=args.ranks, rate=args.rate)
+    with h.mpi_lock():
+        res = run(args.seconds, args.period, show=not args.hidden, ranks=args.ranks, rate=args.rate)
     print("RESULT toggle " + json.dumps(res))
     report(res, args.period, shown=not args.hidden, ranks=args.ranks, rate=args.rate)
 
