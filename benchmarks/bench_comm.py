@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from _harness import median, mpi_lock, paired  # noqa: E402
+
 KB, MB = 1024, 1024 * 1024
 SIZES = [4 * KB, 16 * KB, 64 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB]
 ROUNDS = 7
@@ -135,13 +138,6 @@ def _ratio_line(cells: list[str]) -> str:
     return " | ".join(cells)
 
 
-def paired(num: list[float], den: list[float]) -> tuple[float, float, float]:
-    """Median and middle half (25th, 75th percentile) of per-round ratios num / den."""
-    ratios = sorted(a / b for a, b in zip(num, den))
-    q1, _, q3 = statistics.quantiles(ratios, n=4)
-    return statistics.median(ratios), q1, q3
-
-
 def report(n: int, res: dict, memcpy: dict[int, float]) -> list[tuple[str, bool, str]]:
     """Print one rank count's tables; return (target, met, detail) rows."""
     print(f"\n=== {n} ranks (Open MPI {res['mpi']}, torch {res['torch']}) ===")
@@ -158,7 +154,7 @@ def report(n: int, res: dict, memcpy: dict[int, float]) -> list[tuple[str, bool,
         # own targets below).
         rounds = row["rounds"]
         others = [m for m in METHODS if m not in ("auto", "mpi4py", "auto_zc")]
-        best_name = min(others, key=lambda m: statistics.median(rounds[m]))
+        best_name = min(others, key=lambda m: median(rounds[m]))
         ratio, q1, q3 = paired(rounds["auto"], rounds[best_name])
         cells = [_fmt_bytes(nb), f"{memcpy[nb] * 1e6:.1f}", f"{floor * 1e6:.1f}"]
         cells += [f"{row[m] * 1e6:.1f}" for m in METHODS]
@@ -409,7 +405,8 @@ def main() -> None:
         sys.path.insert(0, str(REPO))
         worker(args.worker, [int(s) for s in args.sizes.split(",")])
     else:
-        parent(args)
+        with mpi_lock():
+            parent(args)
 
 
 if __name__ == "__main__":

@@ -36,13 +36,16 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import _harness as h  # noqa: E402
+
 KB = 1024
 SIZES = [4 * KB, 64 * KB, 1024 * KB]
 VARIANTS = ["mpi4py", "bare", "bare-again", "flight", "default", "check-all"]
@@ -118,22 +121,15 @@ def run(n: int, rounds: int) -> dict:
 
 
 def _ratios(per: dict, num: str, den: str) -> tuple[float, float, float]:
-    ratios = sorted(a / b for a, b in zip(per[num], per[den]))
-    q1, _, q3 = statistics.quantiles(ratios, n=4)
-    return statistics.median(ratios), q1, q3
+    return h.paired(per[num], per[den])
 
 
 def _paired(per: dict, num: str, den: str) -> str:
-    med, q1, q3 = _ratios(per, num, den)
-    text = f"{med:.3f}x [{q1:.3f}-{q3:.3f}]"
+    ratio = _ratios(per, num, den)
+    text = h.fmt_ratio(ratio, 3)
     if num == "bare-again":
         return text
-    _, n1, n3 = _ratios(per, "bare-again", "bare")
-    marks = [
-        f"A/A {'yes' if n1 <= med <= n3 else 'no'}",
-        f"1.0 {'yes' if q1 <= 1.0 <= q3 else 'no'}",
-    ]
-    return f"{text} within noise: {', '.join(marks)}"
+    return f"{text} within noise: {h.aa_verdict(ratio, _ratios(per, 'bare-again', 'bare'))}"
 
 
 def report(res: dict) -> str:
@@ -143,7 +139,7 @@ def report(res: dict) -> str:
         "---|" + "---|" * (len(VARIANTS) - 1) + "---",
     ]
     for nbytes, per in res["results"].items():
-        cells = " | ".join(f"{statistics.median(per[v]) * 1e6:.1f} us" for v in VARIANTS)
+        cells = " | ".join(f"{h.median(per[v]) * 1e6:.1f} us" for v in VARIANTS)
         lines.append(f"{int(nbytes) // KB} KB | {cells}")
     lines += [
         "",
@@ -165,9 +161,10 @@ def main() -> None:
     if args.worker:
         worker(args.rounds)
         return
-    for n in args.ranks:
-        print(report(run(n, args.rounds)))
-        print()
+    with h.mpi_lock():
+        for n in args.ranks:
+            print(report(run(n, args.rounds)))
+            print()
 
 
 if __name__ == "__main__":
