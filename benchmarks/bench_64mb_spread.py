@@ -1,0 +1,138 @@
+"""Is a 64 MB allreduce's time steady from one job to the next? (issue 27 item 7)
+
+Run from the repository root::
+
+    python benchmarks/bench_64mb_spread.py              # 10 jobs of 2 ranks
+    python benchmarks/bench_64mb_spread.py --jobs 5 --ranks 4
+
+Each job is a fresh ``mpiexec -n N``: the default ``comm.all_reduce`` of a plain
+64 MB float32 tensor and raw mpi4py (``Allreduce(IN_PLACE, ndarray)``) on an array of
+the same size, interleaved, 12 calls each after 3 warm-up calls. Per job it prints
+the median of each (slowest rank per call), what ``auto`` ran (from the timing
+record), whether the tensor's pages became huge pages (``AnonHugePages`` of its
+mapping), how often the ranks were preempted inside the timed calls (involuntary
+context switches, summed over ranks and calls) and which CPUs each rank ran on, and
+at the end the spread over jobs (min, median, max). ``--bind`` runs the jobs with
+each rank bound to its own core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MB = 1 << 20
+CALLS = 12
+
+
+def _huge_kb(address: int) -> int:
+    """AnonHugePages (kB) of the mapping that holds ``address`` (0 if not found)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "AnonHugePages:":
+                return int(line.split()[1])
+    return 0
+
+
+def worker() -> None:
+    import torch
+    from mpi4py import MPI
+
+    from clusterkernel import comm, metrics
+
+    world = MPI.COMM_WORLD
+    n = 64 * MB // 4
+    t = torch.ones(n)
+    a = t.numpy().copy()
+    times: dict[str, list[float]] = {"comm": [], "mpi4py": []}
+    switches = dict.fromkeys(times, 0)  # involuntary context switches inside the calls
+    cpus = set()
+    for i in range(3 + CALLS):
+        for side in ("comm", "mpi4py"):
+            world.Barrier()
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+            t0 = time.perf_counter()
+            if side == "comm":
+                comm.all_reduce(t)
+            else:
+                world.Allreduce(MPI.IN_PLACE, a)
+            took = time.perf_counter() - t0
+            preempted = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - before
+            cpus.add(os.sched_getcpu() if hasattr(os, "sched_getcpu") else -1)
+            took = world.allreduce(took, op=MPI.MAX)
+            if i >= 3:
+                times[side].append(took)
+                switches[side] += world.allreduce(preempted)
+    alg = metrics.recorder().comm[-1][2]
+    huge = world.gather(_huge_kb(t.data_ptr()), root=0)
+    cpus = world.gather(sorted(cpus), root=0)
+    if world.Get_rank() == 0:
+        out = {k: statistics.median(v) for k, v in times.items()}
+        extra = {"alg": alg, "huge_kb": huge, "switches": switches, "cpus": cpus}
+        print("RESULT " + json.dumps({**out, **extra}))
+
+
+def _mpiexec() -> list[str]:
+    exe = str(Path(sys.executable).with_name("mpiexec"))
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [exe, *extra, "--oversubscribe", "--bind-to", "none"]
+
+
+def run(n: int, bind: bool) -> dict:
+    cmd = [*_mpiexec(), "-n", str(n), sys.executable, __file__, "--worker"]
+    if bind:
+        cmd[cmd.index("none")] = "core"
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise SystemExit(f"no result:\n{out.stdout}\n{out.stderr}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--bind", action="store_true", help="bind each rank to a core")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker()
+        return
+    print(
+        f"{args.ranks} ranks | comm.all_reduce | mpi4py | comm / mpi4py | auto ran | huge kB"
+        " | preempted in comm, mpi4py | CPUs per rank"
+    )
+    print("---|---|---|---|---|---|---|---")
+    rows = []
+    for job in range(args.jobs):
+        r = run(args.ranks, args.bind)
+        rows.append(r)
+        ratio = r["comm"] / r["mpi4py"]
+        huge = ", ".join(str(k) for k in r["huge_kb"])
+        print(
+            f"job {job + 1} | {r['comm'] * 1e3:.1f} ms | {r['mpi4py'] * 1e3:.1f} ms | "
+            f"{ratio:.2f}x | {r['alg']} | {huge} | {r['switches']['comm']}, "
+            f"{r['switches']['mpi4py']} | {r['cpus']}",
+            flush=True,
+        )
+    for side in ("comm", "mpi4py"):
+        v = sorted(r[side] * 1e3 for r in rows)
+        print(f"{side}: min {v[0]:.1f} ms, median {statistics.median(v):.1f}, max {v[-1]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
