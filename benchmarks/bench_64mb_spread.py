@@ -11,8 +11,7 @@ the same size, interleaved, 12 calls each after 3 warm-up calls. Per job it prin
 the median of each (slowest rank per call), what ``auto`` ran (from the timing
 record), whether the tensor's pages became huge pages (``AnonHugePages`` of its
 mapping), how often the ranks were preempted inside the timed calls (involuntary
-context switches, summed over ranks and calls) and which CPUs each rank ran on, and
-at the end the spread over jobs (min, median, max). ``--bind`` runs the jobs with
+context switches, summed over ranks and calls), and at the end the spread over jobs (min, median, max). ``--bind`` runs the jobs with
 each rank bound to its own core.
 """
 
@@ -33,25 +32,12 @@ MB = 1 << 20
 CALLS = 12
 
 
-def _huge_kb(address: int) -> int:
-    """AnonHugePages (kB) of the mapping that holds ``address`` (0 if not found)."""
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head == "AnonHugePages:":
-                return int(line.split()[1])
-    return 0
-
-
 def worker() -> None:
     import torch
     from mpi4py import MPI
 
     from clusterkernel import comm, metrics
+    from clusterkernel.comm._hugepages import huge_kb
 
     world = MPI.COMM_WORLD
     n = 64 * MB // 4
@@ -59,7 +45,6 @@ def worker() -> None:
     a = t.numpy().copy()
     times: dict[str, list[float]] = {"comm": [], "mpi4py": []}
     switches = dict.fromkeys(times, 0)  # involuntary context switches inside the calls
-    cpus = set()
     for i in range(3 + CALLS):
         for side in ("comm", "mpi4py"):
             world.Barrier()
@@ -71,17 +56,15 @@ def worker() -> None:
                 world.Allreduce(MPI.IN_PLACE, a)
             took = time.perf_counter() - t0
             preempted = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - before
-            cpus.add(os.sched_getcpu() if hasattr(os, "sched_getcpu") else -1)
             took = world.allreduce(took, op=MPI.MAX)
             if i >= 3:
                 times[side].append(took)
                 switches[side] += world.allreduce(preempted)
     alg = metrics.recorder().comm[-1][2]
-    huge = world.gather(_huge_kb(t.data_ptr()), root=0)
-    cpus = world.gather(sorted(cpus), root=0)
+    huge = world.gather(huge_kb(t.data_ptr()), root=0)
     if world.Get_rank() == 0:
         out = {k: statistics.median(v) for k, v in times.items()}
-        extra = {"alg": alg, "huge_kb": huge, "switches": switches, "cpus": cpus}
+        extra = {"alg": alg, "huge_kb": huge, "switches": switches}
         print("RESULT " + json.dumps({**out, **extra}))
 
 
@@ -114,9 +97,9 @@ def main() -> None:
         return
     print(
         f"{args.ranks} ranks | comm.all_reduce | mpi4py | comm / mpi4py | auto ran | huge kB"
-        " | preempted in comm, mpi4py | CPUs per rank"
+        " | preempted in comm, mpi4py"
     )
-    print("---|---|---|---|---|---|---|---")
+    print("---|---|---|---|---|---|---")
     rows = []
     for job in range(args.jobs):
         r = run(args.ranks, args.bind)
@@ -126,7 +109,7 @@ def main() -> None:
         print(
             f"job {job + 1} | {r['comm'] * 1e3:.1f} ms | {r['mpi4py'] * 1e3:.1f} ms | "
             f"{ratio:.2f}x | {r['alg']} | {huge} | {r['switches']['comm']}, "
-            f"{r['switches']['mpi4py']} | {r['cpus']}",
+            f"{r['switches']['mpi4py']}",
             flush=True,
         )
     for side in ("comm", "mpi4py"):

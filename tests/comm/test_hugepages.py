@@ -13,20 +13,6 @@ from clusterkernel.comm import _hugepages
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
 
-def _anon_huge_kb(address: int) -> int:
-    """AnonHugePages of the mapping that holds ``address`` (from /proc/self/smaps)."""
-    current = False
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                current = lo <= address < hi
-            elif current and head == "AnonHugePages:":
-                return int(line.split()[1])
-    return 0
-
-
 def test_empty_is_aligned_and_usable():
     arr = _hugepages.empty(3 * 1024 * 1024, np.float32)
     assert arr.ctypes.data % _hugepages.HUGE == 0 and arr.size == 3 * 1024 * 1024
@@ -40,11 +26,11 @@ def test_hot_buffer_is_collapsed_on_third_use_without_changing_it():
     if not _hugepages.STATE.enabled:
         pytest.skip("huge pages unavailable here")
     t = torch.arange(3 * 1024 * 1024, dtype=torch.float32)  # 12 MB, torch's allocator
-    before = _anon_huge_kb(t.data_ptr())
+    before = _hugepages.huge_kb(t.data_ptr())
     for _ in range(_hugepages.HOT):
         _hugepages.note_buffer(t.data_ptr(), t.nbytes)
     if not _hugepages.STATE.enabled:
         pytest.skip("MADV_COLLAPSE not supported by this kernel")
-    after = _anon_huge_kb(t.data_ptr())
+    after = _hugepages.huge_kb(t.data_ptr())
     assert after >= before + 8 * 1024, (before, after)  # at least 4 of the ~6 pages
     assert torch.equal(t, torch.arange(3 * 1024 * 1024, dtype=torch.float32))
