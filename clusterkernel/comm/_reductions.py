@@ -138,10 +138,13 @@ def _plan_all_reduce(
         if algorithm != "mpi":
             check_algorithm(algorithm)
     count = tensor.numel()
-    direct = info.kind in "fib"  # halves are staged; complex may be a lazy conjugate
+    # MPI on the tensor's own memory: host tensors only (device memory goes through
+    # wire(), which knows whether MPI is CUDA-aware); halves are staged in float32 and
+    # a complex tensor may be a lazy conjugate.
+    direct = cpu and info.kind in "fib"
     divisor = g.size if op is AVG else 1
     fast = None  # the C path: MPI on a host tensor's own memory, nothing after
-    if algorithm == "mpi" and cpu and direct and divisor == 1 and not probe:
+    if algorithm == "mpi" and direct and divisor == 1 and not probe:
         if size < HUGE_THRESHOLD:  # huge buffers are registered first (buf())
             fast = _fastpath.handles(g, info, mpi_op)
     plan = _plan.Plan(
