@@ -29,6 +29,7 @@ import ipyparallel as ipp
 
 from clusterkernel import _oom
 from clusterkernel.cluster import _follow, _keep, _namespace, _rank_faults, _stacks, _torch
+from clusterkernel.cluster._health import RankHealth
 from clusterkernel.cluster._launch_settings import LaunchSettings, launcher_for
 from clusterkernel.cluster._lifecycle import Engines
 from clusterkernel.cluster._namespace import RankNames
@@ -177,8 +178,7 @@ class Cluster:
         self._engines: Engines | None = None  # the processes, while running
         self.gpus: dict[int, list[int]] = {}  # rank -> its GPUs, from the binding at start
         self._status = RankStatus()
-        self.lost: str | None = None  # why the engine set is gone, if it is
-        self.dead: dict[int, str] = {}  # rank -> how it died (fault-tolerant jobs)
+        self._health = RankHealth()  # the lost engine set, dead ranks: lost, dead
         self._dashboard: Dashboard | None = None  # the one the ranks stream to
         self.replaced: dict | None = None  # the session attach(force=True) took over from
         self.taken_over_by: dict | None = None  # the session that took this one's place
@@ -227,7 +227,7 @@ class Cluster:
             raise ClusterError(
                 "This cluster is already running. Use restart() (%mpi restart) or stop() first."
             )
-        self.lost = None
+        self._health.started()
         self._engines = Engines.start(
             self.launcher,
             self.n,
@@ -421,7 +421,7 @@ class Cluster:
     def _forget_ranks(self) -> None:
         """This object no longer drives ranks (stopped, or left to a kept cluster's guard)."""
         self._engines = None
-        self.dead = {}
+        self._health.forgotten()
         self.gpus = {}
         self.rank_names.forget()
         dash, self._dashboard = self._dashboard, None
@@ -438,8 +438,7 @@ class Cluster:
             raise ClusterError("The cluster is not running; use start() (%mpi start).")
         self._ranks_going_down()
         self._engines.restart()
-        self.lost = None
-        self.dead = {}
+        self._health.restarted()
         self._ranks_up()
         if self.keep is not None:
             _keep.update(self._engines.run_dir, {"rank_info": self._engines.rank_info})
@@ -466,9 +465,19 @@ class Cluster:
         self._require_running()
         return _torch.reinit(self, backend)
 
+    @property
+    def lost(self) -> str | None:
+        """Why the whole engine set is gone (until :meth:`restart`), or None."""
+        return self._health.lost
+
+    @property
+    def dead(self) -> dict[int, str]:
+        """``{rank: how it died}``: ranks of a fault-tolerant job that died (a copy)."""
+        return self._health.dead
+
     def mark_lost(self, why: str) -> None:
         """Record that the whole engine set is gone (until :meth:`restart`)."""
-        self.lost = why
+        self._health.job_ended(why)
 
     # ------------------------------------------------------------------ ranks
     @property
@@ -497,19 +506,22 @@ class Cluster:
     @property
     def live_ranks(self) -> list[int]:
         """The ranks cells run on by default: all but those that died."""
-        _rank_faults.note_lost_engines(self)
-        return [r for r in self.ranks if r not in self.dead]
+        if self.fault_tolerant and self.running:
+            # Its nanny has told the controller, which unregistered the engine; the
+            # job itself lives on (fault-tolerant only).
+            gone = _rank_faults.lost_engines(self.engine_of, self.client.ids, self._health.dead)
+            self._health.ranks_died(gone, "its process exited between cells")
+        return [r for r in self.ranks if not self._health.is_dead(r)]
 
     def mark_dead(self, ranks: list[int], why: str) -> None:
         """Record ranks of a fault-tolerant job as dead (the job carries on)."""
-        for r in ranks:
-            self.dead.setdefault(r, why)
+        self._health.ranks_died(ranks, why)
 
     def engine_id(self, rank: int) -> int:
         self._require_running()
-        if rank in self.dead:
+        if self._health.is_dead(rank):
             raise ClusterError(
-                f"Rank {rank} died ({self.dead[rank]}); ranks "
+                f"Rank {rank} died ({self._health.why_dead(rank)}); ranks "
                 f"{format_ranks(self.live_ranks)} still run. %mpi restart "
                 "(cluster.restart()) brings back a full set."
             )
@@ -647,7 +659,7 @@ class Cluster:
         ``dashboard=True`` (``%%mpi --dashboard``) shows :meth:`dashboard` first
         and, when the cell has run, collects its last records into it.
         """
-        from clusterkernel.cluster.runner import CellRun
+        from clusterkernel.cluster.runner import CellFaults, CellRun
 
         self._require_running()
         ranks = self.live_ranks if ranks is None else sorted(set(ranks))
@@ -657,7 +669,12 @@ class Cluster:
         if dash is not None:
             dash.show()
         try:
-            run = CellRun(self, code, ranks, renderer=renderer)
+            faults = CellFaults(
+                job_ended=self._health.job_ended,
+                ranks_died=self._health.ranks_died,
+                ranks_stuck=lambda _ranks: self.restart(),
+            )
+            run = CellRun(self, code, ranks, renderer=renderer, faults=faults)
             if not block:
                 return run
             return run.wait(timeout=self.timeout if timeout is None else timeout)

@@ -1,10 +1,11 @@
 """What is wrong on a cluster's ranks: their stacks, who died, what failed (client side).
 
-The bodies of ``Cluster.frames``, ``stacks`` and ``dead_ranks``, ranks lost
-between cells, and the failures of a ``pull``: each rank's frames come from its engine's control thread (works
-inside MPI calls and on any host), else from ``faulthandler`` for a rank on this
-machine whose control thread cannot answer; a job that ended is read from the
-launcher's report.
+The bodies of ``Cluster.frames``, ``stacks`` and ``dead_ranks``, which ranks were
+lost between cells, and the failures of a ``pull``. They read the cluster and never
+change it (what they find, the cluster records itself). Each rank's frames come from
+its engine's control thread (works inside MPI calls and on any host), else from
+``faulthandler`` for a rank on this machine whose control thread cannot answer; a job
+that ended is read from the launcher's report.
 
 Example::
 
@@ -61,16 +62,13 @@ def dead_ranks(cluster: Cluster) -> tuple[list[int], str] | None:
     return _jobreport.dead_ranks(report, cluster.n), report
 
 
-def note_lost_engines(cluster: Cluster) -> None:
-    """Mark ranks of a fault-tolerant job dead whose engines left between cells."""
-    # Its nanny has told the controller, which unregistered the engine; the job
-    # itself lives on (fault-tolerant only).
-    if not cluster.fault_tolerant or not cluster.running:
-        return
-    ids = set(cluster.client.ids)
-    dead = cluster.dead
-    gone = [r for r, eid in cluster.engine_of.items() if eid not in ids and r not in dead]
-    cluster.mark_dead(gone, "its process exited between cells")
+def lost_engines(
+    engine_of: dict[int, int], registered: list[int], dead: dict[int, str]
+) -> list[int]:
+    """Ranks not yet known dead whose engines are no longer registered (``engine_of``:
+    rank -> engine id; ``registered``: the client's engine ids); the cluster records them."""
+    ids = set(registered)
+    return [r for r, eid in engine_of.items() if eid not in ids and r not in dead]
 
 
 def pull_failures(cluster: Cluster, err) -> list[RankFailure]:

@@ -16,11 +16,19 @@ badly:
 
 It also notices ranks that stop at ``breakpoint()`` and prompts for their pdb
 commands (:mod:`clusterkernel.cluster._breakpoints`).
+
+A run reads its cluster (client, views, stacks, the job's state) and acts on the
+ranks (interrupt, abort their torch groups), but never changes the cluster itself:
+what it found that the cluster must know (the job ended, ranks died, ranks stuck
+for good) it reports through the :class:`CellFaults` the cluster gave it, and the
+cluster acts (marks itself lost, records the dead ranks, restarts).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
@@ -46,6 +54,21 @@ _GRACE = 2.0  # seconds for interrupted ranks to stop before they count as stuck
 _OUTPUT_GRACE = 30.0  # seconds a finished cell's output may trail its reply
 
 
+@dataclass(frozen=True)
+class CellFaults:
+    """What a cell run tells its cluster; :meth:`Cluster.run` gives one to each run.
+
+    ``job_ended(why)``: the MPI job ended, every rank is gone (until a restart);
+    ``ranks_died(ranks, why)``: ranks of a fault-tolerant job died, the job carries
+    on; ``ranks_stuck(ranks)``: ranks could not be interrupted, a restart must free
+    them (it returns once the new ranks are up).
+    """
+
+    job_ended: Callable[[str], None]
+    ranks_died: Callable[[list[int], str], None]
+    ranks_stuck: Callable[[list[int]], None]
+
+
 class CellRun:
     """A cell submitted to some ranks. ``wait()`` streams it and raises on failure.
 
@@ -57,9 +80,16 @@ class CellRun:
     """
 
     def __init__(
-        self, cluster: Cluster, code: str, ranks: list[int], renderer: Renderer | None = None
+        self,
+        cluster: Cluster,
+        code: str,
+        ranks: list[int],
+        renderer: Renderer | None = None,
+        *,
+        faults: CellFaults,
     ) -> None:
         self.cluster = cluster
+        self.faults = faults
         self.code = code
         self.ranks = list(ranks)
         self.renderer = renderer if renderer is not None else default_renderer(self.ranks)
@@ -154,7 +184,7 @@ class CellRun:
             why = OUT_OF_MEMORY
         others = [r for r in self.cluster.ranks if r not in dead]
         head = f"rank {format_ranks(dead)} died" if dead else "the MPI job ended"
-        self.cluster.mark_lost(f"The MPI job ended: {head}{f' ({why})' if why else ''}.")
+        self.faults.job_ended(f"The MPI job ended: {head}{f' ({why})' if why else ''}.")
         # the launcher's own words only where they say more than the summary does
         detail = "" if why else report
         items = [
@@ -230,7 +260,7 @@ class CellRun:
         if aborted:
             notes.append(_torch.aborted_note(self.cluster, aborted, stuck))
         if stuck:
-            self.cluster.restart()
+            self.faults.ranks_stuck(stuck)
             notes.append(
                 f"Ranks {format_ranks(stuck)} could not be interrupted, so all ranks were "
                 "restarted (their variables are gone; re-run your setup cells)."
@@ -297,7 +327,7 @@ class CellRun:
             why = "engine lost"
             if self.cluster.fault_tolerant:
                 why = "its process exited; the fault-tolerant job carries on without it"
-                self.cluster.mark_dead(gone, "its process exited")
+                self.faults.ranks_died(gone, "its process exited")
                 note = (
                     f"Later cells run on ranks {format_ranks(self.cluster.live_ranks)}; "
                     "%mpi restart (cluster.restart()) brings back a full set."
