@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import time as _time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
@@ -180,6 +181,7 @@ class Cluster:
         self._status = RankStatus()
         self._health = RankHealth()  # the lost engine set, dead ranks: lost, dead
         self._dashboard: Dashboard | None = None  # the one the ranks stream to
+        self._dashboard_ended: Callable[[bool], None] | None = None  # what it asked to be told
         self.replaced: dict | None = None  # the session attach(force=True) took over from
         self.taken_over_by: dict | None = None  # the session that took this one's place
         self.rank_names = RankNames()  # what Tab offers while a rank cannot answer
@@ -424,9 +426,9 @@ class Cluster:
         self._health.forgotten()
         self.gpus = {}
         self.rank_names.forget()
-        dash, self._dashboard = self._dashboard, None
-        if dash is not None:  # after the ranks, so its last picture shows them stopped
-            dash._cluster_stopped()
+        ended, self._dashboard, self._dashboard_ended = self._dashboard_ended, None, None
+        if ended is not None:  # after the ranks, so its last picture shows them stopped
+            ended(True)
 
     def restart(self) -> None:
         """Stop all ranks (stuck ones included) and start a full set again.
@@ -706,17 +708,22 @@ class Cluster:
         dash.attach()  # after a restart the new ranks need their streams
         return dash
 
-    def _dashboard_streaming(self, dash: Dashboard) -> None:
-        """``dash`` now receives the ranks' records: it is this cluster's; an older one goes quiet."""
-        old, self._dashboard = self._dashboard, dash
-        if old is not None and old is not dash:
-            old._quiet()
+    # The dashboard's port: a Dashboard tells its cluster these two things, and the
+    # cluster tells it only through the ``ended`` callback it gave (never its methods).
+    def _dashboard_streaming(self, dash: Dashboard, ended: Callable[[bool], None]) -> None:
+        """``dash`` now receives the ranks' records: it is this cluster's. ``ended(stopped)``
+        is called once its streams end: ``ended(False)`` when a newer dashboard takes
+        over, ``ended(True)`` when the cluster stops or lets go of its ranks."""
+        old, old_ended = self._dashboard, self._dashboard_ended
+        self._dashboard, self._dashboard_ended = dash, ended
+        if old is not None and old is not dash and old_ended is not None:
+            old_ended(False)
 
     def _dashboard_closed(self, dash: Dashboard) -> bool:
         """``dash`` is closing: True if it was this cluster's (it no longer is)."""
         if self._dashboard is not dash:
             return False
-        self._dashboard = None
+        self._dashboard, self._dashboard_ended = None, None
         return True
 
     # --------------------------------------------------------- fault handling

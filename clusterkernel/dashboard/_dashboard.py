@@ -114,7 +114,7 @@ class Dashboard:
             raise
         # The ranks now stream here, so this is the cluster's dashboard from now on
         # (what %mpi dashboard and %%mpi --dashboard show); an older one goes quiet.
-        cluster._dashboard_streaming(self)
+        cluster._dashboard_streaming(self, self._streams_ended)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self.store.ranks())} ranks streaming"
@@ -321,16 +321,18 @@ class Dashboard:
             cluster.view().apply_async(metrics.stop_stream)
         self._quiet()
 
-    def _cluster_stopped(self) -> None:
-        """The cluster stopped: draw the last picture (ranks stopped), then go quiet.
+    def _streams_ended(self, cluster_stopped: bool) -> None:
+        """The cluster's call (given it at start): the ranks no longer stream here.
 
-        Never raises: a panel that cannot redraw (say, at interpreter exit) must not
-        fail the cluster's stop.
+        ``cluster_stopped``: the cluster stopped; draw the last picture (ranks stopped),
+        never raising: a panel that cannot redraw (say, at interpreter exit) must not
+        fail the cluster's stop. Else a newer dashboard took over. Then go quiet.
         """
-        try:
-            self.refresh(everything=True)
-        except Exception as exc:
-            self.error = exc
+        if cluster_stopped:
+            try:
+                self.refresh(everything=True)
+            except Exception as exc:
+                self.error = exc
         self._quiet()
 
     def _quiet(self) -> None:
