@@ -12,12 +12,33 @@ what a failing or hung rank tells the user (``_rank_faults``, ``_jobreport``,
 record, list, claim; ``_follow``: a cell another session left running) and Tab
 answered by a rank (``_namespace``).
 
-Who calls whom: ``Cluster`` owns one ``Engines`` while it runs and alone changes it
-(start, restart, stop); ``runner.CellRun``, the fault reports and ``_torch`` reach
-the cluster through its public methods and properties only (``client``, ``view``,
-``engine_id``, ``restart``, ``mark_lost``, ``abort_torch_groups``...). The dashboard
-and the cluster still tell each other when one of them stops (``_dashboard_*``). A
-kept cluster's guard process reads its record (``_keep``) and never calls back.
+Who calls whom, and who changes what:
+
+- ``Cluster`` owns its state and alone changes it: one ``_lifecycle.Engines`` while
+  it runs (start, restart, stop, attach, detach), its ``_health.RankHealth`` (the lost
+  engine set, the dead ranks), the dashboard its ranks stream to, ``gpus``,
+  ``rank_names``. Nothing outside ``_cluster.py`` writes a field of it (the magics
+  set the public ``timeout`` setting).
+- ``Cluster`` makes ``runner.CellRun`` (``run``), ``debug.DebugSession`` (``debug``)
+  and ``Dashboard`` (``dashboard``, ``run(dashboard=True)``) and calls their public
+  methods. They read the cluster through its public methods and properties
+  (``client``, ``view``, ``engine_id``, ``live_ranks``, ``running``, ``lost``...) and
+  act on its ranks (``stacks``, ``interrupt``, ``abort_torch_groups``), but never
+  change the cluster: a ``CellRun`` reports the job's end, dead ranks and ranks
+  stuck for good through the ``runner.CellFaults`` the cluster gave it, and the
+  cluster marks itself lost, records them or restarts. A ``Dashboard`` tells its
+  cluster that the ranks stream to it and that it closes (``_dashboard_streaming``,
+  ``_dashboard_closed``: the one private port, kept in ``Cluster``); the cluster
+  tells it that its streams ended only through the callback it gave then.
+- The helpers (``_rank_faults``, ``_torch``, ``_namespace``, ``_follow``,
+  ``_stacks``, ``_hangreport``, ``_breakpoints``) are the bodies of Cluster's and
+  CellRun's methods: they take the cluster, read it the same public way and return
+  what they find, which the cluster records (``_rank_faults.lost_engines``: the ranks
+  whose engines left; ``_torch.ranks_up``: each rank's GPUs). ``CellRun`` prompts at a
+  ``breakpoint()`` through ``_breakpoints.Stops``, which opens a ``DebugSession``.
+- The magics drive the cluster through its public API only. A kept cluster's guard
+  process reads its record (``_keep``) and never calls back.
+  ``tests/cluster/test_ownership.py`` checks these rules in the source.
 
 Example (``cluster``: a running :class:`Cluster`, from ``Cluster(n=4).start()`` or
 ``%mpi start -n 4``; README.md starts one)::

@@ -215,8 +215,10 @@ def test_listens_on_loopback_only_and_private_connection_files(cluster: Cluster)
         listening += [c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN]
     assert listening, "found no listening sockets at all; the check would prove nothing"
     assert all(ip in ("127.0.0.1", "::1") for ip in listening), listening
-    sec = os.path.dirname(cluster.cluster_file)
-    files = [os.path.join(sec, f) for f in os.listdir(sec) if cluster._engines.ipp.cluster_id in f]
+    sec, name = os.path.split(cluster.cluster_file)  # ipyparallel's cluster-<id>.json
+    cluster_id = name.removeprefix("cluster-").removesuffix(".json")
+    assert cluster_id
+    files = [os.path.join(sec, f) for f in os.listdir(sec) if cluster_id in f]
     assert files
     for f in files:
         mode = stat.S_IMODE(os.stat(f).st_mode)

@@ -1,0 +1,89 @@
+"""Cluster owns its state (issue 28 item 1), read from the source: outside
+``cluster/_cluster.py`` no module writes a Cluster's fields or reaches for its private
+names, but for the dashboard's port; and the cluster's helpers do not change it.
+
+What the cluster package's docstring says about who calls whom, checked where a
+test can: it parses the code (no cluster is started).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import clusterkernel
+
+PACKAGE = Path(clusterkernel.__file__).resolve().parent
+OWNER = PACKAGE / "cluster" / "_cluster.py"
+# what a Dashboard tells its cluster (its streams start, it closes): documented in
+# Cluster and the cluster package's docstring
+DASHBOARD_PORT = {"_dashboard_streaming", "_dashboard_closed"}
+# public settings a caller may set (``%mpi timeout`` sets the watchdog)
+SETTINGS = {"timeout"}
+# what Cluster's own reports and actions are; its helpers must not call them
+CHANGES = {"mark_lost", "mark_dead", "restart", "start", "stop", "detach"}
+
+
+def _is_cluster(node: ast.AST) -> bool:
+    """``cluster``, ``self.cluster``, ``self._cluster``: a name for a Cluster."""
+    if isinstance(node, ast.Name):
+        return node.id == "cluster"
+    return isinstance(node, ast.Attribute) and node.attr in ("cluster", "_cluster")
+
+
+def _reaches() -> dict[str, set[str]]:
+    """``{module: {"write x", "private _x", "calls y"}}`` for every module but the owner."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == OWNER:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        here = found.setdefault(str(path.relative_to(PACKAGE)), set())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _is_cluster(node.value):
+                if isinstance(node.ctx, (ast.Store, ast.Del)):
+                    here.add(f"write {node.attr}")
+                elif node.attr.startswith("_") and not node.attr.startswith("__"):
+                    here.add(f"private {node.attr}")
+                if node.attr in CHANGES:
+                    here.add(f"calls {node.attr}")
+            # cluster.dead[r] = ..., cluster.rank_info.update(...): editing what it holds
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+                if isinstance(node.value, ast.Attribute) and _is_cluster(node.value.value):
+                    here.add(f"write {node.value.attr}[]")
+    return {m: r for m, r in found.items() if r}
+
+
+def test_only_the_cluster_changes_its_state():
+    reaches = _reaches()
+    writes = {m: {r for r in rs if r.startswith("write")} for m, rs in reaches.items()}
+    assert {m: w for m, w in writes.items() if w} == {
+        "magics/_subcommands.py": {f"write {s}" for s in SETTINGS}
+    }
+
+
+def test_private_names_only_through_the_dashboard_port():
+    reaches = _reaches()
+    private = {m: {r for r in rs if r.startswith("private")} for m, rs in reaches.items()}
+    assert {m: p for m, p in private.items() if p} == {
+        "dashboard/_dashboard.py": {f"private {name}" for name in DASHBOARD_PORT}
+    }
+
+
+def test_helpers_report_and_the_cluster_acts():
+    """The cell run, the fault reports and the debugger never restart or mark the cluster:
+    the run reports through ``CellFaults``; only the user's commands (the magics) do."""
+    calls = {m: {r for r in rs if r.startswith("calls")} for m, rs in _reaches().items()}
+    assert {m: c for m, c in calls.items() if c and not m.startswith("magics/")} == {}
+
+
+def test_the_cluster_tells_its_dashboard_only_through_its_callback():
+    tree = ast.parse(OWNER.read_text())
+    names = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in ("dash", "old")
+    }
+    assert names <= {"closed", "attach", "show", "cell_finished"}, names
