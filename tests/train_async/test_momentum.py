@@ -27,9 +27,18 @@ def test_async_with_momentum_learns(job):
         assert rec["plan"] == pytest.approx([0.9, 2 / 3, 0.9 - 2 / 3]), rec
     workers = _workers(recs)
     assert len(workers) == 3
+    # What learned is the servers' final model: every worker loads it at the end, and it
+    # has taken every worker's every push, however the workers were scheduled. A
+    # worker's own last-epoch loss is no such witness: each step it trains on the
+    # parameters it just fetched, so its last epoch measures the model at the moment
+    # that worker ran it. On a loaded machine one worker can run ahead of the others
+    # and do its last epoch on a model that has had far fewer updates (one CI run:
+    # 2.25, 2.02, 1.60 for one worker; a loaded run here: last epochs 1.64, 1.08 and
+    # 0.98, and the final model's loss 0.87, as in every run, loaded or not).
     for rec in workers:
-        assert rec["losses"][-1] < CHANCE - 0.7, rec["losses"]
         assert rec["test_loss"] < CHANCE - 0.7, rec["test_loss"]
+        assert rec["test_loss"] == pytest.approx(workers[0]["test_loss"])  # the same model
+        assert rec["losses"][-1] < rec["losses"][0], rec["losses"]  # each saw it learn
 
 
 def test_the_first_worker_warns_once_with_the_numbers(job):
@@ -48,8 +57,10 @@ def test_without_compensation_it_stays_at_chance(job):
         assert rec["plan"] is None and rec["warnings"] == []
     # Uncompensated, the loss swings around chance from epoch to epoch (one CI run:
     # 2.19, 2.68, 1.63), so one epoch's value is a noisy witness: the mean over the
-    # epochs stays near chance, and above every compensated worker's final loss.
-    learned = max(rec["losses"][-1] for rec in _workers(job["compensated"]))
+    # epochs stays near chance, and above the compensated final model's loss (not a
+    # compensated worker's last epoch, which depends on how the workers were
+    # scheduled: see test_async_with_momentum_learns).
+    learned = max(rec["test_loss"] for rec in _workers(job["compensated"]))
     for rec in _workers(recs):
         mean = sum(rec["losses"]) / len(rec["losses"])
         assert mean > CHANCE - 0.4 and mean > learned, (rec["losses"], learned)
