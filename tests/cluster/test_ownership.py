@@ -87,3 +87,22 @@ def test_the_cluster_tells_its_dashboard_only_through_its_callback():
         and node.value.id in ("dash", "old")
     }
     assert names <= {"closed", "attach", "show", "cell_finished"}, names
+
+
+def test_rank_health_keeps_first_causes_and_only_its_owner_clears_it():
+    from clusterkernel.cluster._health import RankHealth
+
+    health = RankHealth()
+    health.ranks_died([2], "its process exited")
+    health.ranks_died([2, 3], "its process exited between cells")
+    assert health.dead == {2: "its process exited", 3: "its process exited between cells"}
+    health.dead[4] = "edited from outside"  # a copy: the bookkeeping is not changed
+    assert not health.is_dead(4)
+    health.job_ended("The MPI job ended: rank 1 died.")
+    health.forgotten()  # stopped: no dead ranks, the reason the set went stays
+    assert (health.lost, health.dead) == ("The MPI job ended: rank 1 died.", {})
+    health.ranks_died([1], "x")
+    health.started()
+    assert (health.lost, health.dead) == (None, {1: "x"})
+    health.restarted()
+    assert (health.lost, health.dead) == (None, {})
