@@ -241,6 +241,11 @@ class SlurmTestbed:
             # them, as Open MPI's ranks do on one machine under --oversubscribe (real
             # nodes have cores of their own; here a busy-polling rank starves the rest)
             "OMPI_MCA_mpi_yield_when_idle": "1",
+            # ...and for the same reason one torch (OpenMP) thread per rank: under srun
+            # each rank sees both cores and takes 2 threads, 8 on 2 cores, whose
+            # spin-waits starve the ranks (notebook 08's batch job: 84 s, 17 s with 1;
+            # under mpiexec --oversubscribe torch takes 1 by itself)
+            "OMP_NUM_THREADS": "1",
             # node2 has only the veth: MPI's TCP and PRRTE's daemons must use it
             "PRTE_MCA_oob_tcp_if_include": f"{self.net}.0/24",
             "OMPI_MCA_btl_tcp_if_include": f"{self.net}.0/24",
