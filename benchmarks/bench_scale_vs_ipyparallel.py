@@ -11,9 +11,11 @@ restart, stop), never two at once. At each size, in turn:
   ways interleaved in rounds (A B C D E A B C D E ...): ``cluster.run(code)`` (the
   ``%%mpi`` path, a ``TerminalRenderer`` on an ``io.StringIO``), ``%%px`` (a real
   IPython ``InteractiveShell`` with ipyparallel's magics, ``client.activate()``),
-  ``%%px`` once more (the A/A control), ``client[:].execute(code, block=True)`` and, as
-  an EXPERIMENT, ``cluster.run`` with ``Cluster.view`` patched here to return
-  ipyparallel's BroadcastView; then ``cluster.restart()``. These ways share this
+  ``%%px`` once more (the A/A control), ``client[:].execute(code, block=True)`` and,
+  with ``--broadcast``, the EXPERIMENT ``cluster.run`` with ``Cluster.view`` patched
+  here to return ipyparallel's BroadcastView (interleaved with the others it kept the
+  controller busy for a whole core at 16 ranks, slowing every way: off by default);
+  then ``cluster.restart()``. These ways share this
   process and so clusterkernel's adaptation of ipyparallel's client (the reply-date
   parser installed at start): like with like;
 - ``raw``: ``ipyparallel.Cluster(engines="mpi", n=n)`` with its default configuration
@@ -70,9 +72,9 @@ def run_sizes(args) -> dict:
                     r["start"].setdefault(side.name, []).append(t)
                     print(f"[{n} ranks] {side.name} start {t:.2f} s", flush=True)
                     if rep == 0 and isinstance(side, CkSide):
-                        cells = measure_cells(side.ways(aa=True), rounds, args.cells)
-                        r["cells"][side.name] = cells
-                        r["output_check"] = side.check_print_output()
+                        ways = side.ways(aa=True, broadcast=args.broadcast)
+                        r["cells"][side.name] = measure_cells(ways, rounds, args.cells)
+                        r["output_check"] = side.check_print_output(args.broadcast)
                     elif rep == 0 and side.name == "raw":
                         r["cells"]["raw"] = side.cells(["px", "execute"], rounds, args.cells)
                     if rep == 0 and n in args.idle_sizes:
@@ -135,11 +137,12 @@ def report(res: dict) -> None:
             ratio = h.paired(rm["mpi"], rm["px"])
             aa = h.paired(rm["px again"], rm["px"])
             px = s["px"][0]
+            b = s.get("mpi+broadcast", (float("nan"),) * 3)
             print(
                 f"| {n} | {fmt_cells(s['mpi'])} | {fmt_cells(s['px'])} | {fmt_cells(s['execute'])} "
                 f"| {h.fmt_ratio(ratio)} | {h.fmt_ratio(aa)} | {h.aa_verdict(ratio, aa)} "
                 f"| {s['mpi'][0] / s['execute'][0]:.2f}x "
-                f"| {fmt_cells(s['mpi+broadcast'])} | {s['mpi+broadcast'][0] / px:.2f}x "
+                f"| {fmt_cells(b)} | {b[0] / px:.2f}x "
                 f"| {fmt_cells(sr['px'])} | {fmt_cells(sr['execute'])} "
                 f"| {s['mpi'][0] / sr['px'][0]:.2f}x |"
             )
@@ -153,6 +156,8 @@ def report(res: dict) -> None:
         for n in sizes:
             ck = res["sizes"][n]["cells"]["clusterkernel"][kind]
             raw = res["sizes"][n]["cells"]["raw"][kind]
+            nan = [[(float("nan"),) * 3]]
+            ck = {"mpi+broadcast": nan, **ck}
             c = {w: cell_stats(v, 1)[0] for w, v in ck.items()}
             t = {w: cell_stats(v, 2)[0] for w, v in ck.items()}
             cr = {w: cell_stats(v, 1)[0] for w, v in raw.items()}
@@ -191,6 +196,11 @@ def main() -> None:
     )
     ap.add_argument("--idle", type=float, default=10.0, help="seconds idle for the heartbeat")
     ap.add_argument("--idle-sizes", type=int, nargs="*", default=[32])
+    ap.add_argument(
+        "--broadcast",
+        action="store_true",
+        help="also the EXPERIMENT: cluster.run through a BroadcastView (exp. B columns)",
+    )
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     args = ap.parse_args()
     with h.mpi_lock():
