@@ -57,6 +57,11 @@ def _clean_env(venv: Path) -> dict[str, str]:
     outer = str(Path(sys.executable).parent)
     path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != outer]
     env["PATH"] = os.pathsep.join([str(venv / "bin"), *path])
+    # This machine's PYTHONDONTWRITEBYTECODE=1 is no user's: with it (and the install's
+    # --no-compile) the kernel and each of the 4 ranks compiled torch's source anew
+    # in memory; without it the first to import a module writes its .pyc for the rest,
+    # and only what the notebook imports is compiled (not all of torch, as pip would)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 
