@@ -10,7 +10,7 @@ numbers.
 
 Why columns and not JSON all the way: a rank that logs in a tight loop makes
 records faster than ``json.dumps`` can print floats (~3 us per record, measured
-in benchmarks/bench_dashboard.py), and the stream's thread would then take the
+in benchmarks/bench_dashboard_encode.py), and the stream's thread would then take the
 GIL from the training loop. Packing a batch into arrays is done in C by
 ``zip``/``array`` and costs a small fraction of that.
 

@@ -48,7 +48,7 @@ class Dashboard:
     window : seconds of history in the timeline panel.
     metric : the scalar the loss panel shows first (any logged name can be picked).
     max_points : points per line drawn (the browser's cost grows with them: see
-        ``benchmarks/bench_dashboard.py --part draw``); the store keeps every point.
+        ``benchmarks/bench_dashboard_draw.py``); the store keeps every point.
     interval : seconds between the ranks' batched sends.
 
     Example (three notebook cells)::

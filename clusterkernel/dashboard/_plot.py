@@ -4,7 +4,7 @@ Why not SVG (bqplot, which the dashboard used first): with the browser on the sa
 cores as the ranks, drawing is what the dashboard costs the training. bqplot's loss
 panel took ~30 ms of Chromium's CPU per picture (15 % of a core at 5 Hz, 2 lines,
 software rendering) and each 1 Hz timeline picture more; a canvas redraw of the same
-points is a few milliseconds (``benchmarks/bench_dashboard.py --part draw``).
+points is a few milliseconds (``benchmarks/bench_dashboard_draw.py``).
 
 The kernel side is only data: axis ranges set by the caller, and all series' points
 as one float64 buffer (a binary frame on the widget comm, not JSON), sent in one

@@ -2,7 +2,7 @@
 
 Chromium is Debian's package (``apt-get install chromium``), driven by Playwright
 through ``executable_path``; Playwright's own browser download is never used.
-Also used by ``benchmarks/bench_dashboard.py``.
+Also used by the dashboard benchmarks (``benchmarks/bench_dashboard_draw.py``, ``_page``, ``_training``, ``_toggle``).
 """
 
 from __future__ import annotations
