@@ -15,6 +15,7 @@ ranks than slots) in that launcher, when it is built; the ``#SBATCH`` values in
 
 Example::
 
+    # not run: it asks Slurm for two nodes
     settings = LaunchSettings(n=8, launcher="slurm", nodes=2)
     launcher = settings.build()        # a SlurmLauncher; launcher.settings is settings
     Cluster(launcher=settings)         # the same as Cluster(n=8, launcher="slurm", nodes=2)
@@ -46,6 +47,8 @@ class LaunchSettings:
 
     Example::
 
+        # not run: it names hosts a and b, which this machine cannot reach
+        from clusterkernel.cluster import LaunchSettings
         LaunchSettings(n=4).build()                      # MpiexecLauncher, 4 ranks here
         LaunchSettings(n=4, hosts="a:2,b:2").build()     # mpiexec over two machines
         LaunchSettings(n=0)                              # ValueError: n must be ...
@@ -92,6 +95,7 @@ class LaunchSettings:
 
         Example::
 
+            # not run: start_args is the %mpi start magic's parser, inside the magics
             args = parse_argstring(start_args, "-n 8 --slurm --nodes 2 --gres gpu:4")
             LaunchSettings.from_args(args)
             # LaunchSettings(n=8, launcher='slurm', nodes=2, slurm_args=('--gres=gpu:4',), ...)
