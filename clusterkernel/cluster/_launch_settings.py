@@ -47,11 +47,13 @@ class LaunchSettings:
 
     Example::
 
-        # not run: it names hosts a and b, which this machine cannot reach
         from clusterkernel.cluster import LaunchSettings
-        LaunchSettings(n=4).build()                      # MpiexecLauncher, 4 ranks here
-        LaunchSettings(n=4, hosts="a:2,b:2").build()     # mpiexec over two machines
-        LaunchSettings(n=0)                              # ValueError: n must be ...
+        launcher = LaunchSettings(n=4).build()   # mpiexec here; hosts="a:2,b:2": two machines
+        launcher.kind, launcher.n                # ('mpiexec', 4)
+        try:
+            LaunchSettings(n=0)
+        except ValueError as e:
+            print(e)                             # n must be a positive integer number of ...
     """
 
     n: int | None = None
