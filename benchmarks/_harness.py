@@ -79,6 +79,29 @@ def mpi_lock(path: str = LOCK) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+# ------------------------------------------------------------------ MPI jobs
+def mpi_job(script: str, n: int, args: Sequence[str] = (), bind: str = "none") -> dict:
+    """Run ``script --worker *args`` under ``mpiexec -n n`` (the venv's Open MPI,
+    oversubscribed, ranks bound to ``bind``) and return the JSON its rank 0 printed on
+    a ``RESULT `` line; exits with the job's output when there is none.
+
+    Example: ``mpi_job(__file__, 2, ["--rounds", "9"])``
+    """
+    import json
+    import subprocess
+
+    exe = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [exe, *root, "--oversubscribe", "--bind-to", bind, "-n", str(n)]
+    cmd += [sys.executable, script, "--worker", *args]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=1800)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise SystemExit(f"no result from {n} ranks:\n{out.stdout}\n{out.stderr}")
+
+
 # ------------------------------------------------------------------ rounds
 def order(names: Sequence[T], round_index: int, rotate: bool = True) -> list[T]:
     """``names`` in the order of round ``round_index``: turned by one each round."""

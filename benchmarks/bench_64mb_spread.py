@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import _harness as h  # noqa: E402
+
 MB = 1 << 20
 CALLS = 12
 
@@ -63,26 +64,9 @@ def worker() -> None:
     alg = metrics.recorder().comm[-1][2]
     huge = world.gather(huge_kb(t.data_ptr()), root=0)
     if world.Get_rank() == 0:
-        out = {k: statistics.median(v) for k, v in times.items()}
+        out = {k: h.median(v) for k, v in times.items()}
         extra = {"alg": alg, "huge_kb": huge, "switches": switches}
         print("RESULT " + json.dumps({**out, **extra}))
-
-
-def _mpiexec() -> list[str]:
-    exe = str(Path(sys.executable).with_name("mpiexec"))
-    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return [exe, *extra, "--oversubscribe", "--bind-to", "none"]
-
-
-def run(n: int, bind: bool) -> dict:
-    cmd = [*_mpiexec(), "-n", str(n), sys.executable, __file__, "--worker"]
-    if bind:
-        cmd[cmd.index("none")] = "core"
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    raise SystemExit(f"no result:\n{out.stdout}\n{out.stderr}")
 
 
 def main() -> None:
@@ -100,21 +84,22 @@ def main() -> None:
         " | preempted in comm, mpi4py"
     )
     print("---|---|---|---|---|---|---")
-    rows = []
-    for job in range(args.jobs):
-        r = run(args.ranks, args.bind)
-        rows.append(r)
-        ratio = r["comm"] / r["mpi4py"]
-        huge = ", ".join(str(k) for k in r["huge_kb"])
-        print(
-            f"job {job + 1} | {r['comm'] * 1e3:.1f} ms | {r['mpi4py'] * 1e3:.1f} ms | "
-            f"{ratio:.2f}x | {r['alg']} | {huge} | {r['switches']['comm']}, "
-            f"{r['switches']['mpi4py']}",
-            flush=True,
-        )
+    with h.mpi_lock():
+        rows = []
+        for job in range(args.jobs):
+            r = h.mpi_job(__file__, args.ranks, bind="core" if args.bind else "none")
+            rows.append(r)
+            ratio = r["comm"] / r["mpi4py"]
+            huge = ", ".join(str(k) for k in r["huge_kb"])
+            print(
+                f"job {job + 1} | {r['comm'] * 1e3:.1f} ms | {r['mpi4py'] * 1e3:.1f} ms | "
+                f"{ratio:.2f}x | {r['alg']} | {huge} | {r['switches']['comm']}, "
+                f"{r['switches']['mpi4py']}",
+                flush=True,
+            )
     for side in ("comm", "mpi4py"):
         v = sorted(r[side] * 1e3 for r in rows)
-        print(f"{side}: min {v[0]:.1f} ms, median {statistics.median(v):.1f}, max {v[-1]:.1f}")
+        print(f"{side}: min {v[0]:.1f} ms, median {h.median(v):.1f}, max {v[-1]:.1f}")
 
 
 if __name__ == "__main__":

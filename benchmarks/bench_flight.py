@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -105,21 +103,6 @@ def worker(rounds: int) -> None:
         print("RESULT " + json.dumps({"ranks": world.Get_size(), "results": results}))
 
 
-def _mpiexec() -> list[str]:
-    exe = str(Path(sys.executable).with_name("mpiexec"))
-    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return [exe, *extra, "--oversubscribe", "--bind-to", "none"]
-
-
-def run(n: int, rounds: int) -> dict:
-    cmd = [*_mpiexec(), "-n", str(n), sys.executable, __file__, "--worker", "--rounds", str(rounds)]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    raise SystemExit(f"no result from {n} ranks:\n{out.stdout}\n{out.stderr}")
-
-
 def _ratios(per: dict, num: str, den: str) -> tuple[float, float, float]:
     return h.paired(per[num], per[den])
 
@@ -163,7 +146,7 @@ def main() -> None:
         return
     with h.mpi_lock():
         for n in args.ranks:
-            print(report(run(n, args.rounds)))
+            print(report(h.mpi_job(__file__, n, ["--rounds", str(args.rounds)])))
             print()
 
 

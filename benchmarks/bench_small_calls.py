@@ -1,6 +1,6 @@
 """Small allreduces against the MPI floor: what ``comm.all_reduce`` adds at 64 B and 4 KB.
 
-Run from the repository root::
+Run from the repository root (it takes the one benchmark lock, :mod:`_harness`)::
 
     python benchmarks/bench_small_calls.py               # 2 and 4 ranks, 15 rounds
     python benchmarks/bench_small_calls.py --ranks 2 --rounds 9
@@ -36,15 +36,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import _harness as h  # noqa: E402
+
 SIZES = [64, 4096]
 ITERS = 3000
 VARIANTS = [
@@ -123,32 +124,15 @@ def worker(rounds: int) -> None:
         print("RESULT " + json.dumps({"ranks": world.Get_size(), "fast": fast, "results": results}))
 
 
-def _mpiexec() -> list[str]:
-    exe = str(Path(sys.executable).with_name("mpiexec"))
-    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return [exe, *extra, "--oversubscribe", "--bind-to", "none"]
-
-
-def run(n: int, rounds: int) -> dict:
-    cmd = [*_mpiexec(), "-n", str(n), sys.executable, __file__, "--worker", "--rounds", str(rounds)]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    raise SystemExit(f"no result from {n} ranks:\n{out.stdout}\n{out.stderr}")
-
-
 def _ratio(per: dict, num: str) -> str:
-    ratios = sorted(a / b for a, b in zip(per[num], per["mpi4py"]))
-    q1, _, q3 = statistics.quantiles(ratios, n=4)
-    return f"{statistics.median(ratios):.2f}x [{q1:.2f}-{q3:.2f}]"
+    return h.fmt_ratio(h.paired(per[num], per["mpi4py"]))
 
 
 def report(res: dict) -> str:
     head = f"{res['ranks']} ranks (C path {'built' if res['fast'] else 'absent'})"
     lines = [f"{head} | " + " | ".join(VARIANTS), "---|" * len(VARIANTS) + "---"]
     for nbytes, per in res["results"].items():
-        cells = " | ".join(f"{statistics.median(per[v]) * 1e6:.2f} us" for v in VARIANTS)
+        cells = " | ".join(f"{h.median(per[v]) * 1e6:.2f} us" for v in VARIANTS)
         lines.append(f"{nbytes} B | {cells}")
     lines += ["", f"{res['ranks']} ranks: / mpi4py | " + " | ".join(VARIANTS[1:])]
     lines.append("---|" * (len(VARIANTS) - 1) + "---")
@@ -166,7 +150,7 @@ def report(res: dict) -> str:
 
 def _cost(per: dict, without: str) -> str:
     diffs = [(a - b) * 1e6 for a, b in zip(per["default"], per[without])]
-    return f"{statistics.median(diffs):+.2f} us"
+    return f"{h.median(diffs):+.2f} us"
 
 
 def main() -> None:
@@ -178,9 +162,10 @@ def main() -> None:
     if args.worker:
         worker(args.rounds)
         return
-    for n in args.ranks:
-        print(report(run(n, args.rounds)), flush=True)
-        print()
+    with h.mpi_lock():
+        for n in args.ranks:
+            print(report(h.mpi_job(__file__, n, ["--rounds", str(args.rounds)])), flush=True)
+            print()
 
 
 if __name__ == "__main__":
