@@ -14,7 +14,7 @@ import torch
 from clusterkernel.comm import _check
 from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._groups import Group
-from clusterkernel.comm._ledger import DONE
+from clusterkernel.comm._ledger import abandon
 from clusterkernel.comm._ops import ReduceOp
 
 # _check.STATE bound here: begin() runs on every collective, and a module global is one
@@ -68,7 +68,6 @@ def begin(
                     detail=detail,
                 )
     except BaseException:
-        if entry is not None:
-            entry[DONE] = True  # it raised on every rank: nobody waits in it
+        abandon(entry)  # it raised on every rank: nobody waits in it
         raise
     return entry

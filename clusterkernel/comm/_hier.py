@@ -37,7 +37,7 @@ from clusterkernel.comm import _shm
 from clusterkernel.comm._dtypes import DTYPES, DType, buf, unstage, wire
 from clusterkernel.comm._groups import Group, _world_ranks
 from clusterkernel.comm._handle import Call, Work
-from clusterkernel.comm._ledger import DONE
+from clusterkernel.comm._ledger import abandon
 from clusterkernel.comm._ops import AVG, SUM, ReduceOp, op_for
 from clusterkernel.comm._shm.segment import segment
 from clusterkernel.comm._shm.steps import slot_dtype
@@ -131,8 +131,7 @@ def all_reduce(
         try:
             lay = plan(g)
         except BaseException:
-            if entry is not None:
-                entry[DONE] = True  # raised on every member: nobody waits in it
+            abandon(entry)  # raised on every member: nobody waits in it
             raise
     if lay.nodes == 1:
         return _shm.all_reduce(g, tensor, DTYPES[tensor.dtype], op, async_op, entry)

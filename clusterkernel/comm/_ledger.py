@@ -64,6 +64,8 @@ def close(
 
 
 def abandon(entry: list | None) -> None:
-    """A call raised on every member before moving data: nobody waits in it."""
+    """Mark a flight entry done without a timing record: the call raised on every
+    member before moving data (nobody waits in it), or it was a step of another call
+    whose own record covers it."""
     if entry is not None:
         entry[DONE] = True

@@ -15,8 +15,9 @@ hands every other call to Python. The rules live here, not in C.
 
 Example::
 
-    plan = _plan.lookup(comm.WORLD, (torch.float32, 1024, comm.SUM, "auto"))
-    plan.alg        # 'mpi' for 4 KB on one node
+    comm.all_reduce(torch.ones(1024))
+    plan = comm.WORLD._plans[(torch.float32, 1024, comm.SUM, "auto", True)]
+    plan.alg        # 'mpi' for 4 KB on one node (key: dtype, numel, op, algorithm, is_cpu)
 """
 
 from __future__ import annotations
@@ -96,11 +97,6 @@ class Plan:
 
     def __repr__(self) -> str:
         return f"<Plan {self.sig[0]} {self.alg} {self.count} x {self.info.mpi.Get_name()}>"
-
-
-def lookup(g: Group, key: tuple) -> Plan | None:
-    """The plan made for ``key`` on ``g``, or None."""
-    return g._plans.get(key)
 
 
 def keep(g: Group, key: tuple, plan: Plan) -> Plan:

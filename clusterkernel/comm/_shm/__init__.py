@@ -32,7 +32,7 @@ import torch
 from clusterkernel.comm._dtypes import DType
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Call, Work, _now, note
-from clusterkernel.comm._ledger import DONE
+from clusterkernel.comm._ledger import abandon
 from clusterkernel.comm._ops import AVG, ReduceOp
 from clusterkernel.comm._shm.pipe import (
     SMALL,
@@ -180,8 +180,7 @@ def _segment(g: Group, entry: list | None) -> Segment:
     try:
         return segment(g)
     except BaseException:
-        if entry is not None:
-            entry[DONE] = True  # raised on every member: nobody waits in it
+        abandon(entry)  # raised on every member: nobody waits in it
         raise
 
 
