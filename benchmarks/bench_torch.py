@@ -15,6 +15,7 @@ Two questions, each side by side in one run, rounds interleaved:
 Run from the repository root, under the MPI lock, on a quiet machine::
 
     flock /tmp/ck-mpi.lock python benchmarks/bench_torch.py [--part ddp|start|all] [--rounds 5]
+    python benchmarks/bench_torch.py --part ddp --device cuda --ranks 1 --batch 4096 --steps 1000  # GPU
 """
 
 from __future__ import annotations
@@ -31,47 +32,62 @@ from pathlib import Path
 
 # One training function, the same text for both sides.
 _TRAIN = """
-def train(steps=200, warmup=10, batch=64):
-    import time, torch, torch.distributed as dist
+def train(steps=200, warmup=10, batch=64, device="cpu"):
+    import os, time, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
+    if device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     torch.manual_seed(0)
-    teacher = torch.nn.Linear(256, 10)
+    teacher = torch.nn.Linear(256, 10).to(device)
     net = torch.nn.Sequential(
         torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-        torch.nn.ReLU(), torch.nn.Linear(512, 10))
+        torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(device)
     ddp = DDP(net)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(dist.get_rank())
+    g = torch.Generator(device=device).manual_seed(dist.get_rank())
     for step in range(warmup + steps):
         if step == warmup:
+            sync()
             dist.barrier()
             t0 = time.perf_counter()
-        x = torch.randn(batch, 256, generator=g)
+        x = torch.randn(batch, 256, generator=g, device=device)
         y = teacher(x).argmax(1)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
+    sync()
     elapsed = time.perf_counter() - t0
-    slowest = torch.tensor([elapsed])
+    slowest = torch.tensor([elapsed], device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return steps * batch * dist.get_world_size() / slowest.item()
 """
 
 _TORCHRUN_MAIN = """
-import json, torch.distributed as dist
-dist.init_process_group("gloo")
-rate = train()
+import json, sys, torch.distributed as dist
+device, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+dist.init_process_group("nccl" if device == "cuda" else "gloo")
+rate = train(steps=steps, device=device, batch=batch)
 if dist.get_rank() == 0:
     print("RATE", json.dumps(rate), flush=True)
 dist.destroy_process_group()
 """
 
 
-def _torchrun(n: int, script: Path) -> float:
+def _torchrun(n: int, script: Path, device: str, batch: int, steps: int) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # the torchrun command
     out = subprocess.run(
-        [torchrun, "--standalone", f"--nproc-per-node={n}", str(script)],
+        [
+            *torchrun,
+            "--standalone",
+            f"--nproc-per-node={n}",
+            str(script),
+            device,
+            str(batch),
+            str(steps),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -83,12 +99,12 @@ def _torchrun(n: int, script: Path) -> float:
     raise RuntimeError(f"torchrun gave no rate:\n{out.stdout}\n{out.stderr}")
 
 
-def _cluster_rate(cluster) -> float:
-    cluster.run("rate = train()")
+def _cluster_rate(cluster, device: str, batch: int, steps: int) -> float:
+    cluster.run(f"rate = train(steps={steps}, device={device!r}, batch={batch})")
     return cluster.pull("rate")[0]
 
 
-def part_ddp(n: int, rounds: int) -> None:
+def part_ddp(n: int, rounds: int, device: str = "cpu", batch: int = 64, steps: int = 200) -> None:
     from clusterkernel import Cluster
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,7 +119,9 @@ def part_ddp(n: int, rounds: int) -> None:
                 got = {}
                 for side in order:
                     got[side] = (
-                        _torchrun(n, script) if side == "torchrun" else _cluster_rate(cluster)
+                        _torchrun(n, script, device, batch, steps)
+                        if side == "torchrun"
+                        else _cluster_rate(cluster, device, batch, steps)
                     )
                 ours.append(got["cluster"])
                 theirs.append(got["torchrun"])
@@ -117,7 +135,7 @@ def part_ddp(n: int, rounds: int) -> None:
             cluster.stop()
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     print(
-        "\n| ranks | %%mpi samples/s (median) | torchrun samples/s (median) | ratio (median of rounds) | middle half |"
+        f"\n{device}, batch {batch} per rank:\n| ranks | %%mpi samples/s (median) | torchrun samples/s (median) | ratio (median of rounds) | middle half |"
     )
     print("|---|---|---|---|---|")
     print(
@@ -168,9 +186,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ranks", type=int, default=2, help="ranks for the ddp part")
     parser.add_argument("--start-ranks", type=int, default=4, help="ranks for the start part")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="ddp part: cuda trains on the ranks' GPUs over NCCL")  # fmt: skip
+    parser.add_argument("--batch", type=int, default=64, help="ddp part: samples per rank per step")
+    parser.add_argument("--steps", type=int, default=200, help="ddp part: timed steps per round")
     args = parser.parse_args()
     if args.part in ("ddp", "all"):
-        part_ddp(args.ranks, args.rounds)
+        part_ddp(args.ranks, args.rounds, args.device, args.batch, args.steps)
     if args.part in ("start", "all"):
         part_start(args.start_ranks, args.rounds)
 

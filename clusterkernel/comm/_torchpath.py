@@ -128,11 +128,12 @@ def torch_group(g: Group, tensor: torch.Tensor) -> tuple[Any, str] | None:
 
 
 def _learn(dist: Any) -> _Known:
-    """Learn the default group's backend per device type from ``dist.get_backend``'s
-    public answer: "gloo", or "cpu:gloo,cuda:nccl" for one backend per device."""
+    """Learn the default group's backend per device type from its public config:
+    "cpu:gloo,cuda:nccl" (``get_backend()`` reads "undefined" for torch's pick by
+    device, the pick of ``init_process_group()`` without a backend)."""
     global _KNOWN
     default = dist.group.WORLD
-    spec = str(dist.get_backend(default))
+    spec = str(dist.get_backend_config(default))
     if ":" in spec:
         backends = dict(part.split(":", 1) for part in spec.split(","))
     else:

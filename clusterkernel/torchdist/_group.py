@@ -72,6 +72,27 @@ def check_backend(backend: str | None) -> None:
             )
 
 
+def pick_backend(asked: str | None, gpus: int, local_ranks: int) -> str | None:
+    """The backend ``init`` hands torch: ``asked`` where given; else torch's own pick
+    (``None``: gloo for CPU tensors, NCCL for CUDA ones), except where that cannot run.
+
+    On a host without GPUs it is plain ``gloo`` (torch's pick would make
+    ``cpu:gloo,cuda:gloo``, whose ``get_backend()`` reads "undefined"). Where ranks
+    share GPUs (``--gpu-share``, more ranks on the host than GPUs) it is ``gloo`` too:
+    NCCL refuses two ranks of one group on one GPU, and gloo moves CUDA tensors.
+
+    Example::
+
+        pick_backend(None, gpus=8, local_ranks=8)   # None: torch picks, NCCL for CUDA
+        pick_backend(None, gpus=1, local_ranks=2)   # 'gloo': two ranks share one GPU
+    """
+    if asked is not None:
+        return asked
+    if gpus == 0 or local_ranks > gpus:
+        return "gloo"
+    return None
+
+
 def describe() -> dict:
     """This rank's default group: backend, rank, world size, rendezvous (empty without one)."""
     dist = sys.modules.get("torch.distributed")
@@ -99,10 +120,8 @@ def init(backend: str | None = None, timeout: float | None = None) -> dict:
     if dist.is_initialized():
         return describe()
     check_backend(backend)
-    if backend is None and not torch.cuda.is_available():
-        # torch's pick by device would make "cpu:gloo,cuda:gloo", whose get_backend()
-        # reads "undefined"; on a host without GPUs that is plain gloo
-        backend = "gloo"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = pick_backend(backend, gpus, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     kwargs: dict = {}
     if timeout is not None:
         kwargs["timeout"] = timedelta(seconds=timeout)

@@ -10,6 +10,7 @@ from clusterkernel.cluster._hangreport import compare
 from clusterkernel.export import export_cells, torch_use
 from clusterkernel.torchdist._env import master_address, node_layout
 from clusterkernel.torchdist._flight import entries
+from clusterkernel.torchdist._group import pick_backend
 
 
 def test_node_layout_numbers_nodes_and_local_ranks_as_torchrun():
@@ -178,3 +179,10 @@ def test_rooted_calls_torch_records_by_role_are_no_mismatch():
     other = entries(False, _dump([_entry(1, True, size=0, op="gloo:scatter")]))
     root[0]["done"] = other[0]["done"] = False  # both waiting in it
     assert "mismatch" not in compare({0: root, 1: other})
+
+
+def test_ranks_that_share_gpus_get_gloo_and_ranks_with_their_own_get_torchs_pick():
+    assert pick_backend(None, gpus=4, local_ranks=4) is None  # torch's: NCCL for CUDA
+    assert pick_backend(None, gpus=1, local_ranks=2) == "gloo"  # NCCL refuses a shared GPU
+    assert pick_backend(None, gpus=0, local_ranks=1) == "gloo"
+    assert pick_backend("nccl", gpus=8, local_ranks=2) == "nccl"  # asked: as asked

@@ -101,3 +101,21 @@ def test_data_parallel_averages_its_buckets_through_gloo():
     grad = model.module.weight.grad
     ok = torch.allclose(grad, want) and _last_record()["algorithm"] == "gloo"
     agree(ok, f"{grad} want {want}, {_last_record()}")
+
+
+def test_torchs_pick_by_device_is_read_from_the_groups_config():
+    """``init_process_group()`` without a backend: ``get_backend()`` reads "undefined";
+    the backend per device is in its config ("cpu:gloo" here, "cpu:gloo,cuda:nccl" on
+    GPU nodes, where a GPU run once sent CUDA tensors through MPI for want of this)."""
+    dist.destroy_process_group()
+    torchdist.torchrun_env()
+    dist.init_process_group()
+    try:
+        t = torch.ones(3)
+        comm.all_reduce(t)
+        rec = _last_record()
+        agree(bool((t == SIZE).all()) and rec["algorithm"] == "gloo", f"{t} {rec}")
+    finally:
+        dist.destroy_process_group()
+        torchdist.torchrun_env()
+        dist.init_process_group("gloo")
