@@ -335,8 +335,17 @@ def live_pushes(
 
 
 # The options of %mpi export and of clusterkernel export that shape the sbatch file,
-# by their argparse names (the same in both parsers)
-SBATCH_ARGS = ("nodes", "ntasks_per_node", "time", "partition", "account", "gpus_per_node", "gres")
+# declared once for both parsers (flag, argparse keywords); SBATCH_ARGS: their names
+SBATCH_OPTIONS: tuple[tuple[str, dict], ...] = (
+    ("--nodes", {"type": int, "default": 1, "help": "Slurm nodes (default 1)"}),
+    ("--ntasks-per-node", {"type": int, "help": "ranks per node (default: the ranks / nodes)"}),
+    ("--time", {"default": DEFAULT_TIME, "help": f"Slurm time limit (default {DEFAULT_TIME})"}),
+    ("--partition", {"help": "Slurm partition"}),
+    ("--account", {"help": "Slurm account"}),
+    ("--gpus-per-node", {"type": int, "help": "Slurm GPUs per node"}),
+    ("--gres", {"help": "Slurm generic resources, e.g. gpu:4"}),
+)
+SBATCH_ARGS = tuple(flag[2:].replace("-", "_") for flag, _ in SBATCH_OPTIONS)
 
 
 def sbatch_args(args: argparse.Namespace) -> dict:
@@ -355,15 +364,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("notebook", help="the .ipynb file")
     parser.add_argument("-o", "--output", help="script to write (default: notebook name, .py)")
     parser.add_argument("--sbatch", help="also write a Slurm batch file here")
-    parser.add_argument("--nodes", type=int, default=1, help="Slurm nodes (default 1)")
-    parser.add_argument("--ntasks-per-node", type=int, help="ranks per node (default: -n / nodes)")
-    parser.add_argument(
-        "--time", default=DEFAULT_TIME, help=f"Slurm time limit (default {DEFAULT_TIME})"
-    )
-    parser.add_argument("--partition", help="Slurm partition")
-    parser.add_argument("--account", help="Slurm account")
-    parser.add_argument("--gpus-per-node", type=int, help="Slurm GPUs per node")
-    parser.add_argument("--gres", help="Slurm generic resources, e.g. gpu:4")
+    for flag, options in SBATCH_OPTIONS:
+        parser.add_argument(flag, **options)
     parser.add_argument(
         "--include-failed",
         action="store_true",

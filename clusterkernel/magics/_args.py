@@ -21,6 +21,7 @@ from IPython.core.magic_arguments import (
     magic_arguments,
 )
 
+from clusterkernel.export import SBATCH_OPTIONS
 from clusterkernel.export._sbatch import DEFAULT_TIME
 
 
@@ -152,16 +153,17 @@ def cell_args(line):
     """%%mpi: run the cell on every rank (or --ranks), output streamed by rank."""
 
 
+def _sbatch_arguments(func):
+    """``@argument`` for each of export's sbatch options (declared once, for both parsers)."""
+    for flag, options in reversed(SBATCH_OPTIONS):
+        func = argument(flag, **options)(func)
+    return func
+
+
 @magic_arguments()
 @argument("path", help="the script to write, e.g. job.py")
 @argument("--sbatch", help="also write a Slurm batch file, e.g. job.sbatch")
-@argument("--nodes", type=int, default=1, help="Slurm nodes (default 1)")
-@argument("--ntasks-per-node", type=int, help="ranks per node (default: the ranks / nodes)")
-@argument("--time", default=DEFAULT_TIME, help=f"Slurm time limit (default {DEFAULT_TIME})")
-@argument("--partition", help="Slurm partition")
-@argument("--account", help="Slurm account")
-@argument("--gpus-per-node", type=int, help="Slurm GPUs per node")
-@argument("--gres", help="Slurm generic resources, e.g. gpu:4")
+@_sbatch_arguments
 @argument(
     "--include-failed",
     action="store_true",
