@@ -56,7 +56,7 @@ checked, recorded and timed as comm's own calls (:func:`route_to_torch`).
 Where things are (all private but this module)::
 
     the calls      _reductions  _gathers  _alltoall  _p2p  _objects  _fusion  _tensorlists
-    every call's   _groups (who)  _dtypes, _ops (what)  _plan (all_reduce's plan)
+    every call's   _groups (who)  _dtypes, _ops (what)  _plan (every call's plan)
       steps        _begin, _check (agreement)  _flight, _ledger (entry, record)
                    _handle, _turns (running, Work)  _errors
     algorithms     _ring  _hier  _shm/ (segment, pipe, steps, alloc: shared memory)

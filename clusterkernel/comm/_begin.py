@@ -1,10 +1,14 @@
-"""The last step before a collective moves data: the check and the flight entry.
+"""The last step before a call moves data: the check and the flight entry.
 
-Every collective opens the same way: ``g, c = member(group)`` (the group and its
-communicator; a clear error for a non-member), then its own local validation (so
-bad input fails on its rank before any message is sent), then :func:`begin`, then
-the MPI call. :func:`begin` runs the check (:mod:`._check`: new signatures by
-default, every call in check mode) and notes the call in the flight recorder.
+Every tensor call, collective or point-to-point, opens the same way: ``g, c =
+member(group)`` (the group and its communicator; a clear error for a non-member),
+its signature's plan looked up in the group's ``_plans`` (made, and the signature
+validated, on its first call: :mod:`._plan`), then :func:`enter`, then
+``plan.run(...)``. :func:`enter` notes the call in the flight recorder and runs the
+check the plan's signature is due (:mod:`._check`: new signatures by default, every
+call in mode ``"every"``, none for point-to-point calls). The calls that have no
+plan (object calls, CUDA tensors handed to torch.distributed) take :func:`begin`,
+the same step spelled out with the signature's fields.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._ledger import abandon
 from clusterkernel.comm._ops import ReduceOp
+from clusterkernel.comm._plan import Plan, agreed
 
 # _check.STATE bound here: begin() runs on every collective, and a module global is one
 # lookup where _check.STATE is two
@@ -70,4 +75,51 @@ def begin(
     except BaseException:
         abandon(entry)  # it raised on every rank: nobody waits in it
         raise
+    return entry
+
+
+def enter(
+    g: Group, plan: Plan, tensor: torch.Tensor | None = None, nbytes: int = -1
+) -> list | None:
+    """The flight entry of one call of ``plan`` on ``g``, after the check it is due.
+
+    ``tensor`` is the one the check describes; ``nbytes`` the entry's bytes where
+    they vary per call under one plan (all-to-all; -1: ``plan.size``). Noted before
+    the check, as :func:`begin` does. The caller is three frames out (``enter`` is
+    called by the public call).
+    """
+    flight = FLIGHT
+    if flight.on:
+        size = plan.size if nbytes < 0 else nbytes
+        entry = flight.record(g, plan.name, size, plan.dtype, plan.peer, 3)
+    else:
+        entry = None
+    sig = plan.sig
+    if sig is None:  # point-to-point: not checked
+        return entry
+    check = _CHECK_STATE
+    if check.on or (check.new and not agreed(g, plan)):
+        _, _, _, op, root, alg, count, extra = sig
+        try:
+            if check.on:  # mode "every": shapes too
+                _check.verify(
+                    g, plan.name, tensor, op=op, root=root, alg=alg, count=count, extra=extra
+                )
+            else:
+                _check.agree(
+                    g,
+                    sig,
+                    plan.name,
+                    tensor,
+                    op=op,
+                    root=root,
+                    alg=alg,
+                    count=count,
+                    extra=extra,
+                    detail=plan.detail,
+                )
+                agreed(g, plan)  # agreed now: the next call (in C too) knows it
+        except BaseException:
+            abandon(entry)  # it raised on every rank: nobody waits in it
+            raise
     return entry

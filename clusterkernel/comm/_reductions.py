@@ -20,12 +20,10 @@ import torch
 from mpi4py import MPI
 
 from clusterkernel.comm import _auto, _fastpath, _hier, _plan, _ring, _shm, _torchpath
-from clusterkernel.comm._begin import begin
-from clusterkernel.comm._check import STATE as _CHECK_STATE  # a module global: see all_reduce
+from clusterkernel.comm._begin import begin, enter
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
 from clusterkernel.comm._dtypes import F32, HUGE_THRESHOLD, bbuf, buf, dtype_of, unstage, wire
 from clusterkernel.comm._dtypes import STAGING as _STAGING
-from clusterkernel.comm._flight import FLIGHT as _FLIGHT
 from clusterkernel.comm._groups import WORLD, Group, member, resolve
 from clusterkernel.comm._handle import Call, Work, _now, run
 from clusterkernel.comm._ledger import close
@@ -50,12 +48,6 @@ def _finish_reduce(tensor: torch.Tensor, w: torch.Tensor, divisor: int) -> None:
     if divisor != 1:
         w.detach().div_(divisor)
     unstage(tensor, w)
-
-
-def _reduce_finisher(tensor, w, op: ReduceOp, gsize: int):
-    if w is tensor and op is not AVG:
-        return None
-    return partial(_finish_reduce, tensor, w, gsize if op is AVG else 1)
 
 
 def all_reduce(
@@ -99,25 +91,14 @@ def all_reduce(
             op_for(op, dtype_of(tensor).kind, tensor.dtype)  # raises if undefined
             entry = begin(g, "all_reduce", tensor, op=op, alg=route[1])
             return _torchpath.all_reduce(g, tensor, op, route, async_op, entry)
-    try:
-        plan = g._plans.get(key)
-    except TypeError:  # an unhashable algorithm: the new plan's checks say what is wrong
-        plan = None
+    plan = _plan.find(g, key)
     if plan is None:
         plan = _plan_all_reduce(g, tensor, op, algorithm, key)
     if plan.probe and g._shm is not None:  # a tensor in the group's shared memory?
         if _auto.zero_copy(g, tensor, plan.size, plan.alg) == "shm":
             key = (key[0], key[1], op, "shm", True)
             plan = g._plans.get(key) or _plan_all_reduce(g, tensor, op, "shm", key)
-    check = _CHECK_STATE
-    if check.on or (check.new and not _plan.agreed(g, plan)):
-        entry = begin(g, "all_reduce", tensor, op=op, alg=plan.alg)
-        if not check.on:
-            _plan.agreed(g, plan)  # agreed now: the next call (in C too) knows it
-    elif _FLIGHT.on:
-        entry = _FLIGHT.record(g, "all_reduce", plan.size, key[0], None, 2)
-    else:
-        entry = None
+    entry = enter(g, plan, tensor)
     return plan.run(plan, g, tensor, async_op, entry, t0)
 
 
@@ -148,14 +129,17 @@ def _plan_all_reduce(
         if size < HUGE_THRESHOLD:  # huge buffers are registered first (buf())
             fast = _fastpath.handles(g, info, mpi_op)
     plan = _plan.Plan(
+        "all_reduce",
+        _RUNS[algorithm],
         ("all_reduce", tensor.dtype, count, op, None, algorithm, -1, -1),
-        algorithm,
         wired,
-        mpi_op,
-        count,
-        size,
+        size=size,
+        dtype=tensor.dtype,
+        alg=algorithm,
+        count=count,
+        nbytes=count * wired.itemsize,
+        mpi_op=mpi_op,
         op=op,
-        run=_RUNS[algorithm],
         direct=direct,
         probe=probe,
         divisor=divisor,
@@ -231,16 +215,69 @@ def reduce(
         op_for(op, info.kind, tensor.dtype)  # raises for an op undefined on the dtype
         entry = begin(g, "reduce", tensor, op=op, root=dst, alg=route[1])
         return _torchpath.reduce(g, tensor, dst, op, route, async_op, entry)
+    key = ("reduce", *_plan.tensor_key(tensor), op, root)
+    plan = _plan.find(g, key) or _plan_reduction(g, key, "reduce", tensor, op, root=root)
+    entry = enter(g, plan, tensor)
+    return plan.run(plan, g, c, tensor, async_op, entry)
+
+
+def _plan_reduction(
+    g: Group,
+    key: tuple,
+    name: str,
+    tensor: torch.Tensor,
+    op: ReduceOp,
+    *,
+    root: int | None = None,
+    alg: str = "mpi",
+    nbytes: int | None = None,
+) -> _plan.Plan:
+    """Validate a new reduce / reduce_scatter(_tensor) signature and plan it: ``tensor``
+    is the one checked (the output of a reduce-scatter), ``nbytes`` the bytes the call
+    moves (default the tensor's)."""
+    info = dtype_of(tensor, "tensor" if name == "reduce" else "output")
+    wired = F32 if info.kind == "h" else info  # halves reduce in float32
+    mpi_op = op_for(op, wired.kind, tensor.dtype)  # raises if undefined for the dtype
+    world_root = None if root is None else g.ranks[root]
+    size = tensor.nbytes if nbytes is None else nbytes
+    sig = (
+        name,
+        tensor.dtype,
+        tensor.numel(),
+        op,
+        world_root,
+        None if alg == "mpi" else alg,
+        -1,
+        -1,
+    )
+    plan = _plan.Plan(
+        name,
+        _REDUCTION_RUNS[name, "mpi" if alg == "mpi" else "shm"],
+        sig,
+        wired,
+        size=size,
+        dtype=tensor.dtype,
+        alg=alg,
+        count=tensor.numel(),
+        mpi_op=mpi_op,
+        op=op,
+        divisor=g.size if op is AVG else 1,
+        root=root,
+    )
+    return _plan.keep(g, key, plan)
+
+
+def _run_reduce(plan, g: Group, c, tensor, async_op: bool, entry) -> Work | None:
     w, info = wire(tensor, reduce=True)
-    mpi_op = op_for(op, info.kind, tensor.dtype)
-    if g.rank == root:
-        args = (_IN_PLACE, buf(w, info), mpi_op, root)
-        finish = _reduce_finisher(tensor, w, op, g.size)
-    else:
-        args = (buf(w, info), None, mpi_op, root)
+    if g.rank == plan.root:
+        args = (_IN_PLACE, buf(w, info), plan.mpi_op, plan.root)
         finish = None
-    entry = begin(g, "reduce", tensor, op=op, root=dst)
-    call = Call("reduce", tensor.nbytes, "mpi", g.size, entry)
+        if w is not tensor or plan.divisor != 1:
+            finish = partial(_finish_reduce, tensor, w, plan.divisor)
+    else:
+        args = (buf(w, info), None, plan.mpi_op, plan.root)
+        finish = None
+    call = Call("reduce", plan.nbytes, "mpi", g.size, entry)
     return run(call, c.Reduce, c.Ireduce, args, finish=finish, async_op=async_op, keep=w)
 
 
@@ -264,23 +301,35 @@ def reduce_scatter(
     """
     g, c = member(group)
     op = parse_op(op)
-    info = dtype_of(output, "output")
+    key = ("reduce_scatter", *_plan.tensor_key(output, "output"), op, algorithm)
     ins = check_list(input_list, g.size, output, "input_list")
+    plan = _plan.find(g, key)
+    if plan is None:
+        dtype_of(output, "output")
+        alg = _pick(g, "reduce_scatter", output, output.nbytes * g.size, algorithm)
+        plan = _plan_reduction(
+            g, key, "reduce_scatter", output, op, alg=alg, nbytes=output.nbytes * g.size
+        )
+    entry = enter(g, plan, output)
+    return plan.run(plan, g, c, output, ins, async_op, entry)
+
+
+def _pick(g: Group, name: str, tensor: torch.Tensor, nbytes: int, algorithm: str) -> str:
+    """The algorithm a new plan of call ``name`` runs (``auto`` resolved; a clear error
+    for one the call does not have)."""
     if algorithm == "auto":
-        algorithm = _auto.pick(g, "reduce_scatter", output, output.nbytes * g.size)
+        return _auto.pick(g, name, tensor, nbytes)
     if algorithm != "mpi":
-        check_algorithm(algorithm, DATA_ALGORITHMS, "reduce_scatter")
-        op_for(op, info.kind, output.dtype)  # raises for an op undefined on the dtype
-        entry = begin(g, "reduce_scatter", output, op=op, alg=algorithm)
-        call = Call("reduce_scatter", output.nbytes * g.size, "shm", g.size, entry)
-        return _shm.reduce_scatter(g, call, output, ins, None, op, async_op)
+        check_algorithm(algorithm, DATA_ALGORITHMS, name)
+    return algorithm
+
+
+def _run_reduce_scatter(plan, g: Group, c, output, ins, async_op: bool, entry) -> Work | None:
     wo, info = wire(output, reduce=True, copy_in=False)
-    mpi_op = op_for(op, info.kind, output.dtype)
     packed = pack(ins, wo.dtype)
-    args = (bbuf(packed, info), buf(wo, info), mpi_op)
-    entry = begin(g, "reduce_scatter", output, op=op)
-    call = Call("reduce_scatter", output.nbytes * g.size, "mpi", g.size, entry)
-    finish = partial(_finish_reduce, output, wo, g.size if op is AVG else 1)
+    args = (bbuf(packed, info), buf(wo, info), plan.mpi_op)
+    call = Call("reduce_scatter", plan.nbytes, "mpi", g.size, entry)
+    finish = partial(_finish_reduce, output, wo, plan.divisor)
     return run(
         call,
         c.Reduce_scatter_block,
@@ -290,6 +339,11 @@ def reduce_scatter(
         async_op=async_op,
         keep=(wo, packed),
     )
+
+
+def _run_reduce_scatter_shm(plan, g: Group, c, output, ins, async_op: bool, entry):
+    call = Call("reduce_scatter", plan.nbytes, "shm", g.size, entry)
+    return _shm.reduce_scatter(g, call, output, ins, None, plan.op, async_op)
 
 
 def reduce_scatter_tensor(
@@ -312,7 +366,8 @@ def reduce_scatter_tensor(
     """
     g, c = member(group)
     op = parse_op(op)
-    same_dtype(output, input, "reduce_scatter_tensor")
+    name = "reduce_scatter_tensor"
+    same_dtype(output, input, name)
     if input.numel() != g.size * output.numel():
         raise ValueError(
             f"reduce_scatter_tensor: input has {input.numel()} elements, needs "
@@ -321,30 +376,45 @@ def reduce_scatter_tensor(
     route = route_for(g, output)
     if route is not None:
         op_for(op, dtype_of(output).kind, output.dtype)  # raises if undefined
-        name = "reduce_scatter_tensor"
         entry = begin(g, name, output, op=op, nbytes=input.nbytes, alg=route[1])
         return _torchpath.reduce_scatter_tensor(g, output, input, op, route, async_op, entry)
-    if algorithm == "auto":
-        algorithm = _auto.pick(g, "reduce_scatter_tensor", input, input.nbytes)
-    if algorithm != "mpi":
-        check_algorithm(algorithm, DATA_ALGORITHMS, "reduce_scatter_tensor")
-        op_for(op, dtype_of(output).kind, output.dtype)  # raises if undefined
-        name = "reduce_scatter_tensor"
-        entry = begin(g, name, output, op=op, nbytes=input.nbytes, alg=algorithm)
-        call = Call(name, input.nbytes, "shm", g.size, entry)
-        return _shm.reduce_scatter(g, call, output, None, input, op, async_op)
+    key = (name, *_plan.tensor_key(output), op, algorithm)
+    plan = _plan.find(g, key)
+    if plan is None:
+        alg = _pick(g, name, input, input.nbytes, algorithm)
+        plan = _plan_reduction(g, key, name, output, op, alg=alg, nbytes=input.nbytes)
+    entry = enter(g, plan, output)
+    return plan.run(plan, g, c, output, input, async_op, entry)
+
+
+def _run_reduce_scatter_tensor(plan, g: Group, c, output, input, async_op: bool, entry):
     wi, info = wire(input, reduce=True)
     wo, _ = wire(output, reduce=True, copy_in=False)
-    mpi_op = op_for(op, info.kind, output.dtype)
-    args = (bbuf(wi, info), buf(wo, info), mpi_op)
-    entry = begin(g, "reduce_scatter_tensor", output, op=op, nbytes=input.nbytes)
-    call = Call("reduce_scatter_tensor", input.nbytes, "mpi", g.size, entry)
+    args = (bbuf(wi, info), buf(wo, info), plan.mpi_op)
+    finish = None
+    if wo is not output or plan.divisor != 1:
+        finish = partial(_finish_reduce, output, wo, plan.divisor)
+    call = Call("reduce_scatter_tensor", plan.nbytes, "mpi", g.size, entry)
     return run(
         call,
         c.Reduce_scatter_block,
         c.Ireduce_scatter_block,
         args,
-        finish=_reduce_finisher(output, wo, op, g.size),
+        finish=finish,
         async_op=async_op,
         keep=(wi, wo),
     )
+
+
+def _run_reduce_scatter_tensor_shm(plan, g: Group, c, output, input, async_op: bool, entry):
+    call = Call("reduce_scatter_tensor", plan.nbytes, "shm", g.size, entry)
+    return _shm.reduce_scatter(g, call, output, None, input, plan.op, async_op)
+
+
+_REDUCTION_RUNS = {
+    ("reduce", "mpi"): _run_reduce,
+    ("reduce_scatter", "mpi"): _run_reduce_scatter,
+    ("reduce_scatter", "shm"): _run_reduce_scatter_shm,
+    ("reduce_scatter_tensor", "mpi"): _run_reduce_scatter_tensor,
+    ("reduce_scatter_tensor", "shm"): _run_reduce_scatter_tensor_shm,
+}
