@@ -1,8 +1,9 @@
 """Data movement without reduction: broadcast, scatter, gather, all_gather, barrier.
 
 Names and argument order of ``torch.distributed``; ``src``/``dst`` are world ranks.
-Each call: group membership, local validation, :func:`~clusterkernel.comm._begin.begin`
-(check and flight entry), then one MPI call, blocking or behind a
+Each call: group membership, its signature's plan (made, and the signature validated,
+on the first call: :mod:`._plan`), :func:`~clusterkernel.comm._begin.enter` (check
+and flight entry), then ``plan.run``: one MPI call, blocking or behind a
 :class:`~clusterkernel.comm.Work` with ``async_op=True``.
 """
 
@@ -12,14 +13,50 @@ from functools import partial
 
 import torch
 
-from clusterkernel.comm import _auto, _shm, _torchpath
-from clusterkernel.comm._begin import begin
+from clusterkernel.comm import _auto, _plan, _shm, _torchpath
+from clusterkernel.comm._begin import begin, enter
 from clusterkernel.comm._dtypes import bbuf, buf, dtype_of, unstage, wire
 from clusterkernel.comm._groups import Group, member
 from clusterkernel.comm._handle import Call, Work, run
 from clusterkernel.comm._ops import DATA_ALGORITHMS, check_algorithm
 from clusterkernel.comm._tensorlists import check_list, pack, root_only, same_dtype, unpack
 from clusterkernel.comm._torchpath import route_for
+
+
+def _plan_data(
+    g: Group,
+    key: tuple,
+    name: str,
+    tensor: torch.Tensor | None,
+    run,
+    *,
+    size: int,
+    nbytes: int | None = None,
+    root: int | None = None,
+    alg: str = "mpi",
+) -> _plan.Plan:
+    """Plan a new signature of a call that moves data without reducing it: ``tensor``
+    is the one checked, ``size`` the flight entry's bytes, ``nbytes`` the timing
+    record's (default ``size``), ``root`` a rooted call's group rank."""
+    if tensor is None:  # barrier
+        sig, info, dtype = (name, None, -1, None, None, None, -1, -1), None, None
+    else:
+        info = dtype_of(tensor)
+        dtype = tensor.dtype
+        world_root = None if root is None else g.ranks[root]
+        sig = (name, dtype, tensor.numel(), None, world_root, None if alg == "mpi" else alg, -1, -1)
+    plan = _plan.Plan(
+        name, run, sig, info, size=size, nbytes=nbytes, dtype=dtype, alg=alg, root=root
+    )
+    return _plan.keep(g, key, plan)
+
+
+def _pick(g: Group, name: str, tensor: torch.Tensor, nbytes: int, algorithm: str) -> str:
+    if algorithm == "auto":
+        return _auto.pick(g, name, tensor, nbytes)
+    if algorithm != "mpi":
+        check_algorithm(algorithm, DATA_ALGORITHMS, name)
+    return algorithm
 
 
 def broadcast(
@@ -45,21 +82,30 @@ def broadcast(
     if route is not None:
         entry = begin(g, "broadcast", tensor, root=src, alg=route[1])
         return _torchpath.broadcast(g, tensor, src, route, async_op, entry)
-    if algorithm == "auto":
+    key = ("broadcast", *_plan.tensor_key(tensor), root, algorithm)
+    plan = _plan.find(g, key)
+    if plan is None:
         dtype_of(tensor)  # a clear error for a non-tensor, before any message
-        algorithm = _auto.pick(g, "broadcast", tensor, tensor.nbytes)
-    if algorithm != "mpi":
-        check_algorithm(algorithm, DATA_ALGORITHMS, "broadcast")
-        dtype_of(tensor)
-        entry = begin(g, "broadcast", tensor, root=src, alg=algorithm)
-        return _shm.broadcast(g, tensor, root, async_op, entry)
+        alg = _pick(g, "broadcast", tensor, tensor.nbytes, algorithm)
+        run = _run_broadcast if alg == "mpi" else _run_broadcast_shm
+        plan = _plan_data(g, key, "broadcast", tensor, run, size=tensor.nbytes, root=root, alg=alg)
+    entry = enter(g, plan, tensor)
+    return plan.run(plan, g, c, tensor, async_op, entry)
+
+
+def _run_broadcast(plan, g: Group, c, tensor, async_op: bool, entry) -> Work | None:
+    root = plan.root
     is_root = g.rank == root
     w, info = wire(tensor, copy_in=is_root)
     finish = None if (w is tensor or is_root) else partial(unstage, tensor, w)
-    call = Call("broadcast", tensor.nbytes, "mpi", g.size, begin(g, "broadcast", tensor, root=src))
+    call = Call("broadcast", plan.nbytes, "mpi", g.size, entry)
     return run(
         call, c.Bcast, c.Ibcast, (buf(w, info), root), finish=finish, async_op=async_op, keep=w
     )
+
+
+def _run_broadcast_shm(plan, g: Group, c, tensor, async_op: bool, entry) -> Work | None:
+    return _shm.broadcast(g, tensor, plan.root, async_op, entry)
 
 
 def scatter(
@@ -78,23 +124,33 @@ def scatter(
     """
     g, c = member(group)
     root = g.group_rank(src, "src")
-    w, info = wire(tensor, copy_in=False)
-    packed = None
+    key = ("scatter", *_plan.tensor_key(tensor), root)
+    plan = _plan.find(g, key) or _plan_data(
+        g, key, "scatter", tensor, _run_scatter, size=tensor.nbytes, root=root
+    )
     if g.rank == root:
         if scatter_list is None:
             raise ValueError(f"scatter on src rank {src} needs scatter_list (one tensor per rank)")
-        packed = pack(check_list(scatter_list, g.size, tensor, "scatter_list"), tensor.dtype)
-        send = bbuf(packed, info)
+        parts = check_list(scatter_list, g.size, tensor, "scatter_list")
     else:
         root_only(scatter_list, "scatter_list", "src")
-        send = None
+        parts = None
+    entry = enter(g, plan, tensor)
+    return plan.run(plan, g, c, tensor, parts, async_op, entry)
+
+
+def _run_scatter(plan, g: Group, c, tensor, parts, async_op: bool, entry) -> Work | None:
+    w, info = wire(tensor, copy_in=False)
+    packed = send = None
+    if parts is not None:
+        packed = pack(parts, tensor.dtype)
+        send = bbuf(packed, info)
     finish = None if w is tensor else partial(unstage, tensor, w)
-    call = Call("scatter", tensor.nbytes, "mpi", g.size, begin(g, "scatter", tensor, root=src))
     return run(
-        call,
+        Call("scatter", plan.nbytes, "mpi", g.size, entry),
         c.Scatter,
         c.Iscatter,
-        (send, buf(w, info), root),
+        (send, buf(w, info), plan.root),
         finish=finish,
         async_op=async_op,
         keep=(w, packed),
@@ -117,24 +173,33 @@ def gather(
     """
     g, c = member(group)
     root = g.group_rank(dst, "dst")
-    w, info = wire(tensor)
-    packed = finish = None
+    key = ("gather", *_plan.tensor_key(tensor), root)
+    plan = _plan.find(g, key) or _plan_data(
+        g, key, "gather", tensor, _run_gather, size=tensor.nbytes, root=root
+    )
     if g.rank == root:
         if gather_list is None:
             raise ValueError(f"gather on dst rank {dst} needs gather_list (one tensor per rank)")
         outs = check_list(gather_list, g.size, tensor, "gather_list")
+    else:
+        root_only(gather_list, "gather_list", "dst")
+        outs = None
+    entry = enter(g, plan, tensor)
+    return plan.run(plan, g, c, tensor, outs, async_op, entry)
+
+
+def _run_gather(plan, g: Group, c, tensor, outs, async_op: bool, entry) -> Work | None:
+    w, info = wire(tensor)
+    packed = recv = finish = None
+    if outs is not None:
         packed = torch.empty((g.size, *tensor.shape), dtype=tensor.dtype)
         recv = bbuf(packed, info)
         finish = partial(unpack, packed, outs)
-    else:
-        root_only(gather_list, "gather_list", "dst")
-        recv = None
-    call = Call("gather", tensor.nbytes, "mpi", g.size, begin(g, "gather", tensor, root=dst))
     return run(
-        call,
+        Call("gather", plan.nbytes, "mpi", g.size, entry),
         c.Gather,
         c.Igather,
-        (buf(w, info), recv, root),
+        (buf(w, info), recv, plan.root),
         finish=finish,
         async_op=async_op,
         keep=(w, packed),
@@ -159,24 +224,24 @@ def all_gather(
         comm.all_gather(out, torch.full((3,), float(comm.rank())))
     """
     g, c = member(group)
-    if algorithm == "auto":
+    key = ("all_gather", *_plan.tensor_key(tensor), algorithm)
+    plan = _plan.find(g, key)
+    if plan is None:
         dtype_of(tensor)  # a clear error for a non-tensor, before any message
-        algorithm = _auto.pick(g, "all_gather", tensor, tensor.nbytes * g.size)
-    if algorithm != "mpi":
-        check_algorithm(algorithm, DATA_ALGORITHMS, "all_gather")
-        dtype_of(tensor)
-        outs = check_list(tensor_list, g.size, tensor, "tensor_list")
         nbytes = tensor.nbytes * g.size
-        entry = begin(g, "all_gather", tensor, nbytes=nbytes, alg=algorithm)
-        call = Call("all_gather", nbytes, "shm", g.size, entry)
-        return _shm.all_gather(g, call, tensor, outs, None, async_op)
-    w, info = wire(tensor)
+        alg = _pick(g, "all_gather", tensor, nbytes, algorithm)
+        run = _run_all_gather if alg == "mpi" else _run_all_gather_shm
+        plan = _plan_data(g, key, "all_gather", tensor, run, size=nbytes, alg=alg)
     outs = check_list(tensor_list, g.size, tensor, "tensor_list")
+    entry = enter(g, plan, tensor)
+    return plan.run(plan, g, c, tensor, outs, async_op, entry)
+
+
+def _run_all_gather(plan, g: Group, c, tensor, outs, async_op: bool, entry) -> Work | None:
+    w, info = wire(tensor)
     packed = torch.empty((g.size, *tensor.shape), dtype=tensor.dtype)
-    nbytes = tensor.nbytes * g.size
-    call = Call("all_gather", nbytes, "mpi", g.size, begin(g, "all_gather", tensor, nbytes=nbytes))
     return run(
-        call,
+        Call("all_gather", plan.nbytes, "mpi", g.size, entry),
         c.Allgather,
         c.Iallgather,
         (buf(w, info), bbuf(packed, info)),
@@ -184,6 +249,11 @@ def all_gather(
         async_op=async_op,
         keep=(w, packed),
     )
+
+
+def _run_all_gather_shm(plan, g: Group, c, tensor, outs, async_op: bool, entry):
+    call = Call("all_gather", plan.nbytes, "shm", g.size, entry)
+    return _shm.all_gather(g, call, tensor, outs, None, async_op)
 
 
 def all_gather_into_tensor(
@@ -203,7 +273,8 @@ def all_gather_into_tensor(
         comm.all_gather_into_tensor(out, torch.ones(3))
     """
     g, c = member(group)
-    same_dtype(output, input, "all_gather_into_tensor")
+    name = "all_gather_into_tensor"
+    same_dtype(output, input, name)
     if output.numel() != g.size * input.numel():
         raise ValueError(
             f"all_gather_into_tensor: output has {output.numel()} elements, needs "
@@ -211,22 +282,24 @@ def all_gather_into_tensor(
         )
     route = route_for(g, output)
     if route is not None:
-        entry = begin(g, "all_gather_into_tensor", input, nbytes=output.nbytes, alg=route[1])
+        entry = begin(g, name, input, nbytes=output.nbytes, alg=route[1])
         return _torchpath.all_gather_into_tensor(g, output, input, route, async_op, entry)
-    if algorithm == "auto":
-        algorithm = _auto.pick(g, "all_gather_into_tensor", output, output.nbytes)
-    if algorithm != "mpi":
-        check_algorithm(algorithm, DATA_ALGORITHMS, "all_gather_into_tensor")
-        name = "all_gather_into_tensor"
-        entry = begin(g, name, input, nbytes=output.nbytes, alg=algorithm)
-        call = Call(name, output.nbytes, "shm", g.size, entry)
-        return _shm.all_gather(g, call, input, None, output, async_op)
+    key = (name, *_plan.tensor_key(input), output.is_cpu, algorithm)
+    plan = _plan.find(g, key)
+    if plan is None:
+        alg = _pick(g, name, output, output.nbytes, algorithm)
+        run = _run_all_gather_into_tensor if alg == "mpi" else _run_all_gather_into_tensor_shm
+        plan = _plan_data(g, key, name, input, run, size=output.nbytes, alg=alg)
+    entry = enter(g, plan, input)
+    return plan.run(plan, g, c, output, input, async_op, entry)
+
+
+def _run_all_gather_into_tensor(plan, g: Group, c, output, input, async_op: bool, entry):
     wi, info = wire(input)
     wo, _ = wire(output, copy_in=False)
     finish = None if wo is output else partial(unstage, output, wo)
-    entry = begin(g, "all_gather_into_tensor", input, nbytes=output.nbytes)
     return run(
-        Call("all_gather_into_tensor", output.nbytes, "mpi", g.size, entry),
+        Call("all_gather_into_tensor", plan.nbytes, "mpi", g.size, entry),
         c.Allgather,
         c.Iallgather,
         (buf(wi, info), bbuf(wo, info)),
@@ -236,11 +309,26 @@ def all_gather_into_tensor(
     )
 
 
+def _run_all_gather_into_tensor_shm(plan, g: Group, c, output, input, async_op: bool, entry):
+    call = Call("all_gather_into_tensor", plan.nbytes, "shm", g.size, entry)
+    return _shm.all_gather(g, call, input, None, output, async_op)
+
+
 def barrier(group: Group | None = None, async_op: bool = False) -> Work | None:
     """Wait until every rank of the group has reached this call.
 
     Example: ``comm.barrier()``
     """
     g, c = member(group)
-    call = Call("barrier", 0, "mpi", g.size, begin(g, "barrier"))
-    return run(call, c.Barrier, c.Ibarrier, (), async_op=async_op)
+    plan = g._plans.get(_BARRIER) or _plan_data(g, _BARRIER, "barrier", None, _run_barrier, size=0)
+    entry = enter(g, plan)
+    return plan.run(plan, g, c, async_op, entry)
+
+
+_BARRIER = ("barrier",)
+
+
+def _run_barrier(plan, g: Group, c, async_op: bool, entry) -> Work | None:
+    return run(
+        Call("barrier", 0, "mpi", g.size, entry), c.Barrier, c.Ibarrier, (), async_op=async_op
+    )
