@@ -1,7 +1,9 @@
 """All-to-all: every rank sends a (possibly different-sized) part to every rank.
 
 Names and argument order of ``torch.distributed``. Sizes may differ per pair of
-ranks, so the check compares only the call and the dtype.
+ranks, so the check compares only the call and the dtype, and a plan (:mod:`._plan`)
+holds little more than that: the signature and the MPI datatype; the counts and
+displacements are worked out per call.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from functools import partial
 
 import torch
 
-from clusterkernel.comm._begin import begin
+from clusterkernel.comm import _plan
+from clusterkernel.comm._begin import enter
 from clusterkernel.comm._dtypes import DType, buf, dtype_of, unstage, wire
 from clusterkernel.comm._groups import Group, member
 from clusterkernel.comm._handle import Call, Work, run
@@ -67,30 +70,45 @@ def all_to_all(
     ):
         if not isinstance(lst, (list, tuple)) or len(lst) != n:
             raise ValueError(f"all_to_all: {what} must be a list of {n} tensors (one per rank)")
-    info = dtype_of(output_tensor_list[0], "output_tensor_list[0]")
+    first = output_tensor_list[0]
+    dtype_of(first, "output_tensor_list[0]")
     for t in [*output_tensor_list, *input_tensor_list]:
         dtype_of(t, "all_to_all tensor")
-        if t.dtype != output_tensor_list[0].dtype:
+        if t.dtype != first.dtype:
             raise ValueError(
-                f"all_to_all: found {t.dtype} and {output_tensor_list[0].dtype}; "
-                "all tensors must share one dtype"
+                f"all_to_all: found {t.dtype} and {first.dtype}; all tensors must share one dtype"
             )
-    sendbuf = _flat_host(list(input_tensor_list), output_tensor_list[0].dtype)
-    recvbuf = torch.empty(sum(t.numel() for t in output_tensor_list), dtype=sendbuf.dtype)
+    key = ("all_to_all", first.dtype)
+    plan = _plan.find(g, key) or _plan_all_to_all(g, key, "all_to_all", input_tensor_list[0])
+    ins, outs = list(input_tensor_list), list(output_tensor_list)
+    entry = enter(g, plan, ins[0], sum(t.nbytes for t in ins))
+    return plan.run(plan, g, c, outs, ins, async_op, entry)
+
+
+def _plan_all_to_all(g: Group, key: tuple, name: str, tensor: torch.Tensor) -> _plan.Plan:
+    """Plan a new all-to-all dtype (checked by dtype only: sizes may differ per rank)."""
+    info = dtype_of(tensor)
+    count = g.size if name == "all_to_all" else -1
+    sig = (name, tensor.dtype, -1, None, None, None, count, -1)
+    run = _run_all_to_all if name == "all_to_all" else _run_all_to_all_single
+    plan = _plan.Plan(name, run, sig, info, size=0, dtype=tensor.dtype, detail="dtype")
+    return _plan.keep(g, key, plan)
+
+
+def _run_all_to_all(plan, g: Group, c, outs, ins, async_op: bool, entry) -> Work | None:
+    info = plan.info
+    sendbuf = _flat_host(ins, plan.dtype)
+    recvbuf = torch.empty(sum(t.numel() for t in outs), dtype=sendbuf.dtype)
     args = (
-        _vspec(sendbuf, info, [t.numel() for t in input_tensor_list]),
-        _vspec(recvbuf, info, [t.numel() for t in output_tensor_list]),
-    )
-    finish = partial(_unflatten, recvbuf, list(output_tensor_list))
-    entry = begin(
-        g, "all_to_all", input_tensor_list[0], count=n, detail="dtype", nbytes=sendbuf.nbytes
+        _vspec(sendbuf, info, [t.numel() for t in ins]),
+        _vspec(recvbuf, info, [t.numel() for t in outs]),
     )
     return run(
-        Call("all_to_all", sendbuf.nbytes, "mpi", n, entry),
+        Call("all_to_all", sendbuf.nbytes, "mpi", g.size, entry),
         c.Alltoallv,
         c.Ialltoallv,
         args,
-        finish=finish,
+        finish=partial(_unflatten, recvbuf, outs),
         async_op=async_op,
         keep=(sendbuf, recvbuf),
     )
@@ -132,14 +150,23 @@ def all_to_all_single(
         comm.all_to_all_single(out, inp)
     """
     g, c = member(group)
-    info = same_dtype(output, input, "all_to_all_single")
+    same_dtype(output, input, "all_to_all_single")
     scounts = _splits(input_split_sizes, input, g.size, "input")
     rcounts = _splits(output_split_sizes, output, g.size, "output")
+    key = ("all_to_all_single", input.dtype)
+    plan = _plan.find(g, key) or _plan_all_to_all(g, key, "all_to_all_single", input)
+    entry = enter(g, plan, input, input.nbytes)
+    return plan.run(plan, g, c, output, input, scounts, rcounts, async_op, entry)
+
+
+def _run_all_to_all_single(
+    plan, g: Group, c, output, input, scounts, rcounts, async_op: bool, entry
+) -> Work | None:
+    info = plan.info
     wi, _ = wire(input)
     wo, _ = wire(output, copy_in=False)
     finish = None if wo is output else partial(unstage, output, wo)
     args = (_vspec(wi, info, scounts), _vspec(wo, info, rcounts))
-    entry = begin(g, "all_to_all_single", input, detail="dtype")
     return run(
         Call("all_to_all_single", input.nbytes, "mpi", g.size, entry),
         c.Alltoallv,

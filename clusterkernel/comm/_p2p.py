@@ -3,6 +3,12 @@
 ``dst``/``src`` are world ranks, as in ``torch.distributed``; ``src=None`` receives
 from any rank and the call tells which one sent. Object messages use tags in a
 range of their own, so a tensor receive never matches an object send.
+
+Tensor sends and receives run from plans (:mod:`._plan`: the peer, the MPI datatype,
+the entry's bytes) through :func:`~clusterkernel.comm._begin.enter`, unchecked as
+point-to-point calls are. Object messages have nothing to plan (a pickle each call):
+they open their flight entry with :func:`_note`, and every call closes in the ledger
+(:func:`~clusterkernel.comm._handle.note`).
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ import torch
 from mpi4py import MPI
 from mpi4py.util import pkl5
 
-from clusterkernel.comm import _torchpath
-from clusterkernel.comm._dtypes import buf, unstage, wire
+from clusterkernel.comm import _plan, _torchpath
+from clusterkernel.comm._begin import enter
+from clusterkernel.comm._dtypes import buf, dtype_of, unstage, wire
 from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._groups import Group, member
 from clusterkernel.comm._handle import Call, Work, _now, drive, note, run
@@ -76,9 +83,26 @@ def send(
     if route is not None:
         entry = _note(g, "send", tensor, peer)
         return _torchpath.send(g, tensor, dst, tag, route, async_op, entry)
+    key = ("send", *_plan.tensor_key(tensor), peer)
+    plan = _plan.find(g, key) or _plan_p2p(g, key, "send", tensor, peer, _run_send)
+    entry = enter(g, plan)
+    return plan.run(plan, g, c, tensor, tag, async_op, entry)
+
+
+def _plan_p2p(g: Group, key: tuple, name: str, tensor, peer: int, run) -> _plan.Plan:
+    """Plan a new point-to-point signature (no check: ``sig`` None)."""
+    info = dtype_of(tensor)
+    world_peer = g.ranks[peer] if peer >= 0 else -1
+    plan = _plan.Plan(
+        name, run, None, info, size=tensor.nbytes, dtype=tensor.dtype, root=peer, peer=world_peer
+    )
+    return _plan.keep(g, key, plan)
+
+
+def _run_send(plan, g: Group, c, tensor, tag: int, async_op: bool, entry) -> Work | None:
     w, info = wire(tensor)
-    call = Call("send", tensor.nbytes, "mpi", g.size, _note(g, "send", tensor, peer))
-    return run(call, c.Send, c.Isend, (buf(w, info), peer, tag), async_op=async_op, keep=w)
+    call = Call("send", plan.nbytes, "mpi", g.size, entry)
+    return run(call, c.Send, c.Isend, (buf(w, info), plan.root, tag), async_op=async_op, keep=w)
 
 
 def isend(tensor: torch.Tensor, dst: int, group: Group | None = None, tag: int = 0) -> Work:
@@ -125,18 +149,25 @@ def recv(
     if route is not None:
         entry = _note(g, "recv", tensor, peer)
         return _torchpath.recv(g, tensor, src, tag, route, async_op, entry)
+    key = ("recv", *_plan.tensor_key(tensor), peer)
+    plan = _plan.find(g, key) or _plan_p2p(g, key, "recv", tensor, peer, _run_recv)
+    entry = enter(g, plan)
+    return plan.run(plan, g, c, tensor, tag, async_op, entry)
+
+
+def _run_recv(plan, g: Group, c, tensor, tag: int, async_op: bool, entry) -> int | Work:
     w, info = wire(tensor, copy_in=False)
-    nbytes = w.numel() * info.itemsize
-    call = Call("recv", tensor.nbytes, "mpi", g.size, _note(g, "recv", tensor, peer))
+    nbytes = plan.size  # the bytes a matching message has
+    peer = plan.root
+    call = Call("recv", plan.nbytes, "mpi", g.size, entry)
+    status = MPI.Status()
     if async_op:
-        status = MPI.Status()
         finish = partial(_received, g, tensor, w, status, nbytes)
         args = (buf(w, info), peer, tag)
         return run(
             call, None, c.Irecv, args, finish=finish, async_op=True, keep=w, statuses=[status]
         )
     t0 = _now()
-    status = MPI.Status()
     msg = c.Mprobe(peer, tag, status)
     got = status.Get_count(MPI.BYTE)
     if got != nbytes:
