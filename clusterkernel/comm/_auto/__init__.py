@@ -46,7 +46,7 @@ from clusterkernel.comm import _check
 from clusterkernel.comm._errors import CommError
 from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._groups import Group, resolve
-from clusterkernel.comm._ledger import DONE
+from clusterkernel.comm._ledger import abandon
 from clusterkernel.comm._ops import ALGORITHMS, FUSED_ALGORITHMS
 from clusterkernel.comm._shm import alloc as shm_alloc
 
@@ -207,8 +207,7 @@ def setup(g: Group, name: str, nbytes: int = 0) -> dict:
     try:
         rules = _setup(g, name)
     finally:
-        if entry is not None:
-            entry[DONE] = True
+        abandon(entry)  # a step of the call it precedes: that call writes the record
     return rules
 
 
