@@ -98,7 +98,7 @@ def _run_broadcast(plan, g: Group, c, tensor, async_op: bool, entry) -> Work | N
     is_root = g.rank == root
     w, info = wire(tensor, copy_in=is_root)
     finish = None if (w is tensor or is_root) else partial(unstage, tensor, w)
-    call = Call("broadcast", plan.nbytes, "mpi", g.size, entry)
+    call = Call("broadcast", plan.size, "mpi", g.size, entry)
     return run(
         call, c.Bcast, c.Ibcast, (buf(w, info), root), finish=finish, async_op=async_op, keep=w
     )
@@ -147,7 +147,7 @@ def _run_scatter(plan, g: Group, c, tensor, parts, async_op: bool, entry) -> Wor
         send = bbuf(packed, info)
     finish = None if w is tensor else partial(unstage, tensor, w)
     return run(
-        Call("scatter", plan.nbytes, "mpi", g.size, entry),
+        Call("scatter", plan.size, "mpi", g.size, entry),
         c.Scatter,
         c.Iscatter,
         (send, buf(w, info), plan.root),
@@ -196,7 +196,7 @@ def _run_gather(plan, g: Group, c, tensor, outs, async_op: bool, entry) -> Work 
         recv = bbuf(packed, info)
         finish = partial(unpack, packed, outs)
     return run(
-        Call("gather", plan.nbytes, "mpi", g.size, entry),
+        Call("gather", plan.size, "mpi", g.size, entry),
         c.Gather,
         c.Igather,
         (buf(w, info), recv, plan.root),
@@ -241,7 +241,7 @@ def _run_all_gather(plan, g: Group, c, tensor, outs, async_op: bool, entry) -> W
     w, info = wire(tensor)
     packed = torch.empty((g.size, *tensor.shape), dtype=tensor.dtype)
     return run(
-        Call("all_gather", plan.nbytes, "mpi", g.size, entry),
+        Call("all_gather", plan.size, "mpi", g.size, entry),
         c.Allgather,
         c.Iallgather,
         (buf(w, info), bbuf(packed, info)),
@@ -252,7 +252,7 @@ def _run_all_gather(plan, g: Group, c, tensor, outs, async_op: bool, entry) -> W
 
 
 def _run_all_gather_shm(plan, g: Group, c, tensor, outs, async_op: bool, entry):
-    call = Call("all_gather", plan.nbytes, "shm", g.size, entry)
+    call = Call("all_gather", plan.size, "shm", g.size, entry)
     return _shm.all_gather(g, call, tensor, outs, None, async_op)
 
 
@@ -299,7 +299,7 @@ def _run_all_gather_into_tensor(plan, g: Group, c, output, input, async_op: bool
     wo, _ = wire(output, copy_in=False)
     finish = None if wo is output else partial(unstage, output, wo)
     return run(
-        Call("all_gather_into_tensor", plan.nbytes, "mpi", g.size, entry),
+        Call("all_gather_into_tensor", plan.size, "mpi", g.size, entry),
         c.Allgather,
         c.Iallgather,
         (buf(wi, info), bbuf(wo, info)),
@@ -310,7 +310,7 @@ def _run_all_gather_into_tensor(plan, g: Group, c, output, input, async_op: bool
 
 
 def _run_all_gather_into_tensor_shm(plan, g: Group, c, output, input, async_op: bool, entry):
-    call = Call("all_gather_into_tensor", plan.nbytes, "shm", g.size, entry)
+    call = Call("all_gather_into_tensor", plan.size, "shm", g.size, entry)
     return _shm.all_gather(g, call, input, None, output, async_op)
 
 

@@ -101,7 +101,7 @@ def _plan_p2p(g: Group, key: tuple, name: str, tensor, peer: int, run) -> _plan.
 
 def _run_send(plan, g: Group, c, tensor, tag: int, async_op: bool, entry) -> Work | None:
     w, info = wire(tensor)
-    call = Call("send", plan.nbytes, "mpi", g.size, entry)
+    call = Call("send", plan.size, "mpi", g.size, entry)
     return run(call, c.Send, c.Isend, (buf(w, info), plan.root, tag), async_op=async_op, keep=w)
 
 
@@ -159,7 +159,7 @@ def _run_recv(plan, g: Group, c, tensor, tag: int, async_op: bool, entry) -> int
     w, info = wire(tensor, copy_in=False)
     nbytes = plan.size  # the bytes a matching message has
     peer = plan.root
-    call = Call("recv", plan.nbytes, "mpi", g.size, entry)
+    call = Call("recv", plan.size, "mpi", g.size, entry)
     status = MPI.Status()
     if async_op:
         finish = partial(_received, g, tensor, w, status, nbytes)

@@ -59,8 +59,8 @@ class Plan:
     (-1: not yet). ``alg`` is the algorithm a plain tensor runs; ``probe`` says a
     tensor of this signature might live in the group's shared memory, where ``auto``
     picks ``shm`` instead (looked at per call). ``info``/``mpi_op``/``count``/
-    ``nbytes`` describe what MPI moves (halves reduce as float32; ``nbytes`` is the
-    timing record's bytes), ``size`` the flight entry's bytes and ``dtype`` its
+    ``nbytes`` describe what MPI moves (all_reduce's halves as float32), ``size`` the
+    bytes both the flight entry and the timing record carry, ``dtype`` the entry's
     dtype, ``direct`` that MPI may work on the tensor's own memory when it is
     contiguous, ``divisor`` what AVG divides by (1: nothing), ``root`` the group
     rank MPI addresses (a rooted call's root, a point-to-point call's peer, or any

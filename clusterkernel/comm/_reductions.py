@@ -163,12 +163,12 @@ def _run_mpi(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work |
         finish = partial(_finish_reduce, tensor, w, plan.divisor)
     c = g.comm
     if async_op:
-        call = Call("all_reduce", nbytes, "mpi", g.size, entry)
+        call = Call("all_reduce", plan.size, "mpi", g.size, entry)
         return Work([c.Iallreduce(_IN_PLACE, spec, plan.mpi_op)], call, t0, finish, keep=(spec, w))
     c.Allreduce(_IN_PLACE, spec, plan.mpi_op)
     if finish is not None:
         finish()
-    close(entry, "all_reduce", nbytes, "mpi", g.size, t0)
+    close(entry, "all_reduce", plan.size, "mpi", g.size, t0)  # the tensor's bytes, as every path
     return None
 
 
@@ -277,7 +277,7 @@ def _run_reduce(plan, g: Group, c, tensor, async_op: bool, entry) -> Work | None
     else:
         args = (buf(w, info), None, plan.mpi_op, plan.root)
         finish = None
-    call = Call("reduce", plan.nbytes, "mpi", g.size, entry)
+    call = Call("reduce", plan.size, "mpi", g.size, entry)
     return run(call, c.Reduce, c.Ireduce, args, finish=finish, async_op=async_op, keep=w)
 
 
@@ -328,7 +328,7 @@ def _run_reduce_scatter(plan, g: Group, c, output, ins, async_op: bool, entry) -
     wo, info = wire(output, reduce=True, copy_in=False)
     packed = pack(ins, wo.dtype)
     args = (bbuf(packed, info), buf(wo, info), plan.mpi_op)
-    call = Call("reduce_scatter", plan.nbytes, "mpi", g.size, entry)
+    call = Call("reduce_scatter", plan.size, "mpi", g.size, entry)
     finish = partial(_finish_reduce, output, wo, plan.divisor)
     return run(
         call,
@@ -342,7 +342,7 @@ def _run_reduce_scatter(plan, g: Group, c, output, ins, async_op: bool, entry) -
 
 
 def _run_reduce_scatter_shm(plan, g: Group, c, output, ins, async_op: bool, entry):
-    call = Call("reduce_scatter", plan.nbytes, "shm", g.size, entry)
+    call = Call("reduce_scatter", plan.size, "shm", g.size, entry)
     return _shm.reduce_scatter(g, call, output, ins, None, plan.op, async_op)
 
 
@@ -394,7 +394,7 @@ def _run_reduce_scatter_tensor(plan, g: Group, c, output, input, async_op: bool,
     finish = None
     if wo is not output or plan.divisor != 1:
         finish = partial(_finish_reduce, output, wo, plan.divisor)
-    call = Call("reduce_scatter_tensor", plan.nbytes, "mpi", g.size, entry)
+    call = Call("reduce_scatter_tensor", plan.size, "mpi", g.size, entry)
     return run(
         call,
         c.Reduce_scatter_block,
@@ -407,7 +407,7 @@ def _run_reduce_scatter_tensor(plan, g: Group, c, output, input, async_op: bool,
 
 
 def _run_reduce_scatter_tensor_shm(plan, g: Group, c, output, input, async_op: bool, entry):
-    call = Call("reduce_scatter_tensor", plan.nbytes, "shm", g.size, entry)
+    call = Call("reduce_scatter_tensor", plan.size, "shm", g.size, entry)
     return _shm.reduce_scatter(g, call, output, None, input, plan.op, async_op)
 
 
