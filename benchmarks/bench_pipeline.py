@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
+import _harness as h
 from bench_comm import mpi_launch
 from bench_train import _free_port, _run, interleaved_rates, timed_loop
 
@@ -216,7 +216,12 @@ def main() -> None:
     if args.worker == "variants":
         run_variants(chunk_counts, args.steps, args.warmup, args.port, args.rounds)
         return
+    with h.mpi_lock():
+        drive(args, chunk_counts)
 
+
+def drive(args: argparse.Namespace, chunk_counts: list[int]) -> None:
+    """The parent: every job of the run, one after another."""
     rt, env = mpi_launch()
     me = [sys.executable, str(Path(__file__).resolve())]
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
@@ -242,7 +247,7 @@ def main() -> None:
             for k, rs in multi["rates"].items():
                 rounds.setdefault(k, []).extend(rs)
         summary = {
-            k: {"samples_per_s": statistics.median(rs), "rounds": [round(r) for r in rs]}
+            k: {"samples_per_s": h.median(rs), "rounds": [round(r) for r in rs]}
             for k, rs in rounds.items()
         }
         report["runs"][n] = {"balance": balance, "summary": summary, "checks": checks}

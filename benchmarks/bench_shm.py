@@ -31,6 +31,7 @@ import json
 import sys
 from pathlib import Path
 
+import _harness as h
 from bench_comm import _fmt_bytes, _iters, _parse_bytes, run_job, time_calls  # one policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,8 +61,9 @@ def report(n: int, rows: list[dict]) -> None:
 
 
 def parent(args: argparse.Namespace) -> None:
-    for n in args.ranks:
-        report(n, run_job(n, args.sizes, __file__))
+    with h.mpi_lock():
+        for n in args.ranks:
+            report(n, run_job(n, args.sizes, __file__))
 
 
 def worker(out_path: str, sizes: list[int]) -> None:
@@ -122,10 +124,10 @@ def worker(out_path: str, sizes: list[int]) -> None:
             "shm_zc": lambda t=zt: comm.all_reduce(t, algorithm="shm"),
             "floor_zc": floor_zc,
         }
-        best = dict.fromkeys(methods, float("inf"))
-        for _ in range(ROUNDS):  # interleaved: noise hits every method alike
-            for name, fn in methods.items():
-                best[name] = min(best[name], timed(fn, _iters(nb)))
+        iters = _iters(nb)
+        ways = {name: (lambda fn=fn, k=iters: timed(fn, k)) for name, fn in methods.items()}
+        # interleaved: noise hits every method alike; the same order on every rank
+        best = {name: min(ts) for name, ts in h.interleaved(ways, ROUNDS, rotate=False).items()}
         best["bytes"] = nb
         rows.append(best)
     if rank == 0:

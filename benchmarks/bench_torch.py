@@ -23,12 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _harness as h
 
 # One training function, the same text for both sides.
 _TRAIN = """
@@ -113,11 +114,10 @@ def part_ddp(n: int, rounds: int, device: str = "cpu", batch: int = 64, steps: i
         cluster = Cluster(n=n, torch=True, env={"OMP_NUM_THREADS": "1"}).start()
         try:
             cluster.run(_TRAIN)
-            ratios, ours, theirs = [], [], []
+            ours, theirs = [], []
             for r in range(rounds):
-                order = ("torchrun", "cluster") if r % 2 == 0 else ("cluster", "torchrun")
                 got = {}
-                for side in order:
+                for side in h.order(("torchrun", "cluster"), r):
                     got[side] = (
                         _torchrun(n, script, device, batch, steps)
                         if side == "torchrun"
@@ -125,22 +125,21 @@ def part_ddp(n: int, rounds: int, device: str = "cpu", batch: int = 64, steps: i
                     )
                 ours.append(got["cluster"])
                 theirs.append(got["torchrun"])
-                ratios.append(got["cluster"] / got["torchrun"])
                 print(
                     f"round {r + 1}: %%mpi {got['cluster']:.0f} samples/s, torchrun "
-                    f"{got['torchrun']:.0f} samples/s, ratio {ratios[-1]:.3f}",
+                    f"{got['torchrun']:.0f} samples/s, ratio {got['cluster'] / got['torchrun']:.3f}",
                     flush=True,
                 )
         finally:
             cluster.stop()
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    ratio = h.paired(ours, theirs)
     print(
         f"\n{device}, batch {batch} per rank:\n| ranks | %%mpi samples/s (median) | torchrun samples/s (median) | ratio (median of rounds) | middle half |"
     )
     print("|---|---|---|---|---|")
     print(
-        f"| {n} | {statistics.median(ours):.0f} | {statistics.median(theirs):.0f} | "
-        f"{statistics.median(ratios):.3f}x | {q[0]:.3f}-{q[2]:.3f} |"
+        f"| {n} | {h.median(ours):.0f} | {h.median(theirs):.0f} | "
+        f"{ratio[0]:.3f}x | {ratio[1]:.3f}-{ratio[2]:.3f} |"
     )
 
 
@@ -159,8 +158,7 @@ def part_start(n: int, rounds: int) -> None:
     times: dict[str, list[float]] = {side: [] for side in _STARTS}
     sides = list(_STARTS)
     for r in range(rounds):
-        order = sides[r % 3 :] + sides[: r % 3]  # each side goes first in turn
-        for side in order:
+        for side in h.order(sides, r):  # each side goes first in turn
             t0 = time.perf_counter()
             c = Cluster(n=n, **_STARTS[side]).start()
             times[side].append(time.perf_counter() - t0)
@@ -168,7 +166,7 @@ def part_start(n: int, rounds: int) -> None:
         print(
             f"round {r + 1}: " + ", ".join(f"{s} {times[s][-1]:.2f} s" for s in sides), flush=True
         )
-    med = {side: statistics.median(t) for side, t in times.items()}
+    med = {side: h.median(t) for side, t in times.items()}
     plain = med["plain"]
     print(
         "\n| ranks | start | start --torch | difference | --torch, import not early | difference |"
@@ -191,10 +189,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="ddp part: samples per rank per step")
     parser.add_argument("--steps", type=int, default=200, help="ddp part: timed steps per round")
     args = parser.parse_args()
-    if args.part in ("ddp", "all"):
-        part_ddp(args.ranks, args.rounds, args.device, args.batch, args.steps)
-    if args.part in ("start", "all"):
-        part_start(args.start_ranks, args.rounds)
+    with h.mpi_lock():
+        if args.part in ("ddp", "all"):
+            part_ddp(args.ranks, args.rounds, args.device, args.batch, args.steps)
+        if args.part in ("start", "all"):
+            part_start(args.start_ranks, args.rounds)
 
 
 if __name__ == "__main__":

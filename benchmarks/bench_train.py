@@ -40,12 +40,12 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import _harness as h
 from bench_comm import mpi_launch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -212,7 +212,7 @@ def interleaved_rates(world, fns: dict, batches: list, rounds: int, batch: int) 
     keys = list(fns)
     rates: dict = {k: [] for k in keys}
     for r in range(rounds):
-        for k in keys[r % len(keys) :] + keys[: r % len(keys)]:
+        for k in h.order(keys, r):
             world.Barrier()
             t0 = time.perf_counter()
             for b in batches:
@@ -245,7 +245,7 @@ def run_variants(model_name: str, steps: int, warmup: int, port: int, rounds: in
     rates = interleaved_rates(world, steps_fn, batches[warmup:], rounds, batch)
     results = {}
     for v in VARIANTS:
-        mine = statistics.median(comm_times[v]) * 1e3 if comm_times[v] else None
+        mine = h.median(comm_times[v]) * 1e3 if comm_times[v] else None
         per_rank = world.gather(mine, root=0)
         results[v] = {
             "rounds": rates[v],
@@ -287,7 +287,7 @@ def run_trainer(steps_epochs: int) -> None:
     data = Images()
     rates: dict[str, list[float]] = {"no_prefetch": [], "prefetch": []}
     for r in range(4):  # alternate the order so drift hits both alike
-        for prefetch in (False, True) if r % 2 == 0 else (True, False):
+        for prefetch in h.order((False, True), r):
             model = make_model("mlp")
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             t = Trainer(
@@ -303,7 +303,7 @@ def run_trainer(steps_epochs: int) -> None:
             key = "prefetch" if prefetch else "no_prefetch"
             rates[key].append(steps_epochs * len(data) / max(slowest))
     if comm.rank() == 0:
-        out = {k: statistics.median(v) for k, v in rates.items()}
+        out = {k: h.median(v) for k, v in rates.items()}
         out["auto_chooses_prefetch"] = spare_core(comm.size())
         print("RESULT " + json.dumps(out), flush=True)
 
@@ -349,7 +349,12 @@ def main() -> None:
     if args.worker == "trainer":
         run_trainer(args.steps)
         return
+    with h.mpi_lock():
+        drive(args)
 
+
+def drive(args: argparse.Namespace) -> None:
+    """The parent: every job of the run, one after another."""
     rt, env = mpi_launch()
     me = [sys.executable, str(Path(__file__).resolve())]
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
@@ -375,10 +380,10 @@ def main() -> None:
         for v, rs in rounds.items():
             cm = comm_ms.get(v)
             summary[v] = {
-                "samples_per_s": statistics.median(rs),
+                "samples_per_s": h.median(rs),
                 "rounds": [round(r) for r in rs],
                 "comm_ms_per_rank": [
-                    round(statistics.median(c[i] for c in cm), 3) for i in range(args.ranks)
+                    round(h.median(c[i] for c in cm), 3) for i in range(args.ranks)
                 ]
                 if cm
                 else None,
