@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import ipyparallel as ipp
 from IPython.core.interactiveshell import InteractiveShell
@@ -22,6 +24,9 @@ from IPython.core.interactiveshell import InteractiveShell
 import clusterkernel.magics as ck_magics
 from clusterkernel import Cluster
 from clusterkernel.mpiexec import MPIRuntime
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as h  # noqa: E402
 
 
 def time_start_ck(n: int) -> float:
@@ -49,19 +54,21 @@ def cell_round_trips(cells: int) -> tuple[list[float], list[float]]:
     view = cluster.client[:]
     view.block = True  # %%px waits for the cell, as %%mpi does
     view.activate()  # registers %%px on the same engines
-    mpi, px = [], []
     for _ in range(10):  # warm-up both paths
         shell.run_cell_magic("mpi", "", "pass")
         shell.run_cell_magic("px", "", "pass")
-    for _ in range(cells):
-        t0 = time.perf_counter()
-        shell.run_cell_magic("mpi", "", "pass")
-        mpi.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        shell.run_cell_magic("px", "", "pass")
-        px.append(time.perf_counter() - t0)
+
+    def cell(magic: str) -> Callable[[], float]:
+        def one() -> float:
+            t0 = time.perf_counter()
+            shell.run_cell_magic(magic, "", "pass")
+            return time.perf_counter() - t0
+
+        return one
+
+    got = h.interleaved({"mpi": cell("mpi"), "px": cell("px")}, cells, rotate=False)
     cluster.stop()
-    return mpi, px
+    return got["mpi"], got["px"]
 
 
 def main() -> None:
@@ -75,20 +82,23 @@ def main() -> None:
     os.environ.update(MPIRuntime.detect().env({}))
     os.environ["PATH"] = MPIRuntime.detect().env()["PATH"]
 
+    with h.mpi_lock():
+        measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
     mpi, px = cell_round_trips(args.cells)
     if args.profile:
         return
-    m, p = statistics.median(mpi), statistics.median(px)
+    m, p = h.median(mpi), h.median(px)
     print(f"empty cell, {args.n} ranks, median of {args.cells} interleaved:")
     print(
         f"  %%mpi {m * 1e3:7.2f} ms   %%px {p * 1e3:7.2f} ms   ratio {m / p:.3f}x (target <= 1.15x)"
     )
 
-    ck, raw = [], []
-    for _ in range(args.starts):
-        ck.append(time_start_ck(args.n))
-        raw.append(time_start_raw(args.n))
-    c, r = statistics.median(ck), statistics.median(raw)
+    ways = {"ck": lambda: time_start_ck(args.n), "raw": lambda: time_start_raw(args.n)}
+    starts = h.interleaved(ways, args.starts, rotate=False)
+    c, r = h.median(starts["ck"]), h.median(starts["raw"])
     print(f"cluster start, {args.n} ranks, median of {args.starts} interleaved:")
     print(
         f"  clusterkernel {c:6.2f} s   raw ipyparallel {r:6.2f} s   ratio {c / r:.3f}x (target <= 1.1x)"
