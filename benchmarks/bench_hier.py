@@ -38,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _harness as h
 from bench_comm import _fmt_bytes, _iters, _parse_bytes, time_calls  # one size/iteration policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,10 +128,12 @@ def worker(out_path: str, sizes: list[int], rounds: int) -> None:
             link[name] = (link_bytes() - before) / nb if rank == 0 else 0.0
             # A slow method gets fewer calls (about MEASURE_SECONDS per measurement).
             iters[name] = max(3, min(_iters(nb), int(MEASURE_SECONDS / once)))
-        best = dict.fromkeys(methods, float("inf"))
-        for _ in range(rounds):  # interleaved: noise hits every method alike
-            for name, fn in methods.items():
-                best[name] = min(best[name], time_calls(world, fn, iters[name]))
+        ways = {
+            name: (lambda fn=fn, k=iters[name]: time_calls(world, fn, k))
+            for name, fn in methods.items()
+        }
+        # interleaved: noise hits every method alike; the same order on every rank
+        best = {name: min(ts) for name, ts in h.interleaved(ways, rounds, rotate=False).items()}
         best["bytes"] = nb
         best["link"] = link
         rows.append(best)
@@ -156,10 +159,11 @@ def main() -> None:
         worker(args.worker, sizes, args.rounds)
     else:
         rates = [None if r == "none" else r for r in args.link_rate.split(",")]
-        for rate in rates:
-            for mode in args.modes.split(","):
-                rows = run_job(sizes, args.rounds, MODES[mode], rate)
-                report(rows, args.rounds, mode, rate)
+        with h.mpi_lock():
+            for rate in rates:
+                for mode in args.modes.split(","):
+                    rows = run_job(sizes, args.rounds, MODES[mode], rate)
+                    report(rows, args.rounds, mode, rate)
 
 
 if __name__ == "__main__":

@@ -33,11 +33,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as h  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURE = REPO / "benchmarks" / "figures" / "issue5_modes_loss.png"
@@ -178,7 +180,7 @@ def _key(value) -> float:
 
 def _median(values):
     values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+    return h.median(values) if values else None
 
 
 def _table(per_round: list[dict], target: float) -> str:
@@ -259,7 +261,8 @@ def main() -> None:
     cmd = [*rt.command(args.ranks), sys.executable, __file__, "--rank-job",
            "--rounds", str(args.rounds), "--epochs", str(args.epochs),
            "--hidden", str(args.hidden)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    with h.mpi_lock():
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.exit(f"the benchmark job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
