@@ -1,7 +1,7 @@
 """Raw ipyparallel for the scale benchmarks, in a process that never imports clusterkernel.
 
 clusterkernel adapts ipyparallel's client in the process that starts a ``Cluster``
-(``clusterkernel/cluster/_ipp.py``: the reply-date parser), so a "raw ipyparallel"
+(``clusterkernel/client/cluster/_ipp.py``: the reply-date parser), so a "raw ipyparallel"
 baseline measured in that process is not raw. The benchmarks therefore start this
 file as a worker (``python benchmarks/_raw_ipp.py``): it imports ipyparallel, IPython,
 traitlets, psutil and ``_harness`` (standard library only), never clusterkernel, and

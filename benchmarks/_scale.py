@@ -6,7 +6,7 @@
 - :class:`RawSide`: raw ipyparallel in a worker process that never imports
   clusterkernel (``_raw_ipp.py``; every reply checked). It gets the very MPI job
   clusterkernel starts: ``mpiexec``, its flags and environment from
-  ``clusterkernel.mpiexec.MPIRuntime`` (root, oversubscription, shared-memory
+  ``clusterkernel.client.mpiexec.MPIRuntime`` (root, oversubscription, shared-memory
   transport) plus ``_launch.LOCAL_ONLY_ENV``, computed here and handed to the worker.
 """
 
@@ -31,9 +31,9 @@ import _harness as h  # noqa: E402
 from _raw_ipp import CELLS, SETUP, WORKER, measure_cells, measure_idle, raw_ways  # noqa: E402
 
 from clusterkernel import Cluster  # noqa: E402
-from clusterkernel.cluster._launch import HEARTBEAT_MS, LOCAL_ONLY_ENV  # noqa: E402
-from clusterkernel.mpiexec import MPIRuntime  # noqa: E402
-from clusterkernel.output import TerminalRenderer  # noqa: E402
+from clusterkernel.client.cluster._launch import HEARTBEAT_MS, LOCAL_ONLY_ENV  # noqa: E402
+from clusterkernel.client.mpiexec import MPIRuntime  # noqa: E402
+from clusterkernel.client.output import TerminalRenderer  # noqa: E402
 
 __all__ = ["CELLS", "SETUP", "CkSide", "RawSide", "cell_stats", "fmt_cells", "measure_cells"]
 
@@ -59,8 +59,8 @@ def broadcast_views() -> Iterator[None]:
 @contextlib.contextmanager
 def dateutil_dates() -> Iterator[None]:
     """ipyparallel's own reply-date parser (dateutil) inside the block: issue 11's change
-    (``clusterkernel/cluster/_ipp.py``'s parser, installed at cluster start) undone."""
-    from clusterkernel.cluster import _ipp
+    (``clusterkernel/client/cluster/_ipp.py``'s parser, installed at cluster start) undone."""
+    from clusterkernel.client.cluster import _ipp
 
     saved = ipp.util._parse_date
     ipp.util._parse_date = _ipp._ORIGINAL

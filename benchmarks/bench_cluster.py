@@ -21,9 +21,9 @@ from pathlib import Path
 import ipyparallel as ipp
 from IPython.core.interactiveshell import InteractiveShell
 
-import clusterkernel.magics as ck_magics
+import clusterkernel.client.magics as ck_magics
 from clusterkernel import Cluster
-from clusterkernel.mpiexec import MPIRuntime
+from clusterkernel.client.mpiexec import MPIRuntime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as h  # noqa: E402

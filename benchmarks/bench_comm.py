@@ -110,7 +110,7 @@ def mpi_launch():
     """The MPI runtime and the environment for workers started under its mpiexec
     (this checkout importable, one OpenMP thread per process: ranks share the cores)."""
     sys.path.insert(0, str(REPO))
-    from clusterkernel.mpiexec import MPIRuntime
+    from clusterkernel.client.mpiexec import MPIRuntime
 
     rt = MPIRuntime.detect()
     env = rt.env()

@@ -80,7 +80,7 @@ def _collect_datapub(run, seen: set, stop: threading.Event, ranks: list[int]) ->
 
 def bench_channel(steps: int, window: int, rounds: int, work: float) -> dict:
     from clusterkernel import Cluster, metrics
-    from clusterkernel.dashboard import MetricsStore, Receiver
+    from clusterkernel.client.dashboard import MetricsStore, Receiver
 
     out: dict[str, list[dict]] = {"none": [], "zmq": [], "datapub": []}
     with Cluster(n=4, env={"OMP_NUM_THREADS": "1"}) as cluster:

@@ -29,9 +29,9 @@ from _dashboard_bed import print_browser_cpu, tree_cpu  # noqa: E402
 DRAW_SETUP = r"""
 import time
 from IPython.display import display
-from clusterkernel.dashboard import MetricsStore
-from clusterkernel.dashboard._dashboard import SLOW_RATE, TIMELINE_RATE
-from clusterkernel.dashboard._views import DashboardView
+from clusterkernel.client.dashboard import MetricsStore
+from clusterkernel.client.dashboard._dashboard import SLOW_RATE, TIMELINE_RATE
+from clusterkernel.client.dashboard._views import DashboardView
 
 def feed(store, seq, now, ranks=(0, 1)):
     for rank in ranks:

@@ -4,7 +4,7 @@
 
 (issue 6; no MPI, no lock needed; seconds.) 20,000 records ``(step, time, {loss,
 samples_per_s})`` packed as one batch: ``json.dumps`` of the tuples vs
-``clusterkernel._wire.encode`` (the binary column frames the ranks send), and decoding
+``clusterkernel.protocol._wire.encode`` (the binary column frames the ranks send), and decoding
 the frames to tuples and to columns (as the notebook does); best of 5, microseconds per
 record.
 """
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def bench_encode(n: int = 20_000, repeat: int = 5) -> dict:
     """Microseconds per record to pack a batch: JSON of the tuples vs the column frames."""
-    from clusterkernel import _wire
+    from clusterkernel.protocol import _wire
 
     items = [
         (i, time.perf_counter(), {"loss": 1.0 / (i + 1), "samples_per_s": float(i)})

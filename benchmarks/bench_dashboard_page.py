@@ -2,7 +2,7 @@
 
     flock /tmp/ck-mpi.lock .venv/bin/python benchmarks/bench_dashboard_page.py --rounds 3
 
-(issue 6.) The dashboard's canvas plot (``clusterkernel/dashboard/_plot.js``) in a bare
+(issue 6.) The dashboard's canvas plot (``clusterkernel/client/dashboard/_plot.js``) in a bare
 page served from a temporary directory, no Jupyter, fed in the page with 2 lines of 300
 points 5 times a second, alternately not redrawn and redrawn (interleaved, ``--rounds``
 each); Chromium's CPU share over each measurement.

@@ -73,7 +73,7 @@ print("RESULTS " + json.dumps({{"switches": switches, "epoch_ends": cluster.pull
 def _cells(epochs: int, period: float, show: bool, ranks: int, rate: float) -> list[str]:
     config = {**CONFIGS["primary"], "ranks": ranks}
     return [
-        "%load_ext clusterkernel\nimport clusterkernel\nfrom clusterkernel.magics import current_cluster",
+        "%load_ext clusterkernel\nimport clusterkernel\nfrom clusterkernel.client.magics import current_cluster",
         f"%mpi start -n {config['ranks']}\ncluster = current_cluster()",
         TRAIN_DEF.format(**config),
         "%%mpi\nbench_run(1)",  # warm-up

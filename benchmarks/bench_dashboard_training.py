@@ -71,7 +71,7 @@ NO_DASHBOARD = ("without", "without again")
 
 def _cells(config: dict, epochs: int, rounds: int) -> list[str]:
     cells = [
-        "%load_ext clusterkernel\nimport clusterkernel\nfrom clusterkernel.magics import current_cluster",
+        "%load_ext clusterkernel\nimport clusterkernel\nfrom clusterkernel.client.magics import current_cluster",
         f"%mpi start -n {config['ranks']}\ncluster = current_cluster()\nresults = []\ndash = None",
         TRAIN_DEF.format(**config),
         "%%mpi\nbench_run(1)",  # warm-up

@@ -54,7 +54,7 @@ def run_job(
     sizes: list[int], rounds: int, extra_env: dict[str, str], link_rate: str | None = None
 ) -> list[dict]:
     sys.path.insert(0, str(REPO))
-    from clusterkernel.mpiexec import MPIRuntime
+    from clusterkernel.client.mpiexec import MPIRuntime
     from tests._netns import second_host, ssh_agent, two_host_env
 
     rt = MPIRuntime.detect()

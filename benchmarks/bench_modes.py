@@ -252,7 +252,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(REPO))
-    from clusterkernel.mpiexec import MPIRuntime
+    from clusterkernel.client.mpiexec import MPIRuntime
 
     rt = MPIRuntime.detect()
     env = rt.env()

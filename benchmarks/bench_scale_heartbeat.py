@@ -4,7 +4,7 @@
         --periods 500 3000 200 --ranks 32
 
 (issue 11.) For each period in turn, one ``Cluster(n)`` with
-``clusterkernel.cluster._launch.HEARTBEAT_MS`` patched in this process: its start time,
+``clusterkernel.client.cluster._launch.HEARTBEAT_MS`` patched in this process: its start time,
 then ``--idle`` seconds idle right after start and again after ``--cells`` empty cells,
 reading the CPU (psutil ``cpu_times``, user + system) of the controller with its
 schedulers and of the MPI job (mpiexec, prterun, engines, nannies); the busiest process;
@@ -28,7 +28,7 @@ import psutil  # noqa: E402
 from _scale import CkSide  # noqa: E402
 
 from clusterkernel import Cluster  # noqa: E402
-from clusterkernel.output import TerminalRenderer  # noqa: E402
+from clusterkernel.client.output import TerminalRenderer  # noqa: E402
 
 
 def _groups(cluster: Cluster) -> dict[str, list]:
@@ -53,7 +53,7 @@ def _idle_by_group(cluster: Cluster, seconds: float) -> dict:
 
 
 def heartbeat(n: int, periods: list[int], seconds: float, cells: int) -> dict:
-    from clusterkernel.cluster import _launch
+    from clusterkernel.client.cluster import _launch
 
     res = {}
     saved = _launch.HEARTBEAT_MS

@@ -93,7 +93,7 @@ _SIGNAL = re.compile(r"exited on signal (\d+)|signal (\d+) \(|Fatal Python error
 
 def run_case(name: str, n: int, timeout: float) -> dict:
     """One job of case ``name`` on ``n`` ranks: rc, signals seen, seconds, output."""
-    from clusterkernel.mpiexec import MPIRuntime
+    from clusterkernel.client.mpiexec import MPIRuntime
 
     rt = MPIRuntime.detect()
     env = rt.env()

@@ -25,11 +25,11 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _LAZY = {
-    "Cluster": "clusterkernel.cluster",
-    "ClusterError": "clusterkernel.cluster",
-    "RankError": "clusterkernel.cluster",
-    "MPINotFoundError": "clusterkernel.mpiexec",
-    "HostError": "clusterkernel.mpiexec",
+    "Cluster": "clusterkernel.client.cluster",
+    "ClusterError": "clusterkernel.client.cluster",
+    "RankError": "clusterkernel.client.cluster",
+    "MPINotFoundError": "clusterkernel.client.mpiexec",
+    "HostError": "clusterkernel.client.mpiexec",
     "comm": "clusterkernel.comm",
     "partition": "clusterkernel.partition",
     "data": "clusterkernel.data",
@@ -39,13 +39,13 @@ _LAZY = {
     "Trainer": "clusterkernel.train",
     "metrics": "clusterkernel.metrics",
     "log": "clusterkernel.metrics",
-    "Dashboard": "clusterkernel.dashboard",
+    "Dashboard": "clusterkernel.client.dashboard",
 }
 
 __all__ = sorted([*_LAZY, "load_ipython_extension", "unload_ipython_extension"])
 
 if TYPE_CHECKING:  # pragma: no cover
-    from clusterkernel.cluster import Cluster, ClusterError, RankError  # noqa: F401
+    from clusterkernel.client.cluster import Cluster, ClusterError, RankError  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
@@ -60,12 +60,12 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register the ``%mpi`` / ``%%mpi`` magics (``%load_ext clusterkernel``)."""
-    from clusterkernel.magics import load_ipython_extension as _load
+    from clusterkernel.client.magics import load_ipython_extension as _load
 
     _load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from clusterkernel.magics import unload_ipython_extension as _unload
+    from clusterkernel.client.magics import unload_ipython_extension as _unload
 
     _unload(ipython)

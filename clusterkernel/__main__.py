@@ -20,11 +20,20 @@ import sys
 # and ``main(args) -> int`` for it (a module may serve several subcommands: it
 # then names them ``add_<sub>_arguments`` / ``<sub>_main`` with "-" as "_").
 _SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "export": ("clusterkernel.export", "turn a notebook's %%mpi cells into a batch job"),
-    "install-kernel": ("clusterkernel.kernel", 'install the "Python 3 (MPI, N ranks)" kernel'),
-    "uninstall-kernel": ("clusterkernel.kernel", "remove the MPI kernel's kernelspec"),
-    "notebooks": ("clusterkernel.teaching_notebooks", "copy the teaching notebooks into a folder"),
-    "list": ("clusterkernel.cluster._keep", "your kept clusters (%mpi start --keep): %mpi attach"),
+    "export": ("clusterkernel.client.export", "turn a notebook's %%mpi cells into a batch job"),
+    "install-kernel": (
+        "clusterkernel.client.kernel",
+        'install the "Python 3 (MPI, N ranks)" kernel',
+    ),
+    "uninstall-kernel": ("clusterkernel.client.kernel", "remove the MPI kernel's kernelspec"),
+    "notebooks": (
+        "clusterkernel.client.teaching_notebooks",
+        "copy the teaching notebooks into a folder",
+    ),
+    "list": (
+        "clusterkernel.client.cluster._keep",
+        "your kept clusters (%mpi start --keep): %mpi attach",
+    ),
 }
 
 

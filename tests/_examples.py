@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the modules users import; each one's __all__ (or else its own public names) is walked
 PUBLIC_MODULES = (
     "clusterkernel",
-    "clusterkernel.cluster",
+    "clusterkernel.client.cluster",
     "clusterkernel.comm",
     "clusterkernel.partition",
     "clusterkernel.data",
@@ -48,9 +48,9 @@ PUBLIC_MODULES = (
     "clusterkernel.train.comm_hooks",
     "clusterkernel.metrics",
     "clusterkernel.torchdist",
-    "clusterkernel.export",
-    "clusterkernel.dashboard",
-    "clusterkernel.magics",
+    "clusterkernel.client.export",
+    "clusterkernel.client.dashboard",
+    "clusterkernel.client.magics",
 )
 
 # the line inside an example that says it is compiled but not run, and why

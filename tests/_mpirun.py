@@ -1,7 +1,7 @@
 """Run a Python script or a pytest module on real MPI ranks from a test.
 
 One place for what every MPI test needs: the ``mpiexec`` of
-:class:`clusterkernel.mpiexec.MPIRuntime` with its environment, the repository on
+:class:`clusterkernel.client.mpiexec.MPIRuntime` with its environment, the repository on
 ``PYTHONPATH``, one OpenMP thread per rank (ranks share the cores), and a timeout.
 The job runs in its own session, and on a timeout every process of that session
 (mpiexec, its daemons and every rank) is killed: a hang fails the test instead of
@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from clusterkernel.mpiexec import MPIRuntime
+from clusterkernel.client.mpiexec import MPIRuntime
 
 REPO = Path(__file__).resolve().parents[1]
 

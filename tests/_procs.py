@@ -28,12 +28,12 @@ SESSION_VAR = "CLUSTERKERNEL_TEST_SESSION"
 SESSION = os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)
 
 _MARKERS = (
-    "clusterkernel.kernel",  # an MPI kernel, which owns a cluster
+    "clusterkernel.client.kernel",  # an MPI kernel, which owns a cluster
     "ipyparallel.engine",
     "ipyparallel.controller",
     "prterun",
     "prted",
-    "clusterkernel.cluster._guard",
+    "clusterkernel.client.cluster._guard",
 )
 
 

@@ -114,8 +114,8 @@ from traitlets.config import Config
 
 import clusterkernel
 from clusterkernel import Cluster, ClusterError, Dashboard, RankError
-from clusterkernel.dashboard import MetricsStore, Receiver, TerminalProgress, thin
-from clusterkernel.export import export_cells, live_pushes, sbatch_script, write_job
+from clusterkernel.client.dashboard import MetricsStore, Receiver, TerminalProgress, thin
+from clusterkernel.client.export import export_cells, live_pushes, sbatch_script, write_job
 
 c = Config()
 message = {"v": 2, "rank": 0, "seq": 1, "pc": time.perf_counter(), "wall": time.time(),
@@ -223,7 +223,7 @@ def test_example_on_the_ranks(example: Example, cluster, tmp_path):
 def _run_here(ex: Example, cells: list[str], ns: dict) -> None:
     """Run the example's cells in this process: plain Python with exec, IPython input in
     the real shell (its namespace replaced by ``ns`` meanwhile)."""
-    from clusterkernel.dashboard import Dashboard
+    from clusterkernel.client.dashboard import Dashboard
 
     ns["_expect"] = _expect
     try:
@@ -254,7 +254,7 @@ def _magics():
     """The ``%mpi`` magics of this process's IPython shell (loaded on first use)."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    import clusterkernel.magics as ck_magics
+    import clusterkernel.client.magics as ck_magics
 
     InteractiveShell.instance().run_line_magic("load_ext", "clusterkernel")
     return ck_magics._magics

@@ -19,7 +19,7 @@ CLIENT = [
 # engine side: runs on the ranks (engine/_job_prelude is a script an exported job runs, not imported)
 ENGINE = ["comm", "metrics", "partition", "data", "train", "engine", "torchdist"]
 SEAM = ["records", "_wire", "_shm_names", "_rank_call", "_net", "_oom"]
-_NOT_IMPORTED = {"clusterkernel.engine._job_prelude"}
+_NOT_IMPORTED = {"clusterkernel.rank._job_prelude"}
 
 
 def _loaded(names: list[str], modules: list[str], imports: str = "") -> dict[str, bool]:
@@ -47,16 +47,16 @@ def test_client_side_never_imports_mpi4py():
         [
             "mpi4py",
             "ipyparallel",
-            "clusterkernel.cluster.runner",
-            "clusterkernel.output._rank_output",
+            "clusterkernel.client.cluster.runner",
+            "clusterkernel.client.output._rank_output",
         ],
         "import clusterkernel\nfrom clusterkernel import Cluster, Dashboard",
     )
     assert loaded == {
         "mpi4py": False,
         "ipyparallel": True,
-        "clusterkernel.cluster.runner": True,
-        "clusterkernel.output._rank_output": True,
+        "clusterkernel.client.cluster.runner": True,
+        "clusterkernel.client.output._rank_output": True,
     }
 
 

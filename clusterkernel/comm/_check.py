@@ -34,7 +34,7 @@ import torch
 from clusterkernel.comm._errors import CollectiveMismatchError
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._ops import ALL_OPS, ReduceOp
-from clusterkernel.records import human_bytes
+from clusterkernel.protocol.records import human_bytes
 
 _SIG_LEN = 16
 _MAX_DIMS = 6

@@ -4,7 +4,7 @@ Every comm call leaves two traces: a *flight entry* (a list in the flight
 recorder's ring, opened as the call starts and marked done when it ends; the hang
 report reads it) and a *timing record* (one tuple in the metrics recorder, written
 when it ends; the dashboard and the Chrome trace read it). Their layouts are named
-here once: :data:`ENTRY` and :data:`clusterkernel.records.COMM_FIELDS`. Python reads
+here once: :data:`ENTRY` and :data:`clusterkernel.protocol.records.COMM_FIELDS`. Python reads
 and writes them through the index names below; the C fast path (``_fast.c``) is
 handed the same names when it is configured and finds its indices from them, so no
 layout is written out twice.
@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 
 from clusterkernel import metrics
-from clusterkernel.records import COMM_FIELDS
+from clusterkernel.protocol.records import COMM_FIELDS
 
 # A flight entry is a list, so completion flips ``done`` in place without a lookup.
 # The caller is kept as code and instruction offset (not the frame, which would keep

@@ -1,10 +1,10 @@
 """Engine-side metric recorder: communication events, logged scalars, compute spans.
 
 Each MPI rank has one :class:`Recorder` (``metrics.recorder()``). The comm layer
-appends one tuple per call (fields in :data:`clusterkernel.records.COMM_FIELDS`
+appends one tuple per call (fields in :data:`clusterkernel.protocol.records.COMM_FIELDS`
 order), training code logs scalars with :func:`log`, and :meth:`Recorder.span`
 times a block of compute. Readers get plain ``dict`` records (the shapes in
-:mod:`clusterkernel.records`) from :meth:`Recorder.records` (everything kept) or
+:mod:`clusterkernel.protocol.records`) from :meth:`Recorder.records` (everything kept) or
 :meth:`Recorder.drain` (only what is new since the last drain).
 
 Storage is one append-only list per kind plus a read cursor per kind, so recording
@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from clusterkernel.records import KINDS, comm_record, scalar_record, span_record
+from clusterkernel.protocol.records import KINDS, comm_record, scalar_record, span_record
 
 _now = time.perf_counter
 DEFAULT_CAPACITY = 1_000_000

@@ -3,7 +3,7 @@
 While a cell runs, the engine's main thread is busy with the user's loop, so the
 stream runs in a thread of its own. Every ``interval`` it reads what the recorder
 gained since the last send (by absolute index, see ``Recorder.read``), packs it
-into one signed message of binary columns (``clusterkernel._wire``) and pushes it on a ZMQ PUSH
+into one signed message of binary columns (``clusterkernel.protocol._wire``) and pushes it on a ZMQ PUSH
 socket to the notebook's PULL socket.
 
 Why this cannot slow or block the training loop, and why nothing is lost:
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 import psutil
 import zmq
 
-from clusterkernel import _wire
-from clusterkernel.records import KINDS
+from clusterkernel.protocol import _wire
+from clusterkernel.protocol.records import KINDS
 
 if TYPE_CHECKING:  # the recorder is handed in: this module never imports metrics
     from clusterkernel.metrics import Recorder

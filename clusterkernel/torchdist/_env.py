@@ -22,7 +22,7 @@ import os
 import socket
 from typing import Any
 
-from clusterkernel._net import route_source
+from clusterkernel.protocol._net import route_source
 
 # torchrun's names (torch/distributed/run.py); GROUP_RANK is torchrun's node index,
 # NODE_RANK the name the Lightning and accelerate launchers read for the same.

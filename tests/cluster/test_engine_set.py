@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from clusterkernel import Cluster, ClusterError, RankError
-from clusterkernel.errors import CellInterrupted
-from clusterkernel.output import RankOutput, TerminalRenderer
+from clusterkernel.client.errors import CellInterrupted
+from clusterkernel.client.output import RankOutput, TerminalRenderer
 from tests._labels import per_rank_lines
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from clusterkernel import Cluster, ClusterError, RankError
-from clusterkernel.output import RankOutput
+from clusterkernel.client.output import RankOutput
 from tests._procs import wait_no_cluster_processes
 
 

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from clusterkernel import Cluster, RankError
-from clusterkernel.cluster._stacks import is_cell, request_state
-from clusterkernel.errors import CellInterrupted
-from clusterkernel.output import TerminalRenderer
+from clusterkernel.client.cluster._stacks import is_cell, request_state
+from clusterkernel.client.errors import CellInterrupted
+from clusterkernel.client.output import TerminalRenderer
 
 # A fresh group in each cell: its sequence numbers start at 0 and it has agreed on
 # no signature yet, whatever earlier tests ran on these ranks.

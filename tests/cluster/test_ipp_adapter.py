@@ -8,7 +8,7 @@ import warnings
 import pytest
 from ipyparallel import util
 
-from clusterkernel.cluster import _ipp
+from clusterkernel.client.cluster import _ipp
 
 
 @pytest.mark.parametrize(
@@ -42,10 +42,10 @@ def test_importing_clusterkernel_leaves_ipyparallel_as_it_is():
     import sys
 
     code = (
-        "import clusterkernel, clusterkernel.cluster, clusterkernel.magics\n"
+        "import clusterkernel, clusterkernel.client.cluster, clusterkernel.client.magics\n"
         "from clusterkernel import Cluster\n"
         "from ipyparallel import util\n"
-        "from clusterkernel.cluster import _ipp\n"
+        "from clusterkernel.client.cluster import _ipp\n"
         "print(util._parse_date is _ipp._ORIGINAL)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

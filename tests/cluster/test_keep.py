@@ -18,8 +18,8 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from clusterkernel import Cluster
-from clusterkernel.cluster import _keep
-from clusterkernel.errors import ClusterError
+from clusterkernel.client.cluster import _keep
+from clusterkernel.client.errors import ClusterError
 from tests._procs import cluster_processes, wait_no_cluster_processes
 from tests.kernel.test_completion import _shown
 from tests.kernel.test_restart import _run
@@ -102,7 +102,7 @@ def _gone_but_the_kernel(timeout: float) -> bool:
     """No cluster process is left but the MPI kernel itself (it runs on, ranks stopped)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        procs = [p for p in cluster_processes() if "clusterkernel.kernel" not in p.cmdline()]
+        procs = [p for p in cluster_processes() if "clusterkernel.client.kernel" not in p.cmdline()]
         if not procs:
             return True
         time.sleep(0.25)
@@ -162,7 +162,7 @@ def test_a_killed_kernel_keeps_its_ranks_and_a_terminal_ipython_attaches(
         %mpi attach
         pulled = %mpi pull zz_kept
         print("pulled", pulled)
-        from clusterkernel.magics import current_cluster
+        from clusterkernel.client.magics import current_cluster
         dash = current_cluster().dashboard()
         dash.sync()
         print("history", sorted((r["rank"], r["values"]["loss"]) for r in dash.records("scalar")))

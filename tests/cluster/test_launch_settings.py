@@ -11,10 +11,10 @@ import pytest
 from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel import Cluster
-from clusterkernel.cluster import LaunchSettings
-from clusterkernel.cluster._launch import MpiexecLauncher
-from clusterkernel.cluster._slurm import SlurmLauncher
-from clusterkernel.magics._args import start_args
+from clusterkernel.client.cluster import LaunchSettings
+from clusterkernel.client.cluster._launch import MpiexecLauncher
+from clusterkernel.client.cluster._slurm import SlurmLauncher
+from clusterkernel.client.magics._args import start_args
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-import clusterkernel.magics as ck_magics
+import clusterkernel.client.magics as ck_magics
 from tests._labels import per_rank_lines
 
 

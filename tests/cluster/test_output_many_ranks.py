@@ -13,10 +13,10 @@ import time
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-import clusterkernel.magics as ck_magics
+import clusterkernel.client.magics as ck_magics
 from clusterkernel import Cluster, RankError
-from clusterkernel.errors import _ANSI
-from clusterkernel.output import NotebookRenderer, TerminalRenderer
+from clusterkernel.client.errors import _ANSI
+from clusterkernel.client.output import NotebookRenderer, TerminalRenderer
 from tests._labels import per_rank_lines
 from tests._procs import wait_no_cluster_processes
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from clusterkernel.errors import (
+from clusterkernel.client.errors import (
     _ANSI,
     RankError,
     RankFailure,
@@ -16,7 +16,7 @@ from clusterkernel.errors import (
     rank_label,
     retitle_cell,
 )
-from clusterkernel.output import NotebookRenderer, RankOutput, TerminalRenderer, group_lines
+from clusterkernel.client.output import NotebookRenderer, RankOutput, TerminalRenderer, group_lines
 from tests._labels import parse_ranks, per_rank_lines
 
 

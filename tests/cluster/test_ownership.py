@@ -14,7 +14,7 @@ from pathlib import Path
 import clusterkernel
 
 PACKAGE = Path(clusterkernel.__file__).resolve().parent
-OWNER = PACKAGE / "cluster" / "_cluster.py"
+OWNER = PACKAGE / "client" / "cluster" / "_cluster.py"
 # what a Dashboard tells its cluster (its streams start, it closes): documented in
 # Cluster and the cluster package's docstring
 DASHBOARD_PORT = {"_dashboard_streaming", "_dashboard_closed"}
@@ -58,7 +58,7 @@ def test_only_the_cluster_changes_its_state():
     reaches = _reaches()
     writes = {m: {r for r in rs if r.startswith("write")} for m, rs in reaches.items()}
     assert {m: w for m, w in writes.items() if w} == {
-        "magics/_subcommands.py": {f"write {s}" for s in SETTINGS}
+        "client/magics/_subcommands.py": {f"write {s}" for s in SETTINGS}
     }
 
 
@@ -66,7 +66,7 @@ def test_private_names_only_through_the_dashboard_port():
     reaches = _reaches()
     private = {m: {r for r in rs if r.startswith("private")} for m, rs in reaches.items()}
     assert {m: p for m, p in private.items() if p} == {
-        "dashboard/_dashboard.py": {f"private {name}" for name in DASHBOARD_PORT}
+        "client/dashboard/_dashboard.py": {f"private {name}" for name in DASHBOARD_PORT}
     }
 
 
@@ -74,7 +74,7 @@ def test_helpers_report_and_the_cluster_acts():
     """The cell run, the fault reports and the debugger never restart or mark the cluster:
     the run reports through ``CellFaults``; only the user's commands (the magics) do."""
     calls = {m: {r for r in rs if r.startswith("calls")} for m, rs in _reaches().items()}
-    assert {m: c for m, c in calls.items() if c and not m.startswith("magics/")} == {}
+    assert {m: c for m, c in calls.items() if c and not m.startswith("client/magics/")} == {}
 
 
 def test_the_cluster_tells_its_dashboard_only_through_its_callback():
@@ -90,7 +90,7 @@ def test_the_cluster_tells_its_dashboard_only_through_its_callback():
 
 
 def test_rank_health_keeps_first_causes_and_only_its_owner_clears_it():
-    from clusterkernel.cluster._health import RankHealth
+    from clusterkernel.client.cluster._health import RankHealth
 
     health = RankHealth()
     health.ranks_died([2], "its process exited")

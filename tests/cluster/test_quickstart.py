@@ -11,7 +11,7 @@ from tests._procs import wait_no_cluster_processes
 
 def test_quickstart_runs_in_a_terminal(no_shared_cluster):
     proc = subprocess.run(
-        [sys.executable, "-m", "clusterkernel.quickstart", "-n", "3"],
+        [sys.executable, "-m", "clusterkernel.client.quickstart", "-n", "3"],
         capture_output=True,
         text=True,
         timeout=240,

@@ -1,7 +1,7 @@
 """No /dev/shm leftovers of a real cluster's job after a crash in algorithm="shm" calls.
 
 Only files whose names carry the job's identity (host, uid, job id; the prefixes
-the ranks note in the run directory, see clusterkernel/_shm_names.py) are looked
+the ranks note in the run directory, see clusterkernel/protocol/_shm_names.py) are looked
 at: other jobs and other users may have files in /dev/shm at the same time.
 """
 
@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from clusterkernel import Cluster, RankError
-from clusterkernel._shm_names import SHM_DIR
+from clusterkernel.protocol._shm_names import SHM_DIR
 from tests._procs import wait_no_cluster_processes
 
 REPO = Path(__file__).resolve().parents[2]

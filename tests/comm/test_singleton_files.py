@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from clusterkernel._shm_names import SHM_DIR
+from clusterkernel.protocol._shm_names import SHM_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 CODE = """
 import json, torch
 from clusterkernel import comm
-from clusterkernel._shm_names import job_prefixes
+from clusterkernel.protocol._shm_names import job_prefixes
 comm.all_reduce(torch.ones(4), algorithm="shm")
 print(json.dumps(job_prefixes()))
 """

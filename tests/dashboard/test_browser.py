@@ -12,7 +12,7 @@ import time
 import nbformat
 import pytest
 
-from clusterkernel.dashboard._views import rank_color
+from clusterkernel.client.dashboard._views import rank_color
 from tests._procs import wait_no_cluster_processes
 from tests.dashboard._browser import (
     ARTIFACTS,

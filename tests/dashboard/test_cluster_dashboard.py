@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 
 from clusterkernel import Cluster, Dashboard
-from clusterkernel.output import TerminalRenderer
+from clusterkernel.client.output import TerminalRenderer
 
 LOG = "import clusterkernel\nclusterkernel.log(step={step}, loss=1.0 / ({step} + 1))"
 

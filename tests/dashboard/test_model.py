@@ -9,10 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from clusterkernel import Dashboard, _wire, metrics
-from clusterkernel.dashboard import MetricsStore, chrome_trace, summary, thin, to_csv
-from clusterkernel.dashboard._views import DashboardView, _occupancy, _runs
-from clusterkernel.errors import ClusterError
+from clusterkernel import Dashboard, metrics
+from clusterkernel.client.dashboard import MetricsStore, chrome_trace, summary, thin, to_csv
+from clusterkernel.client.dashboard._views import DashboardView, _occupancy, _runs
+from clusterkernel.client.errors import ClusterError
+from clusterkernel.protocol import _wire
 
 
 def _msg(rank, seq, scalars=(), comm=(), spans=(), pc=100.0, wall=1000.0, lost=None):

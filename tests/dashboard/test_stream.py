@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from clusterkernel import _wire
-from clusterkernel.dashboard import MetricsStore, Receiver
-from clusterkernel.mpiexec import MPIRuntime
+from clusterkernel.client.dashboard import MetricsStore, Receiver
+from clusterkernel.client.mpiexec import MPIRuntime
+from clusterkernel.protocol import _wire
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "workers" / "stream_ranks.py"

@@ -12,10 +12,10 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-import clusterkernel.magics as ck_magics
+import clusterkernel.client.magics as ck_magics
 from clusterkernel import Cluster
-from clusterkernel.errors import CellInterrupted, ClusterError, RankError
-from clusterkernel.output import TerminalRenderer
+from clusterkernel.client.errors import CellInterrupted, ClusterError, RankError
+from clusterkernel.client.output import TerminalRenderer
 
 # ranks 1 and 3 fail inside a function, with values that differ per rank
 FAILING = """\

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from clusterkernel.__main__ import main as cli_main
-from clusterkernel.export import ExportError, export_cells, sbatch_script, write_job
+from clusterkernel.client.export import ExportError, export_cells, sbatch_script, write_job
 
 
 def _assigned(script: str, name: str) -> list[ast.Assign]:
@@ -271,7 +271,7 @@ def test_cli_errors_name_the_code_cell_and_exit_2(tmp_path):
 def test_a_notebook_file_exports_without_the_cells_whose_outputs_hold_an_error(tmp_path):
     import nbformat
 
-    from clusterkernel.export import read_notebook
+    from clusterkernel.client.export import read_notebook
 
     nb = nbformat.v4.new_notebook()
     ok = nbformat.v4.new_code_cell("%%mpi\nx = 1")

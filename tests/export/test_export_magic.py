@@ -13,8 +13,8 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-import clusterkernel.magics as ck_magics
-from clusterkernel.magics import _args
+import clusterkernel.client.magics as ck_magics
+from clusterkernel.client.magics import _args
 
 
 @pytest.fixture

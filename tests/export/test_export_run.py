@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 
 from clusterkernel.__main__ import main as cli_main
-from clusterkernel.mpiexec import MPIRuntime
+from clusterkernel.client.mpiexec import MPIRuntime
 from tests._mpirun import REPO, _kill_session, run_mpi
 
 CELLS = [

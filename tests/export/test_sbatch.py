@@ -13,11 +13,11 @@ import pytest
 from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel import Cluster
-from clusterkernel.cluster import LaunchSettings
-from clusterkernel.cluster._slurm import SlurmLauncher
-from clusterkernel.export import ExportError, add_arguments, sbatch_script
-from clusterkernel.export._sbatch import DEFAULT_TIME, SbatchOptions
-from clusterkernel.magics._args import export_args, start_args
+from clusterkernel.client.cluster import LaunchSettings
+from clusterkernel.client.cluster._slurm import SlurmLauncher
+from clusterkernel.client.export import ExportError, add_arguments, sbatch_script
+from clusterkernel.client.export._sbatch import DEFAULT_TIME, SbatchOptions
+from clusterkernel.client.magics._args import export_args, start_args
 
 # what each writer adds of its own: the job's name and output file (the launcher's are
 # ipyparallel's template fields, with --ntasks={n} and --export=ALL)
@@ -155,7 +155,7 @@ def test_mpi_start_slurm_refuses_them_with_the_same_message(line, options):
     from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell
 
-    import clusterkernel.magics as ck_magics
+    import clusterkernel.client.magics as ck_magics
 
     InteractiveShell.instance().run_line_magic("load_ext", "clusterkernel")
     with pytest.raises(ExportError) as exported:
@@ -166,7 +166,7 @@ def test_mpi_start_slurm_refuses_them_with_the_same_message(line, options):
 
 
 def test_both_export_parsers_name_the_sbatch_options_alike():
-    from clusterkernel.export import sbatch_args
+    from clusterkernel.client.export import sbatch_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

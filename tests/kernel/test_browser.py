@@ -79,7 +79,7 @@ def test_launcher_tile_opens_a_notebook_whose_cells_run_on_the_ranks(mpi_kernel,
         assert f"[rank {rank}]" in text and f"hello from rank {rank} of 2" in text, text
     assert text.index("[rank 0]") < text.index("[rank 1]")  # in rank order
     assert LABEL in status_bar, status_bar
-    assert any("clusterkernel.kernel" in c for c in commands), commands
+    assert any("clusterkernel.client.kernel" in c for c in commands), commands
     ranks = [c for c in commands if "ipyparallel.engine --mpi" in c and "prterun" not in c]
     assert len(ranks) == 2, commands
     # JupyterLab shut its kernels down when it stopped: the ranks went with them

@@ -24,7 +24,7 @@ def test_install_writes_the_kernelspec_and_uninstall_removes_it(tmp_path, monkey
     spec = json.loads((spec_dir / "kernel.json").read_text())
     assert spec["display_name"] == "Python 3 (MPI, 3 ranks)"
     assert spec["argv"] == [
-        sys.executable, "-m", "clusterkernel.kernel", "-f", "{connection_file}", "--ranks", "3",
+        sys.executable, "-m", "clusterkernel.client.kernel", "-f", "{connection_file}", "--ranks", "3",
     ]  # fmt: skip
     assert spec["language"] == "python"
     assert spec["interrupt_mode"] == "signal"

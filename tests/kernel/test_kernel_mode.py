@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from clusterkernel.kernel import kernel_mode
-from clusterkernel.magics._subcommands import auto_mpi as _auto_mpi
+from clusterkernel.client.kernel import kernel_mode
+from clusterkernel.client.magics._subcommands import auto_mpi as _auto_mpi
 
 
 @pytest.fixture
@@ -35,8 +35,8 @@ def test_kernel_mode_sends_cells_to_the_ranks_but_local_and_mpi_magics(shell):
 
 
 def test_a_torch_kernel_starts_its_ranks_with_the_group(shell, tmp_path):
-    from clusterkernel.export import read_notebook
-    from clusterkernel.kernel import display_name, kernel_spec
+    from clusterkernel.client.export import read_notebook
+    from clusterkernel.client.kernel import display_name, kernel_spec
 
     kernel_mode(shell, 2, torch=True)
     assert shell.magics_manager.registry["MPIMagics"].autostart == "-n 2 --torch"

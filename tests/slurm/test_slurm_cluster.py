@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from clusterkernel import Cluster
-from clusterkernel.errors import CellInterrupted, ClusterError, RankError
-from clusterkernel.output import TerminalRenderer
+from clusterkernel.client.errors import CellInterrupted, ClusterError, RankError
+from clusterkernel.client.output import TerminalRenderer
 
 
 def _quiet(cluster: Cluster) -> TerminalRenderer:

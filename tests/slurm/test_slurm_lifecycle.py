@@ -88,7 +88,7 @@ def test_a_killed_notebook_kernel_leaves_no_job_and_no_process(slurm_testbed):
 def test_a_kept_job_survives_a_killed_kernel_and_stop_after_attach_cancels_it(
     slurm_testbed, tmp_path, monkeypatch
 ):
-    from clusterkernel.cluster import _keep
+    from clusterkernel.client.cluster import _keep
 
     monkeypatch.setenv("CLUSTERKERNEL_RUN_DIR", str(tmp_path / "runs"))
     kernel = _KERNEL.replace("nodes=2)", "nodes=2, keep='10m')").replace(

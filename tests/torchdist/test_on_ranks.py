@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from clusterkernel import Cluster
-from clusterkernel.errors import CellInterrupted, RankError
+from clusterkernel.client.errors import CellInterrupted, RankError
 from tests._procs import wait_no_cluster_processes
 
 _ENV = """
@@ -77,7 +77,7 @@ def test_the_group_is_made_at_start(tcluster: Cluster):
     # a thread of its own; the variable was read and removed by then
     tcluster.run(
         "import os, psutil\n"
-        "warm = '-mclusterkernel.engine._warm_start' in ''.join(psutil.Process().cmdline())\n"
+        "warm = '-mclusterkernel.rank._warm_start' in ''.join(psutil.Process().cmdline())\n"
         "asked = os.environ.get('CLUSTERKERNEL_PREIMPORT')"
     )
     assert set(tcluster.pull("warm").values()) == {True}

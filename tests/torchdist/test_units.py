@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from clusterkernel import Cluster
-from clusterkernel.cluster import _torch
-from clusterkernel.cluster._hangreport import compare
-from clusterkernel.export import export_cells, torch_use
+from clusterkernel.client.cluster import _torch
+from clusterkernel.client.cluster._hangreport import compare
+from clusterkernel.client.export import export_cells, torch_use
 from clusterkernel.torchdist._env import master_address, node_layout
 from clusterkernel.torchdist._flight import entries
 from clusterkernel.torchdist._group import pick_backend
@@ -134,7 +134,7 @@ def test_each_rank_gets_its_gpus_by_local_rank():
 
 
 def test_slurm_gpu_requests_reach_the_batch_file(tmp_path):
-    from clusterkernel.export import ExportError, sbatch_script
+    from clusterkernel.client.export import ExportError, sbatch_script
 
     text = sbatch_script(tmp_path / "job.py", nodes=2, ntasks_per_node=4, gpus_per_node=4)
     assert "#SBATCH --gpus-per-node=4" in text
@@ -147,7 +147,7 @@ def test_gpu_options_that_contradict_or_lack_slurm_are_usage_errors():
     from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell
 
-    import clusterkernel.magics as ck_magics
+    import clusterkernel.client.magics as ck_magics
 
     sh = InteractiveShell.instance()
     sh.run_line_magic("load_ext", "clusterkernel")

@@ -35,10 +35,10 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from clusterkernel import _shm_names
 from clusterkernel.comm._errors import CommError
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Work
+from clusterkernel.protocol import _shm_names
 
 MIN_SLOT = 64 * 1024  # bytes; slot sizes are multiples of it
 PIPE_CHUNK = 256 * 1024  # bytes per stage buffer of the all-reduce pipe

@@ -8,7 +8,7 @@ import torch
 from _helpers import RANK, SIZE, agree
 
 from clusterkernel import comm, metrics
-from clusterkernel.records import COMM_FIELDS
+from clusterkernel.protocol.records import COMM_FIELDS
 
 
 def _new_records(fn):

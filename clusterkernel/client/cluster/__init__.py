@@ -1,0 +1,55 @@
+"""The client side of a run: launch the ranks, run cells on them, report their faults.
+
+Everything here runs in the notebook (or the IPython REPL); nothing here runs on
+a rank. :class:`Cluster` is the entry point; the private modules beside it each
+do one part of its job: launching (``_launch_settings``: the launch options as one
+object, :class:`LaunchSettings`, which builds the launcher; ``_launch``, ``_slurm``,
+``_guard``), the processes of a running cluster (``_lifecycle.Engines``), what every
+fresh set of ranks gets (``_torch``: torchrun's environment, the default group),
+``_session`` and ``_status``, one running cell (``runner``, ``_breakpoints``),
+what a failing or hung rank tells the user (``_rank_faults``, ``_jobreport``,
+``_stacks``, ``_hangreport``), clusters kept past their session (``_keep``: the
+record, list, claim; ``_follow``: a cell another session left running) and Tab
+answered by a rank (``_namespace``).
+
+Who calls whom, and who changes what:
+
+- ``Cluster`` owns its state and alone changes it: one ``_lifecycle.Engines`` while
+  it runs (start, restart, stop, attach, detach), its ``_health.RankHealth`` (the lost
+  engine set, the dead ranks), the dashboard its ranks stream to, ``gpus``,
+  ``rank_names``. Nothing outside ``_cluster.py`` writes a field of it (the magics
+  set the public ``timeout`` setting).
+- ``Cluster`` makes ``runner.CellRun`` (``run``), ``debug.DebugSession`` (``debug``)
+  and ``Dashboard`` (``dashboard``, ``run(dashboard=True)``) and calls their public
+  methods. They read the cluster through its public methods and properties
+  (``client``, ``view``, ``engine_id``, ``live_ranks``, ``running``, ``lost``...) and
+  act on its ranks (``stacks``, ``interrupt``, ``abort_torch_groups``), but never
+  change the cluster: a ``CellRun`` reports the job's end, dead ranks and ranks
+  stuck for good through the ``runner.CellFaults`` the cluster gave it, and the
+  cluster marks itself lost, records them or restarts. A ``Dashboard`` tells its
+  cluster that the ranks stream to it and that it closes (``_dashboard_streaming``,
+  ``_dashboard_closed``: the one private port, kept in ``Cluster``); the cluster
+  tells it that its streams ended only through the callback it gave then.
+- The helpers (``_rank_faults``, ``_torch``, ``_namespace``, ``_follow``,
+  ``_stacks``, ``_hangreport``, ``_breakpoints``) are the bodies of Cluster's and
+  CellRun's methods: they take the cluster, read it the same public way and return
+  what they find, which the cluster records (``_rank_faults.lost_engines``: the ranks
+  whose engines left; ``_torch.ranks_up``: each rank's GPUs). ``CellRun`` prompts at a
+  ``breakpoint()`` through ``_breakpoints.Stops``, which opens a ``DebugSession``.
+- The magics drive the cluster through its public API only. A kept cluster's guard
+  process reads its record (``_keep``) and never calls back.
+  ``tests/cluster/test_ownership.py`` checks these rules in the source.
+
+Example (``cluster``: a running :class:`Cluster`, from ``Cluster(n=4).start()`` or
+``%mpi start -n 4``; README.md starts one)::
+
+    cluster.run("from clusterkernel import comm; print(comm.rank())")   # a %%mpi cell
+    [row["state"] for row in cluster.status()]   # ['idle', 'idle', 'idle', 'idle']
+"""
+
+from __future__ import annotations
+
+from clusterkernel.client.cluster._cluster import CellInterrupted, Cluster, ClusterError, RankError
+from clusterkernel.client.cluster._launch_settings import LaunchSettings
+
+__all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted", "LaunchSettings"]

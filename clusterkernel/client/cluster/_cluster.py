@@ -1,0 +1,806 @@
+"""An MPI engine set: ipyparallel engines, one per rank (client side).
+
+:class:`Cluster` wraps ``ipyparallel.Cluster``: ipyparallel owns the controller,
+the processes and the transport; this class adds what a notebook user of an MPI
+job needs on top: a launcher (``mpiexec`` here or on a host list, or a Slurm
+job), the engine-id to rank map, fast and clear start-up errors, status per rank,
+a guard process that stops the cluster if the notebook kernel dies, stacks of
+busy ranks on any host, pdb on ranks (:meth:`debug`), its live dashboard
+(:meth:`dashboard`), and :meth:`run`, the call behind ``%%mpi``.
+
+Example::
+
+    from clusterkernel import Cluster
+    with Cluster(n=4) as cluster:
+        cluster.run("from clusterkernel import comm; print(comm.rank())")
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import time as _time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import ipyparallel as ipp
+
+from clusterkernel.client.cluster import _follow, _keep, _namespace, _rank_faults, _stacks, _torch
+from clusterkernel.client.cluster._health import RankHealth
+from clusterkernel.client.cluster._launch_settings import LaunchSettings, launcher_for
+from clusterkernel.client.cluster._lifecycle import Engines
+from clusterkernel.client.cluster._namespace import RankNames
+from clusterkernel.client.cluster._status import RankStatus
+from clusterkernel.client.errors import CellInterrupted, ClusterError, RankError, format_ranks
+from clusterkernel.client.export._sbatch import DEFAULT_TIME
+from clusterkernel.protocol import _oom
+
+if TYPE_CHECKING:
+    from clusterkernel.client.cluster._launch import Launcher
+    from clusterkernel.client.cluster.runner import CellRun
+    from clusterkernel.client.dashboard import Dashboard
+
+__all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted"]
+
+
+class Cluster:
+    """Start, watch and stop ``n`` MPI ranks as ipyparallel engines.
+
+    Parameters
+    ----------
+    n : number of MPI ranks (>= 1). Default 4, or inside a Slurm allocation
+        (``salloc``/``sbatch``) the allocation's number of tasks.
+    hosts : ``"a:2,b:2"`` (host:slots) for several machines; implies the
+        controller listens on all interfaces. Default: this machine only, and
+        everything listens on loopback.
+    hostfile : an MPI hostfile instead of ``hosts``.
+    mpiexec : path to ``mpiexec``; default: next to ``sys.executable``, then PATH.
+    launcher : ``"mpiexec"`` or ``"slurm"``. Default: ``"slurm"`` inside a Slurm
+        allocation (a job step over its nodes), else ``"mpiexec"``. Or a
+        :class:`~clusterkernel.client.cluster.LaunchSettings` (or the launcher it built) that
+        holds every launch option (``n`` to ``fault_tolerant`` here), given once and
+        passed as one object; then those arguments are left out.
+    nodes, partition, time, account, slurm_args : the Slurm job's shape
+        (``launcher="slurm"``): ranks spread over ``nodes`` nodes; ``time`` the job's
+        limit (default 01:00:00, as for an exported job; None: the partition's);
+        ``slurm_args`` are extra ``#SBATCH`` options (``srun`` options inside an
+        allocation). Checked as an exported job's sbatch file is: a bad value is a
+        ``ValueError`` at ``Cluster(...)``.
+    controller_ip : the address the controller listens on. Default: loopback
+        for one machine; for Slurm, the address through which this machine
+        reaches the nodes; ``"*"`` listens on every interface.
+    env : extra environment variables for the ranks (e.g. ``OMP_NUM_THREADS``).
+    timeout : default watchdog for :meth:`run` in seconds (None: no watchdog).
+    start_timeout : seconds to wait for all engines to register (time a Slurm
+        job waits in the queue does not count).
+    fault_tolerant : keep the job running when a rank dies (Open MPI's ULFM):
+        the cell reports the dead rank, later cells run on the others, and
+        :meth:`restart` brings back a full set. Default: a dead rank ends the job.
+    torch : make torch.distributed's default process group on every rank after
+        start and every restart (``%mpi start --torch``). Every rank has
+        torchrun's environment (RANK, LOCAL_RANK, MASTER_ADDR, ...) either way.
+    backend : the group's backend, ``"gloo"`` or ``"nccl"`` (implies ``torch``);
+        default: torch's pick by device (gloo for CPU tensors, nccl for CUDA).
+    gpus_per_rank : GPUs each rank gets by its ``LOCAL_RANK`` (torch's current device
+        is the first). Default: one where a host has GPUs; 0: no binding. More ranks
+        on a node than GPUs is an error at start unless ``gpu_share``.
+    keep : let the ranks outlive this process (``"2h"``, ``"30m"``, seconds, or
+        ``True``: until stopped): when it dies or :meth:`detach` es, the controller,
+        ranks and any Slurm job keep running, their variables intact, until no client
+        has been attached for that long. :meth:`attach` (``%mpi attach``) comes back.
+        Default: nothing outlives the process that started it.
+
+    Example::
+
+        cluster = Cluster(n=2).start()
+        cluster.run("print('hi')")      # [rank 0] hi / [rank 1] hi
+        cluster.stop()
+
+    Example (other starts)::
+
+        # not run: a Slurm job, and clusters left running for other examples
+        Cluster(n=8, launcher="slurm", nodes=2, time="1:00:00").start()
+        slurm = LaunchSettings(n=8, launcher="slurm", nodes=2, time="1:00:00")
+        Cluster(launcher=slurm, torch=True).start()   # the same launch, said once
+        Cluster(n=2, torch=True).start()    # dist.is_initialized() on every rank
+        Cluster(n=4, keep="2h").start()     # later, in another process:
+        cluster = Cluster.attach()          # the same ranks, their variables intact
+    """
+
+    def __init__(
+        self,
+        n: int | None = None,
+        hosts: str | list[str] | None = None,
+        hostfile: str | None = None,
+        mpiexec: str | None = None,
+        *,
+        launcher: str | LaunchSettings | Launcher | None = None,
+        nodes: int | None = None,
+        partition: str | None = None,
+        time: str | None = DEFAULT_TIME,
+        account: str | None = None,
+        slurm_args: tuple[str, ...] | list[str] = (),
+        controller_ip: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        start_timeout: float = 90.0,
+        guard: bool = True,
+        log_level: int = logging.WARNING,
+        fault_tolerant: bool = False,
+        torch: bool = False,
+        backend: str | None = None,
+        gpus_per_rank: int | None = None,
+        gpu_share: bool = False,
+        keep: bool | str | float | None = None,
+    ) -> None:
+        _torch.check_backend_name(backend)
+        self.keep = _keep.parse_keep(keep)  # seconds, inf, or None: not kept
+        if gpus_per_rank is not None and (
+            not isinstance(gpus_per_rank, int)
+            or isinstance(gpus_per_rank, bool)
+            or gpus_per_rank < 0
+        ):
+            raise ValueError(
+                f"gpus_per_rank must be 0 (no binding) or more, got {gpus_per_rank!r}."
+            )
+        # the one place the launch options are named: from here on they travel as one
+        # object, the launcher's settings
+        self.launcher = launcher_for(
+            launcher,
+            LaunchSettings(
+                n=n, hosts=hosts, hostfile=hostfile, mpiexec=mpiexec, nodes=nodes,
+                partition=partition, time=time, account=account, slurm_args=slurm_args,
+                controller_ip=controller_ip, fault_tolerant=fault_tolerant,
+            ),
+        )  # fmt: skip
+        self.runtime = getattr(self.launcher, "runtime", None)  # None for Slurm: srun starts
+        # what attach() needs to make this Cluster again in another process
+        self._settings = {
+            **self.launcher.settings.record(), "env": dict(env or {}), "timeout": timeout,
+            "start_timeout": start_timeout, "torch": torch, "backend": backend,
+            "gpus_per_rank": gpus_per_rank, "gpu_share": gpu_share,
+        }  # fmt: skip
+        self.n = self.launcher.n
+        self.multi_node = self.launcher.multi_node
+        self.env = dict(env or {})
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.guard = guard
+        self.log_level = log_level
+        self.fault_tolerant = self.launcher.settings.fault_tolerant
+        self.torch = bool(torch or backend)
+        self.backend = backend
+        self.gpus_per_rank = gpus_per_rank
+        self.gpu_share = gpu_share
+
+        self._engines: Engines | None = None  # the processes, while running
+        self.gpus: dict[int, list[int]] = {}  # rank -> its GPUs, from the binding at start
+        self._status = RankStatus()
+        self._health = RankHealth()  # the lost engine set, dead ranks: lost, dead
+        self._dashboard: Dashboard | None = None  # the one the ranks stream to
+        self._dashboard_ended: Callable[[bool], None] | None = None  # what it asked to be told
+        self.replaced: dict | None = None  # the session attach(force=True) took over from
+        self.taken_over_by: dict | None = None  # the session that took this one's place
+        self.rank_names = RankNames()  # what Tab offers while a rank cannot answer
+
+    # ------------------------------------------------------------------ lifecycle
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<clusterkernel.Cluster n={self.n} {self.launcher.describe()} {state}>"
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._engines is not None
+
+    @property
+    def job_id(self) -> str | None:
+        """The Slurm job of the engines (``launcher="slurm"`` outside an allocation)."""
+        engine_set = self._engines.engine_set if self._engines is not None else None
+        return getattr(engine_set, "job_id", None) or None
+
+    @property
+    def run_dir(self) -> str | None:
+        """The private directory of this cluster's files (None when stopped)."""
+        return self._engines.run_dir if self._engines is not None else None
+
+    @property
+    def cluster_file(self) -> str | None:
+        """ipyparallel's cluster file, from which a client can connect (None when stopped)."""
+        return self._engines.cluster_file if self._engines is not None else None
+
+    def start(self) -> Cluster:
+        """Start the controller and ``n`` ranks; return ``self``.
+
+        Raises :class:`ClusterError` at once (with the launcher's output) if the
+        engines fail to start, instead of waiting out ``start_timeout``. A Slurm
+        job waiting in the queue shows its state on a live line; a kernel
+        interrupt cancels it.
+        """
+        if self.running:
+            raise ClusterError(
+                "This cluster is already running. Use restart() (%mpi restart) or stop() first."
+            )
+        self._health.started()
+        self._engines = Engines.start(
+            self.launcher,
+            self.n,
+            _torch.engine_env(self.env, group=self.torch),
+            log_level=self.log_level,
+            guard=self.guard,
+            start_timeout=self.start_timeout,
+            keep=self.keep if self.guard else None,
+        )
+        try:
+            self._ranks_up()
+            if self.keep is not None:
+                self._write_record()
+        except BaseException:
+            self._teardown()
+            raise
+        return self
+
+    # ------------------------------------------------------------------ keep / attach
+    @property
+    def id(self) -> str | None:
+        """The id ``%mpi list`` shows and :meth:`attach` takes (None when stopped)."""
+        return _keep.cluster_id(self.run_dir) if self.run_dir else None
+
+    def _write_record(self) -> None:
+        engines = self._engines
+        hosts = ", ".join(sorted({info["host"] for info in engines.rank_info.values()}))
+        where = f"Slurm job {self.job_id} on {hosts}" if self.job_id else hosts
+        record = {
+            "id": self.id,
+            "uid": os.getuid(),
+            "created": _time.time(),
+            "keep_s": None if math.isinf(self.keep) else self.keep,
+            "n": self.n,
+            "where": where,
+            "job_id": self.job_id,
+            "settings": self._settings,
+            "run_dir": engines.run_dir,
+            "cluster_file": engines.cluster_file,
+            "rank_info": engines.rank_info,
+            "guard_pid": engines.guard.pid if engines.guard is not None else None,
+            "guard_host": socket.gethostname(),
+            "client": _keep.me(),
+            "idle_since": None,
+            "ended": None,
+        }
+        _keep.write(engines.run_dir, record)
+
+    @classmethod
+    def attach(cls, cluster_id: str | None = None, force: bool = False) -> Cluster:
+        """Connect to a cluster started with ``keep`` (by this user, on this host): the
+        ranks and their variables as they were. ``cluster_id``: as :func:`kept` lists it;
+        may be left out when there is one. A cluster another live session drives is
+        refused unless ``force`` (a takeover: that session is told at its next call;
+        ``cluster.replaced`` names it here).
+
+        Example::
+
+            # not run: needs a cluster another process started with keep=
+            cluster = Cluster.attach()      # %mpi attach
+            cluster.pull("model_state")
+        """
+        try:
+            record = _keep.find(cluster_id)
+        except ValueError as e:
+            raise ClusterError(str(e)) from None
+        if record.get("ended"):
+            _keep.remove_ended(record)
+            raise ClusterError(
+                f"Kept cluster {record['id']} ended while no one was attached: "
+                f"{record['ended']}. What was left of it is removed; start a new one."
+            )
+        if record.get("guard_host") != socket.gethostname():
+            raise ClusterError(
+                f"Attach to cluster {record['id']} from {record['guard_host']}, where it was "
+                "started: its guard runs there and watches who is attached."
+            )
+        settings = dict(record["settings"], n=record["n"])
+        cluster = cls(**settings, keep=True if record["keep_s"] is None else record["keep_s"])
+        try:
+            cluster.replaced = _keep.claim(record["run_dir"], force)
+        except ValueError as e:
+            raise ClusterError(str(e)) from None
+        try:
+            cluster._engines = Engines.attach(
+                cluster.launcher,
+                cluster.n,
+                record["run_dir"],
+                record["cluster_file"],
+                record["rank_info"],
+                _torch.engine_env(cluster.env, group=cluster.torch),
+                keeper_pid=record.get("guard_pid"),
+                log_level=cluster.log_level,
+            )
+        except BaseException:
+            _keep.release(record["run_dir"])
+            raise
+        return cluster
+
+    def follow(self) -> list[int]:
+        """Show, by rank and live, the output of a cell that a previous session sent and
+        the ranks still run (after :meth:`attach`), until it ends; the ranks that ran it
+        (``[]``: none did). A kernel interrupt interrupts that cell on the ranks.
+
+        Example::
+
+            # not run: needs a cluster another process started with keep=, busy in a cell
+            cluster = Cluster.attach()
+            cluster.follow()      # the training loop's prints, as they come, until it ends
+        """
+        self._require_running()
+        cells = _follow.running(self)
+        if cells:
+            _follow.follow(self, cells)
+        return sorted(cells)
+
+    def detach(self) -> None:
+        """Leave a kept cluster running (its ranks, variables, Slurm job) and let go of it:
+        it stops after its keep time without a client; :meth:`attach` comes back.
+
+        Example::
+
+            kept = Cluster(n=2, keep="10m").start()
+            kept.detach()                    # %mpi detach: the ranks run on
+            Cluster.attach(kept.id).stop()   # back again, and stopped
+        """
+        self._require_running()
+        if self.keep is None:
+            raise ClusterError(
+                "This cluster was not started with keep: detaching would leave ranks no one "
+                "can reach. Stop it (%mpi stop), or start with --keep 2h (keep='2h')."
+            )
+        _keep.release(self._engines.run_dir)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Forget the processes without stopping them (the guard keeps them)."""
+        try:
+            if self._engines is not None:
+                self._engines.detach()
+        finally:
+            self._forget_ranks()
+
+    def _taken_over(self) -> dict | None:
+        """The session that took this kept cluster over, if one did (we then let go)."""
+        if self.keep is None or self._engines is None:
+            return None
+        holder = _keep.holder(self._engines.run_dir)
+        if holder is None or holder.get("pid") == os.getpid():
+            return None
+        self._let_go()
+        self.taken_over_by = holder
+        return holder
+
+    def _ranks_up(self) -> None:
+        """What every fresh set of ranks gets: torchrun's environment, and the group if asked."""
+        self.gpus = _torch.ranks_up(self, self.backend if self.torch else False)
+
+    def _ranks_going_down(self) -> None:
+        """Before the ranks stop: destroy the torch.distributed groups of idle ranks."""
+        if not self.lost:
+            _torch.ranks_going_down(self)
+
+    def job_ended(self) -> bool:
+        """Whether the MPI job under the engines has ended (False when stopped)."""
+        return self._engines is not None and self._engines.ended()
+
+    def job_output(self, lines: int = 40) -> str:
+        """The last ``lines`` of what the launcher (mpiexec, srun, the Slurm job) said."""
+        return self._engines.output(lines) if self._engines is not None else ""
+
+    def stop(self) -> None:
+        """Stop every rank and the controller; return once their processes are gone.
+
+        Safe to call twice. A kept cluster another session took over is left to it.
+        """
+        if not self.running or self._taken_over():
+            return
+        try:
+            self._ranks_going_down()
+        finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        try:
+            if self._engines is not None:
+                self._engines.teardown()
+        finally:
+            self._forget_ranks()
+
+    def _forget_ranks(self) -> None:
+        """This object no longer drives ranks (stopped, or left to a kept cluster's guard)."""
+        self._engines = None
+        self._health.forgotten()
+        self.gpus = {}
+        self.rank_names.forget()
+        ended, self._dashboard, self._dashboard_ended = self._dashboard_ended, None, None
+        if ended is not None:  # after the ranks, so its last picture shows them stopped
+            ended(True)
+
+    def restart(self) -> None:
+        """Stop all ranks (stuck ones included) and start a full set again.
+
+        Engine state is lost: re-run imports and setup cells afterwards. With
+        ``torch=True`` the new ranks get a new default process group.
+        """
+        if not self.running:
+            raise ClusterError("The cluster is not running; use start() (%mpi start).")
+        self._ranks_going_down()
+        self._engines.restart()
+        self._health.restarted()
+        self._ranks_up()
+        if self.keep is not None:
+            _keep.update(self._engines.run_dir, {"rank_info": self._engines.rank_info})
+
+    def torch_group(self) -> dict[int, dict]:
+        """Each rank's default torch.distributed group: ``{rank: {"backend", "rank",
+        "world_size", "master"}}`` (empty dicts where a rank has none)."""
+        self._require_running()
+        return _torch.describe(self)
+
+    def torch_reinit(self, backend: str | None = None) -> dict[int, dict]:
+        """A new default torch.distributed group in the live ranks, their variables kept.
+
+        Destroys what is left of the old group (or an aborted one), gives rank 0 a
+        fresh port, and makes the group again (``backend``: default the last one).
+        Models wrapped in DDP/FSDP hold the old group: wrap them again. Returns each
+        rank's group (``{rank: {"backend": "gloo", "world_size": 4, ...}}``).
+
+        Example::
+
+            cluster.torch_reinit()      # %mpi torch-reinit
+        """
+        _torch.check_backend_name(backend)
+        self._require_running()
+        return _torch.reinit(self, backend)
+
+    @property
+    def lost(self) -> str | None:
+        """Why the whole engine set is gone (until :meth:`restart`), or None."""
+        return self._health.lost
+
+    @property
+    def dead(self) -> dict[int, str]:
+        """``{rank: how it died}``: ranks of a fault-tolerant job that died (a copy)."""
+        return self._health.dead
+
+    def mark_lost(self, why: str) -> None:
+        """Record that the whole engine set is gone (until :meth:`restart`)."""
+        self._health.job_ended(why)
+
+    # ------------------------------------------------------------------ ranks
+    @property
+    def client(self) -> ipp.Client:
+        """The ipyparallel client (engine ids equal to ranks are not guaranteed)."""
+        self._require_running()
+        assert self._engines is not None and self._engines.client is not None
+        return self._engines.client
+
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank of the job, dead ones (fault-tolerant jobs) included."""
+        return sorted(self._engines.engine_of) if self._engines is not None else []
+
+    @property
+    def engine_of(self) -> dict[int, int]:
+        """``{rank: engine id}`` of the running ranks (a copy)."""
+        return dict(self._engines.engine_of) if self._engines is not None else {}
+
+    @property
+    def rank_info(self) -> dict[int, dict]:
+        """``{rank: {"rank", "host", "pid", "engine", "oom"}}`` as each rank reported at start
+        (``oom``: its memory cgroup's OOM-kill counter then, see :meth:`out_of_memory`)."""
+        return dict(self._engines.rank_info) if self._engines is not None else {}
+
+    @property
+    def live_ranks(self) -> list[int]:
+        """The ranks cells run on by default: all but those that died."""
+        if self.fault_tolerant and self.running:
+            # Its nanny has told the controller, which unregistered the engine; the
+            # job itself lives on (fault-tolerant only).
+            gone = _rank_faults.lost_engines(self.engine_of, self.client.ids, self._health.dead)
+            self._health.ranks_died(gone, "its process exited between cells")
+        return [r for r in self.ranks if not self._health.is_dead(r)]
+
+    def mark_dead(self, ranks: list[int], why: str) -> None:
+        """Record ranks of a fault-tolerant job as dead (the job carries on)."""
+        self._health.ranks_died(ranks, why)
+
+    def engine_id(self, rank: int) -> int:
+        self._require_running()
+        if self._health.is_dead(rank):
+            raise ClusterError(
+                f"Rank {rank} died ({self._health.why_dead(rank)}); ranks "
+                f"{format_ranks(self.live_ranks)} still run. %mpi restart "
+                "(cluster.restart()) brings back a full set."
+            )
+        try:
+            return self._engines.engine_of[rank]
+        except KeyError:
+            raise ValueError(f"Rank {rank} does not exist; ranks are 0..{self.n - 1}.") from None
+
+    def rank_of(self, engine_id: int) -> int:
+        for rank, eid in self.engine_of.items():
+            if eid == engine_id:
+                return rank
+        raise KeyError(engine_id)
+
+    def view(self, ranks: list[int] | None = None) -> ipp.DirectView:
+        """A DirectView of the engines for ``ranks`` (default: live ones), in rank order."""
+        ranks = self.live_ranks if ranks is None else list(ranks)
+        return self.client[[self.engine_id(r) for r in ranks]]
+
+    def _require_running(self) -> None:
+        taken = self._taken_over()
+        if taken is not None:
+            raise ClusterError(
+                f"Another session (pid {taken['pid']} on {taken['host']}) took this kept "
+                "cluster over with attach --force; this one has let go of it. "
+                "%mpi attach --force takes it back."
+            )
+        if not self.running:
+            raise ClusterError("No MPI ranks are running. Start them with %mpi start -n 4.")
+        if self.lost:
+            raise ClusterError(f"{self.lost} Run %mpi restart (cluster.restart()).")
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> list[dict]:
+        """One dict per rank: rank, host, pid, state, cpu %, memory (MiB), and ``gpu``
+        (name, memory, utilisation) where the ranks are bound to GPUs.
+
+        CPU and memory are read for ranks on this machine; on other hosts they are None.
+        """
+        self._require_running()
+        rows = self._status.rows(self.client, self._engines.rank_info, self.multi_node)
+        if self.gpus:  # name, memory, utilisation of each rank's GPU
+            gpu = _torch.gpu_status(self)
+            for row in rows:
+                row["gpu"] = gpu.get(row["rank"])
+        return rows
+
+    def processes(self) -> list[int]:
+        """Pids of every local process of this cluster (controller, mpiexec, ranks...)."""
+        return self._engines.processes() if self._engines is not None else []
+
+    # ------------------------------------------------------------------ data
+    def push(self, namespace: dict, ranks: list[int] | None = None) -> None:
+        """Copy ``namespace`` into every rank's globals (pickled, like ``%px`` push).
+
+        A value that cannot be pickled is a ``TypeError`` naming it, before anything is sent.
+        """
+        view = self.view(ranks)
+        try:
+            view.push(namespace, block=True)
+        except Exception as e:
+            raise _rank_faults.push_failure(namespace, e) from None
+
+    def pull(self, name: str, ranks: list[int] | None = None) -> dict[int, Any]:
+        """``{rank: value}`` of the global ``name`` on each (live) rank."""
+        ranks = self.live_ranks if ranks is None else list(ranks)
+        try:
+            values = self.view(ranks).pull(name, block=True)
+        except ipp.error.CompositeError as e:
+            raise RankError(_rank_faults.pull_failures(self, e)) from None
+        return dict(zip(ranks, values))
+
+    # ------------------------------------------------------------------ run
+    def complete(
+        self, code: str, cursor_pos: int | None = None, rank: int = 0, timeout: float = 1.0
+    ) -> dict:
+        """What Tab offers at ``cursor_pos`` (default: the end) in ``code`` on rank ``rank``:
+        a Jupyter ``complete_reply`` content (``matches``, ``cursor_start``, ``cursor_end``).
+
+        The rank's own IPython completer answers, through its control channel, so a rank
+        busy in a cell answers too; one that does not within ``timeout`` seconds gets the
+        top-level names it listed last (``metadata["clusterkernel"]["from"] == "cache"``).
+        Nothing in ``code`` is run.
+
+        Example::
+
+            cluster.run("import torch")
+            cluster.complete("torch.zer")["matches"]    # ['zero_', 'zeros', 'zeros_like']
+        """
+        self._require_running()
+        self.engine_id(rank)  # clear error for a rank that does not exist
+        cursor = len(code) if cursor_pos is None else cursor_pos
+        return _namespace.complete(self, code, cursor, rank, timeout)
+
+    def inspect(
+        self,
+        code: str,
+        cursor_pos: int | None = None,
+        detail_level: int = 0,
+        rank: int = 0,
+        timeout: float = 1.0,
+    ) -> dict:
+        """What Shift-Tab / ``name?`` (``detail_level=1``: ``name??``) shows for the name at
+        ``cursor_pos`` in ``code`` on rank ``rank``: a Jupyter ``inspect_reply`` content
+        (``found``, ``data``). ``found`` is False when the rank does not answer in time.
+
+        Example::
+
+            cluster.inspect("model")["data"]["text/plain"]   # rank 0's model, as model? shows it
+        """
+        self._require_running()
+        self.engine_id(rank)
+        cursor = len(code) if cursor_pos is None else cursor_pos
+        return _namespace.inspect(self, code, cursor, detail_level, rank, timeout)
+
+    def run(
+        self,
+        code: str,
+        ranks: list[int] | None = None,
+        timeout: float | None = None,
+        block: bool = True,
+        renderer=None,
+        dashboard: bool = False,
+    ) -> CellRun:
+        """Run ``code`` on the ranks, streaming each rank's output; the call behind ``%%mpi``.
+
+        Raises :class:`RankError` naming the failing ranks, and
+        :class:`CellInterrupted` on a kernel interrupt or when ``timeout``
+        (default: ``self.timeout``) passes; stuck ranks are reported with their
+        stacks and freed, by a restart if nothing else works.
+
+        With ``block=False`` returns a :class:`~clusterkernel.client.cluster.runner.CellRun` at
+        once; call its ``wait()`` to stream and collect.
+
+        ``dashboard=True`` (``%%mpi --dashboard``) shows :meth:`dashboard` first
+        and, when the cell has run, collects its last records into it.
+        """
+        from clusterkernel.client.cluster.runner import CellFaults, CellRun
+
+        self._require_running()
+        ranks = self.live_ranks if ranks is None else sorted(set(ranks))
+        for r in ranks:
+            self.engine_id(r)  # clear error for a rank that does not exist
+        dash = self.dashboard() if dashboard else None
+        if dash is not None:
+            dash.show()
+        try:
+            faults = CellFaults(
+                job_ended=self._health.job_ended,
+                ranks_died=self._health.ranks_died,
+                ranks_stuck=lambda _ranks: self.restart(),
+            )
+            run = CellRun(self, code, ranks, renderer=renderer, faults=faults)
+            if not block:
+                return run
+            return run.wait(timeout=self.timeout if timeout is None else timeout)
+        finally:
+            if dash is not None and block:
+                dash.cell_finished()
+
+    # ------------------------------------------------------------------ dashboard
+    def dashboard(self) -> Dashboard:
+        """This cluster's live dashboard, streaming; made on first use.
+
+        One per cluster: ``%mpi dashboard`` and ``%%mpi --dashboard`` show this one,
+        so every cell that asks for it shows the same live panels. It stops when
+        the cluster stops (its panels keep their last picture); after
+        :meth:`restart` this call makes the new ranks stream to it.
+
+        Example::
+
+            dash = cluster.dashboard()
+            dash.show()                 # the panels, or a progress line in a terminal
+            cluster.run("import clusterkernel; clusterkernel.log(step=0, loss=1.0)")
+            dash.sync(); dash.records("scalar")
+        """
+        from clusterkernel.client.dashboard import Dashboard
+
+        dash = self._dashboard
+        if dash is None or dash.closed:
+            return Dashboard(self)  # becomes this cluster's (_dashboard_streaming)
+        dash.attach()  # after a restart the new ranks need their streams
+        return dash
+
+    # The dashboard's port: a Dashboard tells its cluster these two things, and the
+    # cluster tells it only through the ``ended`` callback it gave (never its methods).
+    def _dashboard_streaming(self, dash: Dashboard, ended: Callable[[bool], None]) -> None:
+        """``dash`` now receives the ranks' records: it is this cluster's. ``ended(stopped)``
+        is called once its streams end: ``ended(False)`` when a newer dashboard takes
+        over, ``ended(True)`` when the cluster stops or lets go of its ranks."""
+        old, old_ended = self._dashboard, self._dashboard_ended
+        self._dashboard, self._dashboard_ended = dash, ended
+        if old is not None and old is not dash and old_ended is not None:
+            old_ended(False)
+
+    def _dashboard_closed(self, dash: Dashboard) -> bool:
+        """``dash`` is closing: True if it was this cluster's (it no longer is)."""
+        if self._dashboard is not dash:
+            return False
+        self._dashboard, self._dashboard_ended = None, None
+        return True
+
+    # --------------------------------------------------------- fault handling
+    def frames(self, ranks: list[int], with_locals: bool = False) -> dict[int, list[dict]]:
+        """Each rank's main-thread frames, outermost first, while it runs a cell.
+
+        Works while a rank is blocked inside an MPI call and for ranks on any host
+        (the engine's control thread answers). A rank that cannot answer (its
+        control thread starved by C code holding the GIL) is asked through
+        ``faulthandler`` instead, if it runs on this machine; if neither works,
+        it is missing from the result.
+        """
+        return _rank_faults.frames(self, ranks, with_locals)
+
+    def stacks(
+        self,
+        ranks: list[int],
+        code: str | None = None,
+        with_locals: bool = False,
+        all_frames: bool = False,
+    ) -> dict[int, str]:
+        """Each rank's stack as text, the cell's lines first (see :meth:`frames`).
+
+        ``code`` (the cell's source) fills in the text of cell lines; clusterkernel's
+        own frames show only with ``all_frames``.
+        """
+        return _rank_faults.stacks(self, ranks, code, with_locals, all_frames)
+
+    def debug(self, ranks: list[int] | None = None, timeout: float = 10.0):
+        """A :class:`~clusterkernel.client.debug.DebugSession`: pdb on ``ranks``, one command at a time.
+
+        Each rank is debugged at its ``breakpoint()`` if a running cell stopped
+        there, else post-mortem on its last failed cell. Default ranks: those at a
+        breakpoint, else those with a traceback. ``timeout``: seconds a command may
+        take before its answer says the rank runs on.
+
+        Example::
+
+            try:  # ranks 1 and 3 fail: post-mortem on them
+                cluster.run("x = 10 * comm.rank()\\nassert comm.rank() not in (1, 3)")
+            except RankError:
+                pass
+            with cluster.debug(ranks=[1, 3]) as dbg:
+                dbg.send("p x")      # {1: "10", 3: "30"}
+        """
+        from clusterkernel.client.debug import DebugSession
+
+        self._require_running()
+        return DebugSession(self, ranks, timeout=timeout)
+
+    def abort_torch_groups(self, ranks: list[int] | None = None) -> list[int]:
+        """Abort the torch.distributed groups of ``ranks`` (default: live ones); the ranks
+        that had one. Frees ranks blocked in a gloo or NCCL collective whose peers
+        abort too; their variables stay. :meth:`torch_reinit` makes a new group.
+        """
+        ranks = self.live_ranks if ranks is None else ranks
+        return _stacks.abort_torch_groups(self.client, {r: self.engine_id(r) for r in ranks})
+
+    def signal(self, sig: int, ranks: list[int] | None = None) -> None:
+        """Send ``sig`` to the given ranks only (through each engine's nanny)."""
+        ranks = self.live_ranks if ranks is None else ranks
+        self.client.send_signal(int(sig), targets=[self.engine_id(r) for r in ranks], block=True)
+
+    def interrupt(self, ranks: list[int]) -> None:
+        self.signal(signal.SIGINT, ranks)
+
+    def out_of_memory(self, ranks: list[int]) -> list[int]:
+        """Those of ``ranks`` (on this host) in whose memory cgroup the kernel's
+        out-of-memory killer has struck since they started (see :mod:`clusterkernel.protocol._oom`)."""
+        here = socket.gethostname()
+        info = self.rank_info
+        return [
+            r
+            for r in ranks
+            if info.get(r, {}).get("host") == here and _oom.killed_since(info[r].get("oom"))
+        ]
+
+    def dead_ranks(self) -> tuple[list[int], str] | None:
+        """If the MPI job has ended, ``(ranks that died first, the launcher's report)``."""
+        return _rank_faults.dead_ranks(self)

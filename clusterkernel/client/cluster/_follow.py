@@ -1,0 +1,74 @@
+"""Follow a cell that another session sent, from a session that attached later (client side).
+
+A kept cluster can be attached while its ranks still run a cell the previous session
+sent (``Cluster.attach``). That cell's replies and live output travel to the client
+that sent it; what any client can read is the controller's record of every request:
+ipyparallel's hub stores each request's stdout and stderr as the engine writes them
+(``Client.db_query``) and says which requests an engine still has queued
+(``Client.queue_status``). :func:`running` finds the cell; :func:`follow` polls its
+record and shows each rank's output through the usual renderer until it ends.
+
+Example::
+
+    cells = running(cluster)          # {rank: msg_id} of the cell still running
+    follow(cluster, cells)            # its output, by rank, until it ends
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from clusterkernel.client.output import RankOutput, Renderer, default_renderer
+
+if TYPE_CHECKING:
+    from clusterkernel.client.cluster import Cluster
+
+POLL = 0.25  # seconds between looks at the controller's record
+
+
+def running(cluster: Cluster) -> dict[int, str]:
+    """``{rank: msg_id}`` of the request each rank has been sent and not finished."""
+    status = cluster.client.queue_status(verbose=True)
+    out = {}
+    for rank, engine in cluster.engine_of.items():
+        queue = (status.get(engine) or {}).get("queue") or []
+        if queue:
+            out[rank] = queue[0]  # the oldest: the one running now
+    return out
+
+
+def follow(cluster: Cluster, cells: dict[int, str], renderer: Renderer | None = None) -> None:
+    """Show the output of ``cells`` (from :func:`running`) by rank until they have ended.
+
+    A kernel interrupt interrupts them on the ranks, as it would the session's own cell.
+    """
+    ranks = sorted(cells)
+    renderer = renderer if renderer is not None else default_renderer(ranks)
+    ids = [cells[r] for r in ranks]
+    rank_of = {msg_id: rank for rank, msg_id in cells.items()}
+    interrupted = False
+    try:
+        while True:
+            try:
+                records = cluster.client.db_query(
+                    {"msg_id": {"$in": ids}}, keys=["msg_id", "stdout", "stderr", "completed"]
+                )
+                for record in records:
+                    out = RankOutput(
+                        stdout=record.get("stdout") or "", stderr=record.get("stderr") or ""
+                    )
+                    renderer.update(rank_of[record["msg_id"]], out)
+                if len(records) == len(ids) and all(r.get("completed") for r in records):
+                    return
+                if cluster.job_ended():
+                    renderer.notice("The MPI job ended while the cell ran (%mpi status).")
+                    return
+                time.sleep(POLL)
+            except KeyboardInterrupt:
+                if interrupted:
+                    raise
+                interrupted = True
+                cluster.interrupt(ranks)
+    finally:
+        renderer.finish()

@@ -1,0 +1,200 @@
+"""Stops a cluster when the process that started it dies (``python -m clusterkernel.client.cluster._guard``).
+
+ipyparallel's ``shutdown_atexit`` does not run when the notebook kernel is killed
+outright, and the controller and mpiexec run in sessions of their own, so nothing
+else would stop them. The starting process holds the write end of our stdin: EOF
+without a final ``stopped`` line means it died. Then there is nobody left to be
+graceful for: batch jobs named in the cluster file are cancelled (``scancel``),
+every local process of the cluster (with all their descendants: ranks, nannies)
+gets SIGTERM, then SIGKILL a few seconds later, the job's files in this host's
+/dev/shm that mpiexec did not get to remove are removed (by the names the ranks
+noted, :mod:`clusterkernel.protocol._shm_names`), and the cluster's private directory is
+removed.
+
+A kept cluster (``keep``: seconds, or ``inf``; :mod:`clusterkernel.client.cluster._keep`) is
+not stopped then: the guard becomes its keeper. It stops the cluster once no client
+has been attached for the keep time, leaves at once when a client stopped it (the
+cluster file is gone), and when the ranks or the controller die with no one there
+it stops what is left and keeps only the record, saying why, for ``%mpi list``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import psutil
+
+from clusterkernel.client.cluster import _keep
+from clusterkernel.protocol import _shm_names
+
+_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
+_POLL = 1.0  # seconds between a keeper's looks at the cluster and its client
+_ENDED_FOR = 5.0  # seconds a kept cluster must look ended before the keeper says it is
+
+
+def _cluster_pids(cluster_file: str) -> list[int]:
+    with open(cluster_file) as f:
+        info = json.load(f)
+    pids = [info.get("controller", {}).get("state", {}).get("pid")]
+    sets = info.get("engines", {}).get("sets", {}).values()
+    pids += [s.get("pid") for s in sets]  # a batch job's set has none: it is cancelled
+    return [p for p in pids if p]
+
+
+def _cancel_jobs(cluster_file: str) -> None:
+    from clusterkernel.client.cluster._launch import batch_jobs
+
+    jobs = batch_jobs(cluster_file)
+    scancel = shutil.which("scancel")
+    if jobs and scancel:
+        subprocess.run([scancel, *jobs], capture_output=True, timeout=30)
+
+
+def stop_tree(pids: list[int]) -> None:
+    procs = []
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs += [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=_GRACE)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=_GRACE)
+
+
+def _slurm_state(job_id: str) -> str | None:
+    """A Slurm job's state (``RUNNING``, ``TIMEOUT``...), None if Slurm no longer knows it."""
+    scontrol = shutil.which("scontrol")
+    if not scontrol:
+        return None
+    out = subprocess.run(
+        [scontrol, "-o", "show", "job", str(job_id)], capture_output=True, text=True, timeout=30
+    ).stdout
+    for word in out.split():
+        if word.startswith("JobState="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def why_ended(cluster_file: str) -> str | None:
+    """Why a kept cluster can no longer run cells (None: it still can)."""
+    from clusterkernel.client.cluster._jobreport import death_cause
+
+    with open(cluster_file) as f:
+        info = json.load(f)
+    controller = info.get("controller", {}).get("state", {}).get("pid")
+    if controller and not _keep.pid_alive(controller):
+        return "the controller exited"
+    for engine_set in info.get("engines", {}).get("sets", {}).values():
+        job = engine_set.get("job_id")
+        if job:
+            state = _slurm_state(job)
+            if state not in ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED"):
+                return f"Slurm job {job} ended ({state or 'no longer known to Slurm'})"
+        elif engine_set.get("pid") and not _keep.pid_alive(engine_set["pid"]):
+            cause = death_cause(_tail_of(engine_set.get("output_file")))
+            return "the MPI job ended" + (f" ({cause})" if cause else "")
+    return None
+
+
+def _tail_of(path: str | None) -> str:
+    try:
+        with open(path or "", errors="replace") as f:
+            return f.read()[-20000:]
+    except OSError:
+        return ""
+
+
+def keep(cluster_file: str, run_dir: str, keep_s: float) -> bool:
+    """Keep the cluster while a client is attached or was within ``keep_s``; True when it
+    is time to stop it, False when there is nothing left to stop."""
+    idle_since = time.time()
+    ended_since: float | None = None
+    while True:
+        if not os.path.exists(cluster_file):  # a client stopped it
+            return False
+        try:
+            ended = why_ended(cluster_file)
+        except (OSError, ValueError):  # gone or half-written: look again after a pause
+            time.sleep(_POLL)
+            continue
+        if ended is None:
+            ended_since = None
+        elif ended_since is None:
+            # seen once: a client's restart also stops the old ranks before the file names
+            # the new ones, so only an end that lasts counts
+            ended_since = time.time()
+        elif time.time() - ended_since >= _ENDED_FOR:
+            _keep.update(run_dir, {"ended": ended, "client": None})
+            _stop(cluster_file, run_dir, keep_record=True)
+            return False
+        record = _keep.read(run_dir) or {}
+        if _keep.client_alive(record.get("client")):
+            idle_since = time.time()
+        elif record.get("client") is not None:  # it died without detaching
+            _keep.update(run_dir, {"client": None, "idle_since": idle_since})
+        if not math.isinf(keep_s) and time.time() - idle_since >= keep_s:
+            return True
+        time.sleep(_POLL)
+
+
+def _stop(cluster_file: str, run_dir: str | None, keep_record: bool = False) -> None:
+    """Cancel the batch jobs, stop every process, remove the cluster's files (all of the
+    run directory, or all but the kept record)."""
+    try:
+        # No cluster file: the starter died while stopping the cluster (ipyparallel
+        # had removed the file), and only the run directory is left to remove.
+        if os.path.exists(cluster_file):
+            try:
+                _cancel_jobs(cluster_file)
+            finally:
+                stop_tree(_cluster_pids(cluster_file))
+    finally:
+        if os.path.exists(cluster_file):
+            os.remove(cluster_file)
+        if run_dir:
+            _shm_names.remove(run_dir)
+            if not keep_record:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            else:
+                for name in os.listdir(run_dir):
+                    if name != _keep.RECORD:
+                        path = os.path.join(run_dir, name)
+                        if os.path.isdir(path):
+                            shutil.rmtree(path, ignore_errors=True)
+                        else:
+                            os.remove(path)
+
+
+def main(cluster_file: str, run_dir: str | None = None, keep_s: str = "") -> int:
+    last = b""
+    for line in sys.stdin.buffer:
+        last = line.strip()
+    if last == b"stopped":
+        return 0
+    if keep_s and run_dir and not keep(cluster_file, run_dir, float(keep_s)):
+        if not os.path.exists(cluster_file) and not (_keep.read(run_dir) or {}).get("ended"):
+            shutil.rmtree(run_dir, ignore_errors=True)  # a client stopped it: anything left
+        return 0
+    _stop(cluster_file, run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))

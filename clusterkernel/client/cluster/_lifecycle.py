@@ -1,0 +1,362 @@
+"""The processes of one running cluster, and how they start, restart and stop (client side).
+
+:class:`Engines` owns what exists only while a cluster runs: the ipyparallel
+cluster (controller and engine set), the client, the private run directory, the
+guard process, and the rank -> engine map. ``Cluster.start`` makes one,
+``Cluster.restart`` asks it for fresh ranks, ``Cluster.stop`` tears it down; nothing
+else writes its fields. ipyparallel starts the controller and the engines through
+the cluster's launcher; here they are waited for until every MPI rank answered
+(fast, clear errors when the job fails to start), mapped rank -> engine, guarded
+against a dying notebook, and stopped until no process of theirs is left.
+
+Example::
+
+    engines = Engines.start(launcher, n=4, env={}, log_level=logging.WARNING)
+    engines.engine_of        # {0: 0, 1: 1, 2: 2, 3: 3}
+    engines.restart()        # new rank processes, same controller
+    engines.teardown()       # every process gone, the run directory removed
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ipyparallel as ipp
+import psutil
+
+from clusterkernel.client.cluster import _ipp
+from clusterkernel.client.cluster._launch import (
+    Guard,
+    Launcher,
+    make_run_dir,
+    private_cluster_file,
+    remove_run_dir,
+    wait_for_engines,
+)
+from clusterkernel.client.errors import ClusterError
+from clusterkernel.protocol import _shm_names
+from clusterkernel.rank import _engine_setup
+
+
+def _ipp_log(level: int) -> logging.Logger:
+    """ipyparallel's logger for our clusters, kept out of the notebook.
+
+    In a kernel ipyparallel logs to the cell's stdout, so ``%mpi stop`` would print
+    every engine's start-up log and "exit_code 1" (mpiexec's normal exit when its
+    ranks are stopped). What matters (failed starts, dead ranks) this module reports
+    itself; the log is still there for ``logging`` configured by the user.
+    """
+    log = logging.getLogger("clusterkernel.ipyparallel")
+    log.setLevel(level)
+    if not log.handlers:  # no "last resort" printing to stderr either
+        log.addHandler(logging.NullHandler())
+    return log
+
+
+def _live_line(text: str | None) -> None:
+    """A status line rewritten in place (terminal and notebook both honour ``\\r``)."""
+    if text is None:
+        print(flush=True)
+    else:
+        print(f"\r{text}   ", end="", flush=True)
+
+
+class Engines:
+    """The controller, engines, client, run directory and guard of a running cluster.
+
+    Made by :meth:`start`; gone (every process stopped, the directory removed)
+    after :meth:`teardown`. ``rank_info`` and ``engine_of`` are replaced whole by
+    :meth:`restart`, never edited in place.
+    """
+
+    def __init__(self, launcher: Launcher, n: int, start_timeout: float) -> None:
+        self.launcher = launcher
+        self.n = n
+        self.start_timeout = start_timeout
+        self.ipp: ipp.Cluster | None = None
+        self.client: ipp.Client | None = None
+        self.run_dir: str | None = None
+        self.guard: Guard | None = None
+        self.keeper: psutil.Process | None = None  # a kept cluster's guard, when attached
+        self.rank_info: dict[int, dict] = {}  # rank -> {rank, host, pid, engine}
+        self.engine_of: dict[int, int] = {}  # rank -> engine id
+
+    @classmethod
+    def start(
+        cls,
+        launcher: Launcher,
+        n: int,
+        env: dict[str, str],
+        log_level: int = logging.WARNING,
+        guard: bool = True,
+        start_timeout: float = 90.0,
+        keep: float | None = None,
+    ) -> Engines:
+        """Start the controller and ``n`` ranks; on any failure nothing is left running.
+        ``keep``: seconds the guard keeps them once this process is gone (``_keep``)."""
+        self = cls(launcher, n, start_timeout)
+        _ipp.install_date_parser()  # ~49 us less per rank and cell (BENCHMARKS.md, issue 11)
+        kwargs: dict[str, Any] = {}
+        ip = launcher.controller_ip()  # may ask Slurm: before anything is made
+        if ip:
+            kwargs["controller_ip"] = ip
+        self.run_dir = make_run_dir()
+        try:
+            self.ipp = ipp.Cluster(
+                engines=launcher.engines(),
+                n=n,
+                profile_dir=self.run_dir,
+                config=launcher.config(env, self.run_dir),
+                log_level=log_level,
+                log=_ipp_log(log_level),
+                **kwargs,
+            )
+            if keep is not None:  # ipyparallel's own exit handler would stop it first
+                self.ipp.shutdown_atexit = False
+            self.ipp.start_controller_sync()
+            self.client = self.ipp.connect_client_sync()
+            private_cluster_file(self.ipp)
+            if guard:
+                self.guard = Guard(self.ipp.cluster_file, self.run_dir, keep)
+            self.ipp.start_engines_sync(n)
+            self.ipp.update_cluster_file()  # now with the job id, for the guard
+            self._wait_for_new_engines(old_pids=set())
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    @classmethod
+    def attach(
+        cls, launcher: Launcher, n: int, run_dir: str, cluster_file: str, rank_info: dict,
+        env: dict[str, str], keeper_pid: int | None = None, log_level: int = logging.WARNING,
+    ) -> Engines:  # fmt: skip
+        """Connect to the running processes of a kept cluster (its guard keeps watching)."""
+        self = cls(launcher, n, start_timeout=90.0)
+        self.run_dir = run_dir
+        # with the launcher's configuration, so that a restart starts ranks as start() did
+        self.ipp = ipp.Cluster.from_file(
+            cluster_file,
+            engines=launcher.engines(),
+            config=launcher.config(env, run_dir),
+            log=_ipp_log(log_level),
+        )
+        self.client = self.ipp.connect_client_sync()
+        self.rank_info = {int(r): info for r, info in rank_info.items()}
+        self.engine_of = {r: info["engine"] for r, info in self.rank_info.items()}
+        self.keeper = _process(keeper_pid) if keeper_pid else None
+        try:
+            self.client.wait_for_engines(len(self.engine_of), timeout=10)
+        except (ipp.error.TimeoutError, ipp.error.EngineError, OSError):
+            pass
+        missing = sorted(set(self.engine_of.values()) - set(self.client.ids))
+        if missing:
+            self.client.close()
+            raise ClusterError(
+                f"The kept cluster's engines {missing} did not register again within 10 s; "
+                "%mpi list says what is left of it."
+            )
+        return self
+
+    def detach(self) -> None:
+        """Leave the processes running for the guard to keep; this object is done."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.guard is not None:
+            self.guard.detach()
+            self.guard = None
+        self.keeper = None
+        self.ipp = None  # shutdown_atexit is off: dropping it stops nothing
+        self.run_dir = None
+        self.rank_info = {}
+        self.engine_of = {}
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def engine_set(self):
+        """ipyparallel's engine-set launcher (mpiexec, srun or the Slurm job), if any."""
+        if self.ipp is None:
+            return None
+        return next(iter(self.ipp.engines.values()), None)
+
+    @property
+    def cluster_file(self) -> str | None:
+        return self.ipp.cluster_file if self.ipp is not None else None
+
+    def output(self, lines: int = 40) -> str:
+        """The last ``lines`` of what the launcher (mpiexec, srun, the job) said."""
+        return self.launcher.output(self.engine_set, lines)
+
+    def ended(self) -> bool:
+        """Whether the MPI job has ended (every rank gone)."""
+        return self.launcher.ended(self.engine_set)
+
+    def processes(self) -> list[int]:
+        """Pids of every local process (controller, mpiexec, ranks, guard)."""
+        pids: set[int] = set()
+        if self.ipp is None:
+            return []
+        for launcher in [self.ipp.controller, *self.ipp.engines.values()]:
+            pid = getattr(launcher, "pid", None) if launcher is not None else None
+            if not pid:
+                continue
+            try:
+                proc = psutil.Process(pid)
+                pids.add(pid)
+                pids.update(c.pid for c in proc.children(recursive=True))
+            except psutil.Error:
+                pass
+        if self.guard is not None:
+            pids.add(self.guard.pid)
+        if self.keeper is not None and self.keeper.is_running():
+            pids.add(self.keeper.pid)
+        return sorted(pids)
+
+    # ------------------------------------------------------------------ changing
+    def restart(self) -> None:
+        """Replace every rank by a new process (the controller stays)."""
+        assert self.ipp is not None
+        old_pids = {info["pid"] for info in self.rank_info.values()}
+        engine_set = self.engine_set
+        old_procs = _tree(getattr(engine_set, "pid", None))
+        self.ipp.stop_engines_sync()
+        self.launcher.stopped(engine_set, timeout=30)
+        _end(old_procs, grace=_NANNY_GRACE)
+        self.ipp.start_engines_sync(self.n)
+        self.ipp.update_cluster_file()
+        self._wait_for_new_engines(old_pids)
+
+    def _wait_for_new_engines(self, old_pids: set[int]) -> None:
+        assert self.client is not None
+        infos = wait_for_engines(
+            self.client,
+            self.n,
+            old_pids=old_pids,
+            timeout=self.start_timeout,
+            query=self._query_setup,
+            ended=self.ended,
+            output=self.output,
+            waiting=lambda: self.launcher.waiting(self.engine_set),
+            progress=_live_line,
+        )
+        ranks = sorted(info["rank"] for info in infos.values())
+        if ranks != list(range(self.n)):
+            raise ClusterError(
+                f"Expected MPI ranks 0..{self.n - 1}, engines reported {ranks}: the engines "
+                "did not form one MPI job (for Slurm, srun's --mpi=pmix must work)."
+            )
+        self.rank_info = {info["rank"]: {**info, "engine": eid} for eid, info in infos.items()}
+        self.engine_of = {r: info["engine"] for r, info in self.rank_info.items()}
+
+    def _query_setup(self, ids: list[int]) -> dict[int, dict] | None:
+        # No collective in the set-up: a poll may reach some new engines and not others.
+        assert self.client is not None
+        try:
+            ar = self.client[ids].apply_async(_engine_setup.setup, self.run_dir)
+            results = ar.get(timeout=10)
+        except (ipp.error.EngineError, ipp.error.TimeoutError, ipp.error.CompositeError):
+            return None
+        return dict(zip(ids, results))
+
+    def teardown(self) -> None:
+        """Stop every process and return once they are gone; remove the run directory."""
+        # the guard is released below, and a keeper leaves by itself: neither is ended here
+        spared = {x.pid for x in (self.guard, self.keeper) if x is not None}
+        procs = [
+            p for p in map(_process, self.processes()) if p is not None and p.pid not in spared
+        ]
+        engine_set = self.engine_set
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # the controller may already be gone
+                pass
+            self.client = None
+        if self.ipp is not None:
+            try:
+                self.ipp.stop_cluster_sync()
+                self.launcher.stopped(engine_set, timeout=30)
+            finally:
+                self.ipp = None
+        _end(procs, grace=_NANNY_GRACE)
+        if self.guard is not None:
+            self.guard.release()
+            self.guard = None
+        if self.keeper is not None:  # it leaves once it sees the cluster file gone
+            _wait_gone([self.keeper], timeout=10)
+            self.keeper = None
+        if self.run_dir:
+            # prterun removes the job's shared-memory segments, but not a rank's whose
+            # process was SIGKILLed (the out-of-memory killer): the names the ranks noted
+            _shm_names.remove(self.run_dir)
+        remove_run_dir(self.run_dir)
+        self.run_dir = None
+        self.rank_info = {}
+        self.engine_of = {}
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> None:
+    """Return once every process in ``procs`` has exited (or ``timeout`` passed).
+
+    Not ``psutil.wait_procs``: a process that is not our child stays a zombie until its
+    own parent reaps it (a kept cluster's guard, whose parent is the session that started
+    it), and ``wait_procs`` would wait the whole timeout for it.
+    """
+    deadline = time.monotonic() + timeout
+    left = list(procs)
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if _running(p)]
+        if left:
+            time.sleep(0.05)
+    psutil.wait_procs(procs, timeout=0)  # reaps those that are our children
+
+
+# ipyparallel returns from a stop before the engines' nannies have exited. A nanny
+# tells the controller its engine is gone (3 s at most), then ends its zmq context,
+# which waits without limit for a reply it relays to a controller that has already
+# stopped: seen once in a CI run, a nanny that outlived every later test.
+_NANNY_GRACE = 5.0
+
+
+def _end(procs: list[psutil.Process], grace: float) -> None:
+    """Give ``procs`` ``grace`` s to exit by themselves, then terminate (and kill) the rest."""
+    _wait_gone(procs, timeout=grace)
+    left = [p for p in procs if _running(p)]
+    for sig in ("terminate", "kill"):
+        for proc in left:
+            try:
+                getattr(proc, sig)()
+            except psutil.Error:
+                pass
+        _wait_gone(left, timeout=2)
+        left = [p for p in left if _running(p)]
+        if not left:
+            return
+
+
+def _tree(pid: int | None) -> list[psutil.Process]:
+    """``pid``'s process and all its descendants (none if it is gone)."""
+    proc = _process(pid) if pid else None
+    if proc is None:
+        return []
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return [proc]
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None

@@ -1,0 +1,129 @@
+"""Tab and Shift-Tab on the ranks' names (client side), without ever waiting long.
+
+:func:`complete` and :func:`inspect` ask one rank's engine kernel through its control
+channel, which its control thread answers even while the rank's main thread runs a
+long cell or waits in MPI; the answer is that kernel's own ``complete_reply`` /
+``inspect_reply`` (IPython's completer and inspector on the rank's namespace). A rank
+that does not answer within ``timeout`` (a C call holding the GIL, a dead rank) is
+served from the top-level names it listed last: those come with every answer and,
+for a rank completion has asked once, after every cell (:meth:`RankNames.refresh`,
+which does not wait for its reply).
+
+Example::
+
+    cluster.complete("torch.zer", 9)["matches"]          # ['zeros', 'zeros_like']
+    cluster.inspect("model", 5)["data"]["text/plain"]    # rank 0's model, as model? shows it
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import TYPE_CHECKING
+
+from clusterkernel.client.cluster._ipp import control_request, control_send
+from clusterkernel.rank._completion import COMPLETE_REQUEST, INSPECT_REQUEST
+
+if TYPE_CHECKING:
+    from clusterkernel.client.cluster import Cluster
+
+_NAME_BEFORE_CURSOR = re.compile(r"(?<![\w.])[A-Za-z_]\w*$")
+
+
+class RankNames:
+    """The top-level names each rank listed last: completion's answer when a rank is busy."""
+
+    def __init__(self) -> None:
+        self._names: dict[int, list[str]] = {}
+        self._lock = threading.Lock()  # written from the client's IO thread too
+
+    def remember(self, rank: int, names: list[str] | None) -> None:
+        if names is not None:
+            with self._lock:
+                self._names[rank] = list(names)
+
+    def starting_with(self, rank: int, prefix: str) -> list[str]:
+        with self._lock:
+            return [n for n in self._names.get(rank, ()) if n.startswith(prefix)]
+
+    def forget(self) -> None:
+        """After a restart the ranks' names are gone."""
+        with self._lock:
+            self._names.clear()
+
+    def refresh(self, cluster: Cluster) -> None:
+        """Ask the ranks completion has asked before for their names again; each reply
+        is stored when it comes (nothing waits for it)."""
+        with self._lock:
+            ranks = list(self._names)
+        for rank in ranks:
+            try:
+                engine = cluster.engine_id(rank)
+                future = control_send(
+                    cluster.client, engine, COMPLETE_REQUEST, {"names_only": True}
+                )
+            except Exception:  # the rank or the client is gone: the next answer re-lists
+                continue
+            future.add_done_callback(lambda f, rank=rank: self._store(rank, f))
+
+    def _store(self, rank: int, future) -> None:
+        try:
+            content = future.result().get("content", {})
+        except Exception:  # the rank went away: nothing to store
+            return
+        self.remember(rank, content.get("names"))
+
+
+def _ask(cluster: Cluster, rank: int, msg_type: str, content: dict, timeout: float) -> dict | None:
+    replies = control_request(
+        cluster.client, {rank: cluster.engine_id(rank)}, msg_type, content, timeout
+    )
+    answer = replies.get(rank)
+    if answer is None or answer.get("status") != "ok":
+        return None
+    return answer
+
+
+def complete(cluster: Cluster, code: str, cursor_pos: int, rank: int, timeout: float) -> dict:
+    """A ``complete_reply`` content for ``code`` as rank ``rank`` sees it (see the module)."""
+    names = cluster.rank_names
+    answer = _ask(
+        cluster, rank, COMPLETE_REQUEST, {"code": code, "cursor_pos": cursor_pos}, timeout
+    )
+    if answer is not None:
+        names.remember(rank, answer.get("names"))
+        reply = dict(answer["reply"])
+        reply.setdefault("metadata", {})["clusterkernel"] = {"rank": rank, "from": "rank"}
+        return reply
+    token = _NAME_BEFORE_CURSOR.search(code[:cursor_pos])
+    prefix = token.group() if token else ""
+    matches = names.starting_with(rank, prefix) if token else []
+    return {
+        "status": "ok",
+        "matches": matches,
+        "cursor_start": cursor_pos - len(prefix),
+        "cursor_end": cursor_pos,
+        "metadata": {"clusterkernel": {"rank": rank, "from": "cache"}},
+    }
+
+
+def inspect(
+    cluster: Cluster,
+    code: str,
+    cursor_pos: int,
+    detail_level: int,
+    rank: int,
+    timeout: float,
+    omit_sections: tuple[str, ...] = (),
+) -> dict:
+    """An ``inspect_reply`` content for the name at the cursor, as rank ``rank`` sees it."""
+    content = {
+        "code": code,
+        "cursor_pos": cursor_pos,
+        "detail_level": detail_level,
+        "omit_sections": list(omit_sections),
+    }
+    answer = _ask(cluster, rank, INSPECT_REQUEST, content, timeout)
+    if answer is None:
+        return {"status": "ok", "found": False, "data": {}, "metadata": {}}
+    return answer["reply"]

@@ -1,0 +1,202 @@
+"""torch.distributed around a cluster's ranks (client side).
+
+At every start and restart each rank gets torchrun's environment
+(``clusterkernel.torchdist.torchrun_env``, one MPI allgather and broadcast) and,
+with ``Cluster(torch=True)``, the default process group; before ranks stop their
+groups are destroyed; ``torch_reinit`` makes a new group in the live ranks. The
+rank-side functions are called by name (``clusterkernel.protocol._rank_call``): the notebook
+never imports torch.distributed for this.
+
+Example::
+
+    ranks_up(cluster, backend=None)     # env + the group, torch's own pick of backend
+    ranks_up(cluster, backend=False)    # env only
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import ipyparallel as ipp
+
+from clusterkernel.client.errors import ClusterError, format_ranks
+from clusterkernel.protocol._rank_call import rank_call
+from clusterkernel.rank._warm_start import PREIMPORT
+
+if TYPE_CHECKING:
+    from clusterkernel.client.cluster import Cluster
+
+BACKENDS = ("gloo", "nccl")  # what --backend takes (torchdist._group.BACKENDS on the ranks)
+
+# torch's flight recorder on for every rank (read by the hang report), unless the
+# user set a size; NCCL's per-collective timing for the dashboard.
+_TORCH_ENV = {"TORCH_FR_BUFFER_SIZE": "200", "TORCH_NCCL_ENABLE_TIMING": "1"}
+# Seconds: rendezvous of a new group. torch's own default waits 30 minutes for a
+# rank that never comes; a start should fail long before that.
+_INIT_TIMEOUT = 120.0
+
+
+def check_backend_name(backend: str | None) -> None:
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(
+            f"backend {backend!r}: use {' or '.join(BACKENDS)}, or leave it out for "
+            "torch's pick by device (gloo on CPU, nccl on GPUs)."
+        )
+
+
+def engine_env(env: dict[str, str], group: bool = False) -> dict[str, str]:
+    """The ranks' environment: the user's, plus what clusterkernel needs set at launch.
+
+    ``group``: the ranks get a default group at start (``--torch``), so each engine
+    imports torch.distributed while it registers (``engine/_warm_start.py``).
+    """
+    out = dict(env)
+    if group:
+        out.setdefault(PREIMPORT, "torch.distributed")
+    # Figures made on a rank are sent to the notebook when shown.
+    out.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    for key, value in _TORCH_ENV.items():
+        out.setdefault(key, value)
+    return out
+
+
+def _call_all(cluster: Cluster, what: str, target: str, *args, timeout: float) -> dict[int, object]:
+    """``rank_call(target, *args)`` on every rank: ``{rank: result}``; a clear error per rank."""
+    ranks = cluster.ranks
+    ar = cluster.view(ranks).apply_async(rank_call, target, *args)
+    try:
+        return dict(zip(ranks, ar.get(timeout=timeout)))
+    except ipp.error.TimeoutError:
+        raise ClusterError(f"{what} did not finish within {timeout:.0f}s on every rank.") from None
+    except ipp.error.CompositeError as e:
+        lines: dict[str, list[int]] = {}
+        for ename, evalue, _tb, info in e.elist:
+            try:
+                rank = cluster.rank_of((info or {}).get("engine_id"))
+            except KeyError:
+                rank = -1
+            lines.setdefault(f"{ename}: {evalue}", []).append(rank)
+        said = "\n".join(f"  [rank {format_ranks(rs)}] {msg}" for msg, rs in lines.items())
+        raise ClusterError(f"{what} failed:\n{said}") from None
+
+
+def ranks_up(cluster: Cluster, backend: str | None | bool) -> dict[int, list[int]]:
+    """torchrun's environment on every rank, its GPU (where the host has GPUs, or as
+    ``cluster.gpus_per_rank`` says); then the default group unless ``backend`` is
+    False (None: torch picks the backend). Returns each bound rank's GPUs."""
+    bound = _call_all(
+        cluster,
+        "Setting torchrun's environment and each rank's GPU",
+        "clusterkernel.torchdist._gpu:prepare_rank",
+        cluster.gpus_per_rank,
+        cluster.gpu_share,
+        timeout=120,
+    )
+    gpus = {rank: b["devices"] for rank, b in bound.items() if b}
+    if backend is not False:
+        _call_all(
+            cluster,
+            "Making the torch.distributed process group (--torch)",
+            "clusterkernel.torchdist:init",
+            backend,
+            _INIT_TIMEOUT,
+            timeout=_INIT_TIMEOUT + 10,
+        )
+    return gpus
+
+
+def gpu_status(cluster: Cluster) -> dict[int, dict | None]:
+    """Each rank's GPU (name, memory, utilisation), asked on the control channel so a
+    busy rank answers; ranks that did not answer are missing."""
+    from clusterkernel.client.cluster._ipp import control_request
+    from clusterkernel.rank._engine_setup import GPU_REQUEST
+
+    engines = {r: cluster.engine_id(r) for r in cluster.live_ranks}
+    replies = control_request(cluster.client, engines, GPU_REQUEST, {}, timeout=3.0)
+    return {r: c.get("gpu") for r, c in replies.items() if c.get("status") == "ok"}
+
+
+def ranks_going_down(cluster: Cluster, timeout: float = 5.0) -> None:
+    """Destroy the torch.distributed groups of the idle ranks before they stop.
+
+    Best effort: busy ranks (a cell still running, a rank stuck) are left to the
+    stop; an idle rank without torch.distributed answers at once.
+    """
+    try:
+        client = cluster.client
+        queue = client.queue_status()
+    except Exception:  # the controller may be gone
+        return
+    engines = cluster.engine_of.values()
+    idle = [eid for eid in engines if (queue.get(eid) or {}).get("queue", 1) == 0]
+    if not idle:
+        return
+    try:
+        client[idle].apply_async(rank_call, "clusterkernel.torchdist:destroy").get(timeout=timeout)
+    except Exception:  # a rank that cannot destroy its group is stopped all the same
+        pass
+
+
+def describe(cluster: Cluster) -> dict[int, dict]:
+    """``torchdist.describe`` on every rank: ``{rank: its group}``."""
+    return _call_all(
+        cluster,
+        "Reading the torch.distributed group",
+        "clusterkernel.torchdist:describe",
+        timeout=30,
+    )
+
+
+def reinit(cluster: Cluster, backend: str | None) -> dict[int, dict]:
+    """``torchdist.reinit`` on every rank: ``{rank: its new group}``."""
+    return _call_all(
+        cluster,
+        "Re-making the torch.distributed process group",
+        "clusterkernel.torchdist:reinit",
+        backend,
+        _INIT_TIMEOUT,
+        timeout=_INIT_TIMEOUT + 10,
+    )
+
+
+def aborted_note(cluster: Cluster, aborted: list[int], stuck: list[int]) -> str:
+    """What the hang report says after aborting the ranks' torch.distributed groups;
+    with ``Cluster(torch=True)`` and every rank free, a new group is made here."""
+    if stuck:  # the restart that follows makes new ranks (and groups)
+        return (
+            f"Aborting the torch.distributed groups of ranks {format_ranks(aborted)} did not "
+            f"free rank {format_ranks(stuck)}: gloo closes a group's connections only once "
+            "nothing holds the group (a DDP or FSDP model or a device mesh in the ranks' "
+            "variables does, and so do torch's DTensor caches once a DTensor was used)."
+        )
+    head = (
+        f"Ranks {format_ranks(aborted)}: their torch.distributed groups were aborted to free "
+        "the ranks blocked in a collective; their variables are kept."
+    )
+    if cluster.torch:
+        try:
+            cluster.torch_reinit()
+        except ClusterError as e:
+            return f"{head}\nMaking a new default group failed: {e}"
+        return (
+            f"{head} A new default group is made (as %mpi torch-reinit does); wrap "
+            "DDP/FSDP models again, they hold the old one."
+        )
+    return (
+        f"{head} Run %mpi torch-reinit (cluster.torch_reinit()) for a new default group, "
+        "or dist.init_process_group() again in a cell."
+    )
+
+
+_TWICE = "trying to initialize the default process group twice"
+
+
+def error_hint(summaries: list[str], made_by_start: bool) -> str:
+    """A note for errors a torch.distributed user meets in a notebook, or ``""``."""
+    if any(_TWICE in s for s in summaries):
+        who = "%mpi start --torch made it" if made_by_start else "an earlier cell made it"
+        return (
+            f"The ranks already have a default process group ({who}): use it as it is "
+            "(dist.is_initialized() is True), or run %mpi torch-reinit for a new one."
+        )
+    return ""

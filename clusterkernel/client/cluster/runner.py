@@ -1,0 +1,340 @@
+"""One cell running on the ranks: stream output, watch for faults, report (client side).
+
+:class:`CellRun` is what :meth:`Cluster.run` (and so ``%%mpi``) creates. Its
+:meth:`~CellRun.wait` loop forwards each rank's output to a renderer as it arrives
+and watches for the three ways a cell goes wrong that plain ``%%px`` handles
+badly:
+
+- a kernel interrupt: ranks stopped at ``breakpoint()`` quit their pdb, SIGINT
+  goes to every busy rank; ranks that do not stop (blocked in MPI, where SIGINT
+  cannot reach Python) are named with their stacks and the engines are restarted
+  so the next cell works;
+- a watchdog ``timeout``: stacks of the busy ranks first (this is how a user finds
+  the rank that skipped a collective), then the same as an interrupt;
+- a rank dying: mpiexec ends the whole job; the cell ends naming the rank and how
+  it died, and the cluster is marked lost until ``%mpi restart``.
+
+It also notices ranks that stop at ``breakpoint()`` and prompts for their pdb
+commands (:mod:`clusterkernel.client.debug._breakpoints`).
+
+A run reads its cluster (client, views, stacks, the job's state) and acts on the
+ranks (interrupt, abort their torch groups), but never changes the cluster itself:
+what it found that the cluster must know (the job ended, ranks died, ranks stuck
+for good) it reports through the :class:`CellFaults` the cluster gave it, and the
+cluster acts (marks itself lost, records the dead ranks, restarts).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import ipyparallel as ipp
+
+from clusterkernel.client.cluster import _hangreport, _ipp, _torch
+from clusterkernel.client.cluster._jobreport import OUT_OF_MEMORY, death_cause
+from clusterkernel.client.debug._breakpoints import Stops
+from clusterkernel.client.errors import (
+    CellInterrupted,
+    RankError,
+    format_ranks,
+    group_failures,
+    notebook_execution_count,
+    retitle_cell,
+)
+from clusterkernel.client.output import RankOutput, Renderer, default_renderer
+
+if TYPE_CHECKING:
+    from clusterkernel.client.cluster import Cluster
+
+_POLL = 0.05  # seconds; waiting returns early as soon as the cell completes
+_GRACE = 2.0  # seconds for interrupted ranks to stop before they count as stuck
+_OUTPUT_GRACE = 30.0  # seconds a finished cell's output may trail its reply
+
+
+@dataclass(frozen=True)
+class CellFaults:
+    """What a cell run tells its cluster; :meth:`Cluster.run` gives one to each run.
+
+    ``job_ended(why)``: the MPI job ended, every rank is gone (until a restart);
+    ``ranks_died(ranks, why)``: ranks of a fault-tolerant job died, the job carries
+    on; ``ranks_stuck(ranks)``: ranks could not be interrupted, a restart must free
+    them (it returns once the new ranks are up).
+    """
+
+    job_ended: Callable[[str], None]
+    ranks_died: Callable[[list[int], str], None]
+    ranks_stuck: Callable[[list[int]], None]
+
+
+class CellRun:
+    """A cell submitted to some ranks. ``wait()`` streams it and raises on failure.
+
+    Example::
+
+        run = cluster.run("import time; time.sleep(5)", block=False)
+        ...            # the notebook is free meanwhile
+        run.wait()     # streams remaining output, raises RankError on failure
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        code: str,
+        ranks: list[int],
+        renderer: Renderer | None = None,
+        *,
+        faults: CellFaults,
+    ) -> None:
+        self.cluster = cluster
+        self.faults = faults
+        self.code = code
+        self.ranks = list(ranks)
+        self.renderer = renderer if renderer is not None else default_renderer(self.ranks)
+        client = cluster.client
+        self._client = client
+        self.ar = cluster.view(self.ranks).execute(code, silent=False, block=False)
+        # The result's own metadata, not client.metadata[msg_id]: the client drops
+        # its entry once a cell's output is complete, which a quick cell can reach
+        # before this line runs (the lookup would then make a new, empty one).
+        mds = self.ar.metadata
+        self._mds = mds if isinstance(mds, list) else [mds]
+        self._stops = Stops(cluster, self.ranks, self._mds, self.renderer)
+        self._pages: dict[int, list[dict]] | None = None  # obj? in the cell: each rank's page
+        self.started = time.monotonic()
+        self.done = False
+        # the notebook's cell this run belongs to (a --noblock run is waited on later)
+        self.execution_count = notebook_execution_count()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else ("ready" if self.ar.ready() else "running")
+        return f"<CellRun ranks={format_ranks(self.ranks)} {state}>"
+
+    def ready(self) -> bool:
+        return self.ar.ready()
+
+    def busy_ranks(self) -> list[int]:
+        outstanding = self._client.outstanding
+        return [r for r, mid in zip(self.ranks, self.ar.msg_ids) if mid in outstanding]
+
+    def output(self, rank: int) -> RankOutput:
+        md = self._mds[self.ranks.index(rank)]
+        return RankOutput(
+            stdout=md.get("stdout") or "",
+            # warnings name the engine's cell number: the notebook's, as in tracebacks
+            stderr=retitle_cell(md.get("stderr") or "", self.execution_count),
+            outputs=list(md.get("outputs") or []) + (self._pages or {}).get(rank, []),
+            execute_result=md.get("execute_result") or None,
+        )
+
+    def _pump(self) -> None:
+        if self._pages is None and self.ar.ready():  # pages come with the replies
+            results = self.ar.get(return_exceptions=True)
+            self._pages = {r: _ipp.pager_outputs(res) for r, res in zip(self.ranks, results)}
+        for rank in self.ranks:
+            self.renderer.update(rank, self.output(rank))
+
+    def wait(self, timeout: float | None = None) -> CellRun:
+        """Stream output until the cell ends; raise :class:`RankError` on failure."""
+        try:
+            failure = self._wait_loop(timeout)
+        except KeyboardInterrupt:
+            failure = self._free_stuck("interrupted", stacks_first=False)
+        self._pump()
+        self.renderer.finish()
+        self.done = True
+        if failure is None:
+            failure = self._collect_errors()
+        if failure is not None:
+            failure.execution_count = self.execution_count
+            raise failure
+        return self
+
+    def _wait_loop(self, timeout: float | None) -> RankError | None:
+        while True:
+            finished = self.ar.wait(_POLL)
+            if finished:
+                # Replies and output travel on different channels: a reply can
+                # land before the last of its rank's output, by seconds when the
+                # controller is loaded. Keep streaming until every rank's output
+                # is complete (its "idle" has come), within a grace period.
+                deadline = time.monotonic() + _OUTPUT_GRACE
+                while not self.ar.wait_for_output(timeout=_POLL):
+                    self._pump()
+                    if time.monotonic() > deadline:
+                        break
+                self._pump()
+                return None
+            self._pump()
+            # time at a breakpoint prompt does not count towards the watchdog
+            self.started += self._stops.check()
+            dead = self.cluster.dead_ranks()
+            if dead is not None:
+                return self._job_ended(*dead)
+            if timeout is not None and time.monotonic() - self.started > timeout:
+                return self._free_stuck("timeout", stacks_first=True, timeout=timeout)
+
+    # ------------------------------------------------------------------ faults
+    def _job_ended(self, dead: list[int], report: str) -> RankError:
+        why = death_cause(report)
+        oom = self.cluster.out_of_memory(dead) if "signal 9" in why else []
+        if oom and len(oom) == len(dead):
+            why = OUT_OF_MEMORY
+        others = [r for r in self.cluster.ranks if r not in dead]
+        head = f"rank {format_ranks(dead)} died" if dead else "the MPI job ended"
+        self.faults.job_ended(f"The MPI job ended: {head}{f' ({why})' if why else ''}.")
+        # the launcher's own words only where they say more than the summary does
+        detail = "" if why else report
+        items = [
+            (r, "died", OUT_OF_MEMORY if r in oom else (why or "process exited"), detail)
+            for r in dead
+        ]
+        items += [(r, "stopped", "stopped by mpiexec when the job ended", "") for r in others]
+        note = "All ranks are gone; run %mpi restart (cluster.restart()) for a fresh set."
+        if oom:
+            note = (
+                f"Rank {format_ranks(oom)} ran out of memory: use less per rank (smaller "
+                "batches or model shards), or fewer ranks per node.\n" + note
+            )
+        if why:
+            note += "\nThe launcher's own report: cluster.job_output()."
+        return RankError(group_failures(items), note=note)
+
+    def _free_stuck(
+        self, kind: str, stacks_first: bool, timeout: float | None = None
+    ) -> CellInterrupted:
+        """Interrupt busy ranks; stacks and a restart for the ones that stay stuck."""
+        busy = self.busy_ranks()
+        stacks = self.cluster.stacks(busy, code=self.code) if (stacks_first and busy) else {}
+        # Read before the interrupt unwinds anything: who waits in which call.
+        flights, positions = (
+            _hangreport.collect(self.cluster, self.ranks, busy) if busy else ({}, {})
+        )
+        flight = _hangreport.compare(flights, positions) if busy else ""
+        released = self._release_breakpoints(busy) if busy else []
+        busy = self.busy_ranks()
+        if busy:
+            try:
+                self.cluster.interrupt(busy)
+            except Exception:  # the control channel may be gone with the rank
+                pass
+            self.ar.wait(_GRACE)
+        stuck = self.busy_ranks()
+        aborted: list[int] = []
+        if stuck and _hangreport.has_torch_calls(flights):
+            # a rank blocked in gloo/NCCL: closing every rank's group frees it
+            aborted = self._abort_torch_groups()
+            stuck = self.busy_ranks()
+        if stuck and not stacks_first:
+            stacks = self.cluster.stacks(stuck, code=self.code)
+        # the heading already says "interrupted"; a timeout says how long it ran
+        ran = f"still running after {timeout:g}s" if kind == "timeout" else ""
+        what = f"{ran}; " if ran else ""
+        items = []
+        for r in self.ranks:
+            if r in stuck:
+                summary = f"{what}did not respond to SIGINT (blocked in an MPI call?)"
+                items.append((r, kind, summary, stacks.get(r, "")))
+            elif r in busy:
+                detail = stacks.get(r, "")
+                how = (
+                    "aborting its torch.distributed group freed it"
+                    if r in aborted
+                    else "SIGINT stopped it"
+                )
+                items.append((r, kind, f"{what}{how}", detail))
+            elif r in released:
+                items.append((r, kind, f"{what}stopped at breakpoint(); its pdb quit", ""))
+        notes = []
+        finished = [r for r in self.ranks if r not in busy and r not in released]
+        if flight:
+            notes.append(f"Communication (each rank's last calls, compared):\n{flight}")
+        elif finished and busy:
+            notes.append(
+                f"Rank {format_ranks(finished)} had finished the cell while "
+                f"{format_ranks(busy)} were still running: a rank that skipped a "
+                "collective (or sent to nobody) looks like this."
+            )
+        if aborted:
+            notes.append(_torch.aborted_note(self.cluster, aborted, stuck))
+        if stuck:
+            self.faults.ranks_stuck(stuck)
+            notes.append(
+                f"Ranks {format_ranks(stuck)} could not be interrupted, so all ranks were "
+                "restarted (their variables are gone; re-run your setup cells)."
+            )
+        note = "\n".join(notes)
+        if not items:
+            items = [(r, kind, ran or "the kernel was interrupted", "") for r in self.ranks]
+        return CellInterrupted(group_failures(items), note=note)
+
+    def _abort_torch_groups(self) -> list[int]:
+        """Abort the torch.distributed groups of every rank of the cell; the ranks that
+        had one. Waits a moment for the freed ranks to end their cell."""
+        try:
+            aborted = self.cluster.abort_torch_groups(self.ranks)
+        except Exception:  # the control channel may be gone with a rank
+            return []
+        if aborted:
+            self.ar.wait(_GRACE)
+        return aborted
+
+    def _release_breakpoints(self, ranks: list[int]) -> list[int]:
+        """Quit the pdb of ranks stopped at ``breakpoint()``, give them a moment to end;
+        the ranks released."""
+        try:
+            released = self._stops.release(ranks)
+        except Exception:  # the control channel may be gone with the rank
+            return []
+        deadline = time.monotonic() + _GRACE
+        while released and time.monotonic() < deadline:
+            if not set(released) & set(self.busy_ranks()):
+                break
+            self.ar.wait(_POLL)
+        return released
+
+    def _collect_errors(self) -> RankError | None:
+        results = self.ar.get(return_exceptions=True)
+        items = []
+        lost = False
+        for rank, res in zip(self.ranks, results):
+            if isinstance(res, ipp.error.EngineError) or getattr(res, "ename", "") == "EngineError":
+                lost = True
+            elif isinstance(res, ipp.error.RemoteError):
+                kind = "interrupted" if res.ename == "KeyboardInterrupt" else "error"
+                tb = res.traceback or ""
+                items.append((rank, kind, f"{res.ename}: {res.evalue}", tb))
+            elif isinstance(res, BaseException):
+                items.append((rank, "error", f"{type(res).__name__}: {res}", ""))
+        note = ""
+        if lost:
+            # The engine vanished; mpiexec's report, once it has exited, says why.
+            # A fault-tolerant job does not exit, so do not wait long for it.
+            deadline = time.monotonic() + (0.5 if self.cluster.fault_tolerant else 5)
+            while time.monotonic() < deadline:
+                dead = self.cluster.dead_ranks()
+                if dead is not None:
+                    return self._job_ended(*dead)
+                time.sleep(_POLL)
+            gone = [
+                r
+                for r, res in zip(self.ranks, results)
+                if getattr(res, "ename", "") == "EngineError"
+                or isinstance(res, ipp.error.EngineError)
+            ]
+            why = "engine lost"
+            if self.cluster.fault_tolerant:
+                why = "its process exited; the fault-tolerant job carries on without it"
+                self.faults.ranks_died(gone, "its process exited")
+                note = (
+                    f"Later cells run on ranks {format_ranks(self.cluster.live_ranks)}; "
+                    "%mpi restart (cluster.restart()) brings back a full set."
+                )
+            items += [(r, "died", why, "") for r in gone]
+        if not items:
+            return None
+        hint = _torch.error_hint([summary for _, _, summary, _ in items], self.cluster.torch)
+        note = "\n".join(n for n in (note, hint) if n)
+        return RankError(group_failures(items), note=note)

@@ -1,0 +1,434 @@
+"""A notebook's ``%%mpi`` cells as a batch job: one Python script and a Slurm file.
+
+The rank cells (``%%mpi`` cells, and every cell run while ``%mpi on`` was in
+effect), in order, become one plain script that every rank runs, under
+``mpiexec -n N python job.py`` or ``srun --mpi=pmix python job.py``. Client-only
+cells are left out with a comment. ``%mpi push`` values come along: embedded from
+the live namespace (``%mpi export`` in the notebook), or, exporting a file,
+``push x=expr`` becomes ``x = expr`` and ``push x`` replays the notebook's own
+top-level statements that make ``x``. Client side: never imports mpi4py.
+
+Example::
+
+    from clusterkernel.client.export import export_cells, sbatch_script
+    script = export_cells(["x = 3\\n%mpi push x", "%%mpi\\nprint(x)"])
+    Path("job.py").write_text(script)                     # mpiexec -n 4 python job.py
+    Path("job.sbatch").write_text(sbatch_script("job.py", nodes=2, ntasks_per_node=4))
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import re
+import shlex
+import sys
+from collections.abc import Callable, Collection, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import NamedTuple
+
+from clusterkernel.client.export._cellcode import ExportError, ipy_call, python_of, rank_cell
+from clusterkernel.client.export._pushcode import push_block, push_items
+from clusterkernel.client.export._sbatch import DEFAULT_TIME, SbatchOptions
+from clusterkernel.client.mpiexec import QUIET_OSC
+
+__all__ = ["ExportError", "export_cells", "sbatch_script", "write_job", "live_pushes"]
+
+_PRELUDE_FILE = Path(__file__).parents[2] / "rank" / "_job_prelude.py"
+
+
+def _prelude() -> str:
+    text = _PRELUDE_FILE.read_text()
+    return text[text.index("\nimport ") + 1 :].strip("\n")
+
+
+def _walk(
+    cells: list[str], names: list[str] | None, auto: bool, failed: Collection[int] = ()
+) -> Iterator[tuple]:
+    """Classify cells: ("rank", where, options, body), ("client", where, first line, items)
+    or ("failed", where, first line, None) for the indices in ``failed``.
+
+    A client cell's items, in order: ("stmt", code, stmt) or ("push", rest). ``auto``:
+    cells run on the ranks from the start (the MPI kernel) unless ``%%local``.
+    """
+    for i, src in enumerate(cells):
+        where = names[i] if names else f"cell {i + 1}"
+        text = src.strip("\n")
+        if not text.strip():
+            continue
+        first = text.lstrip().split("\n", 1)[0]
+        if i in failed:
+            yield "failed", where, first, None
+            continue
+        if re.match(r"%%mpi\b", first):
+            yield "rank", where, first[5:], text.lstrip().partition("\n")[2]
+            continue
+        if auto and not first.startswith(("%mpi", "%%local")):
+            yield "rank", where, None, text
+            continue
+        code, _ = python_of(text)
+        try:
+            body = ast.parse(code).body
+        except SyntaxError:
+            body = []
+        items: list[tuple] = []
+        for stmt in body:
+            call = ipy_call(stmt.value) if isinstance(stmt, ast.Expr) else None
+            if call and call[0] == "run_line_magic" and call[1][:1] == ["mpi"]:
+                sub, _, rest = str(call[1][1]).strip().partition(" ")
+                auto = {"on": True, "off": False}.get(sub, auto)
+                if sub == "push":
+                    items.append(("push", rest.strip()))
+            else:
+                items.append(("stmt", code, stmt))
+        yield "client", where, first, items
+
+
+_START_LINE = re.compile(r"^\s*%mpi\s+start\b.*$", re.M)
+_BACKEND = re.compile(r"--backend[\s=]+(\w+)")
+_USES_TORCH_DIST = re.compile(
+    r"torch\.distributed|\bfrom torch import distributed\b|init_process_group"
+)
+
+
+def torch_use(cells: list[str]) -> tuple[bool, bool, str | None]:
+    """Whether the cells use torch.distributed; whether ``%mpi start --torch`` (or
+    ``--backend``) made the default group; its backend, if named."""
+    made, backend = False, None
+    for cell in cells:
+        for line in _START_LINE.findall(cell):
+            named = _BACKEND.search(line)
+            made = made or "--torch" in line or named is not None
+            backend = named.group(1) if named else backend
+    uses = made or any(_USES_TORCH_DIST.search(cell) for cell in cells)
+    return uses, made, backend
+
+
+def _torch_block(made: bool, backend: str | None) -> str:
+    """The script's lines that give every rank what %mpi start gave it."""
+    lines = [
+        "# torchrun's environment on every rank (RANK, LOCAL_RANK, MASTER_ADDR, ...), as",
+        "# %mpi start gives it: torch.distributed.init_process_group() finds it there.",
+        "from clusterkernel import torchdist as _torchdist  # noqa: E402",
+        "",
+        "_torchdist.torchrun_env()",
+    ]
+    if made:
+        lines += [
+            "# %mpi start --torch made the default process group",
+            f"_torchdist.init({backend!r})",
+        ]
+    lines.append("atexit.register(_torchdist.shutdown)  # groups freed and destroyed before exit")
+    return "\n".join(lines)
+
+
+def notebook_ranks(cells: list[str]) -> int | None:
+    """The ``-n`` of the notebook's ``%mpi start``, if it has one."""
+    for cell in cells:
+        found = re.search(r"^\s*%mpi\s+start\b.*?-n\s*=?\s*(\d+)", cell, re.M)
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def push_requests(
+    cells: list[str], auto: bool = False, failed: Collection[int] = ()
+) -> list[tuple[str, str | None]]:
+    """Every ``%mpi push`` in the cells (but the ``failed`` ones), in order, as (name,
+    expression or None)."""
+    return [
+        pair
+        for kind, where, _, items in _walk(cells, None, auto, failed)
+        if kind == "client"
+        for item in items
+        if item[0] == "push"
+        for pair in push_items(where, item[1])
+    ]
+
+
+def export_cells(
+    cells: list[str],
+    pushed: dict | None = None,
+    *,
+    names: list[str] | None = None,
+    source: str = "a notebook",
+    script_name: str = "job.py",
+    ranks: int | None = None,
+    auto: bool = False,
+    torch: tuple[bool, str | None] | None = None,
+    failed: Collection[int] = (),
+) -> str:
+    """The rank cells of ``cells`` (cell sources in notebook order) as one MPI script.
+
+    ``pushed`` maps each ``%mpi push`` name to its value (the live notebook's); without
+    it, pushes are rebuilt from the cells. ``names`` label cells in comments and errors;
+    ``ranks`` (else the notebook's ``%mpi start -n``) goes in the header. ``auto``: every
+    cell but ``%%local`` and ``%mpi`` ones runs on the ranks, as in the MPI kernel.
+    ``failed``: indices of cells that raised or were interrupted in the notebook: left
+    out with a comment (a job would stop at the first of them).
+    ``torch``: (the ranks had a default group made for them, its backend), as the live
+    cluster knows it; default: read from the cells' ``%mpi start``. A notebook that
+    uses torch.distributed gets torchrun's environment on every rank, as in the
+    notebook. Raises :class:`ExportError` for what a plain script cannot run.
+    """
+    n = ranks or notebook_ranks(cells) or 4
+    stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    header = [
+        f"# Batch job exported by clusterkernel from {source} on {stamp}.".replace("\n", " "),
+        f"# Run it on every rank:  mpiexec -n {n} python {script_name}",
+        f"#   or in Slurm:          srun --mpi=pmix python {script_name}  (or an sbatch file)",
+        "# Each rank runs the whole file; its lines are labelled [rank N] as in the notebook.",
+    ]
+    out = ["\n".join(header), _prelude()]
+    uses, made, backend = torch_use(cells)
+    if torch is not None:
+        made, backend = torch
+    if uses or made:
+        out.append(_torch_block(made, backend))
+    history: list[tuple[str, ast.stmt]] = []
+    seen = 0  # rank cells
+    for kind, where, head, items in _walk(cells, names, auto, failed):
+        if kind == "failed":
+            out.append(f"# {where} (failed or interrupted in the notebook, left out): {head[:80]}")
+            continue
+        if kind == "rank":
+            out.append(rank_cell(where, head, items))
+            seen += 1
+            continue
+        if not any(item[0] == "push" for item in items):
+            out.append(f"# {where} (client only, left out): {head[:80]}")
+        for item in items:
+            if item[0] == "stmt":
+                history.append(item[1:])
+            else:
+                out.append(push_block(where, item[1], pushed, history))
+    if not seen:
+        raise ExportError(
+            f"none of the {len(cells)} cells runs on the ranks (no %%mpi cell, none under "
+            "%mpi on): the job would do nothing. Export a notebook that uses %%mpi."
+        )
+    script = "\n\n".join(out) + "\n"
+    try:
+        compile(script, script_name, "exec")
+    except SyntaxError as e:
+        raise ExportError(f"the exported script does not compile: line {e.lineno}: {e.msg}") from e
+    return script
+
+
+def sbatch_script(
+    script: str | Path,
+    nodes: int = 1,
+    ntasks_per_node: int = 4,
+    time: str | None = DEFAULT_TIME,
+    partition: str | None = None,
+    account: str | None = None,
+    job_name: str | None = None,
+    python: str | None = None,
+    gpus_per_node: int | None = None,
+    gres: str | None = None,
+) -> str:
+    """An sbatch file that runs ``script`` with ``srun --mpi=pmix`` on nodes x tasks ranks.
+
+    ``gpus_per_node`` / ``gres`` ask Slurm for GPUs (``--gpus-per-node``, ``--gres``).
+    The ``#SBATCH`` lines, their defaults (``time`` 01:00:00) and their checks are
+    :class:`~clusterkernel.client.export._sbatch.SbatchOptions`, the same as ``%mpi start --slurm``'s;
+    a bad value is an :class:`ExportError` saying what to give.
+
+    Uses this Python (``sys.executable``) and the script's absolute path; the job's
+    output goes to ``<script stem>-<jobid>.out`` beside the script.
+    """
+    path = Path(script).resolve()
+    try:
+        options = SbatchOptions(
+            nodes=nodes,
+            ntasks_per_node=ntasks_per_node,
+            time=time,
+            partition=partition,
+            account=account,
+            gpus_per_node=gpus_per_node,
+            gres=gres,
+            job_name=job_name or path.stem,
+            output=str(path.with_name(path.stem + "-%j.out")),
+        )
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+    lines = [
+        "#!/bin/bash",
+        *options.lines(),
+        "",
+        "# Written by clusterkernel export: one MPI rank per task, run by the Python that",
+        "# exported the notebook, so the job has the same packages.",
+        "set -e",
+        "# Quiets a false Open MPI error per shared-memory window (open-mpi/ompi#14086).",
+        *(f'export {k}="${{{k}:-{v}}}"' for k, v in QUIET_OSC.items()),
+        f"srun --mpi=pmix {shlex.quote(python or sys.executable)} {shlex.quote(str(path))}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_job(
+    cells: list[str],
+    path: str | Path,
+    *,
+    pushed: dict | None = None,
+    names: list[str] | None = None,
+    source: str = "a notebook",
+    sbatch: str | Path | None = None,
+    ranks: int | None = None,
+    auto: bool = False,
+    torch: tuple[bool, str | None] | None = None,
+    failed: Collection[int] = (),
+    nodes: int = 1,
+    ntasks_per_node: int | None = None,
+    **slurm,
+) -> list[Path]:
+    """Write the script (and the sbatch file, if asked); return the paths written.
+
+    ``ntasks_per_node`` defaults to the notebook's ranks (``ranks``, else its
+    ``%mpi start -n``, else 4) spread over ``nodes``; ``slurm`` goes to :func:`sbatch_script`.
+    """
+    path = Path(path)
+    ranks = ranks or notebook_ranks(cells) or 4
+    text = export_cells(
+        cells,
+        pushed,
+        names=names,
+        source=source,
+        script_name=path.name,
+        ranks=ranks,
+        auto=auto,
+        torch=torch,
+        failed=failed,
+    )
+    sbatch_text = None
+    if sbatch is not None:
+        per_node = ntasks_per_node or math.ceil(ranks / max(nodes, 1))
+        sbatch_text = sbatch_script(path, nodes, per_node, **slurm)
+    path.write_text(text)
+    if sbatch_text is None:
+        return [path]
+    Path(sbatch).write_text(sbatch_text)
+    return [path, Path(sbatch)]
+
+
+def live_pushes(
+    cells: list[str],
+    namespace: dict,
+    evaluate: Callable,
+    auto: bool = False,
+    failed: Collection[int] = (),
+) -> dict:
+    """Values of the cells' ``%mpi push`` taken now: a name from ``namespace``, name=expr by
+    ``evaluate(expr)`` (IPython's ``shell.ev``); the ``failed`` cells' are left out."""
+    values = {}
+    for name, expr in push_requests(cells, auto, failed):
+        if expr is None and name not in namespace:
+            raise ExportError(f"%mpi push {name}: there is no {name} in this session any more")
+        try:
+            values[name] = namespace[name] if expr is None else evaluate(expr)
+        except Exception as e:
+            raise ExportError(f"%mpi push {name}={expr}: evaluating it now failed: {e!r}") from e
+    return values
+
+
+# The options of %mpi export and of clusterkernel export that shape the sbatch file,
+# declared once for both parsers (flag, argparse keywords); SBATCH_ARGS: their names
+SBATCH_OPTIONS: tuple[tuple[str, dict], ...] = (
+    ("--nodes", {"type": int, "default": 1, "help": "Slurm nodes (default 1)"}),
+    ("--ntasks-per-node", {"type": int, "help": "ranks per node (default: the ranks / nodes)"}),
+    ("--time", {"default": DEFAULT_TIME, "help": f"Slurm time limit (default {DEFAULT_TIME})"}),
+    ("--partition", {"help": "Slurm partition"}),
+    ("--account", {"help": "Slurm account"}),
+    ("--gpus-per-node", {"type": int, "help": "Slurm GPUs per node"}),
+    ("--gres", {"help": "Slurm generic resources, e.g. gpu:4"}),
+)
+SBATCH_ARGS = tuple(flag[2:].replace("-", "_") for flag, _ in SBATCH_OPTIONS)
+
+
+def sbatch_args(args: argparse.Namespace) -> dict:
+    """The sbatch options of ``%mpi export``'s or ``clusterkernel export``'s parsed
+    options, as :func:`write_job` takes them: picked once, by name, for both.
+
+    Example::
+
+        write_job(cells, "job.py", sbatch="job.sbatch", **sbatch_args(args))
+    """
+    return {name: getattr(args, name) for name in SBATCH_ARGS}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``clusterkernel export``."""
+    parser.add_argument("notebook", help="the .ipynb file")
+    parser.add_argument("-o", "--output", help="script to write (default: notebook name, .py)")
+    parser.add_argument("--sbatch", help="also write a Slurm batch file here")
+    for flag, options in SBATCH_OPTIONS:
+        parser.add_argument(flag, **options)
+    parser.add_argument(
+        "--include-failed",
+        action="store_true",
+        help="keep cells whose stored outputs hold an error (default: left out, with a comment)",
+    )
+
+
+class NotebookCells(NamedTuple):
+    """What an exported notebook file holds: its code cells, the MPI kernel's ranks and
+    group (None/False for other kernels), and the cells whose stored outputs hold an error."""
+
+    cells: list[str]
+    ranks: int | None
+    torch: bool
+    failed: set[int]
+
+
+def read_notebook(path: str | Path) -> NotebookCells:
+    """An nbformat-4 notebook's code cells, its ranks if it is the MPI kernel's, whether
+    that kernel starts its ranks with torch.distributed's default group, and which cells
+    failed when it last ran.
+
+    A notebook of the MPI kernel ("Python 3 (MPI, 4 ranks)") runs every cell on the ranks.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+        code = [c for c in data["cells"] if c.get("cell_type") == "code"]
+        sources = [c["source"] for c in code]
+        failed = {
+            i
+            for i, c in enumerate(code)
+            if any(o.get("output_type") == "error" for o in c.get("outputs") or [])
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ExportError(f"cannot read {path} as an nbformat 4 notebook: {e}") from None
+    spec = str(data.get("metadata", {}).get("kernelspec"))
+    kernel = re.search(r"\(MPI, (\d+) ranks?(, torch\.distributed)?\)", spec)
+    cells = ["".join(src) if isinstance(src, list) else src for src in sources]
+    if not kernel:
+        return NotebookCells(cells, None, False, failed)
+    return NotebookCells(cells, int(kernel.group(1)), bool(kernel.group(2)), failed)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``clusterkernel export notebook.ipynb -o job.py [--sbatch job.sbatch] ...``."""
+    nb = Path(args.notebook)
+    try:
+        cells, kernel_ranks, kernel_torch, failed = read_notebook(nb)
+        names = [f"code cell {i}" for i in range(1, len(cells) + 1)]
+        written = write_job(
+            cells,
+            Path(args.output or nb.with_suffix(".py")),
+            names=names,
+            source=nb.name,
+            ranks=kernel_ranks,
+            auto=kernel_ranks is not None,
+            torch=(True, None) if kernel_torch else None,
+            failed=set() if args.include_failed else failed,
+            sbatch=args.sbatch,
+            **sbatch_args(args),
+        )
+    except ExportError as e:
+        print(f"clusterkernel export: {e}", file=sys.stderr)
+        return 2
+    print("Wrote " + ", ".join(map(str, written)))
+    return 0

@@ -1,0 +1,244 @@
+"""The ``%mpi`` subcommands' and ``%%mpi``'s argument parsers, and the help made from them.
+
+Usage and options in ``%mpi?`` and in error messages come from these parsers, so a
+new option shows up there by itself. :func:`ranks_arg` reads ``--ranks``.
+
+Example::
+
+    from IPython.core.magic_arguments import parse_argstring
+    parse_argstring(start_args, "-n 4 --timeout 60").n    # 4
+    ranks_arg("0,2-3")                                   # [0, 2, 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import (
+    MagicHelpFormatter,
+    argument,
+    magic_arguments,
+)
+
+from clusterkernel.client.export import SBATCH_OPTIONS
+from clusterkernel.client.export._sbatch import DEFAULT_TIME
+
+
+def ranks_arg(text: str | None) -> list[int] | None:
+    """``--ranks`` as a sorted list: ``"0,2"`` -> [0, 2], ``"0-3"`` -> [0, 1, 2, 3]; None stays None."""
+    if text is None:
+        return None
+    ranks: set[int] = set()
+    try:
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            first, _, last = part.partition("-")
+            span = range(int(first), int(last or first) + 1)
+            if not span:
+                raise ValueError(part)
+            ranks.update(span)
+    except ValueError:
+        raise UsageError(f"--ranks takes ranks like 0,2 or 0-3; got {text!r}.") from None
+    return sorted(ranks)
+
+
+@magic_arguments()
+@argument(
+    "-n",
+    type=int,
+    help="number of MPI ranks (default 4, or the Slurm allocation's tasks inside one)",
+)
+@argument("--slurm", action="store_true", help="start the ranks as a Slurm job (sbatch + srun)")
+@argument("--nodes", type=int, help="Slurm: spread the ranks over this many nodes")
+@argument("--partition", help="Slurm: the partition (queue) to submit to")
+@argument(
+    "--time", default=DEFAULT_TIME, help=f"Slurm: the job's time limit (default {DEFAULT_TIME})"
+)
+@argument("--account", help="Slurm: the account to charge")
+@argument("--hosts", help='hosts and slots for several machines, e.g. "a:2,b:2"')
+@argument("--hostfile", help="an MPI hostfile")
+@argument("--mpiexec", help="path of mpiexec (default: next to python, then PATH)")
+@argument("--timeout", type=float, help="default watchdog for every %%%%mpi cell, seconds")
+@argument(
+    "--fault-tolerant",
+    action="store_true",
+    help="keep the job running when a rank dies (Open MPI ULFM); later cells use the others",
+)
+@argument(
+    "--torch",
+    action="store_true",
+    help="make torch.distributed's default process group on every rank (after every restart too)",
+)
+@argument(
+    "--gpus-per-rank",
+    type=int,
+    metavar="K",
+    help="GPUs per rank, by LOCAL_RANK (default: 1 where a host has GPUs)",
+)
+@argument("--no-gpu-binding", action="store_true", help="leave torch's current GPU alone")
+@argument("--gpu-share", action="store_true", help="allow more ranks on a node than GPUs")
+@argument("--gpus-per-node", type=int, metavar="N", help="Slurm: GPUs to ask for on each node")
+@argument("--gres", help="Slurm: a generic resource request, e.g. gpu:a100:4")
+@argument(
+    "--backend",
+    choices=("gloo", "nccl"),
+    help="the process group's backend (implies --torch; default: torch's pick by device)",
+)
+@argument(
+    "--keep",
+    metavar="TIME",
+    help="the ranks outlive this kernel (e.g. 2h, 30m, or forever) until no session has been "
+    "attached for TIME; %%mpi attach comes back",
+)
+def start_args(line):
+    """%mpi start: start MPI ranks as ipyparallel engines."""
+
+
+@magic_arguments()
+@argument("id", nargs="?", help="the kept cluster's id (%%mpi list); not needed when there is one")
+@argument(
+    "--force",
+    action="store_true",
+    help="take over from a session that is attached now (it is told at its next call)",
+)
+def attach_args(line):
+    """%mpi attach: connect to ranks kept with --keep; their variables as they were."""
+
+
+@magic_arguments()
+@argument("--backend", choices=("gloo", "nccl"), help="default: the last group's backend")
+def torch_reinit_args(line):
+    """%mpi torch-reinit: a new torch.distributed default group in the live ranks, variables kept.
+
+    After an aborted group (a hang freed) or to change backend. DDP/FSDP models hold
+    the old group: wrap them again.
+    """
+
+
+@magic_arguments()
+@argument("--ranks", help="comma-separated ranks, e.g. 1,3 (default: the busy ones)")
+@argument("--locals", action="store_true", help="show the values of each frame's locals")
+@argument("--all-frames", action="store_true", help="show clusterkernel's own frames too")
+def where_args(line):
+    """%mpi where: each running rank's stack, the cell's lines first, even inside MPI."""
+
+
+@magic_arguments()
+@argument(
+    "--ranks",
+    help="ranks, e.g. 1,3 or 0-3 (default: those at a breakpoint, else those whose cell raised)",
+)
+@argument("-c", dest="command", metavar="CMD", help='one pdb command, e.g. -c "p x"; no prompt')
+def debug_args(line):
+    """%mpi debug: pdb on ranks stopped at breakpoint(), or post-mortem after a cell raised.
+
+    Each command goes to every rank; identical answers show once under their ranks.
+    Without -c, a prompt (Pdb ranks 1,3) asks for commands until q (or EOF).
+    """
+
+
+@magic_arguments()
+@argument("name", help="variable to pull from the ranks")
+@argument("--rank", type=int, help="pull from this rank only (returns the bare value)")
+def pull_args(line):
+    """%mpi pull: fetch a variable from the ranks as {rank: value}."""
+
+
+@magic_arguments()
+@argument("--ranks", help="comma-separated ranks to run on, e.g. 0,2 (default: all)")
+@argument("--timeout", type=float, help="watchdog in seconds: report stacks, interrupt, free")
+@argument("--noblock", action="store_true", help="return a CellRun at once; .wait() later")
+@argument("--dashboard", action="store_true", help="show the live dashboard while the cell runs")
+def cell_args(line):
+    """%%mpi: run the cell on every rank (or --ranks), output streamed by rank."""
+
+
+def _sbatch_arguments(func):
+    """``@argument`` for each of export's sbatch options (declared once, for both parsers)."""
+    for flag, options in reversed(SBATCH_OPTIONS):
+        func = argument(flag, **options)(func)
+    return func
+
+
+@magic_arguments()
+@argument("path", help="the script to write, e.g. job.py")
+@argument("--sbatch", help="also write a Slurm batch file, e.g. job.sbatch")
+@_sbatch_arguments
+@argument(
+    "--include-failed",
+    action="store_true",
+    help="keep cells that raised or were interrupted (default: left out, with a comment)",
+)
+def export_args(line):
+    """%mpi export: this session's rank cells as one batch script (and an sbatch file).
+
+    The %%mpi cells, and cells run under %mpi on, in execution order (from the input
+    history) become a script every rank runs: mpiexec -n 4 python job.py, or
+    sbatch job.sbatch. Client-only cells are left out, and so are cells that raised or
+    were interrupted (--include-failed keeps them). %mpi push values are taken from this
+    session's namespace now, at export time, and written into the script.
+    """
+
+
+class _HelpFormatter(MagicHelpFormatter):
+    """Usage starts with the magic as typed (IPython's own prefix adds another "%")."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=92, max_help_position=28)
+
+    def add_usage(self, usage, actions, groups, prefix=""):
+        argparse.HelpFormatter.add_usage(self, usage, actions, groups, prefix)
+
+
+# Every subcommand in %mpi? and in errors: its parser, or (usage, what it does) when it
+# has no options. Usage and options come from the parsers, so new options show by themselves.
+HELP_ROWS = [
+    (start_args, "%mpi start"),
+    ("%mpi stop", "stop every rank and the controller"),
+    ("%mpi list", "your kept clusters (--keep): id, ranks, where, age, idle time left"),
+    (attach_args, "%mpi attach"),
+    ("%mpi detach", "leave kept ranks running (for their --keep time) and let go"),
+    ("%mpi restart", "fresh ranks (frees stuck ones; state is lost)"),
+    (torch_reinit_args, "%mpi torch-reinit"),
+    ("%mpi status", "rank, host, pid, state, CPU, memory"),
+    ("%mpi on | %mpi off", "run every following cell on the ranks, or stop"),
+    ("%mpi push name [name ...] | %mpi push name=expr", "copy variables to every rank"),
+    (pull_args, "%mpi pull"),
+    (where_args, "%mpi where"),
+    (debug_args, "%mpi debug"),
+    ("%mpi timeout S | off", "default watchdog for %%mpi cells"),
+    ("%mpi dashboard", "live per-rank loss, comm, timeline, status"),
+    (export_args, "%mpi export"),
+    (cell_args, "%%mpi"),
+]
+
+
+def _summary() -> str:
+    lines = ["Subcommands:"]
+    for first, second in HELP_ROWS:
+        if isinstance(first, str):
+            lines += [f"  {first}", f"      {second}"]
+            continue
+        parser = first.parser
+        parser.prog, parser.formatter_class = second, _HelpFormatter
+        usage = parser.format_usage().rstrip("\n").replace("\n", "\n  ")
+        what = (parser.description or "").strip().split("\n")[0].partition(": ")[2].rstrip(".")
+        lines += [f"  {usage}", f"      {what}"]
+    return "\n".join(lines) + "\n"
+
+
+def _options(parser: argparse.ArgumentParser) -> str:
+    """The parser's help without its usage (the summary shows it)."""
+    return parser.format_help().split("\n\n", 1)[1].rstrip("\n")
+
+
+SUBCOMMANDS = _summary()
+
+
+def mpi_help() -> str:
+    """The text of ``%mpi?``: the summary, then each parser's options."""
+    parts = ["Run code on MPI ranks from IPython.", "", SUBCOMMANDS]
+    for first, prog in HELP_ROWS:
+        if not isinstance(first, str):
+            parts += [f"Options of {prog}:", _options(first.parser), ""]
+    return "\n".join(parts)

@@ -1,0 +1,334 @@
+"""The ``%mpi`` subcommands (``%mpi start``, ``stop``, ``status``, ``push``, ...) (client side).
+
+Each is a method ``_sub_NAME(rest)`` of :class:`Subcommands`, a thin parser over one
+:class:`~clusterkernel.Cluster` call; :class:`~clusterkernel.client.magics.MPIMagics`
+mixes them in and dispatches ``%mpi NAME rest`` to them. :func:`auto_mpi` is the
+input transformer behind ``%mpi on``.
+
+Example::
+
+    %mpi start -n 4        # Subcommands._sub_start("-n 4")
+    %mpi push x            # Subcommands._sub_push("x")
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import parse_argstring
+
+from clusterkernel.client.cluster import Cluster, LaunchSettings, _follow, _keep
+from clusterkernel.client.errors import ClusterError, format_ranks, rank_label
+from clusterkernel.client.magics._args import (
+    attach_args,
+    debug_args,
+    export_args,
+    pull_args,
+    ranks_arg,
+    start_args,
+    torch_reinit_args,
+    where_args,
+)
+from clusterkernel.client.mpiexec import HostError, MPINotFoundError
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+
+def auto_mpi(lines: list[str]) -> list[str]:
+    """Input transformer for ``%mpi on``: run every cell on the ranks.
+
+    Example::
+
+        auto_mpi(["x = 1\\n"])   # ["%%mpi\\n", "x = 1\\n"]
+    """
+    if not lines or not "".join(lines).strip():
+        return lines
+    first = lines[0].lstrip()
+    if first.startswith(("%mpi", "%%mpi", "%%local")):
+        return lines  # %mpi off (and explicit %%mpi, %%local) run as written
+    return ["%%mpi\n", *lines]
+
+
+auto_mpi.sends_to_ranks = True  # %%local runs its cell without it
+
+
+class Subcommands:
+    """The ``%mpi`` subcommands, mixed into :class:`~clusterkernel.client.magics.MPIMagics`.
+
+    That class provides ``shell``, the ``cluster`` ``%mpi start`` made, and
+    ``_require_cluster()`` (which starts ranks in kernel mode).
+    """
+
+    shell: InteractiveShell
+    cluster: Cluster | None
+
+    def _sub_start(self, rest: str) -> None:
+        args = parse_argstring(start_args, rest)
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError(
+                f"MPI ranks are already running ({self.cluster.n} ranks). "
+                "Use %mpi restart, or %mpi stop first."
+            )
+        if args.no_gpu_binding and args.gpus_per_rank:
+            raise UsageError("--no-gpu-binding and --gpus-per-rank contradict each other.")
+        try:
+            cluster = Cluster(
+                launcher=LaunchSettings.from_args(args),  # -n, --slurm, --hosts, ...
+                timeout=args.timeout,
+                torch=args.torch,
+                backend=args.backend,
+                gpus_per_rank=0 if args.no_gpu_binding else args.gpus_per_rank,
+                gpu_share=args.gpu_share,
+                keep=args.keep,
+            )
+        except (ValueError, FileNotFoundError, HostError, MPINotFoundError, ClusterError) as e:
+            raise UsageError(str(e)) from None
+        try:
+            cluster.start()
+        except ClusterError as e:
+            raise UsageError(str(e)) from None
+        self.cluster = cluster
+        where = sorted({row["host"] for row in cluster.status()})
+        on = f" on {len(where)} nodes ({', '.join(where)})" if len(where) > 1 else ""
+        group = ""
+        if cluster.torch:
+            group = f"; torch.distributed group: {_group_text(cluster.torch_group())}"
+        kept = ""
+        if cluster.keep is not None:
+            kept = (
+                f"; kept {_keep.describe_keep(cluster.keep)} without a session as cluster "
+                f"{cluster.id} (%mpi detach, %mpi attach)"
+            )
+        print(f"Started {cluster.n} MPI ranks ({cluster.launcher.describe()}){on}{group}{kept}.")
+
+    def _sub_list(self, rest: str) -> None:
+        _keep.main(None)  # as `clusterkernel list`: ended ones are reported once, then removed
+
+    def _sub_attach(self, rest: str) -> None:
+        args = parse_argstring(attach_args, rest)
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError(
+                f"This session already drives {self.cluster.n} ranks: %mpi detach (or stop) "
+                "them first."
+            )
+        cluster = Cluster.attach(args.id, force=args.force)  # ClusterError: a message
+        self.cluster = cluster
+        if cluster.replaced:
+            print(
+                f"Took cluster {cluster.id} over from pid {cluster.replaced['pid']} on "
+                f"{cluster.replaced['host']}; that session is told at its next call."
+            )
+        print(f"Attached to {cluster.n} MPI ranks (cluster {cluster.id}).", flush=True)
+        busy = sorted(_follow.running(cluster))
+        if busy:
+            print(
+                f"Rank{'s' if len(busy) > 1 else ''} {format_ranks(busy)} still running a cell "
+                "sent before this session attached; its output follows until it ends (the "
+                "stop button interrupts it).",
+                flush=True,
+            )
+            cluster.follow()
+
+    def _sub_detach(self, rest: str) -> None:
+        cluster = self._require_cluster()
+        cluster.detach()  # ClusterError for a cluster not kept: a message
+        self.cluster = None
+        self._sub_off("")
+        print(
+            f"Detached; the ranks stay for {_keep.describe_keep(cluster.keep)} without a "
+            "session. %mpi attach comes back."
+        )
+
+    def _sub_stop(self, rest: str) -> None:
+        if self.cluster is None or not self.cluster.running:
+            print("No MPI ranks are running.")
+            return
+        cluster = self.cluster
+        cluster.stop()
+        self.cluster = None
+        self._sub_off("")
+        if cluster.taken_over_by is not None:
+            print(
+                f"Another session (pid {cluster.taken_over_by['pid']}) drives these ranks now; "
+                "this one has let go of them and stopped nothing."
+            )
+        else:
+            print("Stopped all MPI ranks.")
+
+    def _sub_restart(self, rest: str) -> None:
+        cluster = self._require_cluster()
+        cluster.restart()
+        group = (
+            f"; torch.distributed group: {_group_text(cluster.torch_group())}"
+            if cluster.torch
+            else ""
+        )
+        print(f"Restarted {cluster.n} MPI ranks{group}.")
+
+    def _sub_torch_reinit(self, rest: str) -> None:
+        """%mpi torch-reinit [--backend B]: see ``torch_reinit_args``."""
+        args = parse_argstring(torch_reinit_args, rest)
+        cluster = self._require_cluster()
+        try:
+            groups = cluster.torch_reinit(args.backend)
+        except ClusterError as e:
+            raise UsageError(str(e)) from None
+        print(f"New torch.distributed default group: {_group_text(groups)}.")
+
+    def _sub_status(self, rest: str) -> list[dict]:
+        rows = self._require_cluster().status()
+        print(f"{'rank':>4}  {'host':<16} {'pid':>8}  {'state':<6} {'cpu %':>6} {'mem MiB':>8}")
+        for r in rows:
+            cpu = "-" if r["cpu"] is None else f"{r['cpu']:.0f}"
+            mem = "-" if r["memory_mib"] is None else f"{r['memory_mib']:.0f}"
+            gpu = _gpu_text(r["gpu"]) if "gpu" in r else ""
+            print(
+                f"{r['rank']:>4}  {r['host']:<16} {r['pid']:>8}  {r['state']:<6} {cpu:>6} {mem:>8}"
+                + gpu
+            )
+        return None
+
+    def _sub_on(self, rest: str) -> None:
+        self._require_cluster()
+        transforms = self.shell.input_transformers_cleanup
+        if auto_mpi not in transforms:
+            transforms.append(auto_mpi)
+        print("Every cell now runs on the MPI ranks; %mpi off to stop.")
+
+    def _sub_off(self, rest: str) -> None:
+        transforms = self.shell.input_transformers_cleanup
+        if auto_mpi in transforms:
+            transforms.remove(auto_mpi)
+            print("Cells run locally again.")
+
+    def _sub_push(self, rest: str) -> None:
+        cluster = self._require_cluster()
+        if not rest.strip():
+            raise UsageError("Usage: %mpi push name [name ...]  or  %mpi push name=expression")
+        ns = {}
+        if "=" in rest:
+            name, _, expr = rest.partition("=")
+            name = name.strip()
+            if not name.isidentifier():
+                raise UsageError(f"{name!r} is not a variable name.")
+            # The expression is the user's own code in their own namespace, as
+            # typed into a cell; IPython's shell.ev is the documented way to run it.
+            ns[name] = self.shell.ev(expr)
+        else:
+            for name in shlex.split(rest):
+                if name not in self.shell.user_ns:
+                    raise UsageError(f"No variable named {name!r} in this notebook.")
+                ns[name] = self.shell.user_ns[name]
+        try:
+            cluster.push(ns)
+        except (TypeError, ClusterError) as e:
+            raise UsageError(f"%mpi push: {e}") from None
+
+    def _sub_where(self, rest: str) -> None:
+        args = parse_argstring(where_args, rest)
+        cluster = self._require_cluster()
+        ranks = ranks_arg(args.ranks)
+        if ranks is None:
+            ranks = [row["rank"] for row in cluster.status() if row["state"] == "busy"]
+        if not ranks:
+            print("No rank is running a cell (--ranks asks idle ones too).")
+            return
+        try:
+            stacks = cluster.stacks(ranks, with_locals=args.locals, all_frames=args.all_frames)
+        except (ValueError, ClusterError) as e:
+            raise UsageError(str(e)) from None
+        by_text: dict[str, list[int]] = {}
+        for rank, text in stacks.items():
+            by_text.setdefault(text or "  (idle: no cell running)", []).append(rank)
+        for text, same in sorted(by_text.items(), key=lambda kv: kv[1]):
+            print(f"[{rank_label(same)}]\n{text}")
+
+    def _sub_debug(self, rest: str) -> None:
+        from clusterkernel.client.debug._prompt import run_debug
+
+        args = parse_argstring(debug_args, rest)
+        cluster = self._require_cluster()
+        try:
+            session = cluster.debug(ranks_arg(args.ranks))
+        except (ValueError, ClusterError) as e:
+            raise UsageError(str(e)) from None
+        command = args.command
+        if command and len(command) > 1 and command[0] == command[-1] and command[0] in "'\"":
+            command = command[1:-1]  # IPython's argument split keeps the quotes
+        run_debug(session, command)
+
+    def _sub_pull(self, rest: str):
+        args = parse_argstring(pull_args, rest)
+        cluster = self._require_cluster()
+        if args.rank is not None:
+            try:
+                cluster.engine_id(args.rank)
+            except (ValueError, ClusterError) as e:
+                raise UsageError(str(e)) from None
+            return cluster.pull(args.name, ranks=[args.rank])[args.rank]
+        return cluster.pull(args.name)
+
+    def _sub_timeout(self, rest: str) -> None:
+        cluster = self._require_cluster()
+        value = rest.strip()
+        if value in ("", "off", "none", "None"):
+            cluster.timeout = None
+            print("No default watchdog for %%mpi cells.")
+            return
+        try:
+            cluster.timeout = float(value)
+        except ValueError:
+            raise UsageError(f"%mpi timeout takes seconds or 'off', got {value!r}.") from None
+        print(f"%%mpi cells running longer than {cluster.timeout:g}s will be reported and freed.")
+
+    def _sub_export(self, rest: str) -> None:
+        """%mpi export job.py: see ``export_args``; the work is clusterkernel.client.export's."""
+        from clusterkernel.client import export
+
+        args = parse_argstring(export_args, rest)
+        cells = list(self.shell.history_manager.input_hist_raw)
+        live = self.cluster is not None and self.cluster.running
+        running = self.cluster.n if live else None
+        auto = getattr(self, "autostart", None) is not None  # the MPI kernel: cells on the ranks
+        # cells that raised or were interrupted (history index = execution count)
+        failed = set() if args.include_failed else set(getattr(self, "failed_cells", ()))
+        try:
+            written = export.write_job(
+                cells,
+                args.path,
+                pushed=export.live_pushes(cells, self.shell.user_ns, self.shell.ev, auto, failed),
+                names=[f"In [{i}]" for i in range(len(cells))],
+                source=str(self.shell.user_ns.get("__session__") or "an IPython session"),
+                sbatch=args.sbatch,
+                ranks=running,
+                auto=auto,
+                failed=failed,
+                torch=(self.cluster.torch, self.cluster.backend) if live else None,
+                **export.sbatch_args(args),  # --nodes, --time, ...: picked by name
+            )
+        except export.ExportError as e:
+            raise UsageError(str(e)) from None
+        print("Wrote " + ", ".join(map(str, written)))
+
+    def _sub_dashboard(self, rest: str) -> None:
+        self._require_cluster().dashboard().show()
+
+
+def _group_text(groups: dict[int, dict]) -> str:
+    """``gloo, 4 ranks, rendezvous 127.0.0.1:41901`` from each rank's group description."""
+    first = next(iter(groups.values()), {})
+    if not first:
+        return "none"
+    return f"{first['backend']}, {first['world_size']} ranks, rendezvous {first['master']}"
+
+
+def _gpu_text(gpu: dict | None) -> str:
+    """``  GPU 1 NVIDIA H100: 1.2/79.6 GiB, 37 %`` for a status row."""
+    if not gpu:
+        return "  GPU -"
+    util = "" if gpu.get("util") is None else f", {gpu['util']:.0f} %"
+    used, total = gpu["mem_used_mib"] / 1024, gpu["mem_total_mib"] / 1024
+    return f"  GPU {gpu['gpu']} {gpu['name']}: {used:.1f}/{total:.1f} GiB{util}"

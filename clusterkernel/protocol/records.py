@@ -1,0 +1,58 @@
+"""The shape of a metric record: the one thing both sides of the seam know.
+
+Engine side (``clusterkernel.metrics``) produces records; client side
+(``clusterkernel.client.dashboard``) consumes them. A record is a plain ``dict`` so it
+crosses ipyparallel's channels and JSON export unchanged. No imports beyond the
+standard library, so either side can load this module alone.
+
+Kinds:
+
+``comm``  one communication call::
+
+    {"kind": "comm", "rank": 0, "op": "all_reduce", "nbytes": 4096,
+     "algorithm": "mpi", "group_size": 4, "start": 12.5, "duration": 1.2e-5,
+     "wait": 0.0}
+
+  ``start`` is ``time.perf_counter()`` on that rank; ``duration`` is seconds in
+  the call (for async calls, issue to completion); ``wait`` is seconds spent
+  blocked in ``wait()``.
+
+``scalar`` values logged at one step (loss, throughput, staleness, ...)::
+
+    {"kind": "scalar", "rank": 1, "step": 10, "time": 13.0,
+     "values": {"loss": 0.41}}
+
+``span`` a named interval of compute on a rank (for the timeline)::
+
+    {"kind": "span", "rank": 0, "name": "backward", "start": 12.0, "duration": 0.02}
+"""
+
+from __future__ import annotations
+
+COMM_FIELDS = ("op", "nbytes", "algorithm", "group_size", "start", "duration", "wait")
+KINDS = ("comm", "scalar", "span")
+
+
+def comm_record(rank: int, fields: tuple) -> dict:
+    """Build a ``comm`` record from a tuple in :data:`COMM_FIELDS` order."""
+    rec = dict(zip(COMM_FIELDS, fields))
+    rec["kind"] = "comm"
+    rec["rank"] = rank
+    return rec
+
+
+def scalar_record(rank: int, step: int, time: float, values: dict) -> dict:
+    return {"kind": "scalar", "rank": rank, "step": step, "time": time, "values": dict(values)}
+
+
+def span_record(rank: int, name: str, start: float, duration: float) -> dict:
+    return {"kind": "span", "rank": rank, "name": name, "start": start, "duration": duration}
+
+
+def human_bytes(nbytes: int) -> str:
+    """``40 B``, ``3.91 KiB``, ``4 MiB``: a size as reports show it (both sides use it)."""
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    if nbytes < 1 << 20:
+        return f"{nbytes / 1024:.3g} KiB"
+    return f"{nbytes / (1 << 20):.3g} MiB"

@@ -1,0 +1,196 @@
+"""Runs once on every engine right after (re)start (engine side).
+
+Reports the engine's MPI rank, host and pid so the client can build its rank map,
+and gives the client two ways to see a rank's Python stack while the rank's main
+thread is busy, even blocked inside an MPI call:
+
+- a control-channel request (``clusterkernel_stack_request``), answered by
+  ipykernel's control thread. mpi4py releases the GIL inside blocking calls, so
+  that thread can read the main thread's frames and their locals. It travels
+  through ipyparallel's signed control channel, so it works for ranks on any host;
+- ``faulthandler`` on SIGUSR1, written to a file: the fallback for a rank whose
+  control thread cannot run (a C extension holding the GIL), local hosts only.
+
+It also arms the debugger (:mod:`clusterkernel.rank._debugger`): ``breakpoint()`` in a
+cell, and post-mortem of a failed cell, driven through the same control channel,
+and notes the job's /dev/shm file names for the guard (:mod:`clusterkernel.protocol._shm_names`).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import threading
+
+from clusterkernel.protocol import _oom, _shm_names
+from clusterkernel.rank._frames import frame_locals
+
+STACK_SIGNAL = signal.SIGUSR1
+STACK_REQUEST = "clusterkernel_stack_request"
+STACK_REPLY = "clusterkernel_stack_reply"
+# aborts the rank's torch.distributed groups: frees a rank blocked in gloo or NCCL
+TORCH_ABORT_REQUEST = "clusterkernel_torch_abort_request"
+TORCH_ABORT_REPLY = "clusterkernel_torch_abort_reply"
+# the rank's GPU: name, memory, utilisation (answered while the rank is busy)
+GPU_REQUEST = "clusterkernel_gpu_request"
+GPU_REPLY = "clusterkernel_gpu_reply"
+
+_stack_file = None
+_rank: int | None = None
+
+# Frames of the engine's own machinery, below the cell: dropped from every stack.
+_MACHINERY = ("IPython/core/interactiveshell.py",)
+# clusterkernel's own frames: shown only when asked (the user's cell comes first).
+# (this file is in clusterkernel/rank/, so two levels up)
+OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def stack_path(stack_dir: str, rank: int) -> str:
+    return os.path.join(stack_dir, f"stack-rank{rank}.txt")
+
+
+def main_thread_frames(with_locals: bool = False) -> list[dict]:
+    """The main thread's frames, outermost first, from the cell down.
+
+    Each frame: ``file``, ``line``, ``name``, ``source`` (the line's text),
+    ``ours`` (inside clusterkernel) and, with ``with_locals``, ``locals``
+    (name -> short repr). Runs on any thread.
+    """
+    import linecache
+
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    frames = []
+    while frame is not None:
+        code = frame.f_code
+        if any(m in code.co_filename for m in _MACHINERY):
+            break  # everything further out is IPython running the cell
+        entry = {
+            "file": code.co_filename,
+            "line": frame.f_lineno,
+            "name": code.co_name,
+            "source": linecache.getline(code.co_filename, frame.f_lineno).strip(),
+            "ours": code.co_filename.startswith(OURS),
+        }
+        if with_locals and not entry["ours"]:
+            entry["locals"] = frame_locals(frame)
+        frames.append(entry)
+        frame = frame.f_back
+    frames.reverse()
+    return frames
+
+
+def _on_stack_request(kernel, stream, ident, parent) -> None:
+    """Control-thread handler: reply with the main thread's frames."""
+    content = parent.get("content", {})
+    try:
+        frames = main_thread_frames(with_locals=bool(content.get("locals")))
+        reply = {"status": "ok", "rank": _rank, "frames": frames, "flight": _flight(frames)}
+    except Exception as e:
+        reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
+    kernel.session.send(stream, STACK_REPLY, reply, parent, ident)
+
+
+def _flight(frames: list[dict]) -> list[dict]:
+    """The flight recorders' entries: comm's, and torch.distributed's own, if used."""
+    recorder = sys.modules.get("clusterkernel.comm._flight")
+    out = recorder.FLIGHT.snapshot() if recorder is not None else []
+    if "torch.distributed" in sys.modules:
+        from clusterkernel.torchdist._flight import entries, in_torch
+
+        cell = [f for f in frames if not f["ours"] and "site-packages" not in f["file"]]
+        where = (cell[-1]["file"], cell[-1]["line"]) if cell else ("", 0)
+        out += entries(in_call=in_torch(frames), where=where)
+    return out
+
+
+def _gpu(content: dict) -> dict:
+    """This rank's GPU, as ``torchdist._gpu.device_status`` reads it."""
+    from clusterkernel.torchdist._gpu import device_status
+
+    return {"gpu": device_status()}
+
+
+def _torch_abort(content: dict) -> dict:
+    """Abort this rank's torch.distributed groups (frees a rank blocked in one)."""
+    from clusterkernel.torchdist._group import abort
+
+    return {"aborted": abort()}
+
+
+def _answering(kernel, reply_type: str, answer):
+    """A control-thread handler that replies ``answer(request content)`` (plus status, rank)."""
+
+    def handler(stream, ident, parent) -> None:
+        try:
+            reply = {"status": "ok", "rank": _rank, **answer(parent.get("content", {}))}
+        except Exception as e:
+            reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
+        kernel.session.send(stream, reply_type, reply, parent, ident)
+
+    return handler
+
+
+def _install_stack_handler() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None or not hasattr(kernel, "control_handlers"):
+        return
+    kernel.control_handlers[STACK_REQUEST] = lambda stream, ident, parent: _on_stack_request(
+        kernel, stream, ident, parent
+    )
+    kernel.control_handlers[TORCH_ABORT_REQUEST] = _answering(
+        kernel, TORCH_ABORT_REPLY, _torch_abort
+    )
+    kernel.control_handlers[GPU_REQUEST] = _answering(kernel, GPU_REPLY, _gpu)
+    from clusterkernel.rank import _warnings  # warnings name the cell, not a temp file
+
+    _warnings.install(shell)
+    from clusterkernel.rank import _completion  # Tab and Shift-Tab on rank-side names
+
+    kernel.control_handlers[_completion.COMPLETE_REQUEST] = _answering(
+        kernel, _completion.COMPLETE_REPLY, lambda content: _completion.complete(kernel, content)
+    )
+    kernel.control_handlers[_completion.INSPECT_REQUEST] = _answering(
+        kernel, _completion.INSPECT_REPLY, lambda content: _completion.inspect_name(kernel, content)
+    )
+    from clusterkernel.rank import _debugger  # breakpoint() and post-mortem, same channel
+
+    _debugger.install(kernel)
+
+
+def setup(stack_dir: str | None) -> dict:
+    """Arm the stack reporters and return this engine's identity."""
+    global _stack_file, _rank
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    rank = _rank = world.Get_rank()
+    _install_stack_handler()
+    if _stack_file is None and stack_dir:
+        # Kept open for the engine's life: faulthandler writes to the fd from a
+        # signal handler, where opening a file is not allowed. The directory is
+        # the client's; on a node that does not share its file system it is
+        # missing, and the control-channel request is the only way in.
+        try:
+            _stack_file = open(stack_path(stack_dir, rank), "w")  # noqa: SIM115
+        except OSError:
+            _stack_file = None
+        else:
+            faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+    if stack_dir:
+        # The job's /dev/shm names, for the guard to remove if mpiexec cannot.
+        _shm_names.note(stack_dir, rank)
+    return {
+        "rank": rank,
+        "size": world.Get_size(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "oom": _oom.counter(),  # read again if this rank dies of SIGKILL
+    }
