@@ -1,8 +1,11 @@
 """The two sides stay apart: the notebook never loads mpi4py, a rank never loads widgets.
 
-The folders name the sides: every module under a client folder is imported in one
-process, every module under an engine folder in another, so a new module in
-either folder is checked without being listed here.
+The folders name the sides: ``clusterkernel/client/`` runs in the notebook,
+``clusterkernel/rank/`` and the rank-side packages users import in their cells
+(``comm``, ``metrics``, ...) run on the ranks, and ``clusterkernel/protocol/`` is what
+both know. Every module under a client folder is imported in one process, every
+module under a rank folder in another, so a new module in either folder is checked
+without being listed here; neither side loads a module of the other.
 """
 
 from __future__ import annotations
@@ -10,19 +13,32 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-# client side: runs in the notebook
-CLIENT = [
-    "cluster", "output", "export", "magics", "dashboard", "debug", "errors", "mpiexec", "kernel",
-    "quickstart", "teaching_notebooks",
-]  # fmt: skip
-# engine side: runs on the ranks (engine/_job_prelude is a script an exported job runs, not imported)
-ENGINE = ["comm", "metrics", "partition", "data", "train", "engine", "torchdist"]
-SEAM = ["records", "_wire", "_shm_names", "_rank_call", "_net", "_oom"]
+import clusterkernel
+
+# client side: runs in the notebook (kernel.py, the MPI kernel, included)
+CLIENT = ["client"]
+# rank side: runs on the ranks. rank/ is the engine's own runtime; the others keep
+# their top-level paths because users import them in %%mpi cells.
+# (rank/_job_prelude is a script an exported job runs, not imported)
+ENGINE = ["rank", "comm", "metrics", "partition", "data", "train", "torchdist"]
+SEAM = ["protocol"]
+# the package's entry points (lazy public names, the command line) and the notebooks
+ENTRY = ["__init__", "__main__", "notebooks"]
 _NOT_IMPORTED = {"clusterkernel.rank._job_prelude"}
 
 
-def _loaded(names: list[str], modules: list[str], imports: str = "") -> dict[str, bool]:
+def _prefixes(names: list[str]) -> list[str]:
+    return ["clusterkernel." + name for name in names]
+
+
+def _loaded(names: list[str], modules: list[str], imports: str = "") -> dict[str, object]:
+    """Import every module under ``names`` in a fresh process.
+
+    Returns which of ``modules`` were loaded (True/False) and, under ``"_modules"``,
+    the names of every clusterkernel module that process loaded.
+    """
     code = (
         "import importlib, json, pkgutil, sys\n"
         f"{imports}\n"
@@ -31,14 +47,27 @@ def _loaded(names: list[str], modules: list[str], imports: str = "") -> dict[str
         "    for sub in pkgutil.walk_packages(getattr(m, '__path__', []), m.__name__ + '.'):\n"
         f"        if sub.name not in {sorted(_NOT_IMPORTED)!r}:\n"
         "            importlib.import_module(sub.name)\n"
-        "print(json.dumps([sum(n.startswith('clusterkernel.') for n in sys.modules),"
-        f" [m in sys.modules for m in {modules!r}]]))"
+        "ours = sorted(n for n in sys.modules if n.startswith('clusterkernel.'))\n"
+        f"print(json.dumps([ours, [m in sys.modules for m in {modules!r}]]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    count, flags = json.loads(out.stdout.strip().splitlines()[-1])
-    assert count >= len(names)  # the walk imported the folders, not nothing
-    return dict(zip(modules, flags))
+    ours, flags = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(ours) >= 2 * len(names)  # the walk imported the folders, not nothing
+    return {**dict(zip(modules, flags)), "_modules": ours}
+
+
+def _of(modules: list[str], names: list[str]) -> list[str]:
+    """The modules among ``modules`` that live under one of the folders ``names``."""
+    prefixes = _prefixes(names)
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes)]
+
+
+def test_every_module_is_on_a_side():
+    """A new top-level module or folder must say which side it runs on."""
+    package = Path(clusterkernel.__file__).parent
+    top = {p.stem for p in package.iterdir() if p.name != "__pycache__" and p.suffix in ("", ".py")}
+    assert top == {*CLIENT, *ENGINE, *SEAM, *ENTRY}, top ^ {*CLIENT, *ENGINE, *SEAM, *ENTRY}
 
 
 def test_client_side_never_imports_mpi4py():
@@ -47,17 +76,25 @@ def test_client_side_never_imports_mpi4py():
         [
             "mpi4py",
             "ipyparallel",
+            "clusterkernel.client.kernel",
             "clusterkernel.client.cluster.runner",
+            "clusterkernel.client.debug._prompt",
             "clusterkernel.client.output._rank_output",
         ],
         "import clusterkernel\nfrom clusterkernel import Cluster, Dashboard",
     )
+    modules = loaded.pop("_modules")
     assert loaded == {
         "mpi4py": False,
         "ipyparallel": True,
+        "clusterkernel.client.kernel": True,
         "clusterkernel.client.cluster.runner": True,
+        "clusterkernel.client.debug._prompt": True,
         "clusterkernel.client.output._rank_output": True,
     }
+    # not even a module of the rank side: the notebook names rank-side functions
+    # (protocol._rank_call) and requests (protocol._names), it never imports them
+    assert _of(modules, ENGINE) == []
 
 
 def test_engine_side_never_imports_display_machinery():
@@ -66,10 +103,14 @@ def test_engine_side_never_imports_display_machinery():
         ["mpi4py", "ipywidgets", "IPython.display", "anywidget", "clusterkernel.metrics._stream"],
         "from clusterkernel import comm, metrics, partition, data, train, log",
     )
+    modules = loaded.pop("_modules")
     assert loaded["mpi4py"] and loaded["clusterkernel.metrics._stream"]
     assert not loaded["ipywidgets"] and not loaded["IPython.display"] and not loaded["anywidget"]
+    assert _of(modules, CLIENT) == []
 
 
 def test_the_seam_belongs_to_neither_side():
     loaded = _loaded(SEAM, ["mpi4py", "ipyparallel", "ipywidgets", "torch"])
+    modules = loaded.pop("_modules")
     assert not any(loaded.values()), loaded
+    assert _of(modules, CLIENT + ENGINE) == []

@@ -12,11 +12,6 @@ from __future__ import annotations
 
 import inspect
 
-COMPLETE_REQUEST = "clusterkernel_complete_request"
-COMPLETE_REPLY = "clusterkernel_complete_reply"
-INSPECT_REQUEST = "clusterkernel_inspect_request"
-INSPECT_REPLY = "clusterkernel_inspect_reply"
-
 # the most top-level names sent back for the client's cache (a namespace can be huge)
 MAX_NAMES = 5000
 

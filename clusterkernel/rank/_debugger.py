@@ -33,11 +33,8 @@ import sys
 import threading
 from collections import OrderedDict
 
+from clusterkernel.protocol._names import DEBUG_REPLY, DEBUG_REQUEST, PAUSE_KEY
 from clusterkernel.rank._frames import frame_locals
-
-DEBUG_REQUEST = "clusterkernel_debug_request"
-DEBUG_REPLY = "clusterkernel_debug_reply"
-PAUSE_KEY = "clusterkernel_paused"  # publish_data key: {"seq": n, "text": where it stopped}
 
 # Frames of the engine running a cell (IPython's exec and everything outside it).
 _MACHINERY = ("IPython/core/interactiveshell.py",)

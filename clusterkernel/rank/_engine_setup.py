@@ -20,36 +20,33 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import signal
 import socket
 import sys
 import threading
 
 from clusterkernel.protocol import _oom, _shm_names
+from clusterkernel.protocol._names import (
+    COMPLETE_REPLY,
+    COMPLETE_REQUEST,
+    GPU_REPLY,
+    GPU_REQUEST,
+    INSPECT_REPLY,
+    INSPECT_REQUEST,
+    OURS,
+    STACK_REPLY,
+    STACK_REQUEST,
+    STACK_SIGNAL,
+    TORCH_ABORT_REPLY,
+    TORCH_ABORT_REQUEST,
+    stack_path,
+)
 from clusterkernel.rank._frames import frame_locals
-
-STACK_SIGNAL = signal.SIGUSR1
-STACK_REQUEST = "clusterkernel_stack_request"
-STACK_REPLY = "clusterkernel_stack_reply"
-# aborts the rank's torch.distributed groups: frees a rank blocked in gloo or NCCL
-TORCH_ABORT_REQUEST = "clusterkernel_torch_abort_request"
-TORCH_ABORT_REPLY = "clusterkernel_torch_abort_reply"
-# the rank's GPU: name, memory, utilisation (answered while the rank is busy)
-GPU_REQUEST = "clusterkernel_gpu_request"
-GPU_REPLY = "clusterkernel_gpu_reply"
 
 _stack_file = None
 _rank: int | None = None
 
 # Frames of the engine's own machinery, below the cell: dropped from every stack.
 _MACHINERY = ("IPython/core/interactiveshell.py",)
-# clusterkernel's own frames: shown only when asked (the user's cell comes first).
-# (this file is in clusterkernel/rank/, so two levels up)
-OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def stack_path(stack_dir: str, rank: int) -> str:
-    return os.path.join(stack_dir, f"stack-rank{rank}.txt")
 
 
 def main_thread_frames(with_locals: bool = False) -> list[dict]:
@@ -154,11 +151,11 @@ def _install_stack_handler() -> None:
     _warnings.install(shell)
     from clusterkernel.rank import _completion  # Tab and Shift-Tab on rank-side names
 
-    kernel.control_handlers[_completion.COMPLETE_REQUEST] = _answering(
-        kernel, _completion.COMPLETE_REPLY, lambda content: _completion.complete(kernel, content)
+    kernel.control_handlers[COMPLETE_REQUEST] = _answering(
+        kernel, COMPLETE_REPLY, lambda content: _completion.complete(kernel, content)
     )
-    kernel.control_handlers[_completion.INSPECT_REQUEST] = _answering(
-        kernel, _completion.INSPECT_REPLY, lambda content: _completion.inspect_name(kernel, content)
+    kernel.control_handlers[INSPECT_REQUEST] = _answering(
+        kernel, INSPECT_REPLY, lambda content: _completion.inspect_name(kernel, content)
     )
     from clusterkernel.rank import _debugger  # breakpoint() and post-mortem, same channel
 

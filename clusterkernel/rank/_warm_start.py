@@ -23,7 +23,7 @@ import os
 import runpy
 import threading
 
-PREIMPORT = "CLUSTERKERNEL_PREIMPORT"
+from clusterkernel.protocol._names import PREIMPORT
 
 
 def _import(names: list[str]) -> None:

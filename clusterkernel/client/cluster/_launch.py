@@ -42,7 +42,7 @@ from traitlets.config import Config
 
 from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.mpiexec import MPIRuntime, check_hosts_resolve, is_local_only, parse_hosts
-from clusterkernel.rank._warm_start import PREIMPORT
+from clusterkernel.protocol._names import PREIMPORT
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster._launch_settings import LaunchSettings

@@ -22,7 +22,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from clusterkernel.client.cluster._ipp import control_request, control_send
-from clusterkernel.rank._completion import COMPLETE_REQUEST, INSPECT_REQUEST
+from clusterkernel.protocol._names import COMPLETE_REQUEST, INSPECT_REQUEST
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster

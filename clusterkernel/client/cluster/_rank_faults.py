@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from clusterkernel.client.cluster import _jobreport, _stacks
 from clusterkernel.client.errors import RankFailure, group_failures
-from clusterkernel.rank import _engine_setup
+from clusterkernel.protocol._names import STACK_SIGNAL
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster
@@ -35,7 +35,7 @@ def frames(cluster: Cluster, ranks: list[int], with_locals: bool) -> dict[int, l
             _stacks.faulthandler_frames(
                 cluster.run_dir or "",
                 missing,
-                lambda rs: cluster.signal(_engine_setup.STACK_SIGNAL, rs),
+                lambda rs: cluster.signal(STACK_SIGNAL, rs),
             )
         )
     return out

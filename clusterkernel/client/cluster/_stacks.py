@@ -20,7 +20,7 @@ import time
 
 from clusterkernel.client.cluster import _jobreport
 from clusterkernel.client.cluster._ipp import control_request
-from clusterkernel.rank._engine_setup import (
+from clusterkernel.protocol._names import (
     OURS,
     STACK_REQUEST,
     TORCH_ABORT_REQUEST,

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import ipyparallel as ipp
 
 from clusterkernel.client.errors import ClusterError, format_ranks
+from clusterkernel.protocol._names import GPU_REQUEST, PREIMPORT
 from clusterkernel.protocol._rank_call import rank_call
-from clusterkernel.rank._warm_start import PREIMPORT
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster
@@ -48,7 +48,7 @@ def engine_env(env: dict[str, str], group: bool = False) -> dict[str, str]:
     """The ranks' environment: the user's, plus what clusterkernel needs set at launch.
 
     ``group``: the ranks get a default group at start (``--torch``), so each engine
-    imports torch.distributed while it registers (``engine/_warm_start.py``).
+    imports torch.distributed while it registers (``rank/_warm_start.py``).
     """
     out = dict(env)
     if group:
@@ -109,7 +109,6 @@ def gpu_status(cluster: Cluster) -> dict[int, dict | None]:
     """Each rank's GPU (name, memory, utilisation), asked on the control channel so a
     busy rank answers; ranks that did not answer are missing."""
     from clusterkernel.client.cluster._ipp import control_request
-    from clusterkernel.rank._engine_setup import GPU_REQUEST
 
     engines = {r: cluster.engine_id(r) for r in cluster.live_ranks}
     replies = control_request(cluster.client, engines, GPU_REQUEST, {}, timeout=3.0)

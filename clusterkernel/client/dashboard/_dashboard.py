@@ -19,12 +19,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from clusterkernel import metrics
 from clusterkernel.client.cluster import _session
 from clusterkernel.client.dashboard import _export
 from clusterkernel.client.dashboard._receiver import Receiver, lower_thread_priority
 from clusterkernel.client.dashboard._store import MetricsStore
 from clusterkernel.client.errors import ClusterError
+from clusterkernel.protocol._rank_call import rank_call
 
 TIMELINE_RATE = 1.0  # timeline redraws per second (it scrolls; faster is not readable)
 SLOW_RATE = 0.5  # throughput, comm and status tables, header: every 2 s
@@ -128,7 +128,11 @@ class Dashboard:
         """
         view = self.cluster.view()
         return view.apply_sync(
-            metrics.stream, self.receiver.address, self.receiver.key, self.interval
+            rank_call,
+            "clusterkernel.metrics:stream",
+            self.receiver.address,
+            self.receiver.key,
+            self.interval,
         )
 
     def sync(self, timeout: float = 10.0) -> None:
@@ -136,7 +140,9 @@ class Dashboard:
 
         Runs on the ranks, so call it between cells (it waits for a running one).
         """
-        seqs = self.cluster.view().apply_sync(metrics.flush_stream, timeout)
+        seqs = self.cluster.view().apply_sync(
+            rank_call, "clusterkernel.metrics:flush_stream", timeout
+        )
         want = dict(zip(self.cluster.ranks, seqs))
         if not self.store.wait_for(want, timeout):
             have = self.store.status()
@@ -318,7 +324,7 @@ class Dashboard:
         cluster = self.cluster
         if cluster._dashboard_closed(self) and cluster.running and not cluster.lost:
             # not waited for: a running cell would hold it up
-            cluster.view().apply_async(metrics.stop_stream)
+            cluster.view().apply_async(rank_call, "clusterkernel.metrics:stop_stream")
         self._quiet()
 
     def _streams_ended(self, cluster_stopped: bool) -> None:

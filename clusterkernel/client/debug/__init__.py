@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from clusterkernel.client.cluster import _ipp
 from clusterkernel.client.errors import ClusterError, format_ranks, rank_label
-from clusterkernel.rank._debugger import DEBUG_REQUEST
+from clusterkernel.protocol._names import DEBUG_REQUEST
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster

@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING
 
 from clusterkernel.client.debug import Answers, DebugSession, control_request
-from clusterkernel.rank._debugger import PAUSE_KEY
+from clusterkernel.protocol._names import PAUSE_KEY
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster
