@@ -34,7 +34,7 @@ from clusterkernel.protocol.records import COMM_FIELDS
 # the caller's tensors alive); the line is worked out only when someone reads it.
 ENTRY = ("seq", "op", "group", "nbytes", "dtype", "peer", "code", "lasti", "done")
 SEQ, OP, GROUP, NBYTES, DTYPE, PEER, CODE, LASTI, DONE = range(len(ENTRY))
-# The timing record's layout is the metric record's (records.py, both sides share it).
+# The timing record's layout is the metric record's (protocol/records.py, both sides share it).
 RECORD = COMM_FIELDS
 
 now = time.perf_counter

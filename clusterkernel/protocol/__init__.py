@@ -1,1 +1,16 @@
-"""What both sides share: record kinds, the wire, names of files, requests, calls."""
+"""What both sides know: the notebook (:mod:`clusterkernel.client`) and the ranks.
+
+Every module here imports the standard library only, so either side loads it alone
+(``tests/test_seam.py`` checks it loads neither side's machinery):
+
+- ``records``: the kinds and fields of a metric record, made on a rank, drawn in
+  the notebook;
+- ``_wire``: the signed stream format the ranks' records travel in;
+- ``_names``: the control-channel request and reply names, the stack signal, the
+  ``breakpoint()`` key and the engine's pre-import variable;
+- ``_rank_call``: the notebook calls a rank-side function by name, so it never
+  imports the rank side;
+- ``_shm_names``: the job's /dev/shm files, noted on the ranks, removed by the guard;
+- ``_oom``: a memory cgroup's OOM-kill counter, noted on the rank, read in the notebook;
+- ``_net``: which local address reaches a host.
+"""

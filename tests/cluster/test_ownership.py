@@ -1,5 +1,5 @@
 """Cluster owns its state (issue 28 item 1), read from the source: outside
-``cluster/_cluster.py`` no module writes a Cluster's fields or reaches for its private
+``client/cluster/_cluster.py`` no module writes a Cluster's fields or reaches for its private
 names, but for the dashboard's port; and the cluster's helpers do not change it.
 
 What the cluster package's docstring says about who calls whom, checked where a

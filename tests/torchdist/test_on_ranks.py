@@ -73,7 +73,7 @@ def test_the_group_is_made_at_start(tcluster: Cluster):
     assert {g["backend"] for g in groups.values()} == {"gloo"}
     assert [g["rank"] for g in groups.values()] == [0, 1]
     assert {g["world_size"] for g in groups.values()} == {2}
-    # each engine imported torch.distributed while it registered (engine/_warm_start.py),
+    # each engine imported torch.distributed while it registered (rank/_warm_start.py),
     # a thread of its own; the variable was read and removed by then
     tcluster.run(
         "import os, psutil\n"

@@ -6,7 +6,8 @@ do one part of its job: launching (``_launch_settings``: the launch options as o
 object, :class:`LaunchSettings`, which builds the launcher; ``_launch``, ``_slurm``,
 ``_guard``), the processes of a running cluster (``_lifecycle.Engines``), what every
 fresh set of ranks gets (``_torch``: torchrun's environment, the default group),
-``_session`` and ``_status``, one running cell (``runner``, ``_breakpoints``),
+``_session`` and ``_status``, one running cell (``runner``; its ``breakpoint()``
+prompt is ``clusterkernel.client.debug._breakpoints``),
 what a failing or hung rank tells the user (``_rank_faults``, ``_jobreport``,
 ``_stacks``, ``_hangreport``), clusters kept past their session (``_keep``: the
 record, list, claim; ``_follow``: a cell another session left running) and Tab
@@ -19,7 +20,7 @@ Who calls whom, and who changes what:
   engine set, the dead ranks), the dashboard its ranks stream to, ``gpus``,
   ``rank_names``. Nothing outside ``_cluster.py`` writes a field of it (the magics
   set the public ``timeout`` setting).
-- ``Cluster`` makes ``runner.CellRun`` (``run``), ``debug.DebugSession`` (``debug``)
+- ``Cluster`` makes ``runner.CellRun`` (``run``), ``client.debug.DebugSession`` (``debug``)
   and ``Dashboard`` (``dashboard``, ``run(dashboard=True)``) and calls their public
   methods. They read the cluster through its public methods and properties
   (``client``, ``view``, ``engine_id``, ``live_ranks``, ``running``, ``lost``...) and
@@ -31,11 +32,11 @@ Who calls whom, and who changes what:
   ``_dashboard_closed``: the one private port, kept in ``Cluster``); the cluster
   tells it that its streams ended only through the callback it gave then.
 - The helpers (``_rank_faults``, ``_torch``, ``_namespace``, ``_follow``,
-  ``_stacks``, ``_hangreport``, ``_breakpoints``) are the bodies of Cluster's and
+  ``_stacks``, ``_hangreport``, ``debug._breakpoints``) are the bodies of Cluster's and
   CellRun's methods: they take the cluster, read it the same public way and return
   what they find, which the cluster records (``_rank_faults.lost_engines``: the ranks
   whose engines left; ``_torch.ranks_up``: each rank's GPUs). ``CellRun`` prompts at a
-  ``breakpoint()`` through ``_breakpoints.Stops``, which opens a ``DebugSession``.
+  ``breakpoint()`` through ``debug._breakpoints.Stops``, which opens a ``DebugSession``.
 - The magics drive the cluster through its public API only. A kept cluster's guard
   process reads its record (``_keep``) and never calls back.
   ``tests/cluster/test_ownership.py`` checks these rules in the source.

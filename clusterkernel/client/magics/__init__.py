@@ -1,6 +1,6 @@
 """IPython magics: ``%mpi`` (start, stop, status, push, pull, ...) and ``%%mpi``.
 
-The card's top level names ``magics/``; it lives here, inside the package, because a
+The card's top level names ``magics/``; it lives inside the package (client side), because a
 top-level import package called ``magics`` would collide with other projects'
 modules in site-packages.
 

@@ -79,7 +79,7 @@ SHIPPED = Path(__file__).with_name("auto_table.json")
 ENV_ALGORITHM = "CLUSTERKERNEL_ALGORITHM"
 ENV_TABLE = "CLUSTERKERNEL_AUTO_TABLE"
 # The flight entry of a group's first-use set-up: "auto set-up for all_reduce" (the
-# hang report, client side, knows this prefix: cluster/_hangreport.py)
+# hang report, client side, knows this prefix: client/cluster/_hangreport.py)
 SETUP_LABEL = "auto set-up for"
 
 
