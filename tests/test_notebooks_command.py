@@ -83,6 +83,7 @@ def test_a_wheel_carries_the_notebooks_and_its_command_copies_them(tmp_path):
     wheel = _wheel_from_sdist(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "clusterkernel/comm/_auto/auto_table.json" in names  # algorithm="auto"'s shipped table
+    assert "clusterkernel/client/dashboard/_plot.js" in names  # the dashboard's canvas drawing
     assert sorted(n for n in names if n.startswith("clusterkernel/notebooks/")) == [
         f"clusterkernel/notebooks/{n}" for n in SHIPPED
     ]
