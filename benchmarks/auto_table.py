@@ -1,4 +1,4 @@
-"""Measure the table that ``algorithm="auto"`` ships with (clusterkernel/comm/auto_table.json).
+"""Measure the table that ``algorithm="auto"`` ships with (clusterkernel/comm/_auto/auto_table.json).
 
 Run from the repository root, under the MPI lock, on a quiet machine::
 
@@ -17,10 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _harness as h
 from bench_comm import mpi_launch
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = REPO / "clusterkernel" / "comm" / "auto_table.json"
+SHIPPED = REPO / "clusterkernel" / "comm" / "_auto" / "auto_table.json"
 
 
 def main() -> None:
@@ -30,11 +31,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     rt, env = mpi_launch()
-    for n in (int(r) for r in args.ranks.split(",")):
-        print(f"=== {n} ranks ===", flush=True)
-        cmd = [*rt.command(n), sys.executable, "-m", "clusterkernel.comm._auto.table"]
-        cmd += ["--out", str(args.out), "--rounds", str(args.rounds)]
-        subprocess.run(cmd, env=env, check=True, timeout=1800)
+    with h.mpi_lock():
+        for n in (int(r) for r in args.ranks.split(",")):
+            print(f"=== {n} ranks ===", flush=True)
+            cmd = [*rt.command(n), sys.executable, "-m", "clusterkernel.comm._auto.table"]
+            cmd += ["--out", str(args.out), "--rounds", str(args.rounds)]
+            subprocess.run(cmd, env=env, check=True, timeout=1800)
 
 
 if __name__ == "__main__":
