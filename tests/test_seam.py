@@ -25,7 +25,7 @@ CLIENT = ["client"]
 ENGINE = ["rank", "comm", "metrics", "partition", "data", "train", "torchdist"]
 SEAM = ["protocol"]
 # the package's entry points (lazy public names, the command line) and the notebooks
-ENTRY = ["__init__", "__main__", "notebooks"]
+ENTRY = ["__init__", "__main__", "notebooks", "kernel"]  # kernel: old kernelspecs' module
 _NOT_IMPORTED = {"clusterkernel.rank._job_prelude"}
 
 

@@ -71,3 +71,13 @@ def test_bad_input_says_what_to_do(tmp_path):
 def test_the_command_lists_both_subcommands():
     done = _cli("--help")
     assert "install-kernel" in done.stdout and "uninstall-kernel" in done.stdout
+
+
+def test_a_kernelspec_from_before_the_client_folder_still_reaches_the_kernel():
+    """Older kernelspecs run ``python -m clusterkernel.kernel``: it is the same kernel
+    (its argument check answers, before any kernel starts)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "clusterkernel.kernel", "--ranks", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0 and "--ranks must be at least 1, got 0" in done.stderr
