@@ -232,7 +232,6 @@ class Cluster:
         self._health.started()
         self._engines = Engines.start(
             self.launcher,
-            self.n,
             _torch.engine_env(self.env, group=self.torch),
             log_level=self.log_level,
             guard=self.guard,
@@ -316,7 +315,6 @@ class Cluster:
         try:
             cluster._engines = Engines.attach(
                 cluster.launcher,
-                cluster.n,
                 record["run_dir"],
                 record["cluster_file"],
                 record["rank_info"],

@@ -11,7 +11,7 @@ against a dying notebook, and stopped until no process of theirs is left.
 
 Example::
 
-    engines = Engines.start(launcher, n=4, env={}, log_level=logging.WARNING)
+    engines = Engines.start(launcher, env={}, log_level=logging.WARNING)
     engines.engine_of        # {0: 0, 1: 1, 2: 2, 3: 3}
     engines.restart()        # new rank processes, same controller
     engines.teardown()       # every process gone, the run directory removed
@@ -71,9 +71,9 @@ class Engines:
     :meth:`restart`, never edited in place.
     """
 
-    def __init__(self, launcher: Launcher, n: int, start_timeout: float) -> None:
+    def __init__(self, launcher: Launcher, start_timeout: float) -> None:
         self.launcher = launcher
-        self.n = n
+        self.n = launcher.n  # the launcher carries the ranks it starts
         self.start_timeout = start_timeout
         self.ipp: ipp.Cluster | None = None
         self.client: ipp.Client | None = None
@@ -87,16 +87,17 @@ class Engines:
     def start(
         cls,
         launcher: Launcher,
-        n: int,
         env: dict[str, str],
         log_level: int = logging.WARNING,
         guard: bool = True,
         start_timeout: float = 90.0,
         keep: float | None = None,
     ) -> Engines:
-        """Start the controller and ``n`` ranks; on any failure nothing is left running.
-        ``keep``: seconds the guard keeps them once this process is gone (``_keep``)."""
-        self = cls(launcher, n, start_timeout)
+        """Start the controller and the launcher's ``n`` ranks; on any failure nothing is
+        left running. ``keep``: seconds the guard keeps them once this process is gone
+        (``_keep``)."""
+        self = cls(launcher, start_timeout)
+        n = self.n
         _ipp.install_date_parser()  # ~49 us less per rank and cell (BENCHMARKS.md, issue 11)
         kwargs: dict[str, Any] = {}
         ip = launcher.controller_ip()  # may ask Slurm: before anything is made
@@ -130,11 +131,11 @@ class Engines:
 
     @classmethod
     def attach(
-        cls, launcher: Launcher, n: int, run_dir: str, cluster_file: str, rank_info: dict,
+        cls, launcher: Launcher, run_dir: str, cluster_file: str, rank_info: dict,
         env: dict[str, str], keeper_pid: int | None = None, log_level: int = logging.WARNING,
     ) -> Engines:  # fmt: skip
         """Connect to the running processes of a kept cluster (its guard keeps watching)."""
-        self = cls(launcher, n, start_timeout=90.0)
+        self = cls(launcher, start_timeout=90.0)
         self.run_dir = run_dir
         # with the launcher's configuration, so that a restart starts ranks as start() did
         self.ipp = ipp.Cluster.from_file(
