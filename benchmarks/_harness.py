@@ -32,6 +32,7 @@ import contextlib
 import fcntl
 import os
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
@@ -80,6 +81,26 @@ def mpi_lock(path: str = LOCK) -> Iterator[None]:
 
 
 # ------------------------------------------------------------------ MPI jobs
+
+
+@contextlib.contextmanager
+def busy_loops(k: int, cpu: int | None = None) -> Iterator[None]:
+    """``k`` busy loops (``yes > /dev/null``) beside the block, on ``cpu`` if given (the
+    load of "under load" runs); killed when the block ends, always."""
+    pin = [] if cpu is None else ["taskset", "-c", str(cpu)]
+    procs = [
+        subprocess.Popen([*pin, "yes"], stdout=subprocess.DEVNULL, start_new_session=True)
+        for _ in range(k)
+    ]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
 def mpi_job(script: str, n: int, args: Sequence[str] = (), bind: str = "none") -> dict:
     """Run ``script --worker *args`` under ``mpiexec -n n`` (the venv's Open MPI,
     oversubscribed, ranks bound to ``bind``) and return the JSON its rank 0 printed on

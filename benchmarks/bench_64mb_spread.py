@@ -30,11 +30,9 @@ segments one after the other in each job instead (``--jobs 1 --segments 10``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -220,21 +218,6 @@ def segments_worker(count: int) -> None:
         print("RESULT " + json.dumps({"segments": rows}))
 
 
-@contextlib.contextmanager
-def busy_loops(k: int, cpu: int | None):
-    """``k`` busy loops (``yes > /dev/null``) beside the jobs, on ``cpu`` if given;
-    killed when the block ends, always."""
-    pin = [] if cpu is None else ["taskset", "-c", str(cpu)]
-    procs = [subprocess.Popen([*pin, "yes"], stdout=subprocess.DEVNULL) for _ in range(k)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10)
@@ -281,7 +264,7 @@ def main() -> None:
         " | steal ms | ping-pong us before, after | in-cache copy GB/s per rank"
     )
     print("---|---|---|---|---|---|---|---|---|---|---|---|---")
-    with h.mpi_lock(), busy_loops(args.load, args.load_cpu):
+    with h.mpi_lock(), h.busy_loops(args.load, args.load_cpu):
         rows = []
         for job in range(args.jobs):
             r = h.mpi_job(

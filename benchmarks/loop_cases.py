@@ -29,10 +29,8 @@ Cases (``name:ranks``):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -40,10 +38,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 sys.path.insert(0, str(REPO))
 
 import _harness as h  # noqa: E402
+
+from tests._mpirun import kill_session  # noqa: E402
 
 PY = sys.executable
 CASE_DIR = REPO / "tests" / "comm" / "mpi"
@@ -77,17 +77,6 @@ def case_args(name: str) -> tuple[list[str], Path]:
     raise SystemExit(f"unknown case {name!r}")
 
 
-def _kill_session(sid: int) -> None:
-    import psutil
-
-    for pid in psutil.pids():
-        try:
-            if os.getsid(pid) == sid:
-                os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            continue
-
-
 _SIGNAL = re.compile(r"exited on signal (\d+)|signal (\d+) \(|Fatal Python error: (\w+)")
 
 
@@ -111,28 +100,12 @@ def run_case(name: str, n: int, timeout: float) -> dict:
         out, _ = proc.communicate(timeout=timeout)
         hung = False
     except subprocess.TimeoutExpired:
-        _kill_session(proc.pid)
+        kill_session(proc.pid)
         out, _ = proc.communicate()
         hung = True
     took = time.perf_counter() - t0
     sigs = sorted({next(g for g in m.groups() if g) for m in _SIGNAL.finditer(out)})
     return {"rc": proc.returncode, "hung": hung, "signals": sigs, "s": took, "out": out}
-
-
-@contextlib.contextmanager
-def busy_loops(k: int):
-    """``k`` processes of ``yes > /dev/null`` for the block; killed after it, always."""
-    procs = [
-        subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, start_new_session=True)
-        for _ in range(k)
-    ]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
 
 
 def main() -> None:
@@ -150,7 +123,7 @@ def main() -> None:
     stats = {c: {"jobs": 0, "failed": 0, "aborts": 0, "hung": 0, "s": []} for c in cases}
     start = time.monotonic()
     rounds = 0
-    with h.mpi_lock(), busy_loops(args.load):
+    with h.mpi_lock(), h.busy_loops(args.load):
         for r in range(args.rounds):
             if time.monotonic() - start > args.minutes * 60:
                 break

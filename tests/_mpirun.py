@@ -40,7 +40,7 @@ class MPIRun:
     stderr: str
 
 
-def _kill_session(sid: int) -> None:
+def kill_session(sid: int) -> None:
     # Not killpg: Open MPI starts each rank in a process group of its own, so only
     # the session (which the ranks keep) names all of the job's processes.
     for pid in psutil.pids():
@@ -92,14 +92,14 @@ def run_mpi(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # Own session: _kill_session reaches mpiexec's daemons and ranks, not pytest.
+        # Own session: kill_session reaches mpiexec's daemons and ranks, not pytest.
         start_new_session=True,
     )
     what = f"{' '.join(python_args)} on {n} ranks"
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_session(proc.pid)
+        kill_session(proc.pid)
         out, err = proc.communicate()
         pytest.fail(f"{what} hung (> {timeout} s)\n--- stdout\n{out}\n--- stderr\n{err}")
     if proc.returncode != 0:

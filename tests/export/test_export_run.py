@@ -14,7 +14,7 @@ import nbformat
 
 from clusterkernel.__main__ import main as cli_main
 from clusterkernel.client.mpiexec import MPIRuntime
-from tests._mpirun import REPO, _kill_session, run_mpi
+from tests._mpirun import REPO, kill_session, run_mpi
 
 CELLS = [
     "%load_ext clusterkernel",
@@ -78,7 +78,7 @@ def test_a_rank_that_raises_ends_the_job_with_its_labelled_traceback(tmp_path):
     try:
         out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        _kill_session(proc.pid)
+        kill_session(proc.pid)
         out, err = proc.communicate()
         raise AssertionError(f"the job hung instead of ending\n{out}\n{err}") from None
     assert proc.returncode != 0
