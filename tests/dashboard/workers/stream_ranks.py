@@ -2,7 +2,8 @@
 
 argv: address steps out_dir [max_batch]; the HMAC key comes hex-encoded in
 CK_TEST_KEY. Prints ``LOGGED {json}`` when the loop is done (before the notebook
-side reads anything), ``FLUSHED {json}`` once everything is on the wire.
+side reads anything), ``BLOCKED {json}`` once the publisher found the socket full (or
+after 60 s), ``FLUSHED {json}`` once everything is on the wire.
 """
 
 import json
@@ -33,6 +34,12 @@ for i in range(steps):
 loop_s = time.perf_counter() - t0
 totals = {k: rec.total(k) for k in ("comm", "scalar", "span")}
 print("LOGGED " + json.dumps({"rank": rank, "loop_s": loop_s, "totals": totals}), flush=True)
+# The notebook reads nothing yet: once the socket and the kernel's buffers are full the
+# publisher must hold back and retry. Say when it has (a deadline, not a wait on time).
+deadline = time.monotonic() + 60
+while pub.full_waits == 0 and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("BLOCKED " + json.dumps({"rank": rank, "full_waits": pub.full_waits}), flush=True)
 seq = pub.flush(timeout=120)
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(rec.records(), f)
