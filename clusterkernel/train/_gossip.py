@@ -51,12 +51,14 @@ class GossipMode(TrainingMode):
 
     Options: ``rate`` (probability that a rank gossips after a step, 0.1),
     ``average_at_end`` (True), ``seed`` (peer choices; each rank draws its own
-    stream from it), ``poll_spin``.
+    stream from it), ``poll_spin``. A higher rate is not better where ranks run in
+    bursts (more ranks than cores): each send halves the sender's weight, so what a
+    rank learns in a burst of sends barely counts (``benchmarks/bench_gossip_rate.py``).
 
     Example::
 
         Trainer(net, opt, F.cross_entropy, digits(), mode="gossip",
-                mode_options={"rate": 0.5}).fit(5)
+                mode_options={"rate": 0.1, "seed": 1}).fit(5)
     """
 
     name = "gossip"
