@@ -8,7 +8,8 @@ validated, on its first call: :mod:`._plan`), then :func:`enter`, then
 check the plan's signature is due (:mod:`._check`: new signatures by default, every
 call in mode ``"every"``, none for point-to-point calls). The calls that have no
 plan (object calls, CUDA tensors handed to torch.distributed) take :func:`begin`,
-the same step spelled out with the signature's fields.
+the same step from the signature's fields; both run the check through
+:func:`_run_check`.
 """
 
 from __future__ import annotations
@@ -53,28 +54,12 @@ def begin(
     # signature while the others passed an agreed one) still shows this call.
     flight = FLIGHT
     entry = flight.record(g, name, nbytes, dtype, depth=3) if flight.on else None
-    try:
-        if _CHECK_STATE.on:  # mode "every"
-            _check.verify(g, name, tensor, op=op, root=root, alg=alg, count=count, extra=extra)
-        elif _CHECK_STATE.new:  # mode "new"
-            numel = tensor.numel() if tensor is not None and detail != "dtype" else -1
-            key = (name, dtype, numel, op, root, alg, count, extra)
-            if key not in g._sigs:
-                _check.agree(
-                    g,
-                    key,
-                    name,
-                    tensor,
-                    op=op,
-                    root=root,
-                    alg=alg,
-                    count=count,
-                    extra=extra,
-                    detail=detail,
-                )
-    except BaseException:
-        abandon(entry)  # it raised on every rank: nobody waits in it
-        raise
+    check = _CHECK_STATE
+    if check.on or check.new:
+        numel = tensor.numel() if tensor is not None and detail != "dtype" else -1
+        key = (name, dtype, numel, op, root, alg, count, extra)
+        if check.on or key not in g._sigs:
+            _run_check(g, key, name, tensor, detail, entry)
     return entry
 
 
@@ -99,27 +84,29 @@ def enter(
         return entry
     check = _CHECK_STATE
     if check.on or (check.new and not agreed(g, plan)):
-        _, _, _, op, root, alg, count, extra = sig
-        try:
-            if check.on:  # mode "every": shapes too
-                _check.verify(
-                    g, plan.name, tensor, op=op, root=root, alg=alg, count=count, extra=extra
-                )
-            else:
-                _check.agree(
-                    g,
-                    sig,
-                    plan.name,
-                    tensor,
-                    op=op,
-                    root=root,
-                    alg=alg,
-                    count=count,
-                    extra=extra,
-                    detail=plan.detail,
-                )
-                agreed(g, plan)  # agreed now: the next call (in C too) knows it
-        except BaseException:
-            abandon(entry)  # it raised on every rank: nobody waits in it
-            raise
+        _run_check(g, sig, plan.name, tensor, plan.detail, entry)
+        agreed(g, plan)  # agreed now: the next call (in C too) knows it
     return entry
+
+
+def _run_check(
+    g: Group, key: tuple, name: str, tensor: torch.Tensor | None, detail: str, entry: list | None
+) -> None:
+    """The check one call is due: shapes too in mode "every", else agree on ``key``.
+
+    ``key`` is the signature ``(name, dtype, numel, op, root, alg, count, extra)``.
+    If the check raises (it does on every rank), ``entry`` is abandoned: nobody
+    waits in that call.
+    """
+    _, _, _, op, root, alg, count, extra = key
+    try:
+        if _CHECK_STATE.on:
+            _check.verify(g, name, tensor, op=op, root=root, alg=alg, count=count, extra=extra)
+        else:
+            _check.agree(
+                g, key, name, tensor, op=op, root=root, alg=alg, count=count, extra=extra,
+                detail=detail,
+            )  # fmt: skip
+    except BaseException:
+        abandon(entry)
+        raise

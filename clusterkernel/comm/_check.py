@@ -34,33 +34,13 @@ import torch
 from clusterkernel.comm._errors import CollectiveMismatchError
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._ops import ALL_OPS, ReduceOp
+from clusterkernel.protocol._calls import CHECKED_CALLS
 from clusterkernel.protocol.records import human_bytes
 
 _SIG_LEN = 16
 _MAX_DIMS = 6
 # the torch path's backends last: the indices before them are in agreed signatures
 _ALGS = ("mpi", "ring", "shm", "hier", "auto", "gloo", "nccl")
-# Every checked call; a rank must be able to name a call it did not make itself.
-CHECKED_CALLS = (
-    "barrier",
-    "broadcast",
-    "reduce",
-    "all_reduce",
-    "scatter",
-    "gather",
-    "all_gather",
-    "all_gather_into_tensor",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "all_to_all",
-    "all_to_all_single",
-    "all_reduce_coalesced",
-    "broadcast_object",
-    "broadcast_object_list",
-    "gather_object",
-    "all_gather_object",
-    "scatter_object_list",
-)
 
 
 _MAX_SEEN = 256  # agreed signatures kept per group; cleared (on every member) when full

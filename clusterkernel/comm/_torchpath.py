@@ -131,13 +131,11 @@ def _learn(dist: Any) -> _Known:
     """Learn the default group's backend per device type from its public config:
     "cpu:gloo,cuda:nccl" (``get_backend()`` reads "undefined" for torch's pick by
     device, the pick of ``init_process_group()`` without a backend)."""
+    from clusterkernel.torchdist._group import device_backends
+
     global _KNOWN
     default = dist.group.WORLD
-    spec = str(dist.get_backend_config(default))
-    if ":" in spec:
-        backends = dict(part.split(":", 1) for part in spec.split(","))
-    else:
-        backends = {d: spec for d in dist.Backend.backend_capability.get(spec, ())}
+    backends = device_backends(dist, default)
     _KNOWN = _Known(default, backends)
     return _KNOWN
 

@@ -12,5 +12,6 @@ Every module here imports the standard library only, so either side loads it alo
   imports the rank side;
 - ``_shm_names``: the job's /dev/shm files, noted on the ranks, removed by the guard;
 - ``_oom``: a memory cgroup's OOM-kill counter, noted on the rank, read in the notebook;
-- ``_net``: which local address reaches a host.
+- ``_net``: which local address reaches a host;
+- ``_calls``: the collective calls' names: the check's codes, the hang report's sizes.
 """

@@ -190,14 +190,27 @@ def abort() -> bool:
     return True
 
 
+def device_backends(dist, group=None) -> dict[str, str]:
+    """The backend of ``group`` (the default group if None) per device type, from
+    torch's public config: ``{"cpu": "gloo", "cuda": "nccl"}`` for torch's pick by
+    device (for which ``get_backend()`` reads "undefined"), ``{"cpu": "gloo"}`` for
+    gloo alone.
+
+    Example: ``device_backends(torch.distributed).get("cuda")``
+    """
+    spec = str(dist.get_backend_config(group))
+    if ":" in spec:
+        return dict(part.split(":", 1) for part in spec.split(","))
+    return {d: spec for d in dist.Backend.backend_capability.get(spec, ())}
+
+
 def backend_name(dist) -> str:
     """The default group's backend: ``gloo``, ``nccl``, or torch's pick by device as
     torch writes it (``cpu:gloo,cuda:nccl``)."""
     name = str(dist.get_backend())
     if name not in BACKENDS:  # torch's pick by device reads "undefined" here
-        config = str(dist.get_backend_config())
-        single = {part.partition(":")[2] for part in config.split(",")}
-        name = single.pop() if len(single) == 1 else config
+        single = set(device_backends(dist).values())
+        name = single.pop() if len(single) == 1 else str(dist.get_backend_config())
     return name
 
 

@@ -19,24 +19,11 @@ from typing import TYPE_CHECKING
 
 from clusterkernel.client.cluster._stacks import cell_lines, is_cell, request_state
 from clusterkernel.client.errors import rank_label
+from clusterkernel.protocol._calls import SIZED_CALLS
 from clusterkernel.protocol.records import human_bytes
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster
-
-# Calls whose size must be the same on every member (all-to-all and objects may differ).
-_SIZED = {
-    "all_reduce",
-    "all_reduce_coalesced",
-    "broadcast",
-    "reduce",
-    "scatter",
-    "gather",
-    "all_gather",
-    "all_gather_into_tensor",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-}
 
 
 def place(entry: dict) -> str:
@@ -65,7 +52,7 @@ _ROOTED = {"scatter", "gather"}
 
 
 def _signature(e: dict) -> tuple:
-    sized = e["op"] in _SIZED and not (e.get("torch") and e["op"] in _ROOTED)
+    sized = e["op"] in SIZED_CALLS and not (e.get("torch") and e["op"] in _ROOTED)
     return (e["op"], e["dtype"] if sized else "", e["nbytes"] if sized else -1)
 
 
