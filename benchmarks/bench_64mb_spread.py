@@ -104,6 +104,76 @@ def _ping_pong(world, rounds: int = 20000) -> float:
     return took
 
 
+_C_PING_PONG = r"""
+#include <sched.h>
+#include <stdint.h>
+#include <time.h>
+/* ns per round trip of a cache line between two processes: rank 0 stores i to
+   flags[0] and waits for flags[8] == i (the next cache line); rank 1 the reverse.
+   After 1000 empty spins a waiter yields, so two ranks on one CPU still finish. */
+double ping_pong(int64_t *flags, int rank, int64_t first, int rounds) {
+    struct timespec a, b;
+    int64_t *mine = rank == 0 ? flags : flags + 8, *theirs = rank == 0 ? flags + 8 : flags;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int64_t i = first; i < first + rounds; i++) {
+        if (rank == 0) __atomic_store_n(mine, i, __ATOMIC_RELEASE);
+        for (int spin = 0; __atomic_load_n(theirs, __ATOMIC_ACQUIRE) != i; spin++)
+            if (spin > 1000) { sched_yield(); spin = 0; }
+        if (rank != 0) __atomic_store_n(mine, i, __ATOMIC_RELEASE);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / rounds;
+}
+"""
+
+
+def build_c_ping_pong() -> str:
+    """Compile :data:`_C_PING_PONG` with ``cc`` into a temporary shared library; its path."""
+    import subprocess
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ck-pingpong-")
+    src, lib = os.path.join(folder, "pp.c"), os.path.join(folder, "pp.so")
+    with open(src, "w") as f:
+        f.write(_C_PING_PONG)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", lib, src], check=True)
+    return lib
+
+
+class _CPingPong:
+    """The C ping-pong between ranks 0 and 1 over a shared window, run between calls."""
+
+    def __init__(self, world, lib: str, rounds: int = 2000):
+        import ctypes
+
+        import numpy as np
+        from mpi4py import MPI
+
+        self.world, self.rounds, self.next = world, rounds, 1
+        self.rank = world.Get_rank()
+        self.win = MPI.Win.Allocate_shared(128 if self.rank == 0 else 0, 1, comm=world)
+        mem, _ = self.win.Shared_query(0)
+        self.flags = np.frombuffer(mem, dtype=np.int64, count=16)
+        self.flags[:] = 0
+        fn = ctypes.CDLL(lib).ping_pong
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int)
+        fn.restype = ctypes.c_double
+        self.fn = fn
+
+    def __call__(self) -> float:
+        """ns per round trip now (measured on ranks 0 and 1; the others return 0)."""
+        self.world.Barrier()
+        ns = 0.0
+        if self.rank in (0, 1):
+            ns = self.fn(self.flags.ctypes.data, self.rank, self.next, self.rounds)
+        self.next += self.rounds
+        return self.world.bcast(ns, root=0)
+
+    def close(self) -> None:
+        self.world.Barrier()
+        self.win.Free()
+
+
 def _cache_copy_gbs(reps: int = 4000) -> float:
     """GB/s of this rank copying 256 KB to 256 KB (both in its core's cache), alone on
     its core: how fast this core runs cache-resident work right now."""
@@ -119,7 +189,7 @@ def _cache_copy_gbs(reps: int = 4000) -> float:
     return reps * x.nbytes / (time.perf_counter() - t0) / 1e9
 
 
-def worker() -> None:
+def worker(pp_lib: str | None = None) -> None:
     import torch
     from mpi4py import MPI
 
@@ -136,6 +206,8 @@ def worker() -> None:
     # Per timed comm call, this rank's counters before and after it.
     calls: list[tuple[dict, dict]] = []
     pp_before = _ping_pong(world)
+    c_pp = _CPingPong(world, pp_lib) if pp_lib else None
+    pp_calls: list[float] = []  # C ping-pong right after each timed comm call (ns)
     world.Barrier()
     gbs = _cache_copy_gbs()
     steal0 = _steal()
@@ -157,7 +229,11 @@ def worker() -> None:
                 if side == "comm":
                     mine.append(own)
                     calls.append((c0, c1))
+                    if c_pp is not None:
+                        pp_calls.append(c_pp())
     steal = _steal() - steal0
+    if c_pp is not None:
+        c_pp.close()
     pp_after = _ping_pong(world)
     alg = metrics.recorder().comm[-1][2]
     huge = world.gather(huge_kb(t.data_ptr()), root=0)
@@ -185,6 +261,8 @@ def worker() -> None:
         extra = {"alg": alg, "huge_kb": huge, "switches": switches, "ranks": ranks}
         extra["steal_ms"] = steal
         extra["ping_pong_us"] = [pp_before, pp_after]
+        extra["comm_calls_ms"] = [x * 1e3 for x in times["comm"]]
+        extra["c_ping_pong_ns"] = pp_calls
         print("RESULT " + json.dumps({**out, **extra, "same_cpu_calls": shared}))
 
 
@@ -234,6 +312,12 @@ def main() -> None:
     parser.add_argument(
         "--segments", type=int, default=0, help="time this many fresh segments per job"
     )
+    parser.add_argument(
+        "--c-ping-pong",
+        action="store_true",
+        help="after every timed comm call, a C cache-line ping-pong between ranks 0 and 1",
+    )
+    parser.add_argument("--pp-lib", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -244,7 +328,7 @@ def main() -> None:
         if args.segments:
             segments_worker(args.segments)
         else:
-            worker()
+            worker(args.pp_lib)
         return
     if args.segments:
         with h.mpi_lock():
@@ -264,13 +348,14 @@ def main() -> None:
         " | steal ms | ping-pong us before, after | in-cache copy GB/s per rank"
     )
     print("---|---|---|---|---|---|---|---|---|---|---|---|---")
+    pp = ["--pp-lib", build_c_ping_pong()] if args.c_ping_pong else []
     with h.mpi_lock(), h.busy_loops(args.load, args.load_cpu):
         rows = []
         for job in range(args.jobs):
             r = h.mpi_job(
                 __file__,
                 args.ranks,
-                ["--pin", args.pin],
+                ["--pin", args.pin, *pp],
                 bind="core" if args.bind else "none",
             )
             rows.append(r)
@@ -292,6 +377,13 @@ def main() -> None:
                 f"{' / '.join(format(x['cache_gbs'], '.0f') for x in rk)}",
                 flush=True,
             )
+            if pp:
+                pairs = zip(r["comm_calls_ms"], r["c_ping_pong_ns"])
+                print(
+                    f"    job {job + 1} per call (comm ms, C ping-pong ns after it): "
+                    + ", ".join(f"{ms:.1f}/{ns:.0f}" for ms, ns in pairs),
+                    flush=True,
+                )
     print(f"1-min load average after: {h.load():.2f}")
     for side in ("comm", "mpi4py"):
         v = sorted(r[side] * 1e3 for r in rows)
