@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import psutil
 import pytest
 
 from clusterkernel import Cluster
+from clusterkernel.client.cluster._stacks import request_state
 from clusterkernel.client.errors import CellInterrupted, RankError
 from tests._procs import wait_no_cluster_processes
 
@@ -239,14 +241,31 @@ def test_a_group_a_ddp_model_holds_cannot_be_freed_and_the_ranks_restart(tcluste
         tcluster.run("kept")
 
 
+def _wait_in_torch_call(cluster: Cluster, run, rank: int, call: str) -> None:
+    """Until ``rank`` alone is busy, inside torch.distributed's ``call`` (its stack)."""
+    engines = {rank: cluster.engine_id(rank)}
+    deadline = time.monotonic() + 120
+    while True:
+        frames = request_state(cluster.client, engines).get(rank, {}).get("frames", [])
+        inside = any(f["name"] == call and "distributed" in f["file"] for f in frames)
+        if inside and run.busy_ranks() == [rank]:
+            return
+        assert time.monotonic() < deadline, (run.busy_ranks(), frames)
+        time.sleep(0.1)
+
+
 def test_an_interrupt_inside_a_gloo_collective(tcluster: Cluster):
     tcluster.restart()  # nothing of the tests above holds the group, whichever ran
     tcluster.run("import torch, torch.distributed as dist\nt = torch.ones(10)\nkept = 'yes'")
-    timer = threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    run = tcluster.run("if dist.get_rank() == 1:\n    dist.all_reduce(t)\n", block=False)
+    # The interrupt once came before rank 1 was in the collective on a loaded machine
+    # (a fixed 3 s timer); wait for the hang itself, as the kernel user would see it.
+    _wait_in_torch_call(tcluster, run, rank=1, call="all_reduce")
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     try:
         with pytest.raises(CellInterrupted) as info:
-            tcluster.run("if dist.get_rank() == 1:\n    dist.all_reduce(t)\n")
+            run.wait()
     finally:
         timer.cancel()
     text = "\n".join(info.value.render(color=False))
