@@ -1,6 +1,13 @@
 """Async SGD with SGD(momentum=0.9) on 4 real ranks (3 workers): the mode lowers the
 explicit momentum by the momentum asynchrony adds (1 - 1/3) and learns; with the
-compensation off it stays at chance (see workers/momentum.py)."""
+compensation off the optimizer's momentum applies as given (see workers/momentum.py).
+
+What the uncompensated run learns is not asserted: it depends on how the workers were
+scheduled. Eleven runs here (six beside two busy loops) ended at final test losses
+from 0.65 to 2.31 (chance: 2.30) with compensation off, and at 0.86-0.91 every time
+with it on; one CI run's epoch means 1.99, 1.75, 1.71 failed an assertion that it
+"stays at chance". When the workers take turns, little staleness arises and 0.9 works.
+"""
 
 import math
 
@@ -51,19 +58,12 @@ def test_the_first_worker_warns_once_with_the_numbers(job):
         assert text in message, message
 
 
-def test_without_compensation_it_stays_at_chance(job):
+def test_without_compensation_the_optimizers_momentum_applies_as_given(job):
     recs = job["uncompensated"]
     for rec in recs.values():
         assert rec["plan"] is None and rec["warnings"] == []
-    # Uncompensated, the loss swings around chance from epoch to epoch (one CI run:
-    # 2.19, 2.68, 1.63), so one epoch's value is a noisy witness: the mean over the
-    # epochs stays near chance, and above the compensated final model's loss (not a
-    # compensated worker's last epoch, which depends on how the workers were
-    # scheduled: see test_async_with_momentum_learns).
-    learned = max(rec["test_loss"] for rec in _workers(job["compensated"]))
-    for rec in _workers(recs):
-        mean = sum(rec["losses"]) / len(rec["losses"])
-        assert mean > CHANCE - 0.4 and mean > learned, (rec["losses"], learned)
+    for rec in _workers(recs):  # it ran to the end and reported real losses
+        assert len(rec["losses"]) == 3 and all(math.isfinite(x) for x in rec["losses"])
     # the servers measured gradients stale by about the workers' count or more
     (server,) = [rec for rec in recs.values() if rec["serves"]]
     assert server["mean_delay"] >= 1.0
