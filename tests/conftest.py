@@ -9,6 +9,7 @@ the next test that needs it starts it again.
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -16,6 +17,16 @@ from clusterkernel import Cluster
 from tests._markers import markers_for
 from tests._procs import wait_no_cluster_processes
 from tests.slurm._testbed import SlurmTestbed, missing_programs
+
+
+def pytest_configure(config):
+    # A runner that starts the suite as a background job of a non-interactive shell
+    # (job control off: CI runners, `cmd &` in a script) hands it SIGINT ignored, and
+    # Python then leaves it ignored. The suite stands in for a kernel interrupt with
+    # SIGINT in this process; a Jupyter kernel has Python's handler while a cell runs
+    # (ipykernel installs it), so the tests get the same.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):

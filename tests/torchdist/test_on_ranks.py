@@ -261,6 +261,9 @@ def test_an_interrupt_inside_a_gloo_collective(tcluster: Cluster):
     # The interrupt once came before rank 1 was in the collective on a loaded machine
     # (a fixed 3 s timer); wait for the hang itself, as the kernel user would see it.
     _wait_in_torch_call(tcluster, run, rank=1, call="all_reduce")
+    # While a cell runs, a kernel's SIGINT handler is Python's (ipykernel installs it):
+    # the same here, whatever an earlier test's event loop left installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -268,6 +271,7 @@ def test_an_interrupt_inside_a_gloo_collective(tcluster: Cluster):
             run.wait()
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     text = "\n".join(info.value.render(color=False))
     assert "[rank 1]" in text and "aborting its torch.distributed group freed it" in text
     assert tcluster.pull("kept") == {0: "yes", 1: "yes"}
