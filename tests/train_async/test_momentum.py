@@ -3,7 +3,7 @@ explicit momentum by the momentum asynchrony adds (1 - 1/3) and learns; with the
 compensation off the optimizer's momentum applies as given (see workers/momentum.py).
 
 What the uncompensated run learns is not asserted: it depends on how the workers were
-scheduled. Eleven runs here (six beside two busy loops) ended at final test losses
+scheduled. Eleven runs here (nine beside two busy loops) ended at final test losses
 from 0.65 to 2.31 (chance: 2.30) with compensation off, and at 0.86-0.91 every time
 with it on; one CI run's epoch means 1.99, 1.75, 1.71 failed an assertion that it
 "stays at chance". When the workers take turns, little staleness arises and 0.9 works.
