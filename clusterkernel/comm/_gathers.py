@@ -19,7 +19,7 @@ from clusterkernel.comm._dtypes import bbuf, buf, dtype_of, unstage, wire
 from clusterkernel.comm._groups import Group, member
 from clusterkernel.comm._handle import Call, Work, run
 from clusterkernel.comm._ops import DATA_ALGORITHMS, check_algorithm
-from clusterkernel.comm._tensorlists import check_list, pack, root_only, same_dtype, unpack
+from clusterkernel.comm._tensorlists import check_list, pack, root_list, same_dtype, unpack
 from clusterkernel.comm._torchpath import route_for
 
 
@@ -128,13 +128,7 @@ def scatter(
     plan = _plan.find(g, key) or _plan_data(
         g, key, "scatter", tensor, _run_scatter, size=tensor.nbytes, root=root
     )
-    if g.rank == root:
-        if scatter_list is None:
-            raise ValueError(f"scatter on src rank {src} needs scatter_list (one tensor per rank)")
-        parts = check_list(scatter_list, g.size, tensor, "scatter_list")
-    else:
-        root_only(scatter_list, "scatter_list", "src")
-        parts = None
+    parts = root_list(scatter_list, g.rank == root, g.size, tensor, "scatter_list", "src", src)
     entry = enter(g, plan, tensor)
     return plan.run(plan, g, c, tensor, parts, async_op, entry)
 
@@ -177,13 +171,7 @@ def gather(
     plan = _plan.find(g, key) or _plan_data(
         g, key, "gather", tensor, _run_gather, size=tensor.nbytes, root=root
     )
-    if g.rank == root:
-        if gather_list is None:
-            raise ValueError(f"gather on dst rank {dst} needs gather_list (one tensor per rank)")
-        outs = check_list(gather_list, g.size, tensor, "gather_list")
-    else:
-        root_only(gather_list, "gather_list", "dst")
-        outs = None
+    outs = root_list(gather_list, g.rank == root, g.size, tensor, "gather_list", "dst", dst)
     entry = enter(g, plan, tensor)
     return plan.run(plan, g, c, tensor, outs, async_op, entry)
 

@@ -44,6 +44,21 @@ def root_only(value: object, what: str, root_name: str) -> None:
         raise ValueError(f"{what} must be given only on the {root_name} rank; pass None here")
 
 
+def root_list(
+    tensors: object, on_root: bool, n: int, like: torch.Tensor, what: str, root_name: str, root: int
+) -> list[torch.Tensor] | None:
+    """A rooted call's list (``what``: ``scatter_list``, ``gather_list``): on the root
+    (rank ``root``, the call's ``root_name`` argument) one tensor per rank like
+    ``like``, checked; elsewhere None, and it must not be given."""
+    if not on_root:
+        root_only(tensors, what, root_name)
+        return None
+    if tensors is None:
+        call = what.removesuffix("_list")
+        raise ValueError(f"{call} on {root_name} rank {root} needs {what} (one tensor per rank)")
+    return check_list(tensors, n, like, what)
+
+
 def same_dtype(output: torch.Tensor, input: torch.Tensor, what: str) -> DType:
     info = dtype_of(output, "output")
     dtype_of(input, "input")

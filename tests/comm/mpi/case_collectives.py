@@ -271,6 +271,18 @@ def test_collective_bad_input_fails_locally():
             src=other,
             match="only on the src rank",
         )
+        expect_error(
+            ValueError,
+            comm.gather,
+            torch.empty(2),
+            [torch.zeros(2)] * n,
+            dst=other,
+            match="only on the dst rank",
+        )
+    expect_error(
+        ValueError, comm.scatter, torch.empty(2), None, src=RANK, match="needs scatter_list"
+    )
+    expect_error(ValueError, comm.gather, torch.empty(2), None, dst=RANK, match="needs gather_list")
     agree(True)
 
 
