@@ -16,10 +16,13 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -135,6 +138,55 @@ _OPENMPI_FT_ENV = {
 QUIET_OSC = {"OMPI_MCA_osc": "^ucx"}
 
 
+# PRRTE's setting for where its launcher keeps its session directory.
+SESSION_ROOT_VAR = "PRTE_MCA_prte_tmpdir_base"
+_SESSION_DIR = re.compile(r"^[A-Za-z]+\.(\d+)$")  # "ompi.<launcher pid>"
+
+
+def session_root() -> str | None:
+    """The private directory under which clusterkernel's Open MPI launchers keep their
+    session directories, with those of launchers that are gone removed.
+
+    PRRTE names a launcher's session directory after its pid (``ompi.<pid>``), and one
+    that is killed leaves it behind. When a later launcher is given the same pid, PMIx
+    finds its rendezvous file already there and the job dies at start with "The PMIx
+    server's listener thread failed to start" (seen in this project's CI; provoked by
+    leaving such directories for the next pids). Kept apart from Open MPI's default
+    (``/tmp``), the sweep touches only what clusterkernel's own launchers left. ``None``
+    when the directory cannot be made safely (another owner, a link): Open MPI's default
+    is used then.
+
+    Example::
+
+        env["PRTE_MCA_prte_tmpdir_base"] = session_root()
+    """
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    # node-local on purpose: a shared home would let two hosts' launchers share a pid
+    root = os.path.join(tempfile.gettempdir(), f"clusterkernel-mpi-{uid}")
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        st = os.lstat(root)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        return None
+    for name in os.listdir(root):
+        match = _SESSION_DIR.match(name)
+        if match and not _pid_alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return root
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
 @dataclass(frozen=True)
 class MPIRuntime:
     """An ``mpiexec`` and its MPI flavour, with the flags this machine needs."""
@@ -150,7 +202,8 @@ class MPIRuntime:
     def env(
         self, base: dict[str, str] | None = None, fault_tolerant: bool = False
     ) -> dict[str, str]:
-        """Environment for mpiexec: root allowed, oversubscription allowed, bin/ on PATH.
+        """Environment for mpiexec: root allowed, oversubscription allowed, bin/ on PATH,
+        and Open MPI's session directories under :func:`session_root`.
 
         ``fault_tolerant=True`` keeps the job alive when a rank dies (Open MPI's
         ULFM, what ``mpiexec --with-ft ulfm`` turns on) and tells the others.
@@ -167,6 +220,8 @@ class MPIRuntime:
             env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
             for key, value in QUIET_OSC.items():
                 env.setdefault(key, value)
+            if SESSION_ROOT_VAR not in env and (root := session_root()) is not None:
+                env[SESSION_ROOT_VAR] = root
         bindir = str(Path(self.mpiexec).parent)
         if bindir not in env.get("PATH", "").split(os.pathsep):
             env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
