@@ -7,7 +7,7 @@
   clusterkernel (``_raw_ipp.py``; every reply checked). It gets the very MPI job
   clusterkernel starts: ``mpiexec``, its flags and environment from
   ``clusterkernel.client.mpiexec.MPIRuntime`` (root, oversubscription, shared-memory
-  transport) plus ``_launch.LOCAL_ONLY_ENV``, computed here and handed to the worker.
+  transport, ``LOCAL_ONLY_ENV``), computed here and handed to the worker.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import _harness as h  # noqa: E402
 from _raw_ipp import CELLS, SETUP, WORKER, measure_cells, measure_idle, raw_ways  # noqa: E402
 
 from clusterkernel import Cluster  # noqa: E402
-from clusterkernel.client.cluster._launch import HEARTBEAT_MS, LOCAL_ONLY_ENV  # noqa: E402
+from clusterkernel.client.cluster._launch import HEARTBEAT_MS  # noqa: E402
 from clusterkernel.client.mpiexec import MPIRuntime  # noqa: E402
 from clusterkernel.client.output import TerminalRenderer  # noqa: E402
 
@@ -167,9 +167,7 @@ class CkSide:
 def mpi_job(n: int) -> dict:
     """The MPI job clusterkernel would start (``_launch.py``), for the raw worker."""
     rt = MPIRuntime.detect()
-    env = rt.env({"PATH": os.environ.get("PATH", "")})
-    for key, value in LOCAL_ONLY_ENV.items():
-        env.setdefault(key, value)
+    env = rt.env({"PATH": os.environ.get("PATH", "")})  # with LOCAL_ONLY_ENV, as a cluster
     return {"mpi_cmd": [rt.mpiexec], "mpi_args": rt.args(n), "env": env}
 
 

@@ -59,14 +59,14 @@ def run_job(
 
     rt = MPIRuntime.detect()
     with second_host(link_rate) as host, tempfile.TemporaryDirectory() as tmp:
-        env = rt.env()
+        hosts = [(socket.gethostname(), 2), (host.ns_ip, 2)]
+        env = rt.env(hosts=hosts)
         env.update(two_host_env(host, ssh_agent(Path(tmp) / "ssh", host)))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         env["OMP_NUM_THREADS"] = "1"
         env["HIER_LINK_STATS"] = f"/sys/class/net/{host.veth}/statistics"
         env.update(extra_env)
         out = Path(tmp) / "result.json"
-        hosts = [(socket.gethostname(), 2), (host.ns_ip, 2)]
         cmd = [*rt.command(4, hosts=hosts), sys.executable, __file__, "--worker", str(out)]
         cmd += ["--sizes", ",".join(map(str, sizes)), "--rounds", str(rounds)]
         subprocess.run(cmd, env=env, check=True, timeout=3600)

@@ -74,7 +74,7 @@ def run_mpi(
     outlives ``timeout`` seconds (then every process of the job is killed first).
     """
     rt = MPIRuntime.detect()
-    full_env = rt.env(fault_tolerant=fault_tolerant)
+    full_env = rt.env(fault_tolerant=fault_tolerant, hosts=hosts)
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
     full_env["OMP_NUM_THREADS"] = "1"  # ranks share 2 cores; more threads only contend
     full_env.update(env or {})

@@ -47,12 +47,6 @@ from clusterkernel.protocol._names import PREIMPORT
 if TYPE_CHECKING:
     from clusterkernel.client.cluster._launch_settings import LaunchSettings
 
-# A single-machine job has no reason to be reachable from the network: ranks talk
-# through shared memory, so Open MPI's TCP transport (which listens on every
-# interface) is switched off. Open MPI 5's launcher daemon (prterun) still opens
-# an out-of-band port on all interfaces; PRRTE refuses a loopback-only setting.
-LOCAL_ONLY_ENV = {"OMPI_MCA_btl": "self,sm"}
-
 # An engine counts as registered once the controller has seen its heartbeat; at
 # ipyparallel's default period (3 s) that alone costs 1.5 s on average per start.
 HEARTBEAT_MS = 500
@@ -179,13 +173,13 @@ class MpiexecLauncher:
         # extended, not replaced, or the ranks (and mpiexec's ssh) lose /usr/bin.
         full = {
             **self.runtime.env(
-                {"PATH": os.environ.get("PATH", "")}, fault_tolerant=self.fault_tolerant
+                {"PATH": os.environ.get("PATH", "")},
+                fault_tolerant=self.fault_tolerant,
+                hosts=self.hosts,
+                hostfile=self.hostfile,
             ),
             **env,
         }
-        if not self.multi_node:
-            for key, value in LOCAL_ONLY_ENV.items():
-                full.setdefault(key, value)
         launcher = cfg.MPIEngineSetLauncher
         launcher.mpi_cmd = [self.runtime.mpiexec]
         launcher.mpi_args = self.runtime.args(
