@@ -6,6 +6,8 @@ Both sides run in this one process, interleaved, on the same machine:
 - start: clusterkernel.Cluster(n=4).start() vs ipyparallel.Cluster(engines="mpi",
   n=4).start_and_connect_sync() (with the root/oversubscribe environment the raw one
   needs set by hand);
+- stop, of the clusters just started: Cluster.stop() (returns once every process is
+  gone) vs ipyparallel's stop_cluster_sync();
 - round trip of an empty cell on the same 4-rank cluster: %%mpi vs %%px.
 """
 
@@ -28,12 +30,16 @@ from clusterkernel.client.mpiexec import MPIRuntime
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as h  # noqa: E402
 
+STOPS: dict[str, list[float]] = {"ck": [], "raw": []}
+
 
 def time_start_ck(n: int) -> float:
     t0 = time.perf_counter()
     c = Cluster(n=n).start()
     dt = time.perf_counter() - t0
+    t1 = time.perf_counter()
     c.stop()
+    STOPS["ck"].append(time.perf_counter() - t1)
     return dt
 
 
@@ -42,7 +48,9 @@ def time_start_raw(n: int) -> float:
     c = ipp.Cluster(engines="mpi", n=n, log_level=40)
     c.start_and_connect_sync()
     dt = time.perf_counter() - t0
+    t1 = time.perf_counter()
     c.stop_cluster_sync()
+    STOPS["raw"].append(time.perf_counter() - t1)
     return dt
 
 
@@ -103,6 +111,9 @@ def measure(args: argparse.Namespace) -> None:
     print(
         f"  clusterkernel {c:6.2f} s   raw ipyparallel {r:6.2f} s   ratio {c / r:.3f}x (target <= 1.1x)"
     )
+    c, r = h.median(STOPS["ck"]), h.median(STOPS["raw"])
+    print(f"cluster stop, {args.n} ranks, median of {args.starts} interleaved:")
+    print(f"  clusterkernel {c:6.2f} s   raw ipyparallel {r:6.2f} s   ratio {c / r:.3f}x")
 
 
 if __name__ == "__main__":
