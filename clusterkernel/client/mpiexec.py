@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from clusterkernel.client._pids import pid_alive
+
 
 class MPINotFoundError(RuntimeError):
     """No usable ``mpiexec`` was found."""
@@ -181,19 +183,9 @@ def session_root() -> str | None:
         return None
     for name in os.listdir(root):
         match = _SESSION_DIR.match(name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     return root
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 @dataclass(frozen=True)

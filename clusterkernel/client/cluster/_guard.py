@@ -30,6 +30,7 @@ import time
 
 import psutil
 
+from clusterkernel.client._pids import pid_alive
 from clusterkernel.client.cluster import _keep
 from clusterkernel.protocol import _shm_names
 
@@ -99,7 +100,7 @@ def why_ended(cluster_file: str) -> str | None:
     with open(cluster_file) as f:
         info = json.load(f)
     controller = info.get("controller", {}).get("state", {}).get("pid")
-    if controller and not _keep.pid_alive(controller):
+    if controller and not pid_alive(controller):
         return "the controller exited"
     for engine_set in info.get("engines", {}).get("sets", {}).values():
         job = engine_set.get("job_id")
@@ -107,7 +108,7 @@ def why_ended(cluster_file: str) -> str | None:
             state = _slurm_state(job)
             if state not in ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED"):
                 return f"Slurm job {job} ended ({state or 'no longer known to Slurm'})"
-        elif engine_set.get("pid") and not _keep.pid_alive(engine_set["pid"]):
+        elif engine_set.get("pid") and not pid_alive(engine_set["pid"]):
             cause = death_cause(_tail_of(engine_set.get("output_file")))
             return "the MPI job ended" + (f" ({cause})" if cause else "")
     return None

@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from clusterkernel.client._pids import pid_alive
+
 RECORD = "kept.json"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
@@ -97,22 +99,6 @@ def cluster_id(run_dir: str) -> str:
 
 def record_path(run_dir: str) -> str:
     return os.path.join(run_dir, RECORD)
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (its parent has not reaped it) is dead to us
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def me() -> dict:
