@@ -42,7 +42,7 @@ _LAZY = {
     "Dashboard": "clusterkernel.client.dashboard",
 }
 
-__all__ = sorted([*_LAZY, "load_ipython_extension", "unload_ipython_extension"])
+__all__ = sorted([*_LAZY, "current_cluster", "load_ipython_extension", "unload_ipython_extension"])
 
 if TYPE_CHECKING:  # pragma: no cover
     from clusterkernel.client.cluster import Cluster, ClusterError, RankError  # noqa: F401
@@ -56,6 +56,22 @@ def __getattr__(name: str) -> Any:
     value = module if modname.endswith("." + name) else getattr(module, name)
     globals()[name] = value
     return value
+
+
+def current_cluster() -> Cluster | None:
+    """The :class:`Cluster` that ``%mpi start`` (or ``%mpi attach``, or the MPI kernel)
+    gave this session, or None before that and after ``%mpi stop``; a script's own
+    ``Cluster(...)`` is not it.
+
+    Example::
+
+        cluster = clusterkernel.current_cluster()   # the one %mpi start made, else None
+        if cluster is not None:
+            cluster.run("print('hi')")
+    """
+    from clusterkernel.client.cluster import _session
+
+    return _session.cluster()
 
 
 def load_ipython_extension(ipython: Any) -> None:
