@@ -4,6 +4,7 @@ Each subcommand lives in the module that does the work; this file only
 dispatches, so ``clusterkernel --help`` lists them all::
 
     clusterkernel export notebook.ipynb -o job.py --sbatch job.sbatch
+    clusterkernel run -n 2 job.py
     clusterkernel install-kernel -n 4 --user
     clusterkernel uninstall-kernel
     clusterkernel notebooks my-notebooks
@@ -21,6 +22,10 @@ import sys
 # then names them ``add_<sub>_arguments`` / ``<sub>_main`` with "-" as "_").
 _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("clusterkernel.client.export", "turn a notebook's %%mpi cells into a batch job"),
+    "run": (
+        "clusterkernel.client.export",
+        "run an exported job on N ranks of this machine's MPI (root, oversubscribed)",
+    ),
     "install-kernel": (
         "clusterkernel.client.kernel",
         'install the "Python 3 (MPI, N ranks)" kernel',

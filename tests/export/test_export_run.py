@@ -14,7 +14,7 @@ import nbformat
 
 from clusterkernel.__main__ import main as cli_main
 from clusterkernel.client.mpiexec import MPIRuntime
-from tests._mpirun import REPO, kill_session, run_mpi
+from tests._mpirun import kill_session, run_mpi
 
 CELLS = [
     "%load_ext clusterkernel",
@@ -57,19 +57,22 @@ def test_exported_notebook_runs_on_two_ranks_with_labelled_lines(tmp_path):
     assert all(line.startswith(("[rank 0] ", "[rank 1] ")) for line in lines if line.strip())
 
 
-def test_a_rank_that_raises_ends_the_job_with_its_labelled_traceback(tmp_path):
-    cells = [
-        "%%mpi\nfrom clusterkernel import comm",
-        "%%mpi --ranks 1\nraise ValueError('boom on one rank')",
-        "%%mpi\ncomm.barrier()  # rank 0 waits here for rank 1, which is gone\nprint('never')",
-    ]
-    script = _export(tmp_path, cells)
-    rt = MPIRuntime.detect()
-    env = rt.env()
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+# a shell where the venv is not activated: neither its python nor its mpiexec is on PATH
+BARE_ENV = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"}
+
+
+def _printed_lines(script: Path) -> list[str]:
+    """The commands of the job's header ("# Run it on 2 ranks:  <command>", ...)."""
+    header = script.read_text().split("\n\n", 1)[0].splitlines()
+    return [line.split(":", 1)[1].strip() for line in header[1:3]]
+
+
+def _run_as_printed(line: str, cwd: Path) -> tuple[int, str, str]:
+    """``line`` run by bash in a bare environment from ``cwd``: (status, stdout, stderr)."""
     proc = subprocess.Popen(
-        rt.command(2) + [sys.executable, str(script)],
-        env=env,
+        ["bash", "-c", line],
+        cwd=cwd,
+        env=BARE_ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -80,8 +83,39 @@ def test_a_rank_that_raises_ends_the_job_with_its_labelled_traceback(tmp_path):
     except subprocess.TimeoutExpired:
         kill_session(proc.pid)
         out, err = proc.communicate()
-        raise AssertionError(f"the job hung instead of ending\n{out}\n{err}") from None
-    assert proc.returncode != 0
+        raise AssertionError(f"{line} hung instead of ending\n{out}\n{err}") from None
+    return proc.returncode, out, err
+
+
+def test_the_run_lines_the_job_prints_run_as_printed_without_the_venv(tmp_path):
+    # as root too (--allow-run-as-root), from another folder, with the venv not activated
+    cells = [
+        "%mpi start -n 2",
+        "%%mpi\nfrom mpi4py import MPI\nprint('of', MPI.COMM_WORLD.Get_size())",
+    ]
+    script = _export(tmp_path, cells)
+    wrapper, by_hand = _printed_lines(script)
+    assert wrapper == f"{sys.executable} -m clusterkernel run -n 2 {script}"
+    assert by_hand.startswith(MPIRuntime.detect().mpiexec) and "--oversubscribe" in by_hand
+    assert ("--allow-run-as-root" in by_hand) == (os.geteuid() == 0)
+    (tmp_path / "elsewhere").mkdir()
+    for line in (wrapper, by_hand):
+        status, out, err = _run_as_printed(line, tmp_path / "elsewhere")
+        assert status == 0, f"{line}\n{out}\n{err}"
+        assert sorted(out.splitlines()) == ["[rank 0] of 2", "[rank 1] of 2"], err
+
+
+def test_a_rank_that_raises_ends_the_job_with_its_labelled_traceback(tmp_path):
+    cells = [
+        "%mpi start -n 2",
+        "%%mpi\nfrom clusterkernel import comm",
+        "%%mpi --ranks 1\nraise ValueError('boom on one rank')",
+        "%%mpi\ncomm.barrier()  # rank 0 waits here for rank 1, which is gone\nprint('never')",
+    ]
+    script = _export(tmp_path, cells)
+    # clusterkernel run, as the job's first line prints it, ends with the job's failure
+    status, out, err = _run_as_printed(_printed_lines(script)[0], tmp_path)
+    assert status != 0
     assert "[rank 1] ValueError: boom on one rank" in err.splitlines()
     assert "[rank 1] Traceback (most recent call last):" in err.splitlines()
     assert "never" not in out

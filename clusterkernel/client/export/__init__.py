@@ -2,7 +2,9 @@
 
 The rank cells (``%%mpi`` cells, and every cell run while ``%mpi on`` was in
 effect), in order, become one plain script that every rank runs, under
-``mpiexec -n N python job.py`` or ``srun --mpi=pmix python job.py``. Client-only
+``python -m clusterkernel run -n N job.py`` (``mpiexec`` with what this machine needs;
+the script's first lines give it with absolute paths, runnable as printed), plain
+``mpiexec`` or ``srun --mpi=pmix python job.py``. Client-only
 cells are left out with a comment. ``%mpi push`` values come along: embedded from
 the live namespace (``%mpi export`` in the notebook), or, exporting a file,
 ``push x=expr`` becomes ``x = expr`` and ``push x`` replays the notebook's own
@@ -12,7 +14,7 @@ Example::
 
     from clusterkernel.client.export import export_cells, sbatch_script
     script = export_cells(["x = 3\\n%mpi push x", "%%mpi\\nprint(x)"])
-    Path("job.py").write_text(script)                     # mpiexec -n 4 python job.py
+    Path("job.py").write_text(script)                 # clusterkernel run -n 4 job.py
     Path("job.sbatch").write_text(sbatch_script("job.py", nodes=2, ntasks_per_node=4))
 """
 
@@ -32,10 +34,19 @@ from typing import NamedTuple
 
 from clusterkernel.client.export._cellcode import ExportError, ipy_call, python_of, rank_cell
 from clusterkernel.client.export._pushcode import push_block, push_items
+from clusterkernel.client.export._run import add_run_arguments, run_lines, run_main
 from clusterkernel.client.export._sbatch import DEFAULT_TIME, SbatchOptions
 from clusterkernel.client.mpiexec import QUIET_OSC
 
-__all__ = ["ExportError", "export_cells", "sbatch_script", "write_job", "live_pushes"]
+__all__ = [
+    "ExportError",
+    "export_cells",
+    "sbatch_script",
+    "write_job",
+    "live_pushes",
+    "add_run_arguments",
+    "run_main",
+]
 
 _PRELUDE_FILE = Path(__file__).parents[2] / "rank" / "_job_prelude.py"
 
@@ -169,6 +180,8 @@ def export_cells(
     cell but ``%%local`` and ``%mpi`` ones runs on the ranks, as in the MPI kernel.
     ``failed``: indices of cells that raised or were interrupted in the notebook: left
     out with a comment (a job would stop at the first of them).
+    ``script_name``: the job's path as its run line names it (:func:`write_job` gives
+    the absolute one, so the line runs from any folder).
     ``torch``: (the ranks had a default group made for them, its backend), as the live
     cluster knows it; default: read from the cells' ``%mpi start``. A notebook that
     uses torch.distributed gets torchrun's environment on every rank, as in the
@@ -178,8 +191,7 @@ def export_cells(
     stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     header = [
         f"# Batch job exported by clusterkernel from {source} on {stamp}.".replace("\n", " "),
-        f"# Run it on every rank:  mpiexec -n {n} python {script_name}",
-        f"#   or in Slurm:          srun --mpi=pmix python {script_name}  (or an sbatch file)",
+        *run_lines(n, script_name),
         "# Each rank runs the whole file; its lines are labelled [rank N] as in the notebook.",
     ]
     out = ["\n".join(header), _prelude()]
@@ -297,7 +309,7 @@ def write_job(
         pushed,
         names=names,
         source=source,
-        script_name=path.name,
+        script_name=str(path.resolve()),
         ranks=ranks,
         auto=auto,
         torch=torch,
