@@ -14,6 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import clusterkernel.client.magics as ck_magics
+from clusterkernel.__main__ import main as cli_main
 from clusterkernel.client.magics import _args
 
 
@@ -58,7 +59,7 @@ def test_export_from_a_live_session(shell, cluster, tmp_path, capsys):
     assert "numpy.ndarray, pickled (protocol 5)" in script  # weights: no literal
     assert "if RANK in (2,):" in script and "auto_sum = float(weights.sum()) * factor" in script
     assert "# In [1] (client only, left out): import numpy as np" in script
-    assert "mpiexec -n 4 python job.py" in script
+    assert f"{sys.executable} -m clusterkernel run -n 4 {job}" in script
     sbatch = sb.read_text()
     assert "#SBATCH --ntasks-per-node=4" in sbatch and "#SBATCH --partition=debug" in sbatch
     assert f"srun --mpi=pmix {sys.executable} {job}" in sbatch
@@ -116,3 +117,28 @@ def test_export_leaves_out_cells_that_failed(shell, cluster, tmp_path):
     shell.run_cell("no_such_name = 5", store_history=True)
     _run(shell, f"%mpi export {tmp_path / 'all.py'} --include-failed")
     assert "raise ValueError('typo on every rank')" in (tmp_path / "all.py").read_text()
+
+
+def test_a_pushed_lambda_never_blocks_the_export_and_the_job_runs_it(
+    shell, cluster, tmp_path, capfd
+):
+    ck_magics._magics.cluster = cluster
+    _run(shell, "scale = 5\nf = lambda x: x * scale\nmake = lambda k: lambda x: x + k")
+    _run(shell, "plus1 = make(1)")
+    _run(shell, "%mpi push scale f plus1")  # the ranks take them (ipyparallel pickles code)
+    _run(shell, "%%mpi\nprint('f', f(2))")
+    _run(shell, "%%mpi\nprint('plus1', plus1(2))")
+    job = tmp_path / "job.py"
+    _run(shell, f"%mpi export {job}")
+    script = job.read_text()
+    assert "\nf = lambda x: x * scale\n" in script  # its source; it reads the pushed scale
+    assert "# plus1: left out, a function:" in script and "closure" in script
+    capfd.readouterr()
+    # the job runs the lambda; the cell that calls the left-out closure fails, as it said
+    assert cli_main(["run", "-n", "2", str(job)]) != 0
+    out, err = capfd.readouterr()
+    assert sorted(line for line in out.splitlines() if " f " in line) == [
+        "[rank 0] f 10",
+        "[rank 1] f 10",
+    ], out + err
+    assert "NameError: name 'plus1' is not defined" in err

@@ -1,7 +1,11 @@
 """``%mpi push`` as code that every rank of a batch job runs (client side; see ``export``).
 
 Exported from the live notebook, a pushed value is written into the script: as a
-literal when its ``repr`` reads back equal, else pickled (protocol 5) in base64.
+literal when its ``repr`` reads back equal, else pickled (protocol 5) in base64. A
+function or class the notebook defined (a pickle holds only its name) or a value that
+cannot be pickled (a lambda) is written as its source (:func:`inspect.getsource`);
+without one (a closure, a lock) it is left out with a comment saying why: a value
+never stops the export.
 Exported from a file, ``push x=expr`` becomes ``x = expr`` and ``push x`` replays
 the notebook's own earlier top-level statements that assign ``x`` (and what those
 need); with none, the export fails and says what to write instead.
@@ -15,8 +19,12 @@ from __future__ import annotations
 
 import ast
 import base64
+import builtins
+import inspect
 import pickle
+import pickletools
 import shlex
+import textwrap
 
 from clusterkernel.client.export._cellcode import ExportError
 
@@ -69,8 +77,74 @@ def push_items(where: str, rest: str) -> list[tuple[str, str | None]]:
     return items
 
 
+def _main_refs(blob: bytes) -> bool:
+    """Whether a pickle names something of ``__main__`` (the notebook's own functions and
+    classes are pickled by name only: a job has no such names when it loads them)."""
+    strings: list[str] = []
+    try:
+        for op, arg, _ in pickletools.genops(blob):
+            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+                strings.append(arg)
+            elif op.name == "STACK_GLOBAL" and strings[-2:-1] == ["__main__"]:
+                return True
+            elif op.name in ("GLOBAL", "INST") and str(arg).startswith("__main__ "):
+                return True
+    except Exception:
+        return False
+    return False
+
+
+def _source_def(name: str, value) -> tuple[str | None, str]:
+    """``value`` (a function or class) as source that makes ``name``, via
+    :func:`inspect.getsource`: (code, a note on what it reads) or (None, why not)."""
+    if not (inspect.isfunction(value) or inspect.isclass(value)):
+        return None, "it has no source"
+    if getattr(getattr(value, "__code__", None), "co_freevars", ()):
+        return None, "it is a closure: its source cannot carry the values it closes over"
+    try:
+        text = textwrap.dedent(inspect.getsource(value))
+        tree = ast.parse(text)
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None, "inspect.getsource finds no source for it"
+    if value.__name__ == "<lambda>":
+        arity = value.__code__.co_argcount
+        found = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Lambda) and len(node.args.args) == arity
+        ]
+        if len(found) != 1:
+            return None, "its line holds more than one lambda like it"
+        node = found[0]
+        code = f"{name} = {ast.get_source_segment(text, node)}"
+    else:
+        defs = [
+            n
+            for n in tree.body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and n.name == value.__name__
+        ]
+        if len(defs) != 1:
+            return None, "inspect.getsource gives no definition of it"
+        node = defs[0]
+        start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+        code = "\n".join(text.splitlines()[start - 1 : node.end_lineno])
+        if value.__name__ != name:
+            code += f"\n{name} = {value.__name__}"
+    params = {a.arg for a in ast.walk(node) if isinstance(a, ast.arg)}
+    reads = _names(node, ast.Load) - _names(node, ast.Store) - params - set(dir(builtins))
+    note = (
+        f"; it reads {', '.join(sorted(reads))}, which the ranks must have when it runs"
+        if reads
+        else ""
+    )
+    return code, note
+
+
 def _embed(name: str, value) -> str:
-    """``name = <value>``: a literal when repr round-trips, else a pickle in base64."""
+    """``name = <value>``: a literal when repr round-trips, else a pickle in base64; a
+    function or class of the notebook (or one that cannot be pickled) as its source;
+    anything else that cannot be pickled left out, with a comment saying so."""
     text = repr(value)
     try:
         back = ast.literal_eval(text)
@@ -78,19 +152,37 @@ def _embed(name: str, value) -> str:
             return f"{name} = {text}"
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         pass
+    module = type(value).__module__
+    kind = (
+        type(value).__qualname__ if module == "builtins" else f"{module}.{type(value).__qualname__}"
+    )
     try:
-        blob = base64.b64encode(pickle.dumps(value, protocol=5)).decode()
+        blob = pickle.dumps(value, protocol=5)
+        why = "a pickle of it holds only names the notebook defined" if _main_refs(blob) else ""
     except Exception as e:
-        raise ExportError(
-            f"%mpi push {name}: its value ({type(value).__name__}) cannot be pickled ({e}); "
-            f"in the notebook use %mpi push {name}=<expression that makes it>."
-        ) from None
-    kind = f"{type(value).__module__}.{type(value).__qualname__}"
-    chunks = "\n".join(f'    "{blob[i : i + 88]}"' for i in range(0, len(blob), 88))
+        blob, why = b"", f"it cannot be pickled: {e}"
+    if why:
+        code, note = _source_def(name, value)
+        if code is not None:
+            return _comment(f"{name}: a {kind}, written as its source ({why}){note}.") + code
+        return _comment(
+            f"{name}: left out, a {kind}: {why}, and {note}. Cells of the job that use {name} "
+            f"fail; in the notebook, %mpi push {name}=<expression that makes it>."
+        ).rstrip("\n")
+    chunks = "\n".join(f'    "{c}"' for c in _chunks(base64.b64encode(blob).decode()))
     return (
         f"# {name}: a {kind}, pickled (protocol 5) from the notebook at export time\n"
         f"import base64\nimport pickle\n\n{name} = pickle.loads(base64.b64decode(\n{chunks}\n))"
     )
+
+
+def _comment(text: str) -> str:
+    """``text`` as comment lines of at most 88 characters, each ending in a newline."""
+    return "".join(f"# {line}\n" for line in textwrap.wrap(text, 86, break_long_words=False))
+
+
+def _chunks(text: str, size: int = 88) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 def push_block(where: str, rest: str, pushed: dict | None, history: list) -> str:
