@@ -132,6 +132,35 @@ def group_failures(items: list[tuple[int, str, str, str]]) -> list[RankFailure]:
     return list(groups.values())
 
 
+# A rank-side message that names its own rank first, as clusterkernel's do
+# ("rank 3 on node2: this host has no GPU"): the same words for every rank but that.
+_NAMES_ITS_RANK = re.compile(r"^rank \d+ on (\S+?): ")
+
+
+def rank_error_lines(items: Iterable[tuple[int, str, str]]) -> list[str]:
+    """``(rank, error name, message)`` as lines, each distinct error once with its ranks
+    (and hosts, where the message named its own rank and host).
+
+    Example::
+
+        rank_error_lines([(0, "ValueError", "rank 0 on n1: no GPU"),
+                          (1, "ValueError", "rank 1 on n1: no GPU")])
+        # ['[ranks 0-1 on n1] ValueError: no GPU']
+    """
+    groups: dict[tuple[str, str], tuple[list[int], list[str]]] = {}
+    for rank, name, message in sorted(items):
+        named = _NAMES_ITS_RANK.match(message)
+        key = (name, message[named.end() :] if named else message)
+        ranks, hosts = groups.setdefault(key, ([], []))
+        ranks.append(rank)
+        if named and named.group(1) not in hosts:
+            hosts.append(named.group(1))
+    return [
+        f"[{rank_label(ranks)}{' on ' + ', '.join(hosts) if hosts else ''}] {name}: {rest}"
+        for (name, rest), (ranks, hosts) in groups.items()
+    ]
+
+
 class RankError(RuntimeError):
     """A cell failed on one or more ranks.
 

@@ -28,7 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from clusterkernel.client.cluster import _follow, _keep, _namespace, _rank_faults, _stacks, _torch
+from clusterkernel.client.cluster import (
+    _follow,
+    _keep,
+    _namespace,
+    _preflight,
+    _rank_faults,
+    _stacks,
+    _torch,
+)
 from clusterkernel.client.cluster._health import RankHealth
 from clusterkernel.client.cluster._launch_settings import LaunchSettings, launcher_for
 from clusterkernel.client.cluster._lifecycle import Engines
@@ -156,6 +164,11 @@ class Cluster:
                 controller_ip=controller_ip, fault_tolerant=fault_tolerant,
             ),
         )  # fmt: skip
+        # GPUs or a backend this machine cannot give its own ranks: refused before any start
+        _preflight.check_local(
+            self.launcher, backend=backend, gpus_per_rank=gpus_per_rank, gpu_share=gpu_share,
+            env=env,
+        )  # fmt: skip
         self.runtime = getattr(self.launcher, "runtime", None)  # None for Slurm: srun starts
         # what attach() needs to make this Cluster again in another process
         self._settings = {
@@ -217,34 +230,47 @@ class Cluster:
         """ipyparallel's cluster file, from which a client can connect (None when stopped)."""
         return self._engines.cluster_file if self._engines is not None else None
 
-    def start(self) -> Cluster:
+    def start(self, progress: Callable[[str | None], Any] | None = None) -> Cluster:
         """Start the controller and ``n`` ranks; return ``self``.
 
         Raises :class:`ClusterError` at once (with the launcher's output) if the
         engines fail to start, instead of waiting out ``start_timeout``. A Slurm
         job waiting in the queue shows its state on a live line; a kernel
         interrupt cancels it.
+
+        ``progress``: called with a line saying where the start is (``"2 of 4 ranks
+        registered"``, a Slurm job's state) each time that changes, then with None once
+        the start has ended, done or failed; ``%mpi start`` shows it in place. Without
+        it a start prints a live line only while a job is queued or after 20 s.
         """
         if self.running:
             raise ClusterError(
                 "This cluster is already running. Use restart() (%mpi restart) or stop() first."
             )
         self._health.started()
-        self._engines = Engines.start(
-            self.launcher,
-            _torch.engine_env(self.env, group=self.torch),
-            log_level=self.log_level,
-            guard=self.guard,
-            start_timeout=self.start_timeout,
-            keep=self.keep if self.guard else None,
-        )
         try:
-            self._ranks_up()
-            if self.keep is not None:
-                self._write_record()
-        except BaseException:
-            self._teardown()
-            raise
+            self._engines = Engines.start(
+                self.launcher,
+                _torch.engine_env(self.env, group=self.torch),
+                log_level=self.log_level,
+                guard=self.guard,
+                start_timeout=self.start_timeout,
+                keep=self.keep if self.guard else None,
+                progress=progress,
+            )
+            try:
+                if progress is not None:
+                    n, step = self.n, "; making the torch.distributed group" if self.torch else ""
+                    progress(f"Starting {n} MPI ranks: {n} of {n} registered{step}")
+                self._ranks_up()
+                if self.keep is not None:
+                    self._write_record()
+            except BaseException:
+                self._teardown()
+                raise
+        finally:
+            if progress is not None:
+                progress(None)
         return self
 
     # ------------------------------------------------------------------ keep / attach

@@ -325,15 +325,20 @@ def wait_for_engines(
     ended: Callable[[], bool],
     output: Callable[[], str],
     waiting: Callable[[], str | None] = lambda: None,
-    progress: Callable[[str], Any] | None = None,
+    progress: Callable[[str | None], Any] | None = None,
+    say_after: float | None = None,
 ) -> dict[int, dict]:
     """Wait until ``n`` engines answer that were not there before; their identities.
 
     Restarted engines take the old engine ids, so counting ids is not enough: an
     answer from a new pid is. ``waiting()`` may say why nothing can come yet (a
     job waiting in a queue): that time does not count against ``timeout``, and
-    ``progress`` shows it as a live line.
+    ``progress`` shows it as a live line. ``progress`` also hears how many ranks have
+    registered, once the wait is ``say_after`` seconds old (default 20), and None at
+    the end if it heard anything.
     """
+    if say_after is None:
+        say_after = _SAY_PROGRESS_AFTER
     started = time.monotonic()
     deadline = started + timeout
     queued_since: float | None = None
@@ -359,8 +364,8 @@ def wait_for_engines(
                     f"What the launcher said:\n{said}"
                 )
             ids = list(client.ids)
-            if progress is not None and time.monotonic() - started > _SAY_PROGRESS_AFTER:
-                progress(f"{min(len(ids), n)} of {n} engines registered")
+            if progress is not None and time.monotonic() - started >= say_after:
+                progress(f"Starting {n} MPI ranks: {min(len(ids), n)} of {n} registered")
                 shown = True
             if len(ids) >= n:
                 infos = query(ids)

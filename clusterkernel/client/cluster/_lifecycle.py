@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ipyparallel as ipp
@@ -63,6 +64,18 @@ def _live_line(text: str | None) -> None:
         print(f"\r{text}   ", end="", flush=True)
 
 
+def _steps(progress: Callable[[str | None], Any] | None) -> Callable[[str | None], None]:
+    """``progress`` told each line once, and never None (or a no-op without it)."""
+    last: list[str] = []
+
+    def say(text: str | None) -> None:
+        if progress is not None and text is not None and last[-1:] != [text]:
+            last[:] = [text]
+            progress(text)
+
+    return say
+
+
 class Engines:
     """The controller, engines, client, run directory and guard of a running cluster.
 
@@ -92,12 +105,15 @@ class Engines:
         guard: bool = True,
         start_timeout: float = 90.0,
         keep: float | None = None,
+        progress: Callable[[str | None], Any] | None = None,
     ) -> Engines:
         """Start the controller and the launcher's ``n`` ranks; on any failure nothing is
         left running. ``keep``: seconds the guard keeps them once this process is gone
-        (``_keep``)."""
+        (``_keep``). ``progress``: told each new step of the start (never None: the
+        caller ends its line, once the whole start is over)."""
         self = cls(launcher, start_timeout)
         n = self.n
+        say = _steps(progress)
         _ipp.install_date_parser()  # ~49 us less per rank and cell (BENCHMARKS.md, issue 11)
         kwargs: dict[str, Any] = {}
         ip = launcher.controller_ip()  # may ask Slurm: before anything is made
@@ -116,14 +132,16 @@ class Engines:
             )
             if keep is not None:  # ipyparallel's own exit handler would stop it first
                 self.ipp.shutdown_atexit = False
+            say(f"Starting {n} MPI ranks: the controller")
             self.ipp.start_controller_sync()
             self.client = self.ipp.connect_client_sync()
             private_cluster_file(self.ipp)
             if guard:
                 self.guard = Guard(self.ipp.cluster_file, self.run_dir, keep)
+            say(f"Starting {n} MPI ranks: launching them ({launcher.describe()})")
             self.ipp.start_engines_sync(n)
             self.ipp.update_cluster_file()  # now with the job id, for the guard
-            self._wait_for_new_engines(old_pids=set())
+            self._wait_for_new_engines(old_pids=set(), progress=say if progress else None)
         except BaseException:
             self.teardown()
             raise
@@ -230,7 +248,11 @@ class Engines:
         self.ipp.update_cluster_file()
         self._wait_for_new_engines(old_pids)
 
-    def _wait_for_new_engines(self, old_pids: set[int]) -> None:
+    def _wait_for_new_engines(
+        self, old_pids: set[int], progress: Callable[[str | None], Any] | None = None
+    ) -> None:
+        """Wait for ``n`` new ranks; ``progress`` told every change (else a live line once
+        the wait is long)."""
         assert self.client is not None
         infos = wait_for_engines(
             self.client,
@@ -241,7 +263,8 @@ class Engines:
             ended=self.ended,
             output=self.output,
             waiting=lambda: self.launcher.waiting(self.engine_set),
-            progress=_live_line,
+            progress=progress or _live_line,
+            say_after=0.0 if progress else None,
         )
         ranks = sorted(info["rank"] for info in infos.values())
         if ranks != list(range(self.n)):

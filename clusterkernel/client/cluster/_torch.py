@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
 
-from clusterkernel.client.errors import ClusterError, format_ranks
+from clusterkernel.client.errors import ClusterError, format_ranks, rank_error_lines
 from clusterkernel.protocol._names import GPU_REQUEST, PREIMPORT
 from clusterkernel.protocol._rank_call import rank_call
 
@@ -69,14 +69,14 @@ def _call_all(cluster: Cluster, what: str, target: str, *args, timeout: float) -
     except ipp.error.TimeoutError:
         raise ClusterError(f"{what} did not finish within {timeout:.0f}s on every rank.") from None
     except ipp.error.CompositeError as e:
-        lines: dict[str, list[int]] = {}
+        errors = []
         for ename, evalue, _tb, info in e.elist:
             try:
                 rank = cluster.rank_of((info or {}).get("engine_id"))
             except KeyError:
                 rank = -1
-            lines.setdefault(f"{ename}: {evalue}", []).append(rank)
-        said = "\n".join(f"  [rank {format_ranks(rs)}] {msg}" for msg, rs in lines.items())
+            errors.append((rank, ename, evalue))
+        said = "\n".join(f"  {line}" for line in rank_error_lines(errors))
         raise ClusterError(f"{what} failed:\n{said}") from None
 
 

@@ -31,6 +31,7 @@ from clusterkernel.client.magics._args import (
     torch_reinit_args,
     where_args,
 )
+from clusterkernel.client.magics._progress import LiveLine
 from clusterkernel.client.mpiexec import HostError, MPINotFoundError
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class Subcommands:
         except (ValueError, FileNotFoundError, HostError, MPINotFoundError, ClusterError) as e:
             raise UsageError(str(e)) from None
         try:
-            cluster.start()
+            cluster.start(progress=LiveLine(self.shell))  # shown in place, gone at the end
         except ClusterError as e:
             raise UsageError(str(e)) from None
         self.cluster = cluster
