@@ -170,6 +170,9 @@ def setup(stack_dir: str | None) -> dict:
     world = MPI.COMM_WORLD
     rank = _rank = world.Get_rank()
     _install_stack_handler()
+    from clusterkernel.torchdist._sockets import track  # before any group is made
+
+    track()
     if _stack_file is None and stack_dir:
         # Kept open for the engine's life: faulthandler writes to the fd from a
         # signal handler, where opening a file is not allowed. The directory is

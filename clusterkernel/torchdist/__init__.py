@@ -5,8 +5,10 @@ Your ``torch.distributed`` code (DDP, FSDP2, DeviceMesh, DTensor) runs unchanged
 every start and restart), so ``dist.init_process_group()`` just works, and
 ``%mpi start --torch`` makes the default group for you (:func:`init`). Around it,
 clusterkernel reads torch's own flight recorder (:func:`flight`) for the hang
-report, aborts groups to free a rank blocked in gloo or NCCL, re-makes the group in
-the live ranks (:func:`reinit`, ``%mpi torch-reinit``), and streams torch's
+report, frees a rank blocked in gloo or NCCL while models still hold the group
+(:func:`abort` shuts the groups' connections down), re-makes the group in the live
+ranks (:func:`reinit`, ``%mpi torch-reinit``), wraps a DDP model again on it
+(:func:`rewrap`), and streams torch's
 collective timings to the dashboard (:mod:`._timings`).
 
 Example (a ``%%mpi`` cell)::
@@ -29,6 +31,7 @@ from clusterkernel.torchdist._group import (
     reinit,
     shutdown,
 )
+from clusterkernel.torchdist._rewrap import rewrap
 from clusterkernel.torchdist._timings import timed_allreduce_hook
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "destroy",
     "shutdown",
     "abort",
+    "rewrap",
     "describe",
     "flight",
     "timed_allreduce_hook",

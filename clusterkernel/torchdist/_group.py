@@ -176,16 +176,22 @@ def shutdown(namespace: dict | None = None) -> bool:
 def abort() -> bool:
     """Abort every process group of this rank (safe from another thread); True if it had any.
 
-    Closes the group's connections, so a rank blocked in a collective whose peers
-    abort too gets an error instead of waiting out the group's timeout (measured on
-    gloo in torch 2.13, where torch documents abort for NCCL only).
+    First shuts down the TCP connections of every group this process made
+    (:func:`clusterkernel.torchdist._sockets.cut`): a collective blocked in gloo
+    raises at once, here and on its peers, even while a DDP or FSDP model holds the
+    group. Then torch's own abort (``ncclCommAbort`` for NCCL) drops the groups.
+    Variables, models and optimizers stay; models wrapped in DDP hold the old group
+    and are wrapped again with :func:`rewrap` once a new group is made.
     """
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return False
     from torch.distributed.distributed_c10d import _abort_process_group
 
+    from clusterkernel.torchdist._sockets import cut
+
     _remember_backend(dist)
+    cut()
     _abort_process_group()
     return True
 

@@ -228,17 +228,79 @@ def test_a_rank_blocked_in_gloo_is_named_and_freed_keeping_variables(tcluster: C
     assert "aborting its torch.distributed group freed it" in text
 
 
-def test_a_group_a_ddp_model_holds_cannot_be_freed_and_the_ranks_restart(tcluster: Cluster):
-    tcluster.run(_DDP)  # ``ddp`` holds the default group
+def test_a_hang_with_ddp_and_fsdp_models_alive_is_freed_keeping_the_models(tcluster: Cluster):
+    tcluster.run(_DDP + "ddp_opt = opt\n")  # ``ddp`` holds the default group
+    tcluster.run(_FSDP)  # ``model`` holds its mesh's group
+    tcluster.run(
+        "import os, threading, torch\n"
+        "lock = threading.Lock()\n"  # cannot be pickled, must stay all the same
+        "before = [p.detach().clone() for p in ddp.parameters()]\n"
+        "shards = [p.to_local().clone() for p in model.parameters()]\n"
+        "pid = os.getpid()"
+    )
+    pids = tcluster.pull("pid")
     with pytest.raises(CellInterrupted) as info:
-        tcluster.run("kept = 1\nif dist.get_rank() == 1:\n    dist.all_reduce(t)\n", timeout=4)
+        tcluster.run(
+            "kept = 1\nt = torch.ones(3)\nif dist.get_rank() == 1:\n    dist.all_reduce(t)\n",
+            timeout=4,
+        )
     text = "\n".join(info.value.render(color=False))
     assert "rank 1 waits in all_reduce #" in text
-    assert "did not free rank 1" in text and "DDP or FSDP model" in text
-    assert "so all ranks were restarted" in text
-    assert {g["backend"] for g in tcluster.torch_group().values()} == {"gloo"}
-    with pytest.raises(RankError, match="NameError"):
-        tcluster.run("kept")
+    assert "[rank 1]" in text and "aborting its torch.distributed group freed it" in text, text
+    assert "restarted" not in text, text
+    assert "DDP models hold the closed group: run ddp = torchdist.rewrap(ddp)" in text, text
+    assert "FSDP models hold the closed group: b, model;" in text, text  # ``b``: a loop's last
+    # the same processes, every variable kept, the models' tensors untouched
+    assert tcluster.pull("pid") == pids
+    tcluster.run(
+        "ok = (kept, type(lock).__name__,\n"
+        "      all(torch.equal(a, b) for a, b in zip(before, ddp.parameters())),\n"
+        "      all(torch.equal(a, p.to_local()) for a, p in zip(shards, model.parameters())))"
+    )
+    assert set(tcluster.pull("ok").values()) == {(1, "lock", True, True)}
+    # the one-liner: DDP again on the new group, the optimizer made before still works
+    tcluster.run(
+        "from clusterkernel import torchdist\n"
+        "ddp = torchdist.rewrap(ddp)\n"
+        "x = torch.randn(8, 8, generator=torch.Generator().manual_seed(dist.get_rank()))\n"
+        "ddp_opt.zero_grad(); ddp(x).square().mean().backward(); ddp_opt.step()\n"
+        "after = torch.cat([p.detach().flatten() for p in ddp.parameters()])\n"
+        "moved = not torch.equal(after, torch.cat([b.flatten() for b in before]))"
+    )
+    after = tcluster.pull("after")
+    assert torch_equal(after[0], after[1])  # gradients averaged over the new group
+    assert set(tcluster.pull("moved").values()) == {True}
+    with pytest.raises(RankError, match="FSDP2"):
+        tcluster.run("torchdist.rewrap(model)")
+
+
+def test_a_rank_wedged_in_c_code_holding_the_gil_is_named_and_restarted(tcluster: Cluster):
+    # a pthread mutex locked twice through ctypes.PyDLL (which keeps the GIL): no signal,
+    # no control request and no closed connection can free it
+    code = (
+        "import ctypes, torch.distributed as dist\n"
+        "if dist.get_rank() == 1:\n"
+        "    libc = ctypes.PyDLL(None)\n"
+        "    m = ctypes.create_string_buffer(64)\n"
+        "    libc.pthread_mutex_init(m, None)\n"
+        "    libc.pthread_mutex_lock(m)\n"
+        "    libc.pthread_mutex_lock(m)\n"
+    )
+    with pytest.raises(CellInterrupted) as info:
+        tcluster.run(code, timeout=3)
+    text = "\n".join(info.value.render(color=False))
+    assert "[rank 1]" in text and "holds Python's GIL" in text, text
+    assert "Rank 1 could not be interrupted, so all ranks were restarted" in text, text
+    tcluster.run(
+        "import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nv = t.item()"
+    )
+    assert tcluster.pull("v") == {0: 2.0, 1: 2.0}
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
 
 
 def _wait_in_torch_call(cluster: Cluster, run, rank: int, call: str) -> None:

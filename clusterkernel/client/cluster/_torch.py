@@ -159,32 +159,57 @@ def reinit(cluster: Cluster, backend: str | None) -> dict[int, dict]:
 
 
 def aborted_note(cluster: Cluster, aborted: list[int], stuck: list[int]) -> str:
-    """What the hang report says after aborting the ranks' torch.distributed groups;
-    with ``Cluster(torch=True)`` and every rank free, a new group is made here."""
+    """What the hang report says after closing the ranks' torch.distributed groups;
+    with ``Cluster(torch=True)`` and every rank free, a new group is made here and the
+    DDP/FSDP models that hold the old one are named with the line that wraps them again."""
     if stuck:  # the restart that follows makes new ranks (and groups)
         return (
-            f"Aborting the torch.distributed groups of ranks {format_ranks(aborted)} did not "
-            f"free rank {format_ranks(stuck)}: gloo closes a group's connections only once "
-            "nothing holds the group (a DDP or FSDP model or a device mesh in the ranks' "
-            "variables does, and so do torch's DTensor caches once a DTensor was used)."
+            f"Closing the torch.distributed connections of ranks {format_ranks(aborted)} "
+            f"did not free rank {format_ranks(stuck)}."
         )
     head = (
-        f"Ranks {format_ranks(aborted)}: their torch.distributed groups were aborted to free "
-        "the ranks blocked in a collective; their variables are kept."
+        f"Ranks {format_ranks(aborted)}: their torch.distributed connections were closed "
+        "to free the ranks blocked in a collective; their variables, models and optimizers "
+        "are kept."
     )
-    if cluster.torch:
-        try:
-            cluster.torch_reinit()
-        except ClusterError as e:
-            return f"{head}\nMaking a new default group failed: {e}"
+    if not cluster.torch:
         return (
-            f"{head} A new default group is made (as %mpi torch-reinit does); wrap "
-            "DDP/FSDP models again, they hold the old one."
+            f"{head} Run %mpi torch-reinit (cluster.torch_reinit()) for a new default group, "
+            "then wrap DDP models again: model = torchdist.rewrap(model)."
         )
-    return (
-        f"{head} Run %mpi torch-reinit (cluster.torch_reinit()) for a new default group, "
-        "or dist.init_process_group() again in a cell."
-    )
+    try:
+        cluster.torch_reinit()
+    except ClusterError as e:
+        return f"{head}\nMaking a new default group failed: {e}"
+    return f"{head} A new default group is made (as %mpi torch-reinit does).{_held(cluster)}"
+
+
+def _held(cluster: Cluster) -> str:
+    """The models that still hold the closed group, and how to wrap them again."""
+    try:
+        held = _call_all(
+            cluster,
+            "Finding the models that hold the old group",
+            "clusterkernel.torchdist._rewrap:held_models",
+            timeout=30,
+        )
+    except ClusterError:
+        return " Wrap DDP models again: model = torchdist.rewrap(model)."
+    ddp = sorted({n for h in held.values() for n in h["ddp"]})
+    fsdp = sorted({n for h in held.values() for n in h["fsdp"]})
+    out = ""
+    if ddp:
+        lines = "; ".join(f"{n} = torchdist.rewrap({n})" for n in ddp)
+        out += (
+            f"\nDDP models hold the closed group: run {lines} in a %%mpi cell (from "
+            "clusterkernel import torchdist); their parameters and optimizers stay."
+        )
+    if fsdp:
+        out += (
+            f"\nFSDP models hold the closed group: {', '.join(fsdp)}; their shards are "
+            "kept on every rank; save each rank's state_dict() and shard the model again."
+        )
+    return out
 
 
 _TWICE = "trying to initialize the default process group twice"

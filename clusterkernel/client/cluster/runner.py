@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
 
-from clusterkernel.client.cluster import _hangreport, _ipp, _torch
+from clusterkernel.client.cluster import _hangreport, _ipp, _stacks, _torch
 from clusterkernel.client.cluster._jobreport import OUT_OF_MEMORY, death_cause
 from clusterkernel.client.debug._breakpoints import Stops
 from clusterkernel.client.errors import (
@@ -223,10 +223,13 @@ class CellRun:
             self.ar.wait(_GRACE)
         stuck = self.busy_ranks()
         aborted: list[int] = []
-        if stuck and _hangreport.has_torch_calls(flights):
+        in_torch = _hangreport.has_torch_calls(flights)
+        if stuck and in_torch:
             # a rank blocked in gloo/NCCL: closing every rank's group frees it
             aborted = self._abort_torch_groups()
             stuck = self.busy_ranks()
+        # a rank whose control thread cannot answer either runs C code that holds the GIL
+        wedged = [r for r in stuck if r not in self._answering(stuck)]
         if stuck and not stacks_first:
             stacks = self.cluster.stacks(stuck, code=self.code)
         # the heading already says "interrupted"; a timeout says how long it ran
@@ -235,7 +238,7 @@ class CellRun:
         items = []
         for r in self.ranks:
             if r in stuck:
-                summary = f"{what}did not respond to SIGINT (blocked in an MPI call?)"
+                summary = f"{what}{_stuck_summary(r in wedged, in_torch, r in aborted)}"
                 items.append((r, kind, summary, stacks.get(r, "")))
             elif r in busy:
                 detail = stacks.get(r, "")
@@ -262,8 +265,8 @@ class CellRun:
         if stuck:
             self.faults.ranks_stuck(stuck)
             notes.append(
-                f"Ranks {format_ranks(stuck)} could not be interrupted, so all ranks were "
-                "restarted (their variables are gone; re-run your setup cells)."
+                f"{_ranks_word(stuck)} {format_ranks(stuck)} could not be interrupted, so all "
+                "ranks were restarted (their variables are gone; re-run your setup cells)."
             )
         note = "\n".join(notes)
         if not items:
@@ -280,6 +283,16 @@ class CellRun:
         if aborted:
             self.ar.wait(_GRACE)
         return aborted
+
+    def _answering(self, ranks: list[int]) -> list[int]:
+        """Those of ``ranks`` whose control thread answers (needs Python's GIL)."""
+        if not ranks:
+            return []
+        engines = {r: self.cluster.engine_id(r) for r in ranks}
+        try:
+            return list(_stacks.request_frames(self.cluster.client, engines, timeout=2.0))
+        except Exception:  # the control channel may be gone with the rank
+            return []
 
     def _release_breakpoints(self, ranks: list[int]) -> list[int]:
         """Quit the pdb of ranks stopped at ``breakpoint()``, give them a moment to end;
@@ -338,3 +351,24 @@ class CellRun:
         hint = _torch.error_hint([summary for _, _, summary, _ in items], self.cluster.torch)
         note = "\n".join(n for n in (note, hint) if n)
         return RankError(group_failures(items), note=note)
+
+
+def _ranks_word(ranks: list[int]) -> str:
+    return "Rank" if len(set(ranks)) == 1 else "Ranks"
+
+
+def _stuck_summary(wedged: bool, in_torch: bool, aborted: bool) -> str:
+    """Why a rank stayed busy after SIGINT (and, in torch, after its groups were closed)."""
+    if wedged:
+        return (
+            "did not respond to SIGINT and its control thread did not answer either: it "
+            "runs C code that holds Python's GIL (a C extension's loop, a deadlock)"
+        )
+    if in_torch and aborted:
+        return (
+            "did not respond to SIGINT, and closing its torch.distributed connections did "
+            "not free it"
+        )
+    if in_torch:
+        return "did not respond to SIGINT (blocked in a torch.distributed collective)"
+    return "did not respond to SIGINT (blocked in an MPI call?)"

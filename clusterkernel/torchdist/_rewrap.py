@@ -1,0 +1,90 @@
+"""Wrap a DDP model again on a new process group, same parameters (rank side).
+
+After a hang was freed (``torchdist.abort``) and a new default group made (``%mpi
+torch-reinit``, automatic with ``--torch``), a ``DistributedDataParallel`` model still
+holds the old, closed group. :func:`rewrap` builds a new DDP around the same module
+(the same ``Parameter`` objects, so optimizers made on it keep working) with the same
+settings, on the new group; like DDP's own constructor it is collective and
+broadcasts rank 0's parameters and buffers, so ranks that a hang left one step apart
+agree again.
+
+Example (a ``%%mpi`` cell after the hang report)::
+
+    from clusterkernel import torchdist
+    ddp = torchdist.rewrap(ddp)          # opt = SGD(ddp.parameters()) still works
+"""
+
+from __future__ import annotations
+
+import inspect
+
+# DDP's settings that its constructor takes under the same name as its attribute
+_SAME_NAME = (
+    "device_ids",
+    "output_device",
+    "dim",
+    "find_unused_parameters",
+    "gradient_as_bucket_view",
+    "static_graph",
+    "mixed_precision",
+    "skip_all_reduce_unused_params",
+)
+
+
+def rewrap(model, process_group=None):
+    """A new ``DistributedDataParallel`` around ``model.module``, same settings, on
+    ``process_group`` (default: the current default group). Collective.
+
+    ``model`` is a DDP model made before the group it holds was aborted. Comm hooks
+    registered on the old wrapper are not carried over: register them again.
+    FSDP2 (``fully_shard``) models keep their shards on every rank through a hang, but
+    are not re-sharded onto a new group here: raises ``TypeError`` saying so.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if not isinstance(model, DDP):
+        kind = type(model).__name__
+        if hasattr(model, "_get_fsdp_state"):
+            raise TypeError(
+                f"rewrap: {kind} is an FSDP2 (fully_shard) model; its shards are kept on "
+                "every rank (p.to_local()), but it cannot be moved onto a new group in "
+                "place. Save them (torch.save of each rank's state_dict()), then build and "
+                "fully_shard the model again and load them."
+            )
+        raise TypeError(
+            f"rewrap: expected a DistributedDataParallel model, got {kind}; a plain "
+            "module needs no new group (wrap it: DDP(module))."
+        )
+    takes = inspect.signature(DDP.__init__).parameters
+    kwargs = {name: getattr(model, name) for name in _SAME_NAME if hasattr(model, name)}
+    if not getattr(model, "bucket_bytes_cap_default", True):
+        kwargs["bucket_cap_mb"] = model.bucket_bytes_cap / 2**20
+    kwargs = {k: v for k, v in kwargs.items() if k in takes}
+    return DDP(model.module, process_group=process_group, **kwargs)
+
+
+def held_models(namespace: dict | None = None) -> dict[str, list[str]]:
+    """The names in ``namespace`` (default: the engine's user namespace, else
+    ``__main__``) of models that hold a torch.distributed group:
+    ``{"ddp": [...], "fsdp": [...]}``. What the hang report names after an abort.
+    """
+    import sys
+
+    if namespace is None:
+        shell = None
+        if "IPython" in sys.modules:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+        namespace = shell.user_ns if shell is not None else vars(sys.modules["__main__"])
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    found: dict[str, list[str]] = {"ddp": [], "fsdp": []}
+    for name, value in list(namespace.items()):
+        if name.startswith("_"):
+            continue
+        if isinstance(value, DDP):
+            found["ddp"].append(name)
+        elif hasattr(value, "_get_fsdp_state") and callable(value._get_fsdp_state):
+            found["fsdp"].append(name)
+    return found
