@@ -30,6 +30,9 @@ RANK_RUNNERS = frozenset({"run_mpi", "run_worker", "run_case_files"})
 STARTS_RANKS = frozenset(
     {
         "tests/dashboard/test_stream.py::test_fast_loop_never_waits_for_a_slow_notebook_and_nothing_is_lost",
+        "tests/cluster/test_session_dirs.py::test_a_launcher_given_a_killed_launchers_pid_starts",
+        # runs mpiexec in a pytest of its own to check tests/_spawn_check.py
+        "tests/test_markers.py::test_an_unmarked_test_that_starts_ranks_fails_naming_the_marker",
     }
 )
 
@@ -68,6 +71,7 @@ SLOW: dict[str, float] = {
     "tests/cluster/test_keep.py::test_ranks_that_die_while_no_one_is_attached_are_reported_once_then_removed": 10,
     "tests/kernel/test_completion.py::test_an_ordinary_kernel_completes_in_mpi_cells_even_while_one_runs": 20,
     "tests/kernel/test_completion.py::test_the_mpi_kernel_completes_and_inspects_rank_names": 12,
+    "tests/test_notebooks_command.py::test_the_quick_starts_last_command_runs_as_printed_without_an_activated_venv": 12,
 }
 
 

@@ -1,5 +1,7 @@
 """Shared fixtures: one real 4-rank MPI cluster per test session, process counting,
-the two-node Slurm test bed; the ``cluster`` and ``slow`` markers (``tests/_markers.py``).
+the two-node Slurm test bed; the ``cluster`` and ``slow`` markers (``tests/_markers.py``),
+and the check that a test which starts ranks, a kernel or a cluster carries ``cluster``
+(``tests/_spawn_check.py``).
 
 Only one cluster runs at a time on these 2-core machines: tests that start their own
 (in a notebook kernel, say) take ``no_shared_cluster``, which stops the shared one;
@@ -14,12 +16,16 @@ import signal
 import pytest
 
 from clusterkernel import Cluster
+from tests import _spawn_check
 from tests._markers import markers_for
 from tests._procs import wait_no_cluster_processes
 from tests.slurm._testbed import SlurmTestbed, missing_programs
 
 
 def pytest_configure(config):
+    # a test that starts ranks, a kernel or a cluster without the `cluster` marker fails
+    if not config.pluginmanager.is_registered(_spawn_check):
+        config.pluginmanager.register(_spawn_check, "clusterkernel-spawn-check")
     # A runner that starts the suite as a background job of a non-interactive shell
     # (job control off: CI runners, `cmd &` in a script) hands it SIGINT ignored, and
     # Python then leaves it ignored. The suite stands in for a kernel interrupt with

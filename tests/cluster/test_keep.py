@@ -231,7 +231,10 @@ def test_one_driver_at_a_time_and_a_takeover_while_a_cell_runs(runs, kernels, no
     assert not wait_no_cluster_processes(20)
 
 
-def test_the_mpi_kernel_with_keep_attaches_again_after_a_restart(runs, kernels, tmp_path):
+def test_the_mpi_kernel_with_keep_attaches_again_after_a_restart(
+    runs, kernels, tmp_path, no_shared_cluster
+):
+    # no_shared_cluster: the MPI kernel starts ranks of its own (one cluster at a time)
     prefix = tmp_path / "prefix"
     subprocess.run(
         [sys.executable, "-m", "clusterkernel", "install-kernel", "-n", "2", "--keep", "5m",

@@ -81,7 +81,8 @@ def small_cgroup():
     child.rmdir()  # fails (and so does the test) if a process of it were still alive
 
 
-def test_a_rank_killed_for_memory_is_named_and_leaves_nothing(small_cgroup):
+def test_a_rank_killed_for_memory_is_named_and_leaves_nothing(small_cgroup, no_shared_cluster):
+    # no_shared_cluster: the script below starts a cluster of its own (one at a time)
     procs = small_cgroup / "cgroup.procs"
 
     def enter_cgroup() -> None:
