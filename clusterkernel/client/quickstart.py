@@ -4,12 +4,15 @@ Runs a few cells through a real IPython shell, exactly as you would type them,
 echoing each one first: start 4 ranks, run code on all of them, move a tensor
 with a collective, push and pull a variable, see an error grouped by rank, stop.
 The same cells make up the notebook ``00_quickstart.ipynb`` for JupyterLab, which
-``clusterkernel notebooks DIR`` copies out of the installed package with the others.
+``clusterkernel notebooks DIR`` copies out of the installed package with the others;
+the last line printed is that command and the one that opens JupyterLab, with this
+environment's paths (:func:`next_step`).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 CELLS = [
@@ -42,11 +45,24 @@ def main(argv: list[str] | None = None) -> int:
         result = shell.run_cell(code, store_history=True)
         if not result.success and "raise ValueError" not in code:
             failed += 1
-    print(
-        "\nDone. The same cells, and more, as notebooks for JupyterLab:\n"
-        "  clusterkernel notebooks my-notebooks && jupyter lab my-notebooks/00_quickstart.ipynb"
-    )
+    print(f"\nDone. The same cells, and more, as notebooks for JupyterLab:\n  {next_step()}")
     return 1 if failed else 0
+
+
+def next_step(folder: str = "my-notebooks") -> str:
+    """The command the quick start ends with: copy the notebooks out, open the first in
+    JupyterLab; it runs as printed with the virtual environment not activated.
+
+    Example::
+
+        next_step()
+        # '/home/me/.venv/bin/clusterkernel notebooks my-notebooks &&
+        #  /home/me/.venv/bin/jupyter lab my-notebooks/00_quickstart.ipynb'
+    """
+    from clusterkernel.client.teaching_notebooks import command, lab_command
+
+    copy = f"{command('clusterkernel', 'clusterkernel')} notebooks {shlex.quote(folder)}"
+    return f"{copy} && {lab_command(f'{folder}/00_quickstart.ipynb')}"
 
 
 if __name__ == "__main__":

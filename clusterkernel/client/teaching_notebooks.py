@@ -8,13 +8,20 @@ wheel build copies), and this command copies them out::
     clusterkernel notebooks my-notebooks --force  # overwrite earlier copies
 
 From Python: ``copy_notebooks("my-notebooks")`` returns the files it wrote.
+
+The commands this module and the quick start print run as printed in a shell where the
+virtual environment is not activated: they name the environment's own scripts by
+absolute path (:func:`command`, :func:`lab_command`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import shutil
 import sys
+import sysconfig
 from importlib import resources
 from pathlib import Path
 
@@ -71,6 +78,43 @@ def copy_notebooks(dest: str | Path, force: bool = False) -> list[Path]:
     return written
 
 
+def command(script: str, module: str) -> str:
+    """A shell command that runs console script ``script`` of this Python's environment,
+    with no activated venv and no ``PATH`` entry needed: the script's absolute path
+    where it is installed next to this Python, else ``<this python> -m module``.
+
+    Example::
+
+        command("clusterkernel", "clusterkernel")   # '/home/me/.venv/bin/clusterkernel'
+    """
+    for folder in (os.path.dirname(sys.executable), sysconfig.get_path("scripts")):
+        path = os.path.join(folder, script)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return shlex.quote(path)
+    return f"{shlex.quote(sys.executable)} -m {module}"
+
+
+def lab_command(notebook: str | Path) -> str:
+    """A shell command that opens ``notebook`` in this environment's JupyterLab, as printed:
+    ``--allow-root`` for root (JupyterLab refuses root without it); where JupyterLab
+    is not installed, the pip command that installs it comes first.
+
+    Example::
+
+        lab_command("my-notebooks/00_quickstart.ipynb")
+        # '/home/me/.venv/bin/jupyter lab my-notebooks/00_quickstart.ipynb'
+    """
+    line = f"{command('jupyter', 'jupyter')} lab {shlex.quote(str(notebook))}"
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        line += " --allow-root"
+    try:
+        import jupyterlab  # noqa: F401 - only whether it is there
+    except ImportError:
+        pip = f"{shlex.quote(sys.executable)} -m pip install 'jupyterlab>=4' 'ipykernel>=6.25'"
+        line = f"{pip} && {line}"
+    return line
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``clusterkernel notebooks``."""
     parser.add_argument("dir", help="folder to copy the notebooks into (made if missing)")
@@ -89,5 +133,5 @@ def main(args: argparse.Namespace) -> int:
     print(f"Copied {len(written)} notebooks into {args.dir}:")
     for path in written:
         print(f"  {path.name}")
-    print(f"Open them with: jupyter lab {Path(args.dir) / written[0].name}")
+    print(f"Open them with: {lab_command(Path(args.dir) / written[0].name)}")
     return 0
