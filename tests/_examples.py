@@ -1,5 +1,5 @@
 """Collect the examples that users read: the ``Example`` blocks of public docstrings and
-the ```python blocks of README.md (``tests/test_examples.py`` runs them).
+the ```python blocks of README.md and docs/*.md (``tests/test_examples.py`` runs them).
 
 Public means reachable from the public modules' ``__all__`` (:data:`PUBLIC_MODULES`,
 ``clusterkernel.__all__`` first): a public module's own docstring, each public name's
@@ -179,12 +179,15 @@ def docstring_examples() -> list[Example]:
 
 
 def readme_examples() -> list[Example]:
-    """The README's ```python blocks, named by the line of their opening fence."""
-    text = (ROOT / "README.md").read_text()
+    """The ```python blocks of the README and of the user docs in ``docs/``, each named
+    by its file and the line of its opening fence."""
     out = []
-    for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
-        line = text.count("\n", 0, m.start()) + 1
-        out.append(Example(f"README.md:{line}", "README", "README.md", m.group(1)))
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        where = str(path.relative_to(ROOT))
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+            line = text.count("\n", 0, m.start()) + 1
+            out.append(Example(f"{where}:{line}", "README", where, m.group(1)))
     return out
 
 
