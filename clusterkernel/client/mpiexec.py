@@ -147,6 +147,10 @@ QUIET_OSC = {"OMPI_MCA_osc": "^ucx"}
 # with these). Open MPI 5's launcher daemon (prterun) still opens an out-of-band port
 # on all interfaces; PRRTE refuses a loopback-only setting.
 LOCAL_ONLY_ENV = {"OMPI_MCA_btl": "self,sm"}
+# The same for a fault-tolerant job, whose respawned ranks are a second MPI job: Open
+# MPI's shared memory does not reach across jobs ("unable to reach each other"), so
+# TCP is on, on the loopback interface only.
+LOCAL_ONLY_FT_ENV = {"OMPI_MCA_btl": "self,sm,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"}
 
 
 # PRRTE's setting for where its launcher keeps its session directory.
@@ -228,7 +232,8 @@ class MPIRuntime:
             for key, value in QUIET_OSC.items():
                 env.setdefault(key, value)
             if hostfile is None and is_local_only(hosts or []):
-                for key, value in LOCAL_ONLY_ENV.items():
+                local = LOCAL_ONLY_FT_ENV if fault_tolerant else LOCAL_ONLY_ENV
+                for key, value in local.items():
                     env.setdefault(key, value)
             if SESSION_ROOT_VAR not in env and (root := session_root()) is not None:
                 env[SESSION_ROOT_VAR] = root

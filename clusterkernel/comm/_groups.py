@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 from mpi4py import MPI
 
 from clusterkernel.comm._errors import CommError
+from clusterkernel.rank._world import world as _world
 
-_WORLD_COMM = MPI.COMM_WORLD
+_WORLD_COMM = _world()  # MPI.COMM_WORLD, or the merged world of a respawned rank
 
 
 _MADE: dict[tuple[str, tuple[int, ...]], int] = {}  # groups made so far, by (name, ranks)
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every group object alive in this process
 
 
 class Group:
@@ -47,6 +50,7 @@ class Group:
         "_shm",
         "_hier",
         "_auto",
+        "__weakref__",
     )
 
     def __init__(self, comm: MPI.Intracomm | None, ranks: tuple[int, ...], name: str):
@@ -69,6 +73,26 @@ class Group:
         self._shm = None  # the shared-memory segment of algorithm="shm" (_shm.segment)
         self._hier = None  # algorithm="hier"'s node and leader communicators (_hier)
         self._auto: dict | None = None  # algorithm="auto"'s rules for this group (_auto)
+        _LIVE.add(self)
+
+    def __reduce__(self):
+        # by identity: the same group on the receiving rank (a respawned rank's copy
+        # of the namespace), never its communicator
+        return (find_group, (self.name, self.ranks, self.instance))
+
+    def _reset(self, comm: MPI.Intracomm | None) -> None:
+        """Bind to ``comm`` (made in a new world) and drop what the old one made."""
+        self.comm = comm
+        self.rank = comm.Get_rank() if comm is not None else -1
+        self._inner = None
+        self._seq = 0
+        self._calls = 0
+        self._sigs = set()
+        self._sig_gen += 1
+        self._plans = {}
+        self._shm = None  # its segment was the old ranks': the guard removes its names
+        self._hier = None
+        self._auto = None
 
     def __repr__(self) -> str:
         return f"Group({self.name}, ranks={list(self.ranks)}, rank={self.rank})"
@@ -136,6 +160,55 @@ WORLD = Group(_WORLD_COMM, tuple(range(_WORLD_COMM.Get_size())), "world")
 
 
 _WORLD_GROUP = _WORLD_COMM.Get_group()
+
+
+def group_keys() -> list[tuple[str, tuple[int, ...], int]]:
+    """``(name, ranks, instance)`` of every group but the world's alive here, sorted:
+    what a respawn makes again, in this order, on every rank."""
+    return sorted({(g.name, g.ranks, g.instance) for g in _LIVE if g is not WORLD and g.ranks})
+
+
+def rebind_world(comm: MPI.Intracomm, keys: list | None = None) -> None:
+    """After a respawn: ``comm`` (the N ranks again, old rank order) becomes the world,
+    and the groups named by ``keys`` (:func:`group_keys` of one survivor; every rank
+    passes the same list) are made again in it. Collective over ``comm``.
+
+    Groups alive here that ``keys`` does not name are left without a communicator.
+    """
+    global _WORLD_COMM, _WORLD_GROUP, _NODE
+    _WORLD_COMM = comm
+    _WORLD_GROUP = comm.Get_group()
+    _NODE = None  # made again, collectively, at its next use
+    WORLD._reset(comm)
+    mine = {(g.name, g.ranks, g.instance): g for g in _LIVE if g is not WORLD}
+    for g in mine.values():
+        g._reset(None)
+    for name, ranks, instance in keys or []:
+        made = comm.Create(_WORLD_GROUP.Incl(list(ranks)))
+        made = None if made == MPI.COMM_NULL else made
+        group = mine.get((name, ranks, instance))
+        if group is None:  # a respawned rank: the survivors' group, under its name
+            _MADE[(name, ranks)] = instance
+            group = Group(made, ranks, name)
+            _KEPT.append(group)
+        else:
+            group._reset(made)
+
+
+_KEPT: list = []  # groups a respawned rank made for its copied variables to find
+
+
+def find_group(name: str, ranks: tuple[int, ...], instance: int) -> Group:
+    """The group alive here with this name, ranks and instance (how a Group unpickles)."""
+    if name == "world":
+        return WORLD
+    for g in list(_LIVE):
+        if (g.name, g.ranks, g.instance) == (name, tuple(ranks), instance):
+            return g
+    raise CommError(
+        f"{name} (ranks {list(ranks)}) does not exist on rank {WORLD.rank}: make it with "
+        "comm.new_group on every rank"
+    )
 
 
 def _world_ranks(comm: MPI.Intracomm) -> tuple[int, ...]:

@@ -165,9 +165,9 @@ def _install_stack_handler() -> None:
 def setup(stack_dir: str | None) -> dict:
     """Arm the stack reporters and return this engine's identity."""
     global _stack_file, _rank
-    from mpi4py import MPI
+    from clusterkernel.rank._world import world as _world
 
-    world = MPI.COMM_WORLD
+    world = _world()
     rank = _rank = world.Get_rank()
     _install_stack_handler()
     from clusterkernel.torchdist._sockets import track  # before any group is made

@@ -122,15 +122,15 @@ def free_port(address: str) -> int:
 def torchrun_env(comm: Any = None, apply: bool = True) -> dict[str, str]:
     """torchrun's variables for this rank, from MPI; set in ``os.environ`` unless ``apply=False``.
 
-    Collective over ``comm`` (default: MPI's world): every rank must call it.
+    Collective over ``comm`` (default: MPI's world, respawned ranks included): every rank must call it.
     ``MASTER_PORT`` is a fresh free port each call. To pin the rendezvous, give the
     ranks ``CLUSTERKERNEL_MASTER_ADDR`` / ``CLUSTERKERNEL_MASTER_PORT``
     (``Cluster(env=...)``): plain ``MASTER_*`` are what this call writes.
     """
     if comm is None:
-        from mpi4py import MPI
+        from clusterkernel.rank._world import world
 
-        comm = MPI.COMM_WORLD
+        comm = world()
     rank, size = comm.Get_rank(), comm.Get_size()
     hosts = comm.allgather(socket.gethostname())
     several = len(set(hosts)) > 1

@@ -34,6 +34,7 @@ from clusterkernel.client.cluster import (
     _namespace,
     _preflight,
     _rank_faults,
+    _respawn,
     _stacks,
     _torch,
 )
@@ -48,6 +49,7 @@ from clusterkernel.protocol import _oom
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster._launch import Launcher
+    from clusterkernel.client.cluster._respawn import Respawned
     from clusterkernel.client.cluster.runner import CellRun
     from clusterkernel.client.dashboard import Dashboard
 
@@ -469,6 +471,44 @@ class Cluster:
         if self.keep is not None:
             _keep.update(self._engines.run_dir, {"rank_info": self._engines.rank_info})
 
+    def respawn(self, source: int | None = None, timeout: float = 120.0) -> Respawned:
+        """Bring dead ranks back: the job is N ranks again, with the same rank numbers.
+
+        Needs ``fault_tolerant=True`` (Open MPI's ULFM). The survivors are the same
+        processes, every variable kept; each new rank starts empty, or with a copy of
+        rank ``source``'s picklable variables (torch modules and optimizers included;
+        the report names what could not be copied). comm's groups are made again, and
+        with ``torch=True`` a new default group spans the N ranks (DDP models on the
+        survivors: ``torchdist.rewrap``). Returns a report; ``report.ranks`` is empty
+        when no rank had died.
+
+        Example::
+
+            cluster = Cluster(n=4, fault_tolerant=True).start()
+            ...                                   # rank 2 dies
+            print(cluster.respawn(source=0).summary())   # %mpi respawn --from 0
+        """
+        dead = _respawn.check(self, source)
+        if not dead:
+            return _respawn.Respawned(source=source)
+        return _respawn.respawn(self, self._engines, dead, source, timeout)
+
+    def ranks_respawned(self, ranks: list[int]) -> None:
+        """New processes of ``ranks`` joined the job (``_respawn``): alive again; the
+        torch.distributed group that spanned the dead ones is closed on the survivors
+        and everything a fresh set of ranks gets is given to all of them."""
+        self._health.revived(ranks)
+        survivors = [r for r in self.ranks if r not in ranks]
+        try:
+            self.abort_torch_groups(survivors)  # it still waits for the dead processes
+        except Exception:  # no torch.distributed on the ranks: nothing to close
+            pass
+        self._ranks_up()
+        if self._dashboard is not None and not self._dashboard.closed:
+            self._dashboard.attach()
+        if self.keep is not None:
+            _keep.update(self._engines.run_dir, {"rank_info": self._engines.rank_info})
+
     def torch_group(self) -> dict[int, dict]:
         """Each rank's default torch.distributed group: ``{rank: {"backend", "rank",
         "world_size", "master"}}`` (empty dicts where a rank has none)."""
@@ -565,7 +605,9 @@ class Cluster:
     def view(self, ranks: list[int] | None = None) -> ipp.DirectView:
         """A DirectView of the engines for ``ranks`` (default: live ones), in rank order."""
         ranks = self.live_ranks if ranks is None else list(ranks)
-        return self.client[[self.engine_id(r) for r in ranks]]
+        view = self.client[[self.engine_id(r) for r in ranks]]
+        view.label = getattr(self, "_cell_label", None)  # the ranks' name of the cell (run())
+        return view
 
     def _require_running(self) -> None:
         taken = self._taken_over()
@@ -685,7 +727,10 @@ class Cluster:
         ``dashboard=True`` (``%%mpi --dashboard``) shows :meth:`dashboard` first
         and, when the cell has run, collects its last records into it.
         """
+        import secrets
+
         from clusterkernel.client.cluster.runner import CellFaults, CellRun
+        from clusterkernel.protocol.records import CELL_LABEL
 
         self._require_running()
         ranks = self.live_ranks if ranks is None else sorted(set(ranks))
@@ -694,6 +739,8 @@ class Cluster:
         dash = self.dashboard() if dashboard else None
         if dash is not None:
             dash.show()
+        # one name per cell, the same on every rank: the dashboard's runs (CELL_LABEL)
+        self._cell_label = f"{CELL_LABEL}{secrets.token_hex(6)}"
         try:
             faults = CellFaults(
                 job_ended=self._health.job_ended,

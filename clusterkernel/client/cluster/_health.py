@@ -65,6 +65,11 @@ class RankHealth:
         self._lost = None
         self._dead = {}
 
+    def revived(self, ranks: list[int]) -> None:
+        """Dead ranks were respawned into the live job: they are alive again."""
+        for r in ranks:
+            self._dead.pop(r, None)
+
     def forgotten(self) -> None:
         """The cluster no longer drives ranks (stopped or let go): none is dead.
         ``lost`` stays: why the last set went, until the next start."""

@@ -248,6 +248,16 @@ class Engines:
         self.ipp.update_cluster_file()
         self._wait_for_new_engines(old_pids)
 
+    def respawned(self, engine_ids: list[int]) -> None:
+        """The engines ``engine_ids`` registered again as new processes of their old ranks
+        (``Cluster.respawn``): read their identity into the rank map."""
+        infos = self._query_setup(engine_ids)
+        if infos is None:
+            raise ClusterError(f"The respawned engines {engine_ids} did not answer their set-up.")
+        for eid, info in infos.items():
+            self.rank_info[info["rank"]] = {**info, "engine": eid}
+            self.engine_of[info["rank"]] = eid
+
     def _wait_for_new_engines(
         self, old_pids: set[int], progress: Callable[[str | None], Any] | None = None
     ) -> None:

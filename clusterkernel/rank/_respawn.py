@@ -1,0 +1,185 @@
+"""Bring dead ranks back into the live MPI job, the survivors untouched (rank side).
+
+Built on MPI's own fault tolerance (Open MPI's ULFM, ``--fault-tolerant``): the
+survivors agree on who is gone and make a communicator of themselves
+(``MPI_Comm_shrink``), start one new process per dead rank (``MPI_Comm_spawn_multiple``,
+on the dead rank's host), merge with them (``MPI_Intercomm_merge``) and order the
+result by the old rank numbers (``MPI_Comm_split``). That communicator becomes every
+rank's world (:mod:`clusterkernel.rank._world`); comm's groups are made again in it.
+The survivors stay the same processes with every variable; a new process runs this
+module as its program, joins, and then starts the ipyparallel engine it replaces,
+under the dead rank's engine id.
+
+:func:`copy_namespace` then gives the new ranks the picklable variables of a
+survivor (one pickle, so an optimizer keeps pointing at its model's parameters),
+sent over MPI, not through the controller.
+
+Example (what ``cluster.respawn(source=0)`` runs; the client side is
+``clusterkernel.client.cluster._respawn``)::
+
+    grow(dead=[2], commands=[[python, "-m", "clusterkernel.rank._respawn", ...]],
+         hosts=[None], root=0)                       # on ranks 0, 1, 3
+    copy_namespace(source=0, targets=[2])            # on ranks 0 and 2
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import runpy
+import sys
+import time
+
+from clusterkernel.rank._world import replace, world
+
+# names IPython and ipyparallel put in every namespace
+_NOT_COPIED = {"In", "Out", "exit", "quit", "get_ipython", "open"}
+
+
+def _group_keys() -> list:
+    groups = sys.modules.get("clusterkernel.comm._groups")
+    return groups.group_keys() if groups is not None else []
+
+
+def grow(dead: list[int], commands: list[list[str]], hosts: list[str | None], root: int) -> dict:
+    """On every survivor: spawn one process per rank in ``dead`` (``commands[i]`` on
+    ``hosts[i]``, None: where MPI places it) and make the N ranks one world again.
+
+    Collective over the survivors; ``root`` is the lowest survivor. Returns this
+    rank's timings in seconds.
+    """
+    from mpi4py import MPI
+
+    old = world()
+    me = old.Get_rank()
+    t0 = time.perf_counter()
+    shrunk = old.Shrink()
+    t1 = time.perf_counter()
+    infos = []
+    for host in hosts:
+        info = MPI.Info.Create()
+        if host:
+            info.Set("host", host)
+        infos.append(info)
+    inter = shrunk.Spawn_multiple(
+        [c[0] for c in commands], [c[1:] for c in commands], [1] * len(commands), infos, root=0
+    )
+    for info in infos:
+        info.Free()
+    merged = inter.Merge(high=False)
+    comm = merged.Split(0, me)
+    keys = comm.bcast(_group_keys() if me == root else None, root=root)
+    replace(comm, keys)
+    return {"shrink": t1 - t0, "spawn": time.perf_counter() - t1, "size": comm.Get_size()}
+
+
+def _namespace() -> dict:
+    from IPython import get_ipython
+
+    return get_ipython().user_ns
+
+
+def _hidden() -> set[str]:
+    from IPython import get_ipython
+
+    return set(get_ipython().user_ns_hidden)
+
+
+def _dumps(value) -> bytes:
+    try:
+        import cloudpickle  # functions and classes defined in cells, by value
+    except ImportError:
+        return pickle.dumps(value, protocol=5)
+    return cloudpickle.dumps(value, protocol=5)
+
+
+def _picklable(ns: dict) -> tuple[dict, dict[str, str], dict[str, str]]:
+    """``(values, modules, skipped)``: what pickles, modules by name, and why the rest not."""
+    hidden = _hidden()
+    values, modules, skipped = {}, {}, {}
+    for name, value in ns.items():
+        if name.startswith("_") or name in _NOT_COPIED or name in hidden:
+            continue
+        if type(value) is type(os):
+            modules[name] = value.__name__
+            continue
+        values[name] = value
+    try:  # one pickle: objects shared between variables stay shared
+        _dumps(values)
+    except Exception:
+        for name in list(values):
+            try:
+                _dumps(values[name])
+            except Exception as e:
+                skipped[name] = f"{type(values.pop(name)).__name__}: {e}"[:200]
+    return values, modules, skipped
+
+
+def copy_namespace(source: int, targets: list[int]) -> dict:
+    """Run on ``source`` and every rank in ``targets`` at once: the targets get the
+    source's picklable variables (modules imported again by name).
+
+    Returns on the source ``{"copied": [...], "skipped": {name: why}, "bytes": n}``,
+    on a target ``{"copied": [...]}``.
+    """
+    from mpi4py import MPI
+
+    comm = world()
+    me = comm.Get_rank()
+    tag = 7311
+    if me == source:
+        values, modules, skipped = _picklable(_namespace())
+        blob = _dumps((values, modules))
+        for t in targets:
+            comm.send(len(blob), dest=t, tag=tag)
+            comm.Send([blob, MPI.BYTE], dest=t, tag=tag)
+        return {
+            "copied": sorted([*values, *modules]),
+            "skipped": skipped,
+            "bytes": len(blob),
+        }
+    size = comm.recv(source=source, tag=tag)
+    buf = bytearray(size)
+    comm.Recv([buf, MPI.BYTE], source=source, tag=tag)
+    values, modules = pickle.loads(buf)
+    import importlib
+
+    ns = _namespace()
+    for name, module in modules.items():
+        ns[name] = importlib.import_module(module)
+    ns.update(values)
+    return {"copied": sorted([*values, *modules])}
+
+
+def main(argv: list[str]) -> None:
+    """A new rank's program: ``RANK SIZE LOCAL_RANK LOCAL_SIZE ROOT -- ENGINE_COMMAND...``.
+
+    Joins the survivors, then runs the engine command (``python -m MODULE ARGS``) in
+    this process, as the launcher would have.
+    """
+    split = argv.index("--")
+    rank, size, local_rank, local_size, root = map(int, argv[:split])
+    program = argv[split + 1 :]
+    # what MPI would have told the dead rank, for code that reads its environment
+    os.environ.update(
+        OMPI_COMM_WORLD_RANK=str(rank),
+        OMPI_COMM_WORLD_SIZE=str(size),
+        OMPI_COMM_WORLD_LOCAL_RANK=str(local_rank),
+        OMPI_COMM_WORLD_LOCAL_SIZE=str(local_size),
+    )
+    from mpi4py import MPI
+
+    parent = MPI.Comm.Get_parent()
+    if parent == MPI.COMM_NULL:
+        raise SystemExit("clusterkernel.rank._respawn: not started by MPI_Comm_spawn")
+    comm = parent.Merge(high=True).Split(0, rank)
+    replace(comm, comm.bcast(None, root=root))
+    if program[1:2] != ["-m"] or len(program) < 3:
+        raise SystemExit(f"clusterkernel.rank._respawn: cannot run {program!r}")
+    module = program[2]
+    sys.argv = [module, *program[3:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
