@@ -30,7 +30,13 @@ import threading
 import time
 from typing import Any
 
-from clusterkernel.protocol.records import KINDS, comm_record, scalar_record, span_record
+from clusterkernel.protocol.records import (
+    CELL_LABEL,
+    KINDS,
+    comm_record,
+    scalar_record,
+    span_record,
+)
 
 _now = time.perf_counter
 DEFAULT_CAPACITY = 1_000_000
@@ -100,6 +106,9 @@ class Recorder:
         self._lock = threading.Lock()
         # records no longer in the lists (trimmed or cleared): absolute index base
         self._gone = dict.fromkeys(KINDS, 0)
+        # (cell, comm index, scalar index, span index): where each cell's records start
+        # (absolute indices), one tuple per cell run in the rank's IPython (see mark_cell)
+        self.cells: list[tuple[str, int, int, int]] = []
 
     def _append(self, kind: str, item: tuple) -> None:
         store = self._stores[kind]
@@ -142,6 +151,18 @@ class Recorder:
             hi = len(store) if limit is None else min(len(store), lo + limit)
             items = store[lo:hi]
         return items, max(base + hi, start), max(base - start, 0)
+
+    def mark_cell(self, cell: str) -> None:
+        """Records from now on belong to ``cell`` (the dashboard draws each cell's
+        records as a run of their own). Called before each cell on an engine.
+
+        Example::
+
+            rec.mark_cell("ck-cell 3f2a")   # what the engine's pre_run_cell hook does
+        """
+        with self._lock:
+            at = tuple(self._gone[k] + len(self._stores[k]) for k in KINDS)
+        self.cells.append((cell, *at))
 
     def timing(
         self,
@@ -250,11 +271,55 @@ def _to_number(name: str, value: Any) -> float:
 _RECORDER: Recorder | None = None
 
 
+def _cell_name(shell) -> str:
+    """The cell this engine runs now: the label ``%%mpi`` gave it (the same on every
+    rank), else the engine's execution count (a cell sent some other way)."""
+    try:
+        label = (shell.kernel.get_parent("shell").get("metadata") or {}).get("label")
+    except Exception:
+        label = None
+    if isinstance(label, str) and label.startswith(CELL_LABEL):
+        return label
+    return f"cell {shell.execution_count}"
+
+
+def _follow_cells(rec: Recorder) -> None:
+    """Mark each cell the engine runs in ``rec`` (an IPython ``pre_run_cell`` hook).
+
+    Nothing outside an IPython kernel (a job under plain ``mpiexec``: one run).
+    """
+    import builtins
+
+    get_ipython = getattr(builtins, "get_ipython", None)
+    shell = get_ipython() if get_ipython is not None else None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return
+    shell.events.register("pre_run_cell", lambda info=None: rec.mark_cell(_cell_name(shell)))
+    try:
+        running = shell.kernel.get_parent("shell").get("header", {}).get("msg_type")
+    except Exception:
+        running = None
+    if running == "execute_request":  # made inside a cell: that cell has begun
+        rec.mark_cell(_cell_name(shell))
+
+
 def recorder() -> Recorder:
-    """This process's recorder (created on first use)."""
+    """This process's recorder (created on first use).
+
+    Made, it also marks the cells an engine runs (one run each on the dashboard) and
+    times the gradient all-reduces of DDP models made afterwards
+    (:mod:`clusterkernel.torchdist._ddp`)."""
     global _RECORDER
     if _RECORDER is None:
         _RECORDER = Recorder()
+        try:
+            _follow_cells(_RECORDER)
+        except Exception:  # an unusual shell: records then form one run
+            pass
+        # DDP models made from now on report their all-reduces (torchdist._ddp)
+        from clusterkernel.torchdist import _ddp
+
+        _ddp.watch()
     return _RECORDER
 
 

@@ -71,6 +71,7 @@ class Publisher:
         self.max_batch = max_batch
         self.seq = 0  # messages sent
         self.sent = dict.fromkeys(KINDS, 0)  # absolute index of the next record to send
+        self.cells_sent = 0  # the recorder's cell marks sent so far
         self.lost = dict.fromkeys(KINDS, 0)
         self.full_waits = 0  # ticks where the socket was full (the notebook lagged)
         # (frames, read indices after it, lost counts): the one message waiting to go
@@ -119,12 +120,19 @@ class Publisher:
         msg: dict = {"v": _wire.VERSION, "rank": rec.rank}
         upto = {}
         lost = {}
+        at = {}
         for kind in KINDS:
             items, nxt, skipped = rec.read(kind, self.sent[kind], self.max_batch)
             msg[kind] = items
             upto[kind] = nxt
+            at[kind] = nxt - len(items)
             lost[kind] = self.lost[kind] + skipped
         msg["lost"] = lost
+        msg["at"] = at  # absolute index of each kind's first record here
+        # read after the records: a record read above has its cell's mark in here
+        cells = rec.cells[self.cells_sent :]
+        msg["cells"] = [list(c) for c in cells]
+        upto["cells"] = self.cells_sent + len(cells)
         return msg, upto
 
     def _tick(self, sock: zmq.Socket, final: bool = False) -> None:
@@ -151,6 +159,7 @@ class Publisher:
             self._last_send = time.perf_counter()
             with self._cond:
                 self.seq += 1
+                self.cells_sent = upto.pop("cells")
                 self.sent = upto
                 self.lost = dict(lost)
                 self._cond.notify_all()

@@ -15,7 +15,8 @@ Kinds:
 
   ``start`` is ``time.perf_counter()`` on that rank; ``duration`` is seconds in
   the call (for async calls, issue to completion); ``wait`` is seconds spent
-  blocked in ``wait()``.
+  blocked in ``wait()`` (NaN where not measured: the blocked part of torch's
+  DDP bucket all-reduces, which overlap the backward pass).
 
 ``scalar`` values logged at one step (loss, throughput, staleness, ...)::
 
@@ -31,6 +32,10 @@ from __future__ import annotations
 
 COMM_FIELDS = ("op", "nbytes", "algorithm", "group_size", "start", "duration", "wait")
 KINDS = ("comm", "scalar", "span")
+# The ipyparallel label of each cell the notebook sends (``Cluster.run``), the same on
+# every rank: the ranks mark their records with it, so each execution of a cell is one
+# run in the dashboard (``Recorder.mark_cell``)
+CELL_LABEL = "ck-cell "
 
 
 def comm_record(rank: int, fields: tuple) -> dict:

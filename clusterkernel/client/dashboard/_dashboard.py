@@ -51,6 +51,15 @@ class Dashboard:
         ``benchmarks/bench_dashboard_draw.py``); the store keeps every point.
     interval : seconds between the ranks' batched sends.
 
+    Each execution of a cell that records something is a **run** of its own: its lines
+    start fresh, the runs before it stay faint behind it, and the step axis,
+    throughput, comm table and timeline follow the newest run (:meth:`clear` starts
+    empty). torch's DDP models report their gradient all-reduces by themselves.
+
+    To keep it in view while a later cell trains: ``%%mpi --dashboard`` shows it
+    under that cell, or in JupyterLab right-click the panels and pick "Create New
+    View for Cell Output" (a side panel that stays while the notebook scrolls).
+
     Example (three notebook cells)::
 
         dash = clusterkernel.Dashboard()   # or cluster.dashboard(), %mpi dashboard
@@ -294,9 +303,11 @@ class Dashboard:
             records = sum(sum(s["records"].values()) for s in status.values())
             lost = sum(s["lost"] + s["gaps"] for s in status.values())
             note = f"; {lost} records LOST (see status)" if lost else ""
+            runs = store.runs()
+            run = f"run {runs[-1]['run'] + 1} of {len(runs)}; " if runs else ""
             view.set_header(
-                f"{len(status)} ranks streaming; {store.messages} messages, {records} records"
-                f"; {self.updates} redraws{note}"
+                f"{run}{len(status)} ranks streaming; {store.messages} messages, "
+                f"{records} records; {self.updates} redraws{note}"
             )
         return sent
 
@@ -307,6 +318,21 @@ class Dashboard:
             return {row["rank"]: row for row in self.cluster.status()}
         except Exception:  # stopped or restarting: show what the stream knows
             return {}
+
+    def clear(self) -> None:
+        """Forget everything received so far and start the panels empty.
+
+        The ranks keep their records (``metrics.recorder()``); what they record from
+        now on shows. Each execution of a cell that logs is a run of its own anyway
+        (earlier runs are drawn faint), so this is for a fresh picture.
+
+        Example::
+
+            dash.clear()   # then run the training cell again
+        """
+        self.store.clear()
+        if not self.paused:
+            self.refresh(everything=True)
 
     # ------------------------------------------------------------------ output
     def records(self, kind: str | None = None) -> list[dict]:

@@ -13,11 +13,19 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from pathlib import Path
 
 from clusterkernel.client.dashboard._store import MetricsStore
 from clusterkernel.protocol.records import COMM_FIELDS
+
+
+def _unmeasured(rec: dict) -> dict:
+    """A comm record whose blocked time was not measured (NaN ``wait``, as torch's DDP
+    buckets) with ``wait`` None: JSON null, an empty CSV cell, never a made-up 0."""
+    w = rec.get("wait")
+    return {**rec, "wait": None} if isinstance(w, float) and math.isnan(w) else rec
 
 
 def to_csv(store: MetricsStore, path: str | os.PathLike, kind: str = "scalar") -> Path:
@@ -37,8 +45,8 @@ def to_csv(store: MetricsStore, path: str | os.PathLike, kind: str = "scalar") -
         with open(path, "w", newline="") as f:
             out = csv.writer(f)
             out.writerow(["rank", *COMM_FIELDS])
-            for r in store.records("comm"):
-                out.writerow([r["rank"], *(r[k] for k in COMM_FIELDS)])
+            for r in map(_unmeasured, store.records("comm")):
+                out.writerow([r["rank"], *("" if r[k] is None else r[k] for k in COMM_FIELDS)])
     else:
         raise ValueError(f"to_csv writes kind 'scalar' or 'comm', not {kind!r}")
     return path
@@ -48,7 +56,7 @@ def to_json(store: MetricsStore, path: str | os.PathLike) -> Path:
     """Every record plus each rank's ``wall - perf_counter`` offset, as one JSON file."""
     path = Path(path)
     doc = {
-        "records": store.records(),
+        "records": [_unmeasured(r) for r in store.records()],
         "wall_offset": {str(r): store.wall_offset(r) for r in store.ranks()},
     }
     path.write_text(json.dumps(doc))
@@ -58,7 +66,7 @@ def to_json(store: MetricsStore, path: str | os.PathLike) -> Path:
 def chrome_trace(store: MetricsStore) -> dict:
     """The comm calls and compute spans as a Chrome trace-event document."""
     offsets = {r: store.wall_offset(r) for r in store.ranks()}
-    recs = [r for r in store.records() if r["kind"] in ("comm", "span")]
+    recs = [_unmeasured(r) for r in store.records() if r["kind"] in ("comm", "span")]
     if not recs:
         return {"traceEvents": [], "displayTimeUnit": "ms"}
     t0 = min(r["start"] + offsets[r["rank"]] for r in recs)

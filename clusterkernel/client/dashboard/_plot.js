@@ -5,7 +5,8 @@
 // one redraw at the next animation frame, however many traits changed.
 // After each redraw the element carries what was drawn, for tests and benchmarks:
 //   data-frames: redraws so far;  data-drawn: finite points drawn per series;
-//   data-yticks: each y tick's label and the pixel row it was drawn at ("0:31,1:72").
+//   data-yticks: each y tick's label and the pixel row it was drawn at ("0:31,1:72");
+//   data-xticks: the x ticks' labels ("0,500,1000").
 // A range from high to low (ylim [3.6, -0.6]) runs that axis the other way.
 
 const MARGIN = { left: 58, right: 12, top: 8, bottom: 34 };
@@ -14,27 +15,56 @@ const FONT = "11px sans-serif";
 function niceTicks(lo, hi, count) {
   const span = hi - lo;
   if (span < 0) return niceTicks(hi, lo, count); // a reversed axis: the same ticks
-  if (!(span > 0) || !isFinite(span)) return [lo];
+  if (!(span > 0) || !isFinite(span)) return Object.assign([lo], { step: 0 });
   const raw = span / count;
   const mag = Math.pow(10, Math.floor(Math.log10(raw)));
-  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
+  const steps = [0.1, 0.2, 0.5, 1, 2, 5, 10].map((m) => m * mag);
+  // the smallest step of at least span / count; if that leaves a single tick (1000
+  // on [1, 1200]: "1000" alone gives no scale), the largest smaller one with two
+  const order = steps.filter((s) => s >= raw).concat(steps.filter((s) => s < raw).reverse());
+  let ticks = [];
+  for (const step of order) {
+    ticks = ticksAt(lo, hi, step);
+    if (ticks.length >= 2) break;
+  }
+  return ticks;
+}
+
+function ticksAt(lo, hi, step) {
   // by index, and at most 50: adding a step far below the values' precision
   // (a range of 1e-10 around 1e6) would never get past the first tick
-  const first = Math.ceil(lo / step);
+  const first = Math.ceil(lo / step - 1e-9);
   const ticks = [];
   for (let i = 0; i < 50; i++) {
     const v = (first + i) * step;
     if (v > hi + step * 1e-9) break;
     ticks.push(Math.abs(v) < step * 1e-9 ? 0 : v);
   }
+  ticks.step = step;
   return ticks;
 }
 
-function label(v, format) {
-  if (format === "d") return String(Math.round(v));
-  const a = Math.abs(v);
-  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(1);
-  return String(Number(v.toPrecision(3)));
+function decimals(step) {
+  if (!(step > 0)) return 0;
+  return Math.min(6, Math.max(0, Math.ceil(-Math.log10(step) - 1e-9)));
+}
+
+function formatter(ticks, format) {
+  // One format for all of an axis's ticks, with the decimals its step needs (so
+  // neighbours never read the same) and one unit (k, M, G) for large values.
+  if (format === "d") return (v) => String(Math.round(v));
+  const step = ticks.step || 0;
+  const big = Math.max(...ticks.map(Math.abs), 0);
+  if (big !== 0 && big < 1e-3) return (v) => (v === 0 ? "0" : v.toExponential(1));
+  // steps up to 9999 read best as they are; beyond, in thousands, millions, ...
+  for (const [unit, suffix] of [[1e9, "G"], [1e6, "M"], [1e3, "k"]]) {
+    if (big >= Math.max(unit, 1e4)) {
+      const d = decimals(step / unit);
+      return (v) => (v === 0 ? "0" : (v / unit).toFixed(d) + suffix);
+    }
+  }
+  const d = decimals(step);
+  return (v) => v.toFixed(d);
 }
 
 function columns(view) {
@@ -73,17 +103,20 @@ function draw(model, el, canvas, legend, size) {
   ctx.fillStyle = "#333";
   ctx.textAlign = "center";
   ctx.textBaseline = "top";
-  for (const t of niceTicks(x0, x1, Math.max(2, Math.floor(pw / 90)))) {
-    ctx.fillText(label(t, ""), px(t), top + ph + 4);
-  }
+  const xt = niceTicks(x0, x1, Math.max(2, Math.floor(pw / 90)));
+  const xl = formatter(xt, "");
+  for (const t of xt) ctx.fillText(xl(t), px(t), top + ph + 4);
+  el.dataset.xticks = xt.map(xl).join(",");
   ctx.fillText(model.get("xlabel"), left + pw / 2, top + ph + 18);
   ctx.textAlign = "right";
   ctx.textBaseline = "middle";
   const fixed = model.get("yticks");
-  const yt = fixed.length ? fixed : niceTicks(y0, y1, Math.max(2, Math.floor(ph / 40)));
+  const yt = fixed.length ? [...fixed] : niceTicks(y0, y1, Math.max(2, Math.floor(ph / 40)));
   const fmt = model.get("ytick_format");
-  for (const t of yt) ctx.fillText(label(t, fmt), left - 5, py(t));
-  el.dataset.yticks = yt.map((t) => `${label(t, fmt)}:${Math.round(py(t))}`).join(",");
+  if (fixed.length) yt.step = fixed.length > 1 ? Math.abs(fixed[1] - fixed[0]) : 0;
+  const yl = formatter(yt, fmt);
+  for (const t of yt) ctx.fillText(yl(t), left - 5, py(t));
+  el.dataset.yticks = yt.map((t) => `${yl(t)}:${Math.round(py(t))}`).join(",");
   ctx.save();
   ctx.translate(12, top + ph / 2);
   ctx.rotate(-Math.PI / 2);

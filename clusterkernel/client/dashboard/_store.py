@@ -5,8 +5,14 @@ thread (and by exports and tests), so every method takes its lock. It keeps the
 full history (the plots thin what they draw, the record is never thinned) plus a
 few running aggregates so that a redraw does not rescan the history:
 
-- per rank and scalar name, growing numpy columns of steps and values;
-- per rank and comm op, count / bytes / seconds / seconds waited.
+- per run, rank and scalar name, growing numpy columns of steps and values;
+- per run, rank and comm op, count / bytes / seconds / seconds waited.
+
+A **run** is one execution of a cell that recorded something: the ranks mark each
+cell they run (``Recorder.mark_cell``), the stream sends the marks with the
+records, and records of the same cell on every rank form one run. Re-running a
+training cell therefore starts a new run (new lines, never joined to the old
+ones); the panels show the newest run and earlier ones faint.
 
 Times inside records stay as each rank measured them (``perf_counter`` on that
 rank, as in :mod:`clusterkernel.protocol.records`); ``wall_offset(rank)`` converts them to
@@ -15,6 +21,7 @@ wall-clock time for a timeline shared by all ranks.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections.abc import Iterable
@@ -105,9 +112,10 @@ class _Rank:
         # every record, as the column batches they arrived in (see clusterkernel.protocol._wire)
         self.chunks: dict[str, list[dict]] = {k: [] for k in KINDS}
         self.count = dict.fromkeys(KINDS, 0)
-        self.series: dict[str, tuple[_Column, _Column]] = {}
-        self.comm_totals: dict[str, list[float]] = {}  # op -> [count, bytes, secs, wait]
-        self.comm_algs: dict[str, set[str]] = {}  # op -> algorithms it ran with ("auto"'s picks)
+        self.series: dict[tuple[int, str], tuple[_Column, _Column]] = {}  # (run, name)
+        # (run, op) -> [count, bytes, secs, wait, calls whose wait was measured]
+        self.comm_totals: dict[tuple[int, str], list[float]] = {}
+        self.comm_algs: dict[tuple[int, str], set[str]] = {}  # algorithms ("auto"'s picks)
         self.offset = 0.0  # wall - perf_counter on that rank
         self.seq = 0
         self.gaps = 0  # messages missing between sequence numbers
@@ -117,6 +125,39 @@ class _Rank:
         # timeline intervals in wall time, merged as they arrive: (kind, name) -> _Segments
         self.segments: dict[tuple[str, str], _Segments] = {}
         self.counted_at = float("nan")  # time of the last log() with a samples count
+        self.counted_run = -1  # the run counted_at belongs to
+        # the rank's cell marks: names and, per kind, the absolute index each begins at
+        self.mark_names: list[str] = []
+        self.mark_at: dict[str, list[int]] = {k: [] for k in KINDS}
+        self.next_at = dict.fromkeys(KINDS, 0)  # absolute index after the last record
+
+    def forget(self) -> None:
+        """Drop the records and what was derived from them; keep the stream's state
+        (sequence numbers, clock offset, cell marks), which later messages rely on."""
+        self.chunks = {k: [] for k in KINDS}
+        self.count = dict.fromkeys(KINDS, 0)
+        self.series.clear()
+        self.comm_totals.clear()
+        self.comm_algs.clear()
+        self.segments.clear()
+        self.counted_at, self.counted_run = float("nan"), -1
+
+    def add_marks(self, cells: list) -> None:
+        for name, *at in cells:
+            for kind, i in zip(KINDS, at):
+                self.mark_at[kind].append(int(i))
+            self.mark_names.append(str(name))
+
+    def cells_of(self, kind: str, start: int, n: int) -> list[tuple[str | None, int, int]]:
+        """``[(cell, lo, hi), ...]``: which cell's mark governs records ``lo:hi`` of a
+        batch of ``n`` records of ``kind`` whose first has absolute index ``start``."""
+        at, out, lo = self.mark_at[kind], [], 0
+        while lo < n:
+            k = bisect.bisect_right(at, start + lo)  # marks at or before record lo
+            hi = n if k >= len(at) else min(n, at[k] - start)
+            out.append((self.mark_names[k - 1] if k > 0 else None, lo, hi))
+            lo = hi
+        return out
 
     def derive_throughput(self, cols: dict, by_name: dict) -> None:
         """``samples_per_s`` from ``log(step=..., samples=n)`` (or ``batch_size=n``): the
@@ -156,20 +197,42 @@ class _Rank:
 
 
 def _by_code(cat: _wire.Cat):
-    """``(name, index)`` per distinct value of a string column (index: mask or ``:``)."""
+    """``(name, index)`` per distinct value of a string column (index: mask or ``:``);
+    names no record carries are left out."""
     if len(cat.names) == 1:
-        yield cat.names[0], slice(None)
+        if len(cat.codes):
+            yield cat.names[0], slice(None)
         return
-    codes = np.frombuffer(cat.codes, dtype=np.int64)
+    codes = np.asarray(_numeric(cat.codes), dtype=np.int64)
     for i, name in enumerate(cat.names):
-        yield name, codes == i
+        part = codes == i
+        if part.any():
+            yield name, part
+
+
+def _slice(cols: dict, lo: int, hi: int) -> dict:
+    """Records ``lo:hi`` of a batch in column form."""
+    if lo == 0 and hi == cols["n"]:
+        return cols
+    out: dict = {"n": hi - lo}
+    for k, v in cols.items():
+        if k == "n":
+            continue
+        if isinstance(v, _wire.Cat):
+            out[k] = _wire.Cat(v.names, v.codes[lo:hi])
+        elif isinstance(v, dict):
+            out[k] = {name: c[lo:hi] for name, c in v.items()}
+        else:
+            out[k] = v[lo:hi]
+    return out
 
 
 def blocked_differs(rows: list[dict]) -> bool:
     """Whether any op spent less time blocked than in flight (async calls overlapped with
     work). A sync call blocks throughout, so for sync-only tables the column would repeat
-    "total s" and is left out."""
-    return any(r["wait_s"] < r["seconds"] * (1 - 1e-6) for r in rows)
+    "total s" and is left out. Rows whose blocked time was not measured (``wait_s``
+    None: torch's DDP buckets) do not count."""
+    return any(r["wait_s"] is not None and r["wait_s"] < r["seconds"] * (1 - 1e-6) for r in rows)
 
 
 class MetricsStore:
@@ -189,6 +252,9 @@ class MetricsStore:
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._ranks: dict[int, _Rank] = {}
+        # runs, oldest first: {"run", "cell", "ranks", "start", "end", "scalars", "comm"}
+        self._runs: list[dict] = []
+        self._next_run = 0
         self.version = 0  # bumped on every ingest: the drawing thread redraws on change
         self.messages = 0
 
@@ -205,6 +271,7 @@ class MetricsStore:
                 items = _wire.to_columns(kind, items) if items else {}
             if items.get("n"):
                 cols[kind] = items
+        at = msg.get("at") or {}
         with self._lock:
             r = self._ranks.get(rank)
             if r is None:
@@ -217,25 +284,54 @@ class MetricsStore:
             r.lost = {k: int(msg.get("lost", {}).get(k, 0)) for k in KINDS}
             r.proc = dict(msg.get("proc") or {})
             r.last_seen = time.time()
+            r.add_marks(msg.get("cells") or ())
             for kind, c in cols.items():
                 r.chunks[kind].append(c)
                 r.count[kind] += c["n"]
-            if "scalar" in cols:
-                self._add_series(r, cols["scalar"])
-            if "comm" in cols:
-                self._add_comm(r, cols["comm"])
-            if "span" in cols:
-                span = cols["span"]
-                start = _numeric(span["start"]) + r.offset
-                end = start + _numeric(span["duration"])
-                for name, part in _by_code(span["name"]):
-                    r.add_intervals("span", name, start[part], end[part])
+                start = int(at.get(kind, r.next_at[kind]))
+                r.next_at[kind] = start + c["n"]
+                for cell, lo, hi in r.cells_of(kind, start, c["n"]):
+                    run = self._run_for(cell, rank)
+                    times = self._add(r, kind, _slice(c, lo, hi), run)
+                    if len(times):
+                        run["start"] = min(run["start"], float(np.min(times)))
+                        run["end"] = max(run["end"], float(np.max(times)))
             self.version += 1
             self.messages += 1
             self._lock.notify_all()
 
+    def _run_for(self, cell: str | None, rank: int) -> dict:
+        """The run of ``cell``'s records (a new one for a cell not seen lately).
+
+        Records made outside any cell (no mark yet) join the newest run."""
+        for run in reversed(self._runs[-16:]):
+            if run["cell"] == cell or (cell is None and run is self._runs[-1]):
+                run["ranks"].add(rank)
+                return run
+        run = {
+            "run": self._next_run, "cell": cell, "ranks": {rank}, "start": np.inf,
+            "end": -np.inf, "scalars": set(), "comm": 0,
+        }  # fmt: skip
+        self._next_run += 1
+        self._runs.append(run)
+        return run
+
+    def _add(self, r: _Rank, kind: str, cols: dict, run: dict) -> np.ndarray:
+        """File one cell's records of one kind; return their (wall) times."""
+        if kind == "scalar":
+            self._add_series(r, cols, run)
+            return np.asarray(_numeric(cols["time"]), dtype=float) + r.offset
+        if kind == "comm":
+            run["comm"] += cols["n"]
+            return self._add_comm(r, cols, run["run"])
+        start = np.asarray(_numeric(cols["start"]), dtype=float) + r.offset
+        end = start + _numeric(cols["duration"])
+        for name, part in _by_code(cols["name"]):
+            r.add_intervals("span", name, start[part], end[part])
+        return start
+
     @staticmethod
-    def _add_series(r: _Rank, cols: dict) -> None:
+    def _add_series(r: _Rank, cols: dict, run: dict) -> None:
         if "values" in cols:
             steps = np.asarray(_numeric(cols["step"]), dtype=float)
             by_name = {n: (steps, _numeric(v)) for n, v in cols["values"].items()}
@@ -246,37 +342,46 @@ class MetricsStore:
                     steps, vals = by_name.setdefault(name, ([], []))
                     steps.append(step)
                     vals.append(v)
+        if r.counted_run != run["run"]:  # throughput: a new run counts from its own start
+            r.counted_at, r.counted_run = float("nan"), run["run"]
         r.derive_throughput(cols, by_name)
         for name, (steps, vals) in by_name.items():
-            series = r.series.get(name)
+            series = r.series.get((run["run"], name))
             if series is None:
-                series = r.series[name] = (_Column(), _Column())
+                series = r.series[(run["run"], name)] = (_Column(), _Column())
             series[0].extend(steps)
             series[1].extend(vals)
+            run["scalars"].add(name)
 
     @staticmethod
-    def _add_comm(r: _Rank, cols: dict) -> None:
+    def _add_comm(r: _Rank, cols: dict, run: int) -> np.ndarray:
         nbytes = np.asarray(_numeric(cols["nbytes"]))
-        start = _numeric(cols["start"]) + r.offset
-        dur = _numeric(cols["duration"])
-        wait = _numeric(cols["wait"])
+        start = np.asarray(_numeric(cols["start"]), dtype=float) + r.offset
+        dur = np.asarray(_numeric(cols["duration"]), dtype=float)
+        wait = np.asarray(_numeric(cols["wait"]), dtype=float)
         end = start + dur
         algs = cols["alg"]
-        alg_codes = np.frombuffer(algs.codes, dtype=np.int64) if len(algs.names) > 1 else None
+        alg_codes = (
+            np.asarray(_numeric(algs.codes), dtype=np.int64) if len(algs.names) > 1 else None
+        )
         for op, part in _by_code(cols["op"]):
-            used = r.comm_algs.setdefault(op, set())
+            used = r.comm_algs.setdefault((run, op), set())
             if alg_codes is None:
                 used.add(algs.names[0])
             else:
                 used.update(algs.names[i] for i in np.unique(alg_codes[part]))
-            tot = r.comm_totals.setdefault(op, [0, 0, 0.0, 0.0])
+            tot = r.comm_totals.setdefault((run, op), [0, 0, 0.0, 0.0, 0])
+            known = np.isfinite(wait[part])  # NaN: the blocked time was not measured
             tot[0] += len(dur[part])
             tot[1] += int(nbytes[part].sum())
             tot[2] += float(dur[part].sum())
-            tot[3] += float(wait[part].sum())
+            tot[3] += float(wait[part][known].sum())
+            tot[4] += int(known.sum())
             r.add_intervals("comm", op, start[part], end[part])
         # blocked: the tail of the call spent waiting (all of it for sync calls)
-        r.add_intervals("blocked", "", end - np.minimum(wait, dur), end)
+        known = np.isfinite(wait)
+        r.add_intervals("blocked", "", (end - np.minimum(wait, dur))[known], end[known])
+        return start
 
     def wait_for(self, seqs: dict[int, int], timeout: float = 10.0) -> bool:
         """Wait until each ``rank`` has delivered message ``seq``; False on timeout."""
@@ -291,10 +396,55 @@ class MetricsStore:
                 self._lock.wait(left)
 
     def clear(self) -> None:
-        """Forget everything (a new run on the same dashboard)."""
+        """Forget every record and run (the panels start empty; the ranks keep theirs).
+
+        Example::
+
+            store.clear()
+            store.runs()   # []
+        """
         with self._lock:
-            self._ranks.clear()
+            for r in self._ranks.values():
+                r.forget()
+            self._runs.clear()
             self.version += 1
+
+    # ------------------------------------------------------------------ runs
+    def runs(self) -> list[dict]:
+        """The runs, oldest first: ``run`` (its number), ``label`` ("run 1", ...),
+        ``cell`` (the cell's mark), ``ranks``, wall-time ``start`` and ``end``,
+        ``scalars`` (names logged) and ``comm`` (calls recorded).
+
+        Example::
+
+            [r["label"] for r in store.runs()]   # ['run 1', 'run 2']: a cell run twice
+        """
+        with self._lock:
+            return [
+                {**run, "label": f"run {run['run'] + 1}", "ranks": sorted(run["ranks"]),
+                 "scalars": sorted(run["scalars"])}
+                for run in self._runs
+            ]  # fmt: skip
+
+    def current_run(self, name: str | None = None, comm: bool = False) -> int | None:
+        """The newest run that logged scalar ``name`` (any record: ``name`` None; a
+        comm call: ``comm=True``); None before there is one."""
+        with self._lock:
+            for run in reversed(self._runs):
+                if comm and not run["comm"]:
+                    continue
+                if name is not None and name not in run["scalars"]:
+                    continue
+                return run["run"]
+            return None
+
+    def run_span(self, run: int) -> tuple[float, float]:
+        """Wall times of ``run``'s first and last record."""
+        with self._lock:
+            for r in self._runs:
+                if r["run"] == run:
+                    return r["start"], r["end"]
+        raise KeyError(f"no run {run}")
 
     # ------------------------------------------------------------------ queries
     def ranks(self) -> list[int]:
@@ -302,44 +452,55 @@ class MetricsStore:
             return sorted(self._ranks)
 
     def scalar_names(self) -> list[str]:
+        """Every scalar name logged in any run."""
         with self._lock:
-            return sorted({n for r in self._ranks.values() for n in r.series})
+            return sorted({n for r in self._ranks.values() for _, n in r.series})
 
-    def series(self, name: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """``{rank: (steps, values)}`` of one logged scalar, full history, copies."""
+    def series(self, name: str, run: int | None = None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """``{rank: (steps, values)}`` of one logged scalar in one run (default: the newest
+        run that logged it), every point, copies."""
+        run = self.current_run(name) if run is None else run
         with self._lock:
             return {
                 rank: (cols[0].copy(), cols[1].copy())
                 for rank, r in sorted(self._ranks.items())
-                if (cols := r.series.get(name)) is not None
+                if (cols := r.series.get((run, name))) is not None
             }
 
-    def last(self, name: str) -> dict[int, tuple[float, float]]:
-        """``{rank: (step, value)}`` of the latest logged ``name`` on each rank."""
+    def last(self, name: str, run: int | None = None) -> dict[int, tuple[float, float]]:
+        """``{rank: (step, value)}`` of the latest logged ``name`` on each rank (in ``run``,
+        default: the newest run that logged it)."""
+        run = self.current_run(name) if run is None else run
         with self._lock:
             out = {}
             for rank, r in sorted(self._ranks.items()):
-                cols = r.series.get(name)
+                cols = r.series.get((run, name))
                 if cols is not None and cols[0].n:
                     out[rank] = (float(cols[0].view()[-1]), float(cols[1].view()[-1]))
             return out
 
-    def comm_table(self) -> list[dict]:
-        """One row per rank and op: count, bytes, seconds in the call, seconds waited,
-        and the algorithms it ran with (what ``algorithm="auto"`` picked)."""
+    def comm_table(self, run: int | None = None) -> list[dict]:
+        """One row per rank and op of one run (default: the newest run with comm calls):
+        count, bytes, seconds in the call, seconds blocked (``wait_s``: None where not
+        measured, as for torch's DDP buckets), and the algorithms it ran with (what
+        ``algorithm="auto"`` picked)."""
+        run = self.current_run(comm=True) if run is None else run
         with self._lock:
             rows = []
             for rank, r in sorted(self._ranks.items()):
-                for op, (count, nbytes, secs, wait) in sorted(r.comm_totals.items()):
+                for (at, op), tot in sorted(r.comm_totals.items()):
+                    if at != run:
+                        continue
+                    count, nbytes, secs, wait, known = tot
                     rows.append(
                         {
                             "rank": rank,
                             "op": op,
-                            "algorithms": sorted(r.comm_algs.get(op, ())),
+                            "algorithms": sorted(r.comm_algs.get((at, op), ())),
                             "count": int(count),
                             "nbytes": int(nbytes),
                             "seconds": secs,
-                            "wait_s": wait,
+                            "wait_s": wait if known else None,
                         }
                     )
             return rows
@@ -356,15 +517,17 @@ class MetricsStore:
         return float(max(ends)) if ends else None
 
     def timeline_arrays(
-        self, window: float, now: float | None = None
+        self, window: float, now: float | None = None, since: float | None = None
     ) -> dict[tuple[int, str, str], tuple[np.ndarray, np.ndarray]]:
-        """:meth:`timeline` as ``{(rank, kind, name): (starts, ends)}`` arrays."""
+        """:meth:`timeline` as ``{(rank, kind, name): (starts, ends)}`` arrays; ``since``
+        (wall time, say a run's start) leaves out the intervals that ended before it."""
         now = time.time() if now is None else now
+        t0 = now - window if since is None else max(now - window, since)
         out = {}
         with self._lock:
             for rank, r in sorted(self._ranks.items()):
                 for (kind, name), seg in r.segments.items():
-                    start, end = seg.since(now - window)
+                    start, end = seg.since(t0)
                     if len(start):
                         out[(rank, kind, name)] = (start - now, end - now)
         return out

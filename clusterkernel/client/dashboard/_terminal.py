@@ -67,6 +67,10 @@ class TerminalProgress:
         return summary(self.store)
 
 
+def _secs(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"  # not measured: blank, never 0
+
+
 def summary(store: MetricsStore) -> str:
     """A plain-text table: per rank steps, first/last loss, mean samples/s, comm totals."""
     lines = [f"{'rank':>4} {'steps':>7} {'first loss':>11} {'last loss':>10} {'samples/s':>10}"]
@@ -89,6 +93,6 @@ def summary(store: MetricsStore) -> str:
         for r in comm:
             lines.append(
                 f"{r['rank']:>4} {r['op']:<16} {r['count']:>7} {r['seconds']:>9.4f}"
-                + (f" {r['wait_s']:>9.4f}" if blocked else "")
+                + (f" {_secs(r['wait_s']):>9}" if blocked else "")
             )
     return "\n".join(lines)

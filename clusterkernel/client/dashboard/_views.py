@@ -33,44 +33,80 @@ def rank_color(rank: int) -> str:
     return PALETTE[rank % len(PALETTE)]
 
 
+EARLIER_RUNS = 3  # earlier runs drawn faint behind the current one
+FAINT = "4d"  # their colour's alpha (hex): 30 %
+
+
 class ScalarPanel:
     """One logged scalar against step, one line per rank (the loss panel, throughput).
 
-    An update sends every rank's thinned line in one message, and only when a
-    rank's data grew.
+    Each run (an execution of a cell that logged, see :meth:`MetricsStore.runs`) has
+    lines of its own: the newest run that logged this scalar is drawn in full colour
+    and sets the axes, the few runs before it faint behind it, never joined to it.
+    An update sends every line in one message, and only when a line grew or the run
+    changed.
     """
 
     def __init__(self, metric: str, title: str, css: str, max_points: int = 1000) -> None:
         self.metric = metric
+        self.title = title
         self.max_points = max_points
         self.plot = Plot(title=title, xlabel="step", ylabel=metric, layout=w.Layout(width="100%"))
         self.plot.add_class(css)
-        self._drawn: dict[int, int] = {}  # rank -> series length when last drawn
-        self._fitted = False  # axis ranges set for the current metric
+        self._drawn: tuple = ()  # what was last sent: run, earlier runs, line lengths
+        self._faint: tuple[tuple, list[Series]] = ((), [])  # earlier runs' lines, kept
+        self._fitted = False  # axis ranges set for the current metric and run
+        self.run: int | None = None  # the run drawn in full colour
         self.widget: w.Widget = self.plot
 
     def line(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(x, y)`` drawn for ``rank`` (thinned), as the browser has it."""
+        """``(x, y)`` drawn for ``rank`` in the current run (thinned), as the browser has it."""
         return self.plot.drawn()[f"rank {rank}"]
+
+    def faint_lines(self) -> int:
+        """How many lines of earlier runs are drawn."""
+        return sum(1 for label in self.plot.drawn() if label.startswith("#"))
 
     def set_metric(self, metric: str) -> None:
         self.metric = metric
         self.plot.ylabel = metric
-        self._drawn.clear()
+        self._drawn = ()
+        self._faint = ((), [])
         self._fitted = False
 
     def update(self, store: MetricsStore) -> int:
-        """Redraw if any rank's data grew; return how many points were sent."""
-        series = {r: xy for r, xy in store.series(self.metric).items() if len(xy[0])}
-        lengths = {r: len(x) for r, (x, _) in series.items()}
-        if lengths == self._drawn:
+        """Redraw if a line grew or a new run began; return how many points were sent."""
+        run = store.current_run(self.metric)
+        if run is None:  # nothing logged (or the store was cleared)
+            if self._drawn:
+                self._drawn, self._faint, self.run, self._fitted = (), ((), []), None, False
+                self.plot.title = self.title
+                self.plot.draw([])
+            return 0
+        earlier = tuple(
+            r["run"] for r in store.runs() if self.metric in r["scalars"] and r["run"] < run
+        )[-EARLIER_RUNS:]
+        series = {r: xy for r, xy in store.series(self.metric, run).items() if len(xy[0])}
+        drawn = (run, earlier, tuple((r, len(x)) for r, (x, _) in sorted(series.items())))
+        if drawn == self._drawn:
             return 0  # unchanged: send nothing
-        self._drawn = lengths
+        self._drawn = drawn
+        if run != self.run:
+            self.run, self._fitted = run, False
+            self.plot.title = f"{self.title}, run {run + 1}"
+        if self._faint[0] != earlier:  # earlier runs' lines are read once
+            faint = []
+            for old in earlier:
+                for r, (x, y) in sorted(store.series(self.metric, old).items()):
+                    x, y = thin(x, y, max(self.max_points // 4, 4))
+                    faint.append(Series(x, y, rank_color(r) + FAINT, "", width=1.0))
+            self._faint = (earlier, faint)
         lines = {r: thin(x, y, self.max_points) for r, (x, y) in sorted(series.items())}
         with self.plot.hold_sync():  # ranges and lines: one message
             self._fit(lines)
             return self.plot.draw(
-                [Series(x, y, rank_color(r), f"rank {r}") for r, (x, y) in lines.items()]
+                self._faint[1]
+                + [Series(x, y, rank_color(r), f"rank {r}") for r, (x, y) in lines.items()]
             )
 
     def _fit(self, lines: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
@@ -103,7 +139,11 @@ class LossPanel(ScalarPanel):
 
     def __init__(self, metric: str = "loss", max_points: int = 1000) -> None:
         super().__init__(metric, "loss per rank", "ck-loss", max_points)
-        self.choice = w.Dropdown(options=[metric], value=metric, description="metric")
+        self.choice = w.Dropdown(
+            options=[metric], value=metric, description="metric",
+            style={"description_width": "initial"},
+            layout=w.Layout(width="auto", max_width="100%"),
+        )  # fmt: skip
         self.choice.observe(lambda ch: self.set_metric(ch["new"]), names="value")
         self.widget = w.VBox([self.choice, self.plot])
 
@@ -125,45 +165,58 @@ def _bytes(n: float) -> str:
     return f"{n:.1f}\u00a0GiB"
 
 
-_COMM_HEAD = ("rank", "op", "algorithm", "count", "bytes", "total s", "blocked s", "mean ms", "")
+_COMM_HEAD = ("rank", "op", "count", "bytes", "total s", "blocked s", "mean ms")
+
+
+def _secs(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"  # not measured: blank, never 0
 
 
 class CommPanel:
-    """Time in each communication op per rank: a table with bars (count, bytes, time;
-    time blocked too where async calls made it differ, see :func:`blocked_differs`).
+    """Time in each communication op per rank in the current run (the newest run with
+    comm calls): count, bytes, time (with a bar: the op's share of the busiest row, so
+    the slow op and the rank that waits stand out); time blocked too where async calls
+    made it differ (see :func:`blocked_differs`), blank where not measured.
 
-    Plain HTML: a table is what this panel is; the bar in each row is the op's
-    share of the busiest row, so the slow op and the rank that waits stand out.
+    Plain HTML, sized for a narrow notebook (JupyterLab's file browser open): the
+    algorithms an op ran with sit under its name, the bar behind its total.
     """
 
     def __init__(self) -> None:
         self.widget = w.HTML("<div class='ck-comm'><i>no communication yet</i></div>")
-        self._last: list | None = None
+        self._last: tuple | None = None
 
     def update(self, store: MetricsStore) -> None:
-        rows = store.comm_table()
-        if rows == self._last or not rows:
+        run = store.current_run(comm=True)
+        rows = store.comm_table(run) if run is not None else []
+        if (run, rows) == self._last:
             return
-        self._last = rows
+        self._last = (run, rows)
+        if not rows:
+            self.widget.value = "<div class='ck-comm'><i>no communication yet</i></div>"
+            return
         top = max(r["seconds"] for r in rows) or 1.0
         blocked = blocked_differs(rows)
         head = "".join(f"<th>{h}</th>" for h in _COMM_HEAD if blocked or h != "blocked s")
-        body = "".join(
-            f"<tr><td>{r['rank']}</td><td>{html.escape(str(r['op']))}</td>"
-            f"<td>{html.escape(', '.join(r['algorithms']))}</td><td>{r['count']}</td>"
-            f"<td>{_bytes(r['nbytes'])}</td><td>{r['seconds']:.4f}</td>"
-            + (f"<td>{r['wait_s']:.4f}</td>" if blocked else "")
-            + f"<td>{1e3 * r['seconds'] / max(r['count'], 1):.3f}</td>"
-            + f"<td style='width:120px;text-align:left'><div style='background:{rank_color(r['rank'])};"
-            f"height:9px;width:{100 * r['seconds'] / top:.1f}%'></div></td></tr>"
-            for r in rows
-        )
-        # Cells never wrap ("12.3" over "ms" reads as two values); a panel too
-        # narrow for the table scrolls it instead of spilling over the status table.
+        body = []
+        for r in rows:
+            share = 100 * r["seconds"] / top
+            bar = f"background:linear-gradient(90deg,{rank_color(r['rank'])}55 {share:.1f}%,transparent {share:.1f}%)"
+            body.append(
+                f"<tr><td>{r['rank']}</td><td class='ck-op'>{html.escape(str(r['op']))}"
+                f"<div class='ck-alg'>{html.escape(', '.join(r['algorithms']))}</div></td>"
+                f"<td>{r['count']}</td><td>{_bytes(r['nbytes'])}</td>"
+                f"<td style='{bar}'>{r['seconds']:.4f}</td>"
+                + (f"<td>{_secs(r['wait_s'])}</td>" if blocked else "")
+                + f"<td>{1e3 * r['seconds'] / max(r['count'], 1):.3f}</td></tr>"
+            )
+        # Numbers never wrap ("12.3" over "ms" reads as two values); an op name may.
+        # Should the panel still be too narrow, the table scrolls inside it rather
+        # than spill over the status table.
         self.widget.value = (
-            "<div class='ck-comm' style='overflow-x:auto'><b>time per communication op</b>"
-            "<table class='ck-table ck-comm-table' style='white-space:nowrap'><tr>"
-            + head + "</tr>" + body + "</table></div>"
+            f"<div class='ck-comm' style='overflow-x:auto'><b>time per communication op, run {run + 1}</b>"
+            "<table class='ck-table ck-comm-table'><tr>" + head + "</tr>" + "".join(body)
+            + "</table></div>"
         )  # fmt: skip
 
 
@@ -176,9 +229,10 @@ class TimelinePanel:
 
     The Horovod timeline's view at a glance: the window is cut into ``columns``
     time slots (about a pixel each); per rank, a comm op's bar covers the slots
-    where that op was in flight at least half the time (above the rank's axis),
-    and "compute" covers the slots where the rank was not blocked in a comm call
-    (below). Named ``metrics.span`` blocks get their own bars below too. Rank 0
+    where that op was in flight at all, so every call shows however short (above
+    the rank's axis), and "compute" covers the slots where the rank was not blocked
+    in a comm call (below). Only the current run is drawn (the newest one, see
+    :meth:`MetricsStore.runs`): the end of an earlier run stays out of its window. Named ``metrics.span`` blocks get their own bars below too. Rank 0
     is the top row, as in trace viewers: the rank axis runs downwards (``ylim``
     from high to low). Drawing costs the same however many calls a rank makes;
     the exact intervals are in the store and in the Chrome-trace export.
@@ -224,7 +278,10 @@ class TimelinePanel:
         xlabel = "seconds ago" if live else "seconds before the ranks went quiet"
         if self.plot.xlabel != xlabel:
             self.plot.xlabel = xlabel
-        for (rank, kind, name), (start, end) in store.timeline_arrays(self.window, now).items():
+        run = store.current_run()  # earlier runs' intervals are not this run's picture
+        since = store.run_span(run)[0] if run is not None else None
+        arrays = store.timeline_arrays(self.window, now, since=since)
+        for (rank, kind, name), (start, end) in arrays.items():
             occ = _occupancy(start, end, -self.window, slot, self.columns)
             busy[rank] = np.maximum(busy.get(rank, 0), occ > 0)
             if kind == "blocked":
@@ -232,9 +289,9 @@ class TimelinePanel:
                 continue
             # the axis runs downwards: above a rank's row is a smaller value
             lane, key = (rank - 0.18, name) if kind == "comm" else (rank + 0.18, f"{name} (span)")
-            segs.setdefault(key, []).extend(
-                (edges[a], edges[b], lane) for a, b in _runs(occ >= 0.5)
-            )
+            # every call shows: a slot with any part of one is drawn (a 1 ms call in a
+            # 25 ms slot is one slot wide), calls closer than a slot share a bar
+            segs.setdefault(key, []).extend((edges[a], edges[b], lane) for a, b in _runs(occ > 0))
         for rank, active in busy.items():
             # active: within a second of any recorded interval; compute: active, not blocked
             near = np.convolve(active.astype(float), np.ones(int(1 / slot) * 2 + 1), "same") > 0
@@ -292,21 +349,22 @@ class StatusPanel:
         ranks = sorted(set(states) | set(stream))
         head = "".join(
             f"<th>{h}</th>"
-            for h in ("rank", "host", "pid", "state", "CPU %", "mem MiB", "records", "last msg")
+            for h in ("rank", "host", "pid", "state", "CPU %", "MiB", "records", "last msg")
         )
         rows = []
         for r in ranks:
             s, st = stream.get(r, {}), states.get(r, {})
             cpu, mem = s.get("cpu", st.get("cpu")), s.get("rss_mib", st.get("memory_mib"))
             n = sum(s.get("records", {}).values()) if s else 0
-            age = f"{s['age_s']:.1f} s ago" if s else "never"
+            age = f"{s['age_s']:.1f} s" if s else "never"
             warn = ""
             if s.get("lost") or s.get("gaps"):
                 warn = (
                     f" <b style='color:#c00'>lost {s.get('lost', 0)} / gaps {s.get('gaps', 0)}</b>"
                 )
             rows.append(
-                f"<tr><td>{r}</td><td>{html.escape(str(s.get('host', st.get('host', '?'))))}</td>"
+                f"<tr><td>{r}</td><td class='ck-host'>"
+                f"{html.escape(str(s.get('host', st.get('host', '?'))))}</td>"
                 f"<td>{s.get('pid', st.get('pid', '?'))}</td><td>{st.get('state', '?')}</td>"
                 f"<td>{'-' if cpu is None else f'{cpu:.0f}'}</td>"
                 f"<td>{'-' if mem is None else f'{mem:.0f}'}</td><td>{n}{warn}</td><td>{age}</td></tr>"
@@ -319,15 +377,34 @@ class StatusPanel:
             self._last = value
 
 
+# Sized for JupyterLab at 800 px with the file browser open (an output area of ~390
+# px): cells hold numbers on one line, only names (op, host) may wrap, and the panels
+# sit side by side only where both fit.
 _CSS = (
-    "<style>.ck-table{border-collapse:collapse;font-size:12px;margin:4px 0}"
-    ".ck-table td,.ck-table th{border:1px solid #ddd;padding:2px 6px;text-align:right}"
-    ".ck-head{font-family:monospace;font-size:12px}</style>"
+    "<style>.ck-table{border-collapse:collapse;font-size:11px;margin:4px 0}"
+    ".ck-table td,.ck-table th{border:1px solid #ddd;padding:2px 4px;text-align:right;"
+    "white-space:nowrap}"
+    ".ck-table td.ck-op,.ck-table td.ck-host{white-space:normal;overflow-wrap:anywhere;"
+    "text-align:left;min-width:4em}"
+    ".ck-alg{color:#777;font-size:10px}"
+    ".ck-head{font-family:monospace;font-size:12px;overflow-wrap:anywhere}</style>"
 )
 
 
+def _flex(widget: w.Widget, basis: str) -> None:
+    """Grow and shrink from ``basis`` in a wrapping row, never wider than the row."""
+    widget.layout.flex = f"1 1 {basis}"
+    widget.layout.min_width = "0"
+    widget.layout.max_width = "100%"
+
+
 class DashboardView:
-    """All panels in one widget: loss and throughput, timeline, comm, status."""
+    """All panels in one widget: loss and throughput, timeline, comm, status.
+
+    Rows wrap: at a notebook's full width loss and throughput (and the two tables)
+    sit side by side; in a narrow one (JupyterLab's file browser open) one above
+    the other, nothing scrolling sideways.
+    """
 
     def __init__(self, metric: str = "loss", window: float = 10.0, max_points: int = 1000):
         self.loss = LossPanel(metric, max_points)
@@ -342,28 +419,23 @@ class DashboardView:
         # the whole page each time.
         self.style = w.HTML(_CSS, layout=w.Layout(display="none"))
         self.header = w.HTML("<div class='ck-head'>waiting for the ranks...</div>")
+        row = dict(width="100%", flex_flow="row wrap")
         self.widget = w.VBox(
             [
                 self.style,
                 self.header,
-                w.HBox(
-                    [self.loss.widget, self.throughput.widget],
-                    layout=w.Layout(width="100%"),
-                ),
+                w.HBox([self.loss.widget, self.throughput.widget], layout=w.Layout(**row)),
                 self.timeline.widget,
                 # side by side where both fit, one above the other where not: a table
-                # never draws over its neighbour (the comm table scrolls inside its box)
-                w.HBox(
-                    [self.comm.widget, self.status.widget],
-                    layout=w.Layout(width="100%", flex_flow="row wrap"),
-                ),
+                # never draws over its neighbour
+                w.HBox([self.comm.widget, self.status.widget], layout=w.Layout(**row)),
             ],
-            layout=w.Layout(width="100%"),
+            layout=w.Layout(width="100%", overflow="hidden"),
         )
-        self.loss.widget.layout.width = self.throughput.widget.layout.width = "50%"
-        for table, basis in ((self.comm.widget, "560px"), (self.status.widget, "420px")):
-            table.layout.flex = f"1 1 {basis}"
-            table.layout.min_width = "0"
+        _flex(self.loss.widget, "340px")
+        _flex(self.throughput.widget, "340px")
+        for table in (self.comm.widget, self.status.widget):
+            _flex(table, "360px")
             table.layout.overflow = "auto"
         self.widget.add_class("ck-dashboard")
 
