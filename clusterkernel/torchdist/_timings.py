@@ -10,7 +10,8 @@ Two of torch's own mechanisms, because neither covers every case alone:
   (a made-up time would be worse than none);
 - **a DDP communication hook** (:func:`timed_allreduce_hook`): torch's default
   all-reduce of each gradient bucket, timed from issue to completion on any
-  backend. One line on a DDP model gives exact per-bucket timings on gloo.
+  backend. clusterkernel registers it on every DDP model made on a rank that
+  records metrics (:mod:`._ddp`); calling it yourself is no longer needed.
 
 Records land in the rank's recorder (``clusterkernel.metrics``) with
 ``algorithm`` set to the backend, next to ``comm``'s own.
@@ -30,6 +31,7 @@ import time
 from clusterkernel.torchdist._flight import _DTYPES, dump
 from clusterkernel.torchdist._group import backend_name
 
+_NAN = float("nan")
 _seen: dict[int, int] = {}  # id of the recorder -> last record_id turned into a record
 
 
@@ -101,9 +103,9 @@ def timed_allreduce_hook(state, bucket):
         backend = backend_name(dist)
     size = dist.get_world_size(group)
 
-    def done(f):
+    def done(f):  # blocked time: not measured (NaN), the call overlaps the backward pass
         rec.timing(
-            "torch all_reduce", buf.nbytes, start, time.perf_counter() - start, 0.0, backend, size
+            "torch all_reduce", buf.nbytes, start, time.perf_counter() - start, _NAN, backend, size
         )
         return f.value()
 
