@@ -88,14 +88,24 @@ def notebook_execution_count() -> int | None:
     return count if isinstance(count, int) else None
 
 
+# a SyntaxError's message names the engine's file of the cell (ipykernel's hash of it):
+# "invalid syntax (3855724513.py, line 1)", where its traceback says "Cell In[4], line 1"
+_ENGINE_FILE = re.compile(r"\((?:\S*/)?\d+\.py, (line \d+)\)")
+
+
 def retitle_cell(text: str, execution_count: int | None) -> str:
-    """Replace the engine's ``Cell In[N]`` with the user's cell, or ``%%mpi cell``.
+    """Replace the engine's ``Cell In[N]`` (and the file a SyntaxError's message names)
+    with the user's cell, or ``%%mpi cell``.
 
     Example::
 
         retitle_cell("Cell In[4], line 2", 12)     # "Cell In[12], line 2"
         retitle_cell("Cell In[4], line 2", None)   # "%%mpi cell, line 2"
+        retitle_cell("SyntaxError: invalid syntax (3855724513.py, line 1)", 12)
+        # "SyntaxError: invalid syntax (Cell In[12], line 1)"
     """
+    cell = "%%mpi cell" if execution_count is None else f"Cell In[{execution_count}]"
+    text = _ENGINE_FILE.sub(lambda m: f"({cell}, {m.group(1)})", text)
     if execution_count is None:
         return _ENGINE_CELL.sub("%%mpi cell", text)
     return _ENGINE_CELL.sub(rf"\g<1>{execution_count}\g<2>", text)
@@ -194,7 +204,10 @@ class RankError(RuntimeError):
         return sorted({r for f in self.failures for r in f.ranks})
 
     def _summary(self) -> str:
-        lines = [f"[{rank_label(f.ranks)}] {f.summary}" for f in self.failures]
+        lines = [
+            f"[{rank_label(f.ranks)}] {retitle_cell(f.summary, self.execution_count)}"
+            for f in self.failures
+        ]
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)
@@ -203,6 +216,7 @@ class RankError(RuntimeError):
         lines: list[str] = []
         for f in self.failures:
             head = f"[{rank_label(f.ranks)}] {headline(f.kind, f.summary)}"
+            head = retitle_cell(head, self.execution_count)
             lines.append(f"\x1b[0;31m{head}\x1b[0m" if color else head)
             if f.detail:
                 detail = f.detail if color else _ANSI.sub("", f.detail)

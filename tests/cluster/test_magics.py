@@ -133,3 +133,14 @@ def test_expected_conditions_are_messages_not_tracebacks(shell, cluster):
         with pytest.raises(UsageError, match=r"rank 2 died \(exit code 3\).*%mpi restart"):
             shell.run_line_magic("mpi", line)
     cluster.restart()
+
+
+def test_a_syntax_error_names_the_users_cell_in_its_summary_as_in_its_traceback(shell, capsys):
+    shell.execution_count = 600  # far from any engine's own counter
+    result = shell.run_cell("%%mpi\nx = 1\ny = (2 +", store_history=True)
+    assert not result.success
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    summary = next(line for line in shown.splitlines() if "SyntaxError" in line)
+    assert "(Cell In[600], line 2)" in summary, shown  # not the engine's "<hash>.py, line 2"
+    assert not re.search(r"\d+\.py", shown), shown
+    assert "Cell In[600], line 2" in shown.replace(summary, "")  # the traceback says the same

@@ -271,3 +271,21 @@ def test_engine_cell_number_is_replaced():
     assert _ANSI.sub("", retitle_cell(coloured, None)) == "%%mpi cell, line 2"
     err = RankError([RankFailure("error", "ZeroDivisionError", [0], tb)], execution_count=7)
     assert "Cell In[7], line 2" in err.render(color=False)
+    # a SyntaxError's message names the engine's file for the cell: the summary says the cell
+    syntax = "SyntaxError: invalid syntax (3855724513.py, line 1)"
+    assert retitle_cell(syntax, 14) == "SyntaxError: invalid syntax (Cell In[14], line 1)"
+    assert retitle_cell(syntax, None) == "SyntaxError: invalid syntax (%%mpi cell, line 1)"
+    err = RankError([RankFailure("error", syntax, [0, 1])], execution_count=14)
+    assert err.render(color=False)[0] == f"[ranks 0-1] error: {retitle_cell(syntax, 14)}"
+    assert str(err) == f"[ranks 0-1] {retitle_cell(syntax, 14)}"
+
+
+def test_a_ranks_coloured_page_shows_as_plain_text_in_the_notebook():
+    # obj? on the ranks: IPython's page is text/plain with ANSI colours, which HTML
+    # would show as "[31mType:[39m"
+    page = {"data": {"text/plain": "\x1b[31mType:\x1b[39m        int"}, "metadata": {}}
+    nb = NotebookRenderer([0], hold=0)
+    nb.update(0, RankOutput(outputs=[page]))
+    nb.finish()
+    shown = nb.shown()[1]["text/html"]
+    assert "Type:        int" in shown and "\x1b" not in shown and "[31m" not in shown

@@ -35,7 +35,8 @@ _STYLE = (
     "<style>.ck-rank{margin:2px 0;border-left:3px solid #7a9cc6;padding-left:6px}"
     ".ck-rank b{font-family:monospace;color:#335}"
     ".ck-rank pre{margin:0;white-space:pre-wrap}"
-    ".ck-err{background:#fdd}</style>"
+    # a rank's stderr as JupyterLab shows a kernel's (its theme's stderr background)
+    ".ck-err{background:var(--jp-rendermime-error-background,#fdd)}</style>"
 )
 
 
@@ -48,7 +49,9 @@ def _rich_html(content: dict) -> str:
             return f'<img src="data:{mime};base64,{data[mime]}"/>'
     if "image/svg+xml" in data:
         return data["image/svg+xml"]
-    return f"<pre>{html.escape(data.get('text/plain', ''))}</pre>"
+    # plain text as a kernel's text/plain shows it: obj? / %pinfo pages from the ranks
+    # come coloured with ANSI codes, which HTML would show as "[31mType:[39m"
+    return f"<pre>{html.escape(_ANSI.sub('', data.get('text/plain', '')))}</pre>"
 
 
 class NotebookRenderer:
