@@ -48,8 +48,9 @@ def _inspect(kc, code: str, detail_level: int = 0) -> dict:
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _shown(kc, code: str) -> str:
-    """Everything a cell shows: its streams and the text of its displays."""
+def _shown(kc, code: str, mime: str = "text/") -> str:
+    """Everything a cell shows: its streams and the text of its displays (those of
+    ``mime`` only, e.g. "text/html": what JupyterLab renders)."""
     shown = []
 
     def hook(msg):
@@ -57,7 +58,7 @@ def _shown(kc, code: str) -> str:
         if msg["msg_type"] == "stream":
             shown.append(content["text"])
         elif msg["msg_type"] in ("display_data", "update_display_data", "execute_result"):
-            shown.extend(str(v) for k, v in content["data"].items() if k.startswith("text/"))
+            shown.extend(str(v) for k, v in content["data"].items() if k.startswith(mime))
 
     reply = kc.execute_interactive(code, timeout=120, output_hook=hook)
     assert reply["content"]["status"] == "ok", reply["content"]
@@ -99,6 +100,16 @@ def test_the_mpi_kernel_completes_and_inspects_rank_names(mpi_kernel, kernel_nam
         "if MPI.COMM_WORLD.rank == 1:\n    zz_only_on_one = 1\n",
     )
     _ok(kc, "%%local\nzz_local_only = 7")
+    # the cell that started the ranks warmed rank 0's completer and listed its names, so
+    # the first Tab is answered (before, it outlasted its timeout and found no names)
+    listed = _ok(
+        kc,
+        "%%local\nimport time\nfrom clusterkernel.client.magics import _magics\n"
+        "for _ in range(300):\n"
+        "    listed = _magics.cluster.rank_names.starting_with(0, 'zz_on')\n"
+        "    if listed:\n        break\n    time.sleep(0.1)\nprint('listed', listed)",
+    )
+    assert "listed ['zz_on_ranks_only']" in listed, listed
 
     reply = _complete(kc, "zz_on_r")
     assert reply["matches"] == ["zz_on_ranks_only"], reply
@@ -132,7 +143,10 @@ def test_the_mpi_kernel_completes_and_inspects_rank_names(mpi_kernel, kernel_nam
     assert "Doubles x, on the ranks." in doc
     source = _inspect(kc, "rank_fn", detail_level=1)["data"]["text/plain"]
     assert "return 2 * x" in source, source
-    assert "Doubles x, on the ranks." in _shown(kc, "rank_fn?")  # as a cell: each rank's page
+    # as a cell: each rank's page, in plain text as a kernel shows it (not "[31mType:")
+    page = _shown(kc, "rank_fn?", "text/html")
+    assert "Doubles x, on the ranks." in page and "Signature:" in page, page
+    assert "\x1b" not in page and "[31m" not in page, page
     assert not _inspect(kc, "zz_local_only")["found"]  # a kernel-side name, in a rank cell
     assert _inspect(kc, "%%local\nzz_local_only")["found"]
 
@@ -160,6 +174,8 @@ def test_an_ordinary_kernel_completes_in_mpi_cells_even_while_one_runs(
         assert reply["matches"] == ["zz_rank_value"], reply
         assert reply["cursor_start"] == len("%%mpi\n")
         assert "zz_rank_value" not in _complete(kc, "zz_")["matches"]  # not a rank cell
+        page = _shown(kc, "%%mpi\nzz_rank_value?", "text/html")  # as JupyterLab renders it
+        assert "Type:" in page and "int" in page and "\x1b" not in page, page
 
         sent = kc.session.msg("create_subshell_request", {})
         kc.control_channel.send(sent)

@@ -27,6 +27,9 @@ from clusterkernel.protocol._names import COMPLETE_REQUEST, INSPECT_REQUEST
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster
 
+# what a rank's completer is first asked (see RankNames.warm): an attribute of a builtin,
+# so jedi loads what every later completion needs, and nothing of the user's is touched
+_WARM_CODE = "str.jo"
 _NAME_BEFORE_CURSOR = re.compile(r"(?<![\w.])[A-Za-z_]\w*$")
 
 
@@ -45,6 +48,27 @@ class RankNames:
     def starting_with(self, rank: int, prefix: str) -> list[str]:
         with self._lock:
             return [n for n in self._names.get(rank, ()) if n.startswith(prefix)]
+
+    def __contains__(self, rank: int) -> bool:
+        with self._lock:
+            return rank in self._names
+
+    def warm(self, cluster: Cluster, rank: int = 0) -> None:
+        """Have ``rank``'s completer answer once now, and list its names from now on
+        (:meth:`refresh` after every cell), without waiting for the reply.
+
+        A rank's first completion loads jedi and the builtins' stubs (0.5 to 3 s here,
+        more beside a busy cell): asked by the first Tab, that outlasts the Tab's
+        timeout, and with no names listed yet the Tab answered nothing.
+        """
+        self.remember(rank, [])
+        try:
+            engine = cluster.engine_id(rank)
+            content = {"code": _WARM_CODE, "cursor_pos": len(_WARM_CODE)}
+            future = control_send(cluster.client, engine, COMPLETE_REQUEST, content)
+        except Exception:  # the rank or the client is gone: the next start warms again
+            return
+        future.add_done_callback(lambda f: self._store(rank, f))
 
     def forget(self) -> None:
         """After a restart the ranks' names are gone."""

@@ -95,10 +95,16 @@ class RankCompletion:
         return cluster.inspect(code[offset:], cursor - offset, detail_level, rank, TIMEOUT)
 
     def after_cell(self, result) -> None:
-        """Re-list the names of ranks that completion has asked (the reply is not waited for)."""
+        """Re-list the names of ranks that completion has asked (the reply is not waited
+        for); after a cell that started (or restarted, or attached) ranks, warm rank 0's
+        completer instead, so that the first Tab is answered by the rank."""
         cluster = self.cluster_of()
-        if cluster is not None and cluster.running:
+        if cluster is None or not cluster.running:
+            return
+        if 0 in cluster.rank_names:
             cluster.rank_names.refresh(cluster)
+        else:
+            cluster.rank_names.warm(cluster, 0)
 
 
 def _shifted(reply: dict, offset: int) -> dict:
