@@ -288,10 +288,8 @@ def _follow_cells(rec: Recorder) -> None:
 
     Nothing outside an IPython kernel (a job under plain ``mpiexec``: one run).
     """
-    import builtins
-
-    get_ipython = getattr(builtins, "get_ipython", None)
-    shell = get_ipython() if get_ipython is not None else None
+    ipython = sys.modules.get("IPython")  # loaded on every engine; never imported here
+    shell = ipython.get_ipython() if ipython is not None else None
     if shell is None or getattr(shell, "kernel", None) is None:
         return
     shell.events.register("pre_run_cell", lambda info=None: rec.mark_cell(_cell_name(shell)))
