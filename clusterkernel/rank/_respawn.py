@@ -151,6 +151,16 @@ def copy_namespace(source: int, targets: list[int]) -> dict:
     return {"copied": sorted([*values, *modules])}
 
 
+def rebuild() -> list[int]:
+    """On every rank, after a respawn and its copy: re-attach the DataParallel models
+    every rank has (``train._ddp.rebuild_after_respawn``). Collective over the world."""
+    ddp = sys.modules.get("clusterkernel.train._ddp")
+    if ddp is not None:
+        return ddp.rebuild_after_respawn()
+    world().allgather([])  # this rank has none: the others learn so
+    return []
+
+
 def main(argv: list[str]) -> None:
     """A new rank's program: ``RANK SIZE LOCAL_RANK LOCAL_SIZE ROOT -- ENGINE_COMMAND...``.
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,6 +18,11 @@ from clusterkernel.train.comm_hooks import CommHook, fp16_compress_hook
 
 _COMPRESSION = (None, "fp16")
 _BUFFERS = ("average", "broadcast", "none")
+
+# Every DataParallel alive in this process, by its number: wrapping is collective, so
+# the k-th wrap has the same number on every rank (what a respawn matches them by).
+_LIVE: weakref.WeakValueDictionary[int, DataParallel] = weakref.WeakValueDictionary()
+_NUMBERS = itertools.count()
 
 
 class DataParallel(nn.Module):
@@ -123,22 +130,48 @@ class DataParallel(nn.Module):
         self.group = group
         self.compression = compression
         self.buffer_mode = buffers
-        self.world = comm.size(group)
-
+        self._settings = {"bucket_bytes": bucket_bytes, "shared_buckets": shared_buckets}
+        self._optimizer = optimizer
+        self._number = next(_NUMBERS)
+        _LIVE[self._number] = self
         check_replicas(module, optimizer, group)
+        self._attach()
+
+    def _attach(self) -> None:
+        """Rank 0's state to every rank, the buckets and hooks (collective)."""
+        module, group = self.module, self.group
+        self.world = comm.size(group)
         self._root = world_rank(group, 0)
         broadcast_tensors([*module.parameters(), *module.buffers()], self._root, group)
-
         params = [p for p in module.parameters() if p.requires_grad]  # shared ones once
-        self._reducer = GradReducer(params, bucket_bytes, group, shared_buckets)
+        self._reducer = GradReducer(
+            params, self._settings["bucket_bytes"], group, self._settings["shared_buckets"]
+        )
         self._hook_set = False
-        if compression == "fp16":
+        if self.compression == "fp16":
             self.register_comm_hook(None, fp16_compress_hook)
         # cached: walking the module tree every step is slow for many small layers
         self._buffers_list = list(module.buffers())
         self._step_hook = None
-        if optimizer is not None:
-            self._step_hook = optimizer.register_step_pre_hook(lambda *_: self.synchronize())
+        if self._optimizer is not None:
+            self._step_hook = self._optimizer.register_step_pre_hook(lambda *_: self.synchronize())
+
+    def __reduce__(self):
+        # What a respawned rank receives in its copy of a survivor's variables: the
+        # module and optimizer (shared with the copy's other names), re-attached by
+        # rebuild_after_respawn, never the buckets or hooks.
+        return (
+            _unattached,
+            (self.module, self._optimizer, self.group, self.compression, self.buffer_mode,
+             self._settings, self._number),
+        )  # fmt: skip
+
+    def reattach(self) -> None:
+        """After a respawn: new buckets and hooks in the new world, rank 0's state to
+        every rank (collective over the model's ranks; :func:`rebuild_after_respawn`)."""
+        if getattr(self, "_reducer", None) is not None:
+            self.remove_hooks()
+        self._attach()
 
     @property
     def last_comm_seconds(self) -> float:
@@ -272,3 +305,39 @@ class DataParallel(nn.Module):
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None
+
+
+def _unattached(module, optimizer, group, compression, buffers, settings, number) -> DataParallel:
+    """A DataParallel as unpickled on a respawned rank: no buckets until reattached."""
+    self = DataParallel.__new__(DataParallel)
+    nn.Module.__init__(self)
+    self.module, self._optimizer, self.group = module, optimizer, group
+    self.compression, self.buffer_mode, self._settings = compression, buffers, settings
+    self._number, self._reducer, self._step_hook = number, None, None
+    _LIVE[number] = self
+    global _NUMBERS
+    _NUMBERS = itertools.count(max(_LIVE) + 1)
+    return self
+
+
+def rebuild_after_respawn() -> list[int]:
+    """On every rank after a respawn: re-attach the DataParallel models every rank has
+    (matched by their wrap number), in order; those only some ranks have are detached.
+    Collective over the world. Returns the numbers re-attached."""
+    import gc
+
+    from clusterkernel.rank._world import world
+
+    gc.collect()  # a model dropped but still in a cycle must not count as alive
+    mine = sorted(_LIVE)
+    every = world().allgather(mine)
+    common = sorted(set.intersection(*map(set, every)))
+    for number in mine:
+        dp = _LIVE.get(number)
+        if dp is None:
+            continue
+        if number in common:
+            dp.reattach()
+        elif getattr(dp, "_reducer", None) is not None:
+            dp.remove_hooks()  # its peer is gone for good
+    return common

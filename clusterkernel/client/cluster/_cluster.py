@@ -22,6 +22,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import time as _time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -97,6 +98,8 @@ class Cluster:
     gpus_per_rank : GPUs each rank gets by its ``LOCAL_RANK`` (torch's current device
         is the first). Default: one where a host has GPUs; 0: no binding. More ranks
         on a node than GPUs is an error at start unless ``gpu_share``.
+    respawn : after a cell that saw a rank die, bring it back with a copy of the
+        lowest live rank's variables (:meth:`respawn`; implies ``fault_tolerant``).
     keep : let the ranks outlive this process (``"2h"``, ``"30m"``, seconds, or
         ``True``: until stopped): when it dies or :meth:`detach` es, the controller,
         ranks and any Slurm job keep running, their variables intact, until no client
@@ -145,6 +148,7 @@ class Cluster:
         gpus_per_rank: int | None = None,
         gpu_share: bool = False,
         keep: bool | str | float | None = None,
+        respawn: bool = False,
     ) -> None:
         _torch.check_backend_name(backend)
         self.keep = _keep.parse_keep(keep)  # seconds, inf, or None: not kept
@@ -163,7 +167,7 @@ class Cluster:
             LaunchSettings(
                 n=n, hosts=hosts, hostfile=hostfile, mpiexec=mpiexec, nodes=nodes,
                 partition=partition, time=time, account=account, slurm_args=slurm_args,
-                controller_ip=controller_ip, fault_tolerant=fault_tolerant,
+                controller_ip=controller_ip, fault_tolerant=fault_tolerant or respawn,
             ),
         )  # fmt: skip
         # GPUs or a backend this machine cannot give its own ranks: refused before any start
@@ -186,6 +190,9 @@ class Cluster:
         self.guard = guard
         self.log_level = log_level
         self.fault_tolerant = self.launcher.settings.fault_tolerant
+        if respawn and not self.fault_tolerant:
+            raise ValueError("respawn=True needs fault_tolerant=True (the launcher given says no).")
+        self.auto_respawn = respawn  # after a cell that saw a rank die, respawn it
         self.torch = bool(torch or backend)
         self.backend = backend
         self.gpus_per_rank = gpus_per_rank
@@ -733,7 +740,11 @@ class Cluster:
         from clusterkernel.protocol.records import CELL_LABEL
 
         self._require_running()
+        explicit = ranks is not None
         ranks = self.live_ranks if ranks is None else sorted(set(ranks))
+        new = self._health.untold() if not explicit else []
+        if new:  # a death between cells is always told, once, before the next cell
+            print(_respawn.death_notice(self, new), file=sys.stderr)
         for r in ranks:
             self.engine_id(r)  # clear error for a rank that does not exist
         dash = self.dashboard() if dashboard else None
@@ -750,7 +761,13 @@ class Cluster:
             run = CellRun(self, code, ranks, renderer=renderer, faults=faults)
             if not block:
                 return run
-            return run.wait(timeout=self.timeout if timeout is None else timeout)
+            try:
+                return run.wait(timeout=self.timeout if timeout is None else timeout)
+            except RankError as e:
+                self._health.untold()  # ranks that died in this cell: its error names them
+                if self.auto_respawn and self.running and self._health.dead:
+                    e.note = "\n".join(n for n in (e.note, _respawn.after_death(self)) if n)
+                raise
         finally:
             if dash is not None and block:
                 dash.cell_finished()

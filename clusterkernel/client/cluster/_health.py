@@ -28,6 +28,7 @@ class RankHealth:
     def __init__(self) -> None:
         self._lost: str | None = None
         self._dead: dict[int, str] = {}
+        self._told: set[int] = set()  # dead ranks the user has been told of
 
     @property
     def lost(self) -> str | None:
@@ -65,10 +66,17 @@ class RankHealth:
         self._lost = None
         self._dead = {}
 
+    def untold(self) -> list[int]:
+        """Dead ranks not yet told to the user (and from now on counted as told)."""
+        new = sorted(set(self._dead) - self._told)
+        self._told.update(new)
+        return new
+
     def revived(self, ranks: list[int]) -> None:
         """Dead ranks were respawned into the live job: they are alive again."""
         for r in ranks:
             self._dead.pop(r, None)
+            self._told.discard(r)
 
     def forgotten(self) -> None:
         """The cluster no longer drives ranks (stopped or let go): none is dead.

@@ -39,6 +39,7 @@ class Respawned:
     copied: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     bytes: int = 0
+    models: int = 0  # DataParallel models re-attached on the N ranks
 
     def summary(self) -> str:
         """One paragraph for the notebook."""
@@ -51,6 +52,8 @@ class Respawned:
             f"; {len(self.copied)} variables copied from rank {self.source} "
             f"({self.bytes / 2**20:.1f} MiB)"
         )
+        if self.models:
+            text += f"; {self.models} DataParallel model(s) attached to the N ranks again"
         if self.skipped:
             text += "; not copied (cannot be pickled): " + ", ".join(
                 f"{name} ({why.split(':')[0]})" for name, why in sorted(self.skipped.items())
@@ -142,8 +145,18 @@ def respawn(
     report = Respawned(ranks=dead, source=source)
     if source is not None:
         report = _copy(cluster, report, source, dead)
+    report.models = _rebuild(cluster)
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _rebuild(cluster: Cluster) -> int:
+    """DataParallel models re-attached on every rank (how many)."""
+    ar = cluster.view(cluster.ranks).apply_async(rank_call, "clusterkernel.rank._respawn:rebuild")
+    try:
+        return len(ar.get(timeout=120)[0])
+    except ipp.error.CompositeError as e:
+        raise ClusterError(f"Re-attaching DataParallel models failed: {e}") from None
 
 
 def _copy(cluster: Cluster, report: Respawned, source: int, dead: list[int]) -> Respawned:
@@ -159,3 +172,29 @@ def _copy(cluster: Cluster, report: Respawned, source: int, dead: list[int]) -> 
     report.skipped = mine["skipped"]
     report.bytes = mine["bytes"]
     return report
+
+
+def death_notice(cluster: Cluster, new: list[int]) -> str:
+    """What the first cell after ranks died says (with ``respawn=True``: brings them back)."""
+    dead = cluster.dead
+    causes: dict[str, list[int]] = {}
+    for r in new:
+        causes.setdefault(dead[r], []).append(r)
+    why = "; ".join(f"rank {format_ranks(rs)}: {w}" for w, rs in causes.items())
+    head = f"Rank {format_ranks(new)} died ({why})"
+    if cluster.auto_respawn:
+        return f"{head}. {after_death(cluster)}"
+    live = cluster.live_ranks
+    return (
+        f"{head}; this cell runs on ranks {format_ranks(live)}. %mpi respawn --from "
+        f"{live[0]} brings {'it' if len(new) == 1 else 'them'} back with rank {live[0]}'s "
+        "variables (cluster.respawn(source=...))."
+    )
+
+
+def after_death(cluster: Cluster) -> str:
+    """``respawn=True``: bring the dead back from the lowest live rank; what happened."""
+    try:
+        return cluster.respawn(source=cluster.live_ranks[0]).summary()
+    except (ClusterError, ValueError) as e:
+        return f"Respawning failed: {e}"

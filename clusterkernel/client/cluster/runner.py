@@ -341,9 +341,12 @@ class CellRun:
             if self.cluster.fault_tolerant:
                 why = "its process exited; the fault-tolerant job carries on without it"
                 self.faults.ranks_died(gone, "its process exited")
+                live = self.cluster.live_ranks
                 note = (
-                    f"Later cells run on ranks {format_ranks(self.cluster.live_ranks)}; "
-                    "%mpi restart (cluster.restart()) brings back a full set."
+                    f"Later cells run on ranks {format_ranks(live)}; %mpi respawn --from "
+                    f"{live[0]} (cluster.respawn(source={live[0]})) brings rank "
+                    f"{format_ranks(gone)} back with rank {live[0]}'s variables, the others "
+                    "untouched; %mpi restart starts a full set from nothing."
                 )
             items += [(r, "died", why, "") for r in gone]
         if not items:

@@ -65,6 +65,12 @@ def ranks_arg(text: str | None) -> list[int] | None:
     help="keep the job running when a rank dies (Open MPI ULFM); later cells use the others",
 )
 @argument(
+    "--respawn",
+    action="store_true",
+    help="bring a dead rank back after the cell that saw it die, with a copy of the lowest "
+    "live rank's variables (implies --fault-tolerant)",
+)
+@argument(
     "--torch",
     action="store_true",
     help="make torch.distributed's default process group on every rank (after every restart too)",
@@ -103,6 +109,22 @@ def start_args(line):
 )
 def attach_args(line):
     """%mpi attach: connect to ranks kept with --keep; their variables as they were."""
+
+
+@magic_arguments()
+@argument(
+    "--from",
+    dest="source",
+    type=int,
+    metavar="R",
+    help="copy live rank R's variables into the new ranks (default: they start empty)",
+)
+def respawn_args(line):
+    """%mpi respawn: bring dead ranks back, same rank numbers, the survivors untouched.
+
+    Needs ranks started with --fault-tolerant. Variables that cannot be pickled are
+    named and left out of the copy.
+    """
 
 
 @magic_arguments()
@@ -198,6 +220,7 @@ HELP_ROWS = [
     ("%mpi list", "your kept clusters (--keep): id, ranks, where, age, idle time left"),
     (attach_args, "%mpi attach"),
     ("%mpi detach", "leave kept ranks running (for their --keep time) and let go"),
+    (respawn_args, "%mpi respawn"),
     ("%mpi restart", "fresh ranks (frees stuck ones; state is lost)"),
     (torch_reinit_args, "%mpi torch-reinit"),
     ("%mpi status", "rank, host, pid, state, CPU, memory"),

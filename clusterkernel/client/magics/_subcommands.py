@@ -27,6 +27,7 @@ from clusterkernel.client.magics._args import (
     export_args,
     pull_args,
     ranks_arg,
+    respawn_args,
     start_args,
     torch_reinit_args,
     where_args,
@@ -75,9 +76,11 @@ class Subcommands:
             )
         if args.no_gpu_binding and args.gpus_per_rank:
             raise UsageError("--no-gpu-binding and --gpus-per-rank contradict each other.")
+        args.fault_tolerant = args.fault_tolerant or args.respawn
         try:
             cluster = Cluster(
                 launcher=LaunchSettings.from_args(args),  # -n, --slurm, --hosts, ...
+                respawn=args.respawn,
                 timeout=args.timeout,
                 torch=args.torch,
                 backend=args.backend,
@@ -168,6 +171,16 @@ class Subcommands:
             else ""
         )
         print(f"Restarted {cluster.n} MPI ranks{group}.")
+
+    def _sub_respawn(self, rest: str) -> None:
+        """%mpi respawn [--from R]: see ``respawn_args``."""
+        args = parse_argstring(respawn_args, rest)
+        cluster = self._require_cluster()
+        try:
+            report = cluster.respawn(source=args.source)
+        except (ClusterError, ValueError) as e:
+            raise UsageError(str(e)) from None
+        print(report.summary())
 
     def _sub_torch_reinit(self, rest: str) -> None:
         """%mpi torch-reinit [--backend B]: see ``torch_reinit_args``."""

@@ -1,0 +1,215 @@
+"""Dead ranks come back into the live job: survivors untouched, the world N ranks again.
+
+Real faults on real ranks of a fault-tolerant (Open MPI ULFM) cluster: a rank
+SIGKILLed mid-cell, one that segfaults (ctypes), one killed by the kernel's OOM
+killer in a memory cgroup of its own, two at once. After ``respawn`` the survivors
+are the same processes with every variable (unpicklable ones too), the new ranks
+have a copy of a survivor's picklable variables (a model and its optimizer still
+joined), and collectives span all N ranks, comm's own groups included. A
+DataParallel run killed half-way and respawned ends with the weights of an
+undisturbed run. Bad input is refused at once and harms nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from clusterkernel import Cluster, ClusterError, RankError
+from tests._procs import wait_no_cluster_processes
+from tests.cluster.test_out_of_memory import _memory_cgroup
+
+_STATE = """
+import os, threading, torch
+from clusterkernel import comm
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model(torch.ones(3, 4)).sum().backward(); opt.step()
+lock = threading.Lock()                      # none of these three can be pickled
+gen = (i for i in range(10)); next(gen)
+log = open(os.devnull, "w")
+pair = comm.new_group([1, 2])
+pid = os.getpid()
+"""
+
+_CHECK = """
+t = torch.ones(2) * (comm.rank() + 1)
+comm.all_reduce(t)
+total = t.tolist()
+same_params = opt.param_groups[0]["params"][0] is model.weight
+momentum = opt.state[model.weight]["momentum_buffer"].sum().item()
+if comm.rank() in pair.ranks:
+    u = torch.ones(1); comm.all_reduce(u, group=pair); in_pair = u.item()
+"""
+
+
+def test_respawn_is_refused_where_it_cannot_work(cluster: Cluster):
+    # first: the shared (not fault-tolerant) cluster, before this module's own starts
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match="--fault-tolerant"):
+        cluster.respawn()
+    assert time.monotonic() - t0 < 1.0
+    stopped = Cluster(n=2, fault_tolerant=True)
+    with pytest.raises(ClusterError, match="not running"):
+        stopped.respawn()
+
+
+@pytest.fixture(scope="module")
+def ft(_shared_holder):
+    """A 4-rank fault-tolerant cluster (the shared one stopped)."""
+    if _shared_holder.cluster is not None:
+        _shared_holder.cluster.stop()
+        _shared_holder.cluster = None
+    c = Cluster(n=4, fault_tolerant=True, env={"OMP_NUM_THREADS": "1"}).start()
+    yield c
+    c.stop()
+    assert not wait_no_cluster_processes(20)
+
+
+def _wait_dead(cluster: Cluster, ranks: list[int]) -> None:
+    deadline = time.monotonic() + 30
+    while set(ranks) - set(cluster.dead) and time.monotonic() < deadline:
+        cluster.live_ranks  # noqa: B018 (reads the controller's news of dead engines)
+        time.sleep(0.1)
+    assert set(ranks) <= set(cluster.dead), cluster.dead
+
+
+def test_respawn_when_nothing_died_is_a_clear_no_op(ft: Cluster):
+    report = ft.respawn(source=0)
+    assert report.ranks == [] and report.summary() == "No rank has died: nothing to respawn."
+
+
+def test_a_rank_killed_mid_cell_comes_back_with_a_copy_and_the_survivors_untouched(ft: Cluster):
+    ft.run(_STATE)
+    pids = ft.pull("pid")
+    cell = (
+        "import signal, time\n"
+        "if comm.rank() == 2:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(0.5)\n"
+        "comm.all_reduce(torch.ones(1))\n"
+    )
+    with pytest.raises(RankError) as info:
+        ft.run(cell, timeout=60)
+    err = info.value
+    assert [f.ranks for f in err.failures if f.kind == "died"] == [[2]]
+    assert "%mpi respawn --from 0" in err.note and "cluster.respawn(source=0)" in err.note
+    # bad input: refused at once, nothing harmed
+    for source, says in ((2, "rank 2 is dead"), (7, "ranks are 0..3")):
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=says):
+            ft.respawn(source=source)
+        assert time.monotonic() - t0 < 1.0
+    report = ft.respawn(source=0)
+    assert report.ranks == [2] and ft.live_ranks == [0, 1, 2, 3] and not ft.dead
+    assert set(report.skipped) == {"lock", "gen", "log"}, report.skipped
+    assert {"model", "opt", "pair", "torch", "comm"} <= set(report.copied)
+    assert "lock (lock)" in report.summary()
+    ft.run("pid = os.getpid()")  # the new rank's came from rank 0
+    after = ft.pull("pid")
+    assert {r: after[r] for r in (0, 1, 3)} == {r: pids[r] for r in (0, 1, 3)}
+    assert after[2] != pids[2] and ft.rank_info[2]["pid"] == after[2]
+    ft.run(_CHECK)
+    assert set(map(tuple, ft.pull("total").values())) == {(10.0, 10.0)}
+    assert set(ft.pull("same_params").values()) == {True}
+    assert len(set(ft.pull("momentum").values())) == 1  # the optimizer's state came along
+    assert ft.pull("in_pair", ranks=[1, 2]) == {1: 2.0, 2: 2.0}
+    # the survivors' unpicklable variables are the same objects, still usable
+    ft.run("alive = (lock.acquire(blocking=False), next(gen), log.write('x'))", ranks=[0, 1, 3])
+    assert set(ft.pull("alive", ranks=[0, 1, 3]).values()) == {(True, 1, 1)}
+
+
+def _die_and_respawn(cluster: Cluster, rank: int, how: str) -> str:
+    with pytest.raises(RankError) as info:
+        cluster.run(how, ranks=[rank], timeout=60)
+    died = [f for f in info.value.failures if f.kind == "died"]
+    assert [f.ranks for f in died] == [[rank]], info.value
+    report = cluster.respawn()
+    assert report.ranks == [rank] and report.copied == []
+    cluster.run(
+        "import torch\nfrom clusterkernel import comm\nt = torch.ones(1)\ncomm.all_reduce(t)\nv = t.item()"
+    )
+    assert set(cluster.pull("v").values()) == {4.0}
+    return died[0].summary
+
+
+def test_a_segfault_and_an_oom_kill_are_respawned_empty(ft: Cluster):
+    _die_and_respawn(ft, 3, "import ctypes\nctypes.string_at(0)")
+    made = _memory_cgroup()
+    if made is None:
+        pytest.skip("no writable memory cgroup here")
+    group, limit = made
+    (group / limit).write_text(str(200 * 2**20))
+    try:
+        pid = ft.rank_info[1]["pid"]
+        (group / "cgroup.procs").write_text(str(pid))
+        _die_and_respawn(ft, 1, "import torch\nx = torch.ones(400 * 2**20 // 4)\nx += 1")
+    finally:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                group.rmdir()
+                break
+            except OSError:  # the killed rank is still being reaped
+                time.sleep(0.2)
+
+
+def test_two_deaths_at_once_between_cells_are_told_and_respawned(ft: Cluster, capsys):
+    pids = ft.rank_info
+    for r in (1, 3):
+        os.kill(pids[r]["pid"], signal.SIGKILL)
+    _wait_dead(ft, [1, 3])
+    ft.run("x = 1")  # runs on 0 and 2, and says why
+    said = capsys.readouterr().err
+    assert "Rank 1,3 died" in said and "%mpi respawn --from 0" in said, said
+    ft.run("x = 2")
+    assert "died" not in capsys.readouterr().err  # told once
+    report = ft.respawn()
+    assert report.ranks == [1, 3]
+    ft.run(
+        "import torch\nfrom clusterkernel import comm\nt = torch.ones(1)\ncomm.all_reduce(t)\nv = t.item()"
+    )
+    assert set(ft.pull("v").values()) == {4.0}
+
+
+_TRAIN = """
+import os, signal, torch
+from clusterkernel import comm
+from clusterkernel.train import DataParallel
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+dp = DataParallel(net, optimizer=opt)
+step = 0
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)   # data by step and rank
+    return torch.randn(8, 6, generator=g), torch.randn(8, 1, generator=g)
+"""
+
+_LOOP = """
+while step < 100:
+    if DIE and step == 50 and comm.rank() == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    x, y = batch(step, comm.rank())
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(dp(x), y).backward()
+    opt.step()
+    step += 1
+weights = torch.cat([p.detach().flatten() for p in net.parameters()])
+"""
+
+
+def test_data_parallel_killed_at_step_50_resumes_to_the_undisturbed_weights(ft: Cluster):
+    ft.run(_TRAIN + "DIE = False\n" + _LOOP)
+    undisturbed = ft.pull("weights")[0]
+    ft.run(_TRAIN + "DIE = True\n")
+    with pytest.raises(RankError):
+        ft.run(_LOOP, timeout=120)
+    assert set(ft.pull("step", ranks=[0, 1, 3]).values()) == {50}  # the step that failed
+    assert ft.respawn(source=0).ranks == [2]
+    ft.run("DIE = False\n" + _LOOP)
+    for rank, weights in ft.pull("weights").items():
+        assert (weights - undisturbed).abs().max().item() < 1e-5, rank
