@@ -60,11 +60,11 @@ def test_respawn_is_refused_where_it_cannot_work(cluster: Cluster):
 
 @pytest.fixture(scope="module")
 def ft(_shared_holder):
-    """A 4-rank fault-tolerant cluster (the shared one stopped)."""
+    """A 4-rank fault-tolerant cluster with torch's default group (the shared one stopped)."""
     if _shared_holder.cluster is not None:
         _shared_holder.cluster.stop()
         _shared_holder.cluster = None
-    c = Cluster(n=4, fault_tolerant=True, env={"OMP_NUM_THREADS": "1"}).start()
+    c = Cluster(n=4, fault_tolerant=True, torch=True, env={"OMP_NUM_THREADS": "1"}).start()
     yield c
     c.stop()
     assert not wait_no_cluster_processes(20)
@@ -117,6 +117,9 @@ def test_a_rank_killed_mid_cell_comes_back_with_a_copy_and_the_survivors_untouch
     assert set(ft.pull("same_params").values()) == {True}
     assert len(set(ft.pull("momentum").values())) == 1  # the optimizer's state came along
     assert ft.pull("in_pair", ranks=[1, 2]) == {1: 2.0, 2: 2.0}
+    # torch.distributed's default group spans the four ranks again
+    ft.run("import torch.distributed as dist\nd = torch.ones(1)\ndist.all_reduce(d)\nd = d.item()")
+    assert set(ft.pull("d").values()) == {4.0}
     # the survivors' unpicklable variables are the same objects, still usable
     ft.run("alive = (lock.acquire(blocking=False), next(gen), log.write('x'))", ranks=[0, 1, 3])
     assert set(ft.pull("alive", ranks=[0, 1, 3]).values()) == {(True, 1, 1)}
@@ -213,3 +216,34 @@ def test_data_parallel_killed_at_step_50_resumes_to_the_undisturbed_weights(ft: 
     ft.run("DIE = False\n" + _LOOP)
     for rank, weights in ft.pull("weights").items():
         assert (weights - undisturbed).abs().max().item() < 1e-5, rank
+
+
+def test_the_magics_respawn_by_hand_and_after_the_cell_that_saw_a_death(ft: Cluster, capsys):
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import clusterkernel.client.magics as ck_magics
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "clusterkernel")
+    magics = ck_magics._magics
+    magics.cluster = ft
+    try:
+        shell.run_line_magic("mpi", "respawn --from 0")
+        assert "No rank has died: nothing to respawn." in capsys.readouterr().out
+        with pytest.raises(UsageError, match="ranks are 0..3"):
+            shell.run_line_magic("mpi", "respawn --from 9")
+        ft.auto_respawn = True  # what %mpi start --respawn sets
+        os.kill(ft.rank_info[3]["pid"], signal.SIGKILL)
+        _wait_dead(ft, [3])
+        shell.run_cell_magic("mpi", "", "print('here', comm.rank())")
+        said = capsys.readouterr()
+        assert "Rank 3 died" in said.err and "Rank 3 respawned in" in said.err, said
+        assert "[rank 3] here 0" not in said.out  # ran on the three live ones, then back
+        shell.run_cell_magic(
+            "mpi", "", "from clusterkernel import comm\nprint('back', comm.rank())"
+        )
+        assert "[rank 3] back 3" in capsys.readouterr().out
+    finally:
+        ft.auto_respawn = False
+        magics.cluster = None
