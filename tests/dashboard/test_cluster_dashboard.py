@@ -48,7 +48,31 @@ def test_one_dashboard_per_cluster_taken_over_by_a_newer_one_and_stopped_with_it
     finally:
         cluster.stop()
     assert last.closed and not last.receiver.running
-    # the terminal summary printed after the dashboard=True cell: both steps of each rank
+    # the terminal summary printed after the dashboard=True cell: that cell's run (the
+    # cell before it is a run of its own), step 2 of each rank
     out = capsys.readouterr().out
     for rank in (0, 1):
-        assert f"{rank:>4} {2:>7} {'0.5':>11} {'0.3333':>10} {'-':>10}" in out, out
+        assert f"{rank:>4} {1:>7} {'0.3333':>11} {'0.3333':>10} {'-':>10}" in out, out
+
+
+def test_each_execution_of_a_cell_is_a_run_of_its_own_on_every_rank(cluster):
+    """The same cell twice, a cell on rank 0 alone between them: three runs, and the
+    second execution's run holds every rank (the ranks' cells are matched by the
+    label each %%mpi cell carries, not by each engine's own execution count)."""
+    quiet = TerminalRenderer(cluster.ranks, stream=io.StringIO())
+    dash = cluster.dashboard()
+    try:
+        dash.sync()
+        dash.clear()  # what earlier tests logged on these ranks
+        cell = "import clusterkernel\nfor i in range(20):\n    clusterkernel.log(step=i, loss=1 / (i + 1))"
+        cluster.run(cell, renderer=quiet)
+        cluster.run("clusterkernel.log(step=0, loss=5.0)", ranks=[0], renderer=quiet)
+        cluster.run(cell, renderer=quiet)
+        dash.sync()
+        runs = [(r["label"], r["ranks"]) for r in dash.store.runs()]
+        assert runs == [("run 1", cluster.ranks), ("run 2", [0]), ("run 3", cluster.ranks)]
+        series = dash.store.series("loss")  # the newest run's: one line per rank, 20 steps
+        assert sorted(series) == cluster.ranks
+        assert all(x.tolist() == list(range(20)) for x, _ in series.values())
+    finally:
+        dash.close()

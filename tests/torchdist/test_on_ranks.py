@@ -381,3 +381,41 @@ def test_ddp_bucket_timings_reach_the_dashboard(tcluster: Cluster):
             assert row["algorithms"] == ["gloo"]
     finally:
         dash.close()
+
+
+def test_plain_ddp_shows_every_all_reduce_without_a_hook_from_the_user(tcluster: Cluster):
+    """A dashboard open and ``DDP(model)`` alone: each bucket's all-reduce is in the comm
+    table (blocked time blank: not measured) and every call is drawn in the timeline."""
+    from clusterkernel.client.dashboard._views import QUIET_AFTER, DashboardView
+
+    dash = tcluster.dashboard()
+    try:
+        tcluster.run(
+            "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "plain = DDP(torch.nn.Linear(100, 10))\n"
+            "for _ in range(200):\n"
+            "    plain(torch.randn(4, 100)).sum().backward()"
+        )
+        dash.sync()
+        rows = [r for r in dash.store.comm_table() if r["op"] == "torch all_reduce"]
+        got = [(r["rank"], r["count"], r["nbytes"], r["wait_s"]) for r in rows]
+        assert got == [(rank, 200, 200 * 4040, None) for rank in (0, 1)]
+        time.sleep(QUIET_AFTER + 0.2)  # the ranks went quiet: the last window stays
+        view = DashboardView(window=10.0)
+        view.comm.update(dash.store)
+        assert "torch all_reduce" in view.comm.widget.value
+        assert "0.0000</td></tr>" not in view.comm.widget.value.split("torch all_reduce")[1]
+        view.timeline.update(dash.store, [0, 1])
+        x, y = view.timeline.plot.drawn()["torch all_reduce"]
+        bars, rows = x.reshape(-1, 2), y.reshape(-1, 2)[:, 0]
+        now = dash.store.latest() + QUIET_AFTER
+        for rank in (0, 1):
+            lane = bars[abs(rows - (rank - 0.18)) < 1e-9]  # comm sits just above its rank
+            calls = [r for r in dash.store.records("comm", ranks=[rank])
+                     if r["op"] == "torch all_reduce"][-200:]  # fmt: skip
+            off = dash.store.wall_offset(rank)
+            mids = [r["start"] + r["duration"] / 2 + off - now for r in calls]
+            missing = [m for m in mids if not any(a <= m <= b for a, b in lane)]
+            assert not missing, f"rank {rank}: {len(missing)} of 200 calls not drawn"
+    finally:
+        dash.close()
