@@ -67,12 +67,15 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
                 break  # the last cell ran
             time.sleep(0.1)
         page.screenshot(path=str(ARTIFACTS / "dashboard_lab.png"), full_page=True)
-        tables = _tables_at_widths(page, (1400, 800))
         final = page.evaluate(LOSS_POINTS_JS)
         pixels = page.evaluate(LOSS_PIXELS_JS, [rank_color(r) for r in range(4)])
         rows = page.evaluate(TIMELINE_ROWS_JS)
+        # read at full width: in a narrow window the taller dashboard pushes the last
+        # cells out of view, and JupyterLab leaves cells out of view out of the text
         text = page.inner_text(".jp-Notebook")
         html = page.content()
+        tables = _tables_at_widths(page, (1400, 900, 800))
+        fits = {width: _fit_at(page, width) for width in (900, 800)}
     (ARTIFACTS / "dashboard_lab.html").write_text(html)
 
     during = [(t, p) for t, p, running in samples if running and len(p) == 4 and min(p) >= 2]
@@ -98,6 +101,15 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
         side_by_side = status["left"] >= comm["right"] - 1
         stacked = status["top"] >= comm["bottom"] - 1
         assert side_by_side or stacked, f"at {width} px the tables overlap: {comm} {status}"
+    for width, fit in fits.items():  # JupyterLab's file browser open, as a user has it
+        assert fit["browser_open"] and fit["dashboard_width"] > 250, (width, fit)
+        assert not fit["scrolls"], f"at {width} px these scroll sideways: {fit['scrolls']}"
+        assert not fit["sticks_out"], f"at {width} px these stick out: {fit['sticks_out']}"
+        assert not fit["wrapped_headers"], f"at {width} px: {fit['wrapped_headers']}"
+        for plot, ticks in fit["ticks"].items():  # readable axes: 2+ distinct labels each
+            for axis in ("x", "y"):
+                labels = ticks[axis]
+                assert len(labels) >= 2 and len(set(labels)) == len(labels), (width, plot, ticks)
     print(f"browser saw {len(states)} pictures; {len(during)} samples while training")
     left = wait_no_cluster_processes(30)
     assert not left, f"left behind: {[p.cmdline() for p in left]}"
@@ -123,6 +135,50 @@ def _tables_at_widths(page, widths) -> dict:
         page.screenshot(path=str(ARTIFACTS / f"dashboard_lab_{width}.png"), full_page=True)
         out[width] = page.evaluate(TABLE_BOXES_JS)
     return out
+
+
+# What a narrow notebook must not do to the dashboard (the last one on the page): an
+# element that scrolls sideways (scrollWidth > clientWidth), one whose right edge lies
+# past the dashboard's or its own panel's (clipped: the metric drop-down, the comm
+# table's last column), a table header on two lines; and each plot's tick labels.
+FIT_JS = """() => {
+    const dash = Array.from(document.querySelectorAll('.ck-dashboard')).pop();
+    const name = (e) => e.tagName.toLowerCase() + (e.className && e.className.baseVal === undefined
+        ? '.' + String(e.className).trim().split(/\\s+/).slice(0, 2).join('.') : '')
+        + (e.textContent ? ' "' + e.textContent.trim().slice(0, 20) + '"' : '');
+    const right = dash.getBoundingClientRect().right;
+    const scrolls = [], sticks_out = [], wrapped_headers = [];
+    for (const e of [dash, ...dash.querySelectorAll('*')]) {
+        const box = e.getBoundingClientRect();
+        if (box.width === 0 || getComputedStyle(e).display === 'none') continue;
+        if (e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0) scrolls.push(name(e));
+        if (box.right > right + 1) sticks_out.push(name(e) + ' ' + Math.round(box.right - right) + 'px');
+        const panel = e.closest('.widget-html, .ck-plot, .widget-dropdown');
+        if (panel && panel !== e && box.right > panel.getBoundingClientRect().right + 1)
+            sticks_out.push(name(e) + ' past its panel');
+    }
+    for (const th of dash.querySelectorAll('th')) {
+        const line = parseFloat(getComputedStyle(th).lineHeight) || 16;
+        if (th.getBoundingClientRect().height > 1.6 * line + 8) wrapped_headers.push(th.textContent);
+    }
+    const ticks = {};
+    for (const plot of dash.querySelectorAll('.ck-plot')) {
+        const key = Array.from(plot.classList).find(c => c !== 'ck-plot' && c.startsWith('ck-'));
+        ticks[key] = {x: (plot.dataset.xticks || '').split(',').filter(Boolean),
+                      y: (plot.dataset.yticks || '').split(',').filter(Boolean).map(t => t.split(':')[0])};
+    }
+    const browser = document.querySelector('#filebrowser');
+    return {scrolls, sticks_out, wrapped_headers, ticks, dashboard_width: Math.round(dash.getBoundingClientRect().width),
+            browser_open: !!browser && browser.getBoundingClientRect().width > 0};
+}"""
+
+
+def _fit_at(page, width: int) -> dict:
+    """:data:`FIT_JS` at ``width`` px, the file browser open, once the plots redrew."""
+    page.set_viewport_size({"width": width, "height": 1000})
+    time.sleep(1.0)  # a relayout, and a redraw of each canvas at its new size
+    page.screenshot(path=str(ARTIFACTS / f"dashboard_lab_fit_{width}.png"), full_page=True)
+    return page.evaluate(FIT_JS)
 
 
 def test_voila_serves_the_dashboard_app(no_shared_cluster):

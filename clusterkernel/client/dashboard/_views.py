@@ -349,7 +349,7 @@ class StatusPanel:
         ranks = sorted(set(states) | set(stream))
         head = "".join(
             f"<th>{h}</th>"
-            for h in ("rank", "host", "pid", "state", "CPU %", "MiB", "records", "last msg")
+            for h in ("rank", "host / pid", "state", "CPU %", "MiB", "records", "last msg")
         )
         rows = []
         for r in ranks:
@@ -364,8 +364,9 @@ class StatusPanel:
                 )
             rows.append(
                 f"<tr><td>{r}</td><td class='ck-host'>"
-                f"{html.escape(str(s.get('host', st.get('host', '?'))))}</td>"
-                f"<td>{s.get('pid', st.get('pid', '?'))}</td><td>{st.get('state', '?')}</td>"
+                f"{html.escape(str(s.get('host', st.get('host', '?'))))}"
+                f"<div class='ck-alg'>{s.get('pid', st.get('pid', '?'))}</div></td>"
+                f"<td>{st.get('state', '?')}</td>"
                 f"<td>{'-' if cpu is None else f'{cpu:.0f}'}</td>"
                 f"<td>{'-' if mem is None else f'{mem:.0f}'}</td><td>{n}{warn}</td><td>{age}</td></tr>"
             )
