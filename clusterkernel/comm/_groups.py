@@ -50,6 +50,7 @@ class Group:
         "_shm",
         "_hier",
         "_auto",
+        "_stale",
         "__weakref__",
     )
 
@@ -73,6 +74,7 @@ class Group:
         self._shm = None  # the shared-memory segment of algorithm="shm" (_shm.segment)
         self._hier = None  # algorithm="hier"'s node and leader communicators (_hier)
         self._auto: dict | None = None  # algorithm="auto"'s rules for this group (_auto)
+        self._stale = False  # unpickled where no such group was made (find_group)
         _LIVE.add(self)
 
     def __reduce__(self):
@@ -99,6 +101,12 @@ class Group:
 
     def member_comm(self) -> MPI.Intracomm:
         """The communicator, or a clear error when this process is not in the group."""
+        if self._stale:
+            raise CommError(
+                f"{self.name} came from another process's variables (a respawn's copy or a "
+                "snapshot) and was not made here: make it again on every rank with "
+                f"comm.new_group({list(self.ranks)})"
+            )
         if self.comm is None:
             me = _WORLD_COMM.Get_rank()
             raise CommError(
@@ -165,7 +173,13 @@ _WORLD_GROUP = _WORLD_COMM.Get_group()
 def group_keys() -> list[tuple[str, tuple[int, ...], int]]:
     """``(name, ranks, instance)`` of every group but the world's alive here, sorted:
     what a respawn makes again, in this order, on every rank."""
-    return sorted({(g.name, g.ranks, g.instance) for g in _LIVE if g is not WORLD and g.ranks})
+    return sorted(
+        {
+            (g.name, g.ranks, g.instance)
+            for g in _LIVE
+            if g is not WORLD and g.ranks and not g._stale
+        }
+    )
 
 
 def rebind_world(comm: MPI.Intracomm, keys: list | None = None) -> None:
@@ -203,12 +217,19 @@ def find_group(name: str, ranks: tuple[int, ...], instance: int) -> Group:
     if name == "world":
         return WORLD
     for g in list(_LIVE):
-        if (g.name, g.ranks, g.instance) == (name, tuple(ranks), instance):
+        if (g.name, g.ranks, g.instance) == (name, tuple(ranks), instance) and not g._stale:
             return g
-    raise CommError(
-        f"{name} (ranks {list(ranks)}) does not exist on rank {WORLD.rank}: make it with "
-        "comm.new_group on every rank"
-    )
+    # not made here (a snapshot restored into new processes): its calls say what to do
+    key = (name, tuple(ranks))
+    made = _MADE.get(key)
+    stale = Group(None, tuple(ranks), name)
+    if made is None:  # the groups this rank makes later are counted as on the others
+        del _MADE[key]
+    else:
+        _MADE[key] = made
+    stale._stale = True
+    stale.instance = instance
+    return stale
 
 
 def _world_ranks(comm: MPI.Intracomm) -> tuple[int, ...]:

@@ -155,10 +155,12 @@ def rebuild() -> list[int]:
     """On every rank, after a respawn and its copy: re-attach the DataParallel models
     every rank has (``train._ddp.rebuild_after_respawn``). Collective over the world."""
     ddp = sys.modules.get("clusterkernel.train._ddp")
-    if ddp is not None:
-        return ddp.rebuild_after_respawn()
-    world().allgather([])  # this rank has none: the others learn so
-    return []
+    every = world().allgather(ddp.wrap_state() if ddp is not None else ([], 0))
+    if not any(nxt for _, nxt in every):
+        return []  # no rank ever wrapped a model
+    from clusterkernel.train import _ddp  # a new rank learns the count the others are at
+
+    return _ddp.rebuild_after_respawn(every)
 
 
 def main(argv: list[str]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +21,13 @@ _BUFFERS = ("average", "broadcast", "none")
 # Every DataParallel alive in this process, by its number: wrapping is collective, so
 # the k-th wrap has the same number on every rank (what a respawn matches them by).
 _LIVE: weakref.WeakValueDictionary[int, DataParallel] = weakref.WeakValueDictionary()
-_NUMBERS = itertools.count()
+_next_number = 0  # the next wrap's number; agreed by every rank at each respawn
+
+
+def _take_number() -> int:
+    global _next_number
+    _next_number += 1
+    return _next_number - 1
 
 
 class DataParallel(nn.Module):
@@ -132,7 +137,7 @@ class DataParallel(nn.Module):
         self.buffer_mode = buffers
         self._settings = {"bucket_bytes": bucket_bytes, "shared_buckets": shared_buckets}
         self._optimizer = optimizer
-        self._number = next(_NUMBERS)
+        self._number = _take_number()
         _LIVE[self._number] = self
         check_replicas(module, optimizer, group)
         self._attach()
@@ -315,24 +320,26 @@ def _unattached(module, optimizer, group, compression, buffers, settings, number
     self.compression, self.buffer_mode, self._settings = compression, buffers, settings
     self._number, self._reducer, self._step_hook = number, None, None
     _LIVE[number] = self
-    global _NUMBERS
-    _NUMBERS = itertools.count(max(_LIVE) + 1)
     return self
 
 
-def rebuild_after_respawn() -> list[int]:
-    """On every rank after a respawn: re-attach the DataParallel models every rank has
-    (matched by their wrap number), in order; those only some ranks have are detached.
-    Collective over the world. Returns the numbers re-attached."""
+def wrap_state() -> tuple[list[int], int]:
+    """``(numbers of the live DataParallel models, the next wrap's number)`` of this rank."""
     import gc
 
-    from clusterkernel.rank._world import world
-
     gc.collect()  # a model dropped but still in a cycle must not count as alive
-    mine = sorted(_LIVE)
-    every = world().allgather(mine)
-    common = sorted(set.intersection(*map(set, every)))
-    for number in mine:
+    return sorted(_LIVE), _next_number
+
+
+def rebuild_after_respawn(every: list[tuple[list[int], int]]) -> list[int]:
+    """After a respawn, with every rank's :func:`wrap_state` (``every``, in rank order):
+    re-attach the DataParallel models every rank has (matched by wrap number), in
+    order, and detach those only some ranks have; every rank counts on from the same
+    next number. Collective over the models' ranks. Returns the numbers re-attached."""
+    global _next_number
+    common = sorted(set.intersection(*(set(numbers) for numbers, _ in every)))
+    _next_number = max(max([nxt, *(n + 1 for n in numbers)]) for numbers, nxt in every)
+    for number in sorted(_LIVE):
         dp = _LIVE.get(number)
         if dp is None:
             continue

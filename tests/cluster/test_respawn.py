@@ -141,6 +141,13 @@ def _die_and_respawn(cluster: Cluster, rank: int, how: str) -> str:
 
 def test_a_segfault_and_an_oom_kill_are_respawned_empty(ft: Cluster):
     _die_and_respawn(ft, 3, "import ctypes\nctypes.string_at(0)")
+    # the new rank numbers its DataParallel wraps as the survivors do (a later respawn
+    # matches models by that number)
+    ft.run(
+        "from clusterkernel.train import DataParallel\n"
+        "number = DataParallel(torch.nn.Linear(2, 2))._number"
+    )
+    assert len(set(ft.pull("number").values())) == 1, ft.pull("number")
     made = _memory_cgroup()
     if made is None:
         pytest.skip("no writable memory cgroup here")
@@ -218,6 +225,40 @@ def test_data_parallel_killed_at_step_50_resumes_to_the_undisturbed_weights(ft: 
         assert (weights - undisturbed).abs().max().item() < 1e-5, rank
 
 
+def test_a_rank_comes_back_from_its_own_snapshot_and_a_restart_restores_all(ft: Cluster):
+    ft.run(
+        "import threading, torch\nfrom clusterkernel import comm\n"
+        "mine = comm.rank() * 10\nw = torch.full((3,), float(comm.rank()))\n"
+        "lock = threading.Lock()"
+    )
+    saved = ft.snapshot()
+    assert set(saved) == {0, 1, 2, 3}
+    assert all("mine" in r["saved"] and "lock" in r["skipped"] for r in saved.values())
+    files = [os.path.join(ft.run_dir, "snapshots", f"rank-{r}.pkl") for r in range(4)]
+    assert all(os.stat(f).st_mode & 0o777 == 0o600 for f in files)  # in the run directory,
+    # which goes with the cluster; private to the user
+    ft.run("mine = -1")  # changed after the snapshot: the snapshot holds the old value
+    os.kill(ft.rank_info[1]["pid"], signal.SIGKILL)
+    _wait_dead(ft, [1])
+    report = ft.respawn(from_snapshot=True)
+    assert report.ranks == [1] and "from its own last snapshot" in report.summary()
+    assert ft.pull("mine") == {0: -1, 1: 10, 2: -1, 3: -1}
+    assert ft.pull("w")[1].tolist() == [1.0, 1.0, 1.0]
+    ft.restart()  # every variable gone, then back from the files
+    ft.run("import torch\nfrom clusterkernel import comm")
+    restored = ft.restore(["mine", "w", "pair"])  # ranks respawned empty have no ``pair``
+    assert all({"mine", "w"} <= set(r["restored"]) for r in restored.values()), restored
+    assert "pair" in restored[0]["restored"] and restored[1]["missing"] == ["pair"], restored
+    assert ft.pull("mine") == {0: 0, 1: 10, 2: 20, 3: 30}
+    # a comm group in the snapshot was not made in the new processes: a clear error
+    with pytest.raises(
+        RankError, match=r"make it again on every rank with comm.new_group\(\[1, 2\]\)"
+    ):
+        ft.run("comm.all_reduce(torch.ones(1), group=pair)", ranks=[0])
+    with pytest.raises(ValueError, match="not both"):
+        ft.respawn(source=0, from_snapshot=True)
+
+
 def test_the_magics_respawn_by_hand_and_after_the_cell_that_saw_a_death(ft: Cluster, capsys):
     from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell
@@ -236,7 +277,9 @@ def test_the_magics_respawn_by_hand_and_after_the_cell_that_saw_a_death(ft: Clus
         ft.auto_respawn = True  # what %mpi start --respawn sets
         os.kill(ft.rank_info[3]["pid"], signal.SIGKILL)
         _wait_dead(ft, [3])
-        shell.run_cell_magic("mpi", "", "print('here', comm.rank())")
+        shell.run_cell_magic(
+            "mpi", "", "from clusterkernel import comm\nprint('here', comm.rank())"
+        )
         said = capsys.readouterr()
         assert "Rank 3 died" in said.err and "Rank 3 respawned in" in said.err, said
         assert "[rank 3] here 0" not in said.out  # ran on the three live ones, then back

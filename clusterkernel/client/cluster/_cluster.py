@@ -36,6 +36,7 @@ from clusterkernel.client.cluster import (
     _preflight,
     _rank_faults,
     _respawn,
+    _snapshot,
     _stacks,
     _torch,
 )
@@ -478,13 +479,39 @@ class Cluster:
         if self.keep is not None:
             _keep.update(self._engines.run_dir, {"rank_info": self._engines.rank_info})
 
-    def respawn(self, source: int | None = None, timeout: float = 120.0) -> Respawned:
+    def snapshot(self, names: list[str] | None = None) -> dict[int, dict]:
+        """Each live rank keeps ``names`` (default: every picklable variable) in a private
+        file on its node, for :meth:`restore` or ``respawn(from_snapshot=True)``; the
+        files go when the cluster stops. ``{rank: {"saved", "skipped", "bytes"}}``.
+
+        Example::
+
+            cluster.snapshot(["model", "opt", "step"])     # %mpi snapshot model opt step
+        """
+        self._require_running()
+        return _snapshot.snapshot(self, names)
+
+    def restore(self, names: list[str] | None = None) -> dict[int, dict]:
+        """Every live rank loads its last :meth:`snapshot` (``names`` of it, or all), e.g.
+        after :meth:`restart`; DataParallel models are attached to the ranks again.
+
+        Example::
+
+            cluster.restart(); cluster.restore()           # %mpi restart, %mpi restore
+        """
+        self._require_running()
+        return _snapshot.restore(self, names, self.live_ranks)
+
+    def respawn(
+        self, source: int | None = None, timeout: float = 120.0, from_snapshot: bool = False
+    ) -> Respawned:
         """Bring dead ranks back: the job is N ranks again, with the same rank numbers.
 
         Needs ``fault_tolerant=True`` (Open MPI's ULFM). The survivors are the same
         processes, every variable kept; each new rank starts empty, or with a copy of
         rank ``source``'s picklable variables (torch modules and optimizers included;
-        the report names what could not be copied). comm's groups are made again, and
+        the report names what could not be copied), or with ``from_snapshot=True`` each
+        from its own last :meth:`snapshot`. comm's groups are made again, and
         with ``torch=True`` a new default group spans the N ranks (DDP models on the
         survivors: ``torchdist.rewrap``). Returns a report; ``report.ranks`` is empty
         when no rank had died.
@@ -495,10 +522,12 @@ class Cluster:
             ...                                   # rank 2 dies
             print(cluster.respawn(source=0).summary())   # %mpi respawn --from 0
         """
+        if from_snapshot and source is not None:
+            raise ValueError("respawn: give source= or from_snapshot=True, not both.")
         dead = _respawn.check(self, source)
         if not dead:
             return _respawn.Respawned(source=source)
-        return _respawn.respawn(self, self._engines, dead, source, timeout)
+        return _respawn.respawn(self, self._engines, dead, source, timeout, from_snapshot)
 
     def ranks_respawned(self, ranks: list[int]) -> None:
         """New processes of ``ranks`` joined the job (``_respawn``): alive again; the

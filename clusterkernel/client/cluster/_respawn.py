@@ -40,12 +40,15 @@ class Respawned:
     skipped: dict[str, str] = field(default_factory=dict)
     bytes: int = 0
     models: int = 0  # DataParallel models re-attached on the N ranks
+    from_snapshot: bool = False
 
     def summary(self) -> str:
         """One paragraph for the notebook."""
         if not self.ranks:
             return "No rank has died: nothing to respawn."
         text = f"Rank {format_ranks(self.ranks)} respawned in {self.seconds:.1f}s"
+        if self.from_snapshot:
+            return text + f"; {len(self.copied)} variables loaded from its own last snapshot."
         if self.source is None:
             return text + " with an empty namespace (--from R copies a rank's variables)."
         text += (
@@ -53,7 +56,7 @@ class Respawned:
             f"({self.bytes / 2**20:.1f} MiB)"
         )
         if self.models:
-            text += f"; {self.models} DataParallel model(s) attached to the N ranks again"
+            text += f"; {self.models} DataParallel model(s) attached to all ranks again"
         if self.skipped:
             text += "; not copied (cannot be pickled): " + ", ".join(
                 f"{name} ({why.split(':')[0]})" for name, why in sorted(self.skipped.items())
@@ -111,7 +114,12 @@ def _command(engines: Engines, rank: int, root: int) -> list[str]:
 
 
 def respawn(
-    cluster: Cluster, engines: Engines, dead: list[int], source: int | None, timeout: float
+    cluster: Cluster,
+    engines: Engines,
+    dead: list[int],
+    source: int | None,
+    timeout: float,
+    from_snapshot: bool = False,
 ) -> Respawned:
     """Start ``dead`` again in the live job (see the module); raises ClusterError on failure."""
     t0 = time.monotonic()
@@ -145,7 +153,15 @@ def respawn(
     report = Respawned(ranks=dead, source=source)
     if source is not None:
         report = _copy(cluster, report, source, dead)
-    report.models = _rebuild(cluster)
+        report.models = _rebuild(cluster)
+    elif from_snapshot:
+        from clusterkernel.client.cluster import _snapshot
+
+        loaded = _snapshot.restore(cluster, None, dead)  # re-attaches the models too
+        report.copied = sorted({n for res in loaded.values() for n in res["restored"]})
+        report.from_snapshot = True
+    else:
+        report.models = _rebuild(cluster)
     report.seconds = time.monotonic() - t0
     return report
 

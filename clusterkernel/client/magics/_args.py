@@ -119,12 +119,33 @@ def attach_args(line):
     metavar="R",
     help="copy live rank R's variables into the new ranks (default: they start empty)",
 )
+@argument(
+    "--from-snapshot",
+    action="store_true",
+    help="each new rank loads its own last %%mpi snapshot instead",
+)
 def respawn_args(line):
     """%mpi respawn: bring dead ranks back, same rank numbers, the survivors untouched.
 
     Needs ranks started with --fault-tolerant. Variables that cannot be pickled are
     named and left out of the copy.
     """
+
+
+@magic_arguments()
+@argument("names", nargs="*", help="the variables (default: every picklable one)")
+def snapshot_args(line):
+    """%mpi snapshot: each rank keeps its variables in a private file on its node.
+
+    For %mpi restore (after %mpi restart) or %mpi respawn --from-snapshot; the files
+    go when the ranks stop.
+    """
+
+
+@magic_arguments()
+@argument("names", nargs="*", help="the variables (default: all the snapshot holds)")
+def restore_args(line):
+    """%mpi restore: every rank loads its last %mpi snapshot into its namespace."""
 
 
 @magic_arguments()
@@ -221,6 +242,8 @@ HELP_ROWS = [
     (attach_args, "%mpi attach"),
     ("%mpi detach", "leave kept ranks running (for their --keep time) and let go"),
     (respawn_args, "%mpi respawn"),
+    (snapshot_args, "%mpi snapshot"),
+    (restore_args, "%mpi restore"),
     ("%mpi restart", "fresh ranks (frees stuck ones; state is lost)"),
     (torch_reinit_args, "%mpi torch-reinit"),
     ("%mpi status", "rank, host, pid, state, CPU, memory"),

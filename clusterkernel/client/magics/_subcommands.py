@@ -20,6 +20,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel.client.cluster import Cluster, LaunchSettings, _follow, _keep
+from clusterkernel.client.cluster._snapshot import summary as snapshot_summary
 from clusterkernel.client.errors import ClusterError, format_ranks, rank_label
 from clusterkernel.client.magics._args import (
     attach_args,
@@ -28,6 +29,8 @@ from clusterkernel.client.magics._args import (
     pull_args,
     ranks_arg,
     respawn_args,
+    restore_args,
+    snapshot_args,
     start_args,
     torch_reinit_args,
     where_args,
@@ -177,10 +180,28 @@ class Subcommands:
         args = parse_argstring(respawn_args, rest)
         cluster = self._require_cluster()
         try:
-            report = cluster.respawn(source=args.source)
+            report = cluster.respawn(source=args.source, from_snapshot=args.from_snapshot)
         except (ClusterError, ValueError) as e:
             raise UsageError(str(e)) from None
         print(report.summary())
+
+    def _sub_snapshot(self, rest: str) -> None:
+        """%mpi snapshot [NAMES]: see ``snapshot_args``."""
+        args = parse_argstring(snapshot_args, rest)
+        try:
+            results = self._require_cluster().snapshot(args.names or None)
+        except ClusterError as e:
+            raise UsageError(str(e)) from None
+        print(snapshot_summary("snapshot", results))
+
+    def _sub_restore(self, rest: str) -> None:
+        """%mpi restore [NAMES]: see ``restore_args``."""
+        args = parse_argstring(restore_args, rest)
+        try:
+            results = self._require_cluster().restore(args.names or None)
+        except ClusterError as e:
+            raise UsageError(str(e)) from None
+        print(snapshot_summary("restore", results))
 
     def _sub_torch_reinit(self, rest: str) -> None:
         """%mpi torch-reinit [--backend B]: see ``torch_reinit_args``."""

@@ -1,0 +1,75 @@
+"""Snapshots of the ranks' variables: the body of ``Cluster.snapshot`` / ``restore`` (client side).
+
+Each rank writes its own picklable variables to a private file in the cluster's run
+directory (``clusterkernel.rank._snapshot``) and loads them back later, into the same
+processes, fresh ones after a restart, or a rank respawned from its own snapshot.
+Nothing travels through the notebook; the files go when the cluster stops.
+
+Example::
+
+    snapshot(cluster, ["model", "opt"])   # {0: {"saved": [...], "bytes": ...}, ...}
+    restore(cluster)                      # {0: {"restored": [...]}, ...}
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import ipyparallel as ipp
+
+from clusterkernel.client.errors import ClusterError, format_ranks
+from clusterkernel.protocol._rank_call import rank_call
+
+if TYPE_CHECKING:
+    from clusterkernel.client.cluster import Cluster
+
+
+def _on_ranks(cluster: Cluster, ranks: list[int], what: str, *args) -> dict[int, dict]:
+    ar = cluster.view(ranks).apply_async(rank_call, *args)
+    try:
+        return dict(zip(ranks, ar.get(timeout=600)))
+    except ipp.error.CompositeError as e:
+        lines = {}
+        for ename, evalue, _tb, info in e.elist:
+            try:
+                rank = cluster.rank_of((info or {}).get("engine_id"))
+            except KeyError:
+                rank = -1
+            lines.setdefault(f"{ename}: {evalue}", []).append(rank)
+        said = "; ".join(f"rank {format_ranks(rs)}: {msg}" for msg, rs in lines.items())
+        raise ClusterError(f"{what} failed: {said}") from None
+
+
+def snapshot(cluster: Cluster, names: list[str] | None) -> dict[int, dict]:
+    """Every live rank writes ``names`` (default: all its picklable variables)."""
+    return _on_ranks(
+        cluster, cluster.live_ranks, "Snapshot", "clusterkernel.rank._snapshot:save",
+        cluster.run_dir, names,
+    )  # fmt: skip
+
+
+def restore(cluster: Cluster, names: list[str] | None, ranks: list[int]) -> dict[int, dict]:
+    """``ranks`` load their own snapshot (``names`` of it, or all); then DataParallel
+    models are attached on every rank (collective)."""
+    out = _on_ranks(
+        cluster, ranks, "Restoring the snapshot", "clusterkernel.rank._snapshot:load",
+        cluster.run_dir, names,
+    )  # fmt: skip
+    _on_ranks(cluster, cluster.ranks, "Re-attaching models", "clusterkernel.rank._respawn:rebuild")
+    return out
+
+
+def summary(what: str, results: dict[int, dict]) -> str:
+    """One line per distinct outcome, ranks grouped."""
+    key = "saved" if what == "snapshot" else "restored"
+    lines: dict[str, list[int]] = {}
+    for rank, res in results.items():
+        text = f"{len(res[key])} variables {key}"
+        if res.get("bytes"):
+            text += f" ({res['bytes'] / 2**20:.1f} MiB)"
+        if res.get("skipped"):
+            text += "; not picklable: " + ", ".join(sorted(res["skipped"]))
+        if res.get("missing"):
+            text += "; not found: " + ", ".join(res["missing"])
+        lines.setdefault(text, []).append(rank)
+    return "\n".join(f"[rank {format_ranks(rs)}] {t}" for t, rs in lines.items())
