@@ -486,7 +486,8 @@ class Cluster:
 
         Example::
 
-            cluster.snapshot(["model", "opt", "step"])     # %mpi snapshot model opt step
+            cluster.run("step = 7")
+            cluster.snapshot(["step"])[0]["saved"]     # ['step']
         """
         self._require_running()
         return _snapshot.snapshot(self, names)
@@ -497,7 +498,11 @@ class Cluster:
 
         Example::
 
-            cluster.restart(); cluster.restore()           # %mpi restart, %mpi restore
+            cluster.run("step = 7")
+            cluster.snapshot(["step"])
+            cluster.run("step = 0")                   # or a restart: every variable gone
+            cluster.restore(["step"])[0]["restored"]  # ['step']
+            cluster.pull("step")[0]                   # 7
         """
         self._require_running()
         return _snapshot.restore(self, names, self.live_ranks)
@@ -518,9 +523,14 @@ class Cluster:
 
         Example::
 
-            cluster = Cluster(n=4, fault_tolerant=True).start()
-            ...                                   # rank 2 dies
-            print(cluster.respawn(source=0).summary())   # %mpi respawn --from 0
+            import os, signal, time
+            with Cluster(n=2, fault_tolerant=True) as ft:
+                ft.run("x = 41")
+                os.kill(ft.rank_info[1]["pid"], signal.SIGKILL)   # rank 1 dies
+                while ft.live_ranks != [0]:
+                    time.sleep(0.1)
+                print(ft.respawn(source=0).summary())   # %mpi respawn --from 0
+                ft.pull("x")                            # {0: 41, 1: 41}
         """
         if from_snapshot and source is not None:
             raise ValueError("respawn: give source= or from_snapshot=True, not both.")
