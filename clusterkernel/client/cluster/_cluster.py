@@ -124,6 +124,9 @@ class Cluster:
         cluster = Cluster.attach()          # the same ranks, their variables intact
     """
 
+    profile_result = None
+    """The :class:`~clusterkernel.client.profile.Profile` of the last ``run(..., profile=True)``."""
+
     def __init__(
         self,
         n: int | None = None,
@@ -759,6 +762,7 @@ class Cluster:
         block: bool = True,
         renderer=None,
         dashboard: bool = False,
+        profile: bool = False,
     ) -> CellRun:
         """Run ``code`` on the ranks, streaming each rank's output; the call behind ``%%mpi``.
 
@@ -772,6 +776,11 @@ class Cluster:
 
         ``dashboard=True`` (``%%mpi --dashboard``) shows :meth:`dashboard` first
         and, when the cell has run, collects its last records into it.
+
+        ``profile=True`` (``%%mpi --profile``) samples every rank's Python stacks while
+        the cell runs and shows, under it, each rank's top lines and what the slowest
+        rank does more than the median rank; the :class:`~clusterkernel.client.profile.Profile`
+        is kept as ``cluster.profile_result`` (also when the cell raised or was stopped).
         """
         import secrets
 
@@ -791,13 +800,14 @@ class Cluster:
             dash.show()
         # one name per cell, the same on every rank: the dashboard's runs (CELL_LABEL)
         self._cell_label = f"{CELL_LABEL}{secrets.token_hex(6)}"
+        run = None
         try:
             faults = CellFaults(
                 job_ended=self._health.job_ended,
                 ranks_died=self._health.ranks_died,
                 ranks_stuck=lambda _ranks: self.restart(),
             )
-            run = CellRun(self, code, ranks, renderer=renderer, faults=faults)
+            run = CellRun(self, code, ranks, renderer=renderer, faults=faults, profile=profile)
             if not block:
                 return run
             try:
@@ -810,6 +820,8 @@ class Cluster:
         finally:
             if dash is not None and block:
                 dash.cell_finished()
+            if profile and block:
+                self.profile_result = run.profile if run is not None else None
 
     # ------------------------------------------------------------------ dashboard
     def dashboard(self) -> Dashboard:

@@ -45,6 +45,7 @@ from clusterkernel.client.errors import (
     retitle_cell,
 )
 from clusterkernel.client.output import RankOutput, Renderer, default_renderer
+from clusterkernel.client.profile import CellProfile, Profile
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster
@@ -87,6 +88,7 @@ class CellRun:
         renderer: Renderer | None = None,
         *,
         faults: CellFaults,
+        profile: bool = False,
     ) -> None:
         self.cluster = cluster
         self.faults = faults
@@ -95,6 +97,9 @@ class CellRun:
         self.renderer = renderer if renderer is not None else default_renderer(self.ranks)
         client = cluster.client
         self._client = client
+        # --profile: each rank's sampler starts right before the cell (queued ahead of it)
+        self._profiling = CellProfile(cluster, self.ranks) if profile else None
+        self.profile: Profile | None = None
         self.ar = cluster.view(self.ranks).execute(code, silent=False, block=False)
         # The result's own metadata, not client.metadata[msg_id]: the client drops
         # its entry once a cell's output is complete, which a quick cell can reach
@@ -147,6 +152,8 @@ class CellRun:
         self.done = True
         if failure is None:
             failure = self._collect_errors()
+        if self._profiling is not None:  # shown whether the cell ended, raised or was stopped
+            self.profile, self._profiling = self._profiling.finish(), None
         if failure is not None:
             failure.execution_count = self.execution_count
             raise failure

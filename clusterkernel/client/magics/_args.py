@@ -192,6 +192,12 @@ def pull_args(line):
 @argument("--timeout", type=float, help="watchdog in seconds: report stacks, interrupt, free")
 @argument("--noblock", action="store_true", help="return a CellRun at once; .wait() later")
 @argument("--dashboard", action="store_true", help="show the live dashboard while the cell runs")
+@argument(
+    "--profile",
+    action="store_true",
+    help="sample every rank's Python stacks; under the cell: each rank's top lines and what "
+    "the slowest rank does more (cluster.profile_result)",
+)
 def cell_args(line):
     """%%mpi: run the cell on every rank (or --ranks), output streamed by rank."""
 

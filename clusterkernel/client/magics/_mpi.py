@@ -167,6 +167,7 @@ class MPIMagics(Subcommands, Magics):
                 timeout=args.timeout,
                 block=not args.noblock,
                 dashboard=args.dashboard,
+                profile=args.profile,
             )
         except ClusterError as e:
             raise UsageError(str(e)) from None

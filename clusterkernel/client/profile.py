@@ -1,0 +1,350 @@
+"""Where each rank's time went in a cell, and what the slowest rank does more (client side).
+
+``%%mpi --profile`` (``cluster.run(code, profile=True)``) starts a sampler on every
+rank just before the cell (``clusterkernel.rank._profile``, called by name) and
+collects it when the cell has ended, raised, or been interrupted; a
+:class:`Profile` is then shown under the cell and kept as ``cluster.profile_result``.
+
+Time is counted at **your line**: each sample goes to the innermost frame of the
+stack that is not in a library (the standard library, site-packages,
+clusterkernel), so the seconds a rank spent inside ``torch`` or ``time.sleep`` land
+on the line that called them; the ``in`` column names the library function where
+the time went. The **slowest rank** is the one with the most busy time (its
+profiled seconds less its time inside collectives of ``clusterkernel.comm`` and
+``torch.distributed``, where a fast rank waits for a slow one); the **median rank**
+is the lower median of busy time. Their difference names the lines where the
+slowest rank spends more.
+
+Example::
+
+    run = cluster.run(code, profile=True)
+    p = cluster.profile_result
+    p.top(0)[0]            # ProfileEntry(file=..., line=12, function='hot', seconds=1.9, ...)
+    p.difference()[0]      # the line the slowest rank spends the most extra time on
+    print(p)               # the tables as text
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from clusterkernel.client.errors import format_ranks
+from clusterkernel.protocol._rank_call import rank_call
+
+if TYPE_CHECKING:
+    from clusterkernel.client.cluster import Cluster
+
+_START = "clusterkernel.rank._profile:start"
+_STOP = "clusterkernel.rank._profile:stop"
+_CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$|^<ipython-input-")
+_LIBRARY = re.compile(
+    r"[/\\]lib[/\\]python3[^/\\]*[/\\]|[/\\](site|dist)-packages[/\\]|[/\\]clusterkernel[/\\]"
+    r"|^<frozen "
+)
+_WAITS = re.compile(r"[/\\]clusterkernel[/\\]comm[/\\]|[/\\]torch[/\\]distributed[/\\]")
+CELL = "<cell>"
+"""The file of a cell's own lines (each rank names its cell file after its pid)."""
+
+
+@dataclass(frozen=True)
+class ProfileEntry:
+    """Seconds one rank spent at one line of code (its own, or a call it made from there).
+
+    ``file``: the path (:data:`CELL` for the cell itself), ``line``, ``function``,
+    ``seconds``, ``percent`` of the rank's profiled time, ``inside``: where the time
+    went when it was in a library (``"time.py: sleep"``-like), else "".
+
+    Example::
+
+        e = profile.top(0)[0]
+        f"{e.where}  {e.function}  {e.seconds:.2f}s"
+    """
+
+    file: str
+    line: int
+    function: str
+    seconds: float
+    percent: float
+    inside: str = ""
+
+    @property
+    def where(self) -> str:
+        """``file:line`` as read in a table: ``cell line 4`` for the cell's own lines."""
+        return f"cell line {self.line}" if self.file == CELL else f"{_short(self.file)}:{self.line}"
+
+
+@dataclass(frozen=True)
+class DifferenceEntry:
+    """One line's seconds on the slowest rank against the median rank's.
+
+    Example::
+
+        d = profile.difference()[0]
+        f"{d.where} {d.function}: +{d.extra:.2f}s on rank {profile.slowest}"
+    """
+
+    file: str
+    line: int
+    function: str
+    slowest: float
+    median: float
+
+    @property
+    def extra(self) -> float:
+        """Seconds more on the slowest rank."""
+        return self.slowest - self.median
+
+    @property
+    def where(self) -> str:
+        """``file:line`` (``cell line N`` for the cell's own lines)."""
+        return f"cell line {self.line}" if self.file == CELL else f"{_short(self.file)}:{self.line}"
+
+
+class Profile:
+    """Each rank's sampled stacks over one cell; tables per rank and the straggler's difference.
+
+    ``ranks``: ``{rank: data}`` as each rank's sampler returned it; ``missing``:
+    ranks that gave none (gone, restarted). ``str(profile)`` is the text shown under
+    the cell in a terminal, ``_repr_html_`` the notebook's.
+
+    Example::
+
+        p = cluster.run(code, profile=True) and cluster.profile_result
+        p.slowest, p.median_rank      # 2, 1
+        p.top(2, n=5)                 # rank 2's five lines with the most time
+    """
+
+    def __init__(self, ranks: dict[int, dict], missing: list[int] | None = None) -> None:
+        self.ranks = dict(sorted(ranks.items()))
+        self.missing = sorted(missing or [])
+        self._own = {r: _own_lines(d) for r, d in self.ranks.items()}
+
+    # ---------------------------------------------------------------- numbers
+    def seconds(self, rank: int) -> float:
+        """The wall time rank ``rank`` was profiled (the cell's time on it)."""
+        return float(self.ranks[rank].get("seconds", 0.0))
+
+    def busy(self, rank: int) -> float:
+        """Profiled seconds less the main thread's time inside collectives (waiting)."""
+        waits = sum(
+            secs
+            for thread, stack, secs in self.ranks[rank].get("stacks", [])
+            if thread == "main" and any(_WAITS.search(f[0]) for f in stack)
+        )
+        return self.seconds(rank) - waits
+
+    @property
+    def slowest(self) -> int | None:
+        """The rank with the most busy time (None without profiles)."""
+        if not self.ranks:
+            return None
+        return max(self.ranks, key=lambda r: (self.busy(r), -r))
+
+    @property
+    def median_rank(self) -> int | None:
+        """The rank of the lower median busy time (None with fewer than two ranks)."""
+        if len(self.ranks) < 2:
+            return None
+        order = sorted(self.ranks, key=lambda r: (self.busy(r), r))
+        return order[(len(order) - 1) // 2]
+
+    def top(self, rank: int, n: int = 10) -> list[ProfileEntry]:
+        """Rank ``rank``'s ``n`` lines with the most time, most first."""
+        total = self.seconds(rank) or 1.0
+        rows = sorted(self._own[rank].items(), key=lambda kv: -kv[1][0])[:n]
+        return [
+            ProfileEntry(f, ln, fn, secs, 100.0 * secs / total, _inside(inside))
+            for (f, ln, fn), (secs, inside) in rows
+        ]
+
+    def difference(self, n: int = 10) -> list[DifferenceEntry]:
+        """The ``n`` lines where the slowest rank spends the most more than the median rank."""
+        slow, med = self.slowest, self.median_rank
+        if slow is None or med is None or slow == med:
+            return []
+        a, b = self._own[slow], self._own[med]
+        rows = [
+            DifferenceEntry(*key, slowest=a.get(key, (0.0, {}))[0], median=b.get(key, (0.0, {}))[0])
+            for key in set(a) | set(b)
+        ]
+        rows = [d for d in rows if d.extra > 0]
+        return sorted(rows, key=lambda d: -d.extra)[:n]
+
+    # ---------------------------------------------------------------- showing
+    def __str__(self) -> str:
+        out = []
+        for rank in self.ranks:
+            out.append(f"Profile of rank {rank}: {self.seconds(rank):.2f} s")
+            out.append(_text_table(_TOP_HEAD, [_top_row(e) for e in self.top(rank)]))
+        out += self._difference_text()
+        if self.missing:
+            out.append(f"No profile from rank {format_ranks(self.missing)} (gone or restarted).")
+        return "\n".join(out)
+
+    def __repr__(self) -> str:
+        return f"<Profile ranks={format_ranks(list(self.ranks))} slowest={self.slowest}>"
+
+    def _difference_text(self) -> list[str]:
+        slow, med = self.slowest, self.median_rank
+        if med is None or slow == med:
+            return []
+        rows = self.difference()
+        head = (
+            f"What the slowest rank does more: rank {slow} ({self.busy(slow):.2f} s busy) "
+            f"vs the median rank {med} ({self.busy(med):.2f} s)"
+        )
+        table = [_diff_row(d) for d in rows]
+        return [head, _text_table(_DIFF_HEAD, table) if table else "  (nothing stands out)"]
+
+    def _repr_html_(self) -> str:
+        parts = []
+        slow, med = self.slowest, self.median_rank
+        if med is not None and slow != med:
+            parts.append(
+                f"<b>What the slowest rank does more</b>: rank {slow} "
+                f"({self.busy(slow):.2f} s busy) vs the median rank {med} "
+                f"({self.busy(med):.2f} s)"
+            )
+            rows = [_diff_row(d) for d in self.difference()]
+            parts.append(_html_table(_DIFF_HEAD, rows) if rows else "<i>nothing stands out</i>")
+        cells = []
+        for rank in self.ranks:
+            title = f"<b>rank {rank}</b>: {self.seconds(rank):.2f} s"
+            rows = [_top_row(e) for e in self.top(rank)]
+            cells.append(
+                f"<div style='margin:4px 12px 4px 0'>{title}{_html_table(_TOP_HEAD, rows)}</div>"
+            )
+        parts.append(f"<div style='display:flex;flex-wrap:wrap'>{''.join(cells)}</div>")
+        if self.missing:
+            parts.append(f"<i>No profile from rank {format_ranks(self.missing)}.</i>")
+        return "<div class='ck-profile'>" + "".join(parts) + "</div>"
+
+    def show(self) -> None:
+        """Show under the running cell: HTML in a notebook, text in a terminal.
+
+        Example::
+
+            cluster.profile_result.show()
+        """
+        from clusterkernel.client.output import in_notebook
+
+        if in_notebook():
+            from IPython.display import display
+
+            display(self)
+        else:
+            print(self, flush=True)
+
+
+# -------------------------------------------------------------------- collecting
+class CellProfile:
+    """The profile of one running cell: started on its ranks, collected when it ends.
+
+    :class:`~clusterkernel.client.cluster.runner.CellRun` makes one with
+    ``profile=True``; the start is queued on each rank ahead of the cell, so it runs
+    right before it.
+
+    Example::
+
+        cp = CellProfile(cluster, [0, 1, 2, 3])   # before the cell is sent
+        ...                                        # the cell runs
+        profile = cp.finish()                      # a Profile, shown under the cell
+    """
+
+    def __init__(self, cluster: Cluster, ranks: list[int], hz: float | None = None) -> None:
+        self.cluster = cluster
+        self.ranks = list(ranks)
+        kwargs = {} if hz is None else {"hz": hz}
+        self._started = cluster.view(self.ranks).apply_async(rank_call, _START, **kwargs)
+
+    def finish(self, timeout: float = 10.0, show: bool = True) -> Profile:
+        """Stop every rank's sampler and gather the samples; ranks that do not answer
+        within ``timeout`` (gone, restarted) are listed as missing."""
+        asked: dict[int, Any] = {}
+        for r in self.ranks:
+            try:
+                asked[r] = self.cluster.view([r]).apply_async(rank_call, _STOP)
+            except Exception:  # the rank is gone (a restart made new engines)
+                pass
+        deadline = time.monotonic() + timeout
+        got: dict[int, dict] = {}
+        for r, ar in asked.items():
+            try:
+                ar.wait(max(0.0, deadline - time.monotonic()))
+                if ar.ready() and ar.successful():
+                    data = ar.get()[0]
+                    if data:
+                        got[r] = data
+            except Exception:  # a lost engine answers with an error
+                pass
+        profile = Profile(got, missing=[r for r in self.ranks if r not in got])
+        if show:
+            profile.show()
+        return profile
+
+
+# -------------------------------------------------------------------- helpers
+_TOP_HEAD = ("where", "function", "seconds", "%", "in")
+_DIFF_HEAD = ("where", "function", "slowest s", "median s", "more s")
+
+
+def _top_row(e: ProfileEntry) -> tuple[str, ...]:
+    return (e.where, e.function, f"{e.seconds:.3f}", f"{e.percent:.1f}", e.inside)
+
+
+def _diff_row(d: DifferenceEntry) -> tuple[str, ...]:
+    return (d.where, d.function, f"{d.slowest:.3f}", f"{d.median:.3f}", f"+{d.extra:.3f}")
+
+
+def _own_lines(data: dict) -> dict[tuple[str, int, str], tuple[float, dict[str, float]]]:
+    """``{(file, line, function): (seconds, {library frame: seconds})}``: each sample at
+    its innermost frame outside the libraries (the whole stack's innermost if none)."""
+    out: dict[tuple[str, int, str], tuple[float, dict[str, float]]] = {}
+    for _thread, stack, secs in data.get("stacks", []):
+        if not stack:
+            key, inside = ("(engine)", 0, "(between cells)"), ""
+        else:
+            own = [f for f in stack if not _LIBRARY.search(f[0])]
+            file, line, func = own[-1] if own else stack[-1]
+            key = (CELL if _CELL_FILE.search(file) else file, int(line), func)
+            leaf = stack[-1]
+            inside = "" if (own and leaf == own[-1]) else f"{_short(leaf[0])}: {leaf[2]}"
+        total, where = out.get(key, (0.0, {}))
+        if inside:
+            where[inside] = where.get(inside, 0.0) + secs
+        out[key] = (total + secs, where)
+    return out
+
+
+def _inside(where: dict[str, float]) -> str:
+    """The library function that took most of a line's time."""
+    return max(where, key=where.get) if where else ""
+
+
+def _short(path: str) -> str:
+    """A path as read in a table: from the package on for libraries."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    m = re.search(r"[/\\]lib[/\\]python3[^/\\]*[/\\](.*)$", path)
+    return m.group(1) if m else path
+
+
+def _text_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    lines = ["  " + "  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
+    for row in rows:
+        lines.append("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def _html_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    th = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in head)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
