@@ -62,6 +62,7 @@ SLOW: dict[str, float] = {
     "tests/test_examples.py::test_examples_that_start_their_own_cluster": 17,
     "tests/torchdist/test_on_ranks.py::test_a_hang_with_ddp_and_fsdp_models_alive_is_freed_keeping_the_models": 20,
     "tests/cluster/test_respawn.py::test_respawn_when_nothing_died_is_a_clear_no_op": 13,
+    "tests/cluster/test_multi_host.py::test_a_dead_rank_on_the_other_host_is_respawned_there": 19,
     "tests/cluster/test_respawn.py::test_data_parallel_killed_at_step_50_resumes_to_the_undisturbed_weights": 10,
     "tests/torchdist/test_on_ranks.py::test_a_rank_wedged_in_c_code_holding_the_gil_is_named_and_restarted": 14,
     "tests/torchdist/test_on_mpiexec.py::test_torchrun_cases_on_n_ranks": 11,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -126,6 +127,32 @@ def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
         assert [r["host"] for r in rows] == [here, here, netns_host.hostname, netns_host.hostname]
         assert {r["state"] for r in rows} == {"idle"}
         assert all(r["memory_mib"] > 0 for r in rows)
+    finally:
+        cluster.stop()
+    assert not wait_no_cluster_processes(20)
+    _assert_other_host_empty(netns_host)
+
+
+def test_a_dead_rank_on_the_other_host_is_respawned_there(no_shared_cluster, netns_host, tmp_path):
+    env = two_host_env(netns_host, ssh_agent(tmp_path / "ssh", netns_host))
+    here = socket.gethostname()
+    cluster = Cluster(
+        n=4, hosts=f"{here}:2,{netns_host.ns_ip}:2", env=env, start_timeout=60,
+        fault_tolerant=True,
+    )  # fmt: skip
+    cluster.start()
+    try:
+        cluster.run(_WHERE + "x = 5")
+        os.kill(cluster.rank_info[3]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while 3 in cluster.live_ranks and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cluster.respawn(source=0).ranks == [3]
+        cluster.run(_WHERE + _ALLREDUCE)
+        assert cluster.pull("where")[3] == (netns_host.hostname, netns_host.inode())
+        assert cluster.rank_info[3]["host"] == netns_host.hostname
+        assert cluster.pull("total") == {r: (10.0, 10.0) for r in range(4)}
+        assert cluster.pull("x", ranks=[3]) == {3: 5}
     finally:
         cluster.stop()
     assert not wait_no_cluster_processes(20)

@@ -274,6 +274,12 @@ def test_the_magics_respawn_by_hand_and_after_the_cell_that_saw_a_death(ft: Clus
         assert "No rank has died: nothing to respawn." in capsys.readouterr().out
         with pytest.raises(UsageError, match="ranks are 0..3"):
             shell.run_line_magic("mpi", "respawn --from 9")
+        ft.run("mine = 1")
+        shell.run_line_magic("mpi", "snapshot mine nothing_here")
+        shell.run_line_magic("mpi", "restore mine")
+        out = capsys.readouterr().out
+        assert "[ranks 0-3] 1 variables saved (0.0 MiB); not found: nothing_here" in out, out
+        assert "[ranks 0-3] 1 variables restored" in out, out
         ft.auto_respawn = True  # what %mpi start --respawn sets
         os.kill(ft.rank_info[3]["pid"], signal.SIGKILL)
         _wait_dead(ft, [3])

@@ -113,6 +113,17 @@ def _command(engines: Engines, rank: int, root: int) -> list[str]:
     ]
 
 
+def _mpi_host(cluster: Cluster, engines: Engines, rank: int) -> str:
+    """The name MPI knows ``rank``'s host by: the ``--hosts`` entry it was placed on (ranks
+    fill the hosts in order), else the name the rank reported."""
+    names = list(dict.fromkeys(engines.rank_info[r]["host"] for r in sorted(engines.rank_info)))
+    given = [host for host, _ in getattr(cluster.launcher, "hosts", None) or []]
+    reported = engines.rank_info[rank]["host"]
+    if len(given) == len(names):
+        return given[names.index(reported)]
+    return reported
+
+
 def respawn(
     cluster: Cluster,
     engines: Engines,
@@ -127,7 +138,7 @@ def respawn(
     root = live[0]
     commands = [_command(engines, r, root) for r in dead]
     # on one machine MPI places the new process here; across hosts, on the dead one's
-    hosts = [engines.rank_info[r]["host"] if cluster.launcher.multi_node else None for r in dead]
+    hosts = [_mpi_host(cluster, engines, r) if cluster.launcher.multi_node else None for r in dead]
     grow = cluster.view(live).apply_async(
         rank_call, "clusterkernel.rank._respawn:grow", dead, commands, hosts, root
     )

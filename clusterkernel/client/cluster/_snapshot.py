@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
 
-from clusterkernel.client.errors import ClusterError, format_ranks
+from clusterkernel.client.errors import ClusterError, format_ranks, rank_label
 from clusterkernel.protocol._rank_call import rank_call
 
 if TYPE_CHECKING:
@@ -72,4 +72,4 @@ def summary(what: str, results: dict[int, dict]) -> str:
         if res.get("missing"):
             text += "; not found: " + ", ".join(res["missing"])
         lines.setdefault(text, []).append(rank)
-    return "\n".join(f"[rank {format_ranks(rs)}] {t}" for t, rs in lines.items())
+    return "\n".join(f"[{rank_label(rs)}] {t}" for t, rs in lines.items())

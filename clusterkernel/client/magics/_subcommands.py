@@ -187,21 +187,20 @@ class Subcommands:
 
     def _sub_snapshot(self, rest: str) -> None:
         """%mpi snapshot [NAMES]: see ``snapshot_args``."""
-        args = parse_argstring(snapshot_args, rest)
-        try:
-            results = self._require_cluster().snapshot(args.names or None)
-        except ClusterError as e:
-            raise UsageError(str(e)) from None
-        print(snapshot_summary("snapshot", results))
+        names = parse_argstring(snapshot_args, rest).names or None
+        self._snapshots("snapshot", lambda cluster: cluster.snapshot(names))
 
     def _sub_restore(self, rest: str) -> None:
         """%mpi restore [NAMES]: see ``restore_args``."""
-        args = parse_argstring(restore_args, rest)
+        names = parse_argstring(restore_args, rest).names or None
+        self._snapshots("restore", lambda cluster: cluster.restore(names))
+
+    def _snapshots(self, what: str, call) -> None:
         try:
-            results = self._require_cluster().restore(args.names or None)
+            results = call(self._require_cluster())
         except ClusterError as e:
             raise UsageError(str(e)) from None
-        print(snapshot_summary("restore", results))
+        print(snapshot_summary(what, results))
 
     def _sub_torch_reinit(self, rest: str) -> None:
         """%mpi torch-reinit [--backend B]: see ``torch_reinit_args``."""
