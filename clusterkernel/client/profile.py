@@ -310,7 +310,8 @@ def _own_lines(data: dict) -> dict[tuple[str, int, str], tuple[float, dict[str, 
         else:
             own = [f for f in stack if not _LIBRARY.search(f[0])]
             file, line, func = own[-1] if own else stack[-1]
-            key = (CELL if _CELL_FILE.search(file) else file, int(line), func)
+            # a frame between bytecodes can have no line number (f_lineno is None)
+            key = (CELL if _CELL_FILE.search(file) else file, int(line or 0), func)
             leaf = stack[-1]
             inside = "" if (own and leaf == own[-1]) else f"{_short(leaf[0])}: {leaf[2]}"
         total, where = out.get(key, (0.0, {}))

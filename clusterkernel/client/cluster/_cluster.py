@@ -410,6 +410,15 @@ class Cluster:
         finally:
             self._forget_ranks()
 
+    def taken_over_note(self) -> str:
+        """What a session that was taken over says (``taken_over_by`` is set)."""
+        taken = self.taken_over_by or {}
+        return (
+            f"Another session (pid {taken.get('pid')} on {taken.get('host')}) took this kept "
+            "cluster over with attach --force; this one has let go of it. "
+            "%mpi attach --force takes it back."
+        )
+
     def _taken_over(self) -> dict | None:
         """The session that took this kept cluster over, if one did (we then let go)."""
         if self.keep is None or self._engines is None:
@@ -659,13 +668,8 @@ class Cluster:
         return view
 
     def _require_running(self) -> None:
-        taken = self._taken_over()
-        if taken is not None:
-            raise ClusterError(
-                f"Another session (pid {taken['pid']} on {taken['host']}) took this kept "
-                "cluster over with attach --force; this one has let go of it. "
-                "%mpi attach --force takes it back."
-            )
+        if self._taken_over() is not None or self.taken_over_by is not None:
+            raise ClusterError(self.taken_over_note())
         if not self.running:
             raise ClusterError("No MPI ranks are running. Start them with %mpi start -n 4.")
         if self.lost:

@@ -328,7 +328,9 @@ class Dashboard:
 
         Example::
 
+            dash = cluster.dashboard()
             dash.clear()   # then run the training cell again
+            dash.store.runs()              # none until the next cell logs
         """
         self.store.clear()
         if not self.paused:

@@ -88,6 +88,8 @@ class MPIMagics(Subcommands, Magics):
     def _require_cluster(self) -> Cluster:
         if self.autostart is not None and (self.cluster is None or not self.cluster.running):
             self._start_lazily()
+        if self.cluster is not None and self.cluster.taken_over_by is not None:
+            raise UsageError(self.cluster.taken_over_note())  # let go (e.g. after a cell)
         if self.cluster is None or not self.cluster.running:
             raise UsageError("No MPI ranks are running. Start them with: %mpi start -n 4")
         return self.cluster
