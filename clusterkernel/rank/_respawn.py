@@ -103,6 +103,10 @@ def _picklable(ns: dict) -> tuple[dict, dict[str, str], dict[str, str]]:
         if type(value) is type(os):
             modules[name] = value.__name__
             continue
+        if "torch.nn.parallel" in sys.modules:  # a DDP model goes as its module
+            from clusterkernel.torchdist._rewrap import for_copy
+
+            value = for_copy(value)
         values[name] = value
     try:  # one pickle: objects shared between variables stay shared
         _dumps(values)

@@ -55,12 +55,77 @@ def rewrap(model, process_group=None):
             f"rewrap: expected a DistributedDataParallel model, got {kind}; a plain "
             "module needs no new group (wrap it: DDP(module))."
         )
+    return DDP(model.module, process_group=process_group, **_settings(model))
+
+
+def _settings(model) -> dict:
+    """The constructor arguments that made DDP ``model`` (those it keeps)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
     takes = inspect.signature(DDP.__init__).parameters
     kwargs = {name: getattr(model, name) for name in _SAME_NAME if hasattr(model, name)}
     if not getattr(model, "bucket_bytes_cap_default", True):
         kwargs["bucket_cap_mb"] = model.bucket_bytes_cap / 2**20
-    kwargs = {k: v for k, v in kwargs.items() if k in takes}
-    return DDP(model.module, process_group=process_group, **kwargs)
+    return {k: v for k, v in kwargs.items() if k in takes}
+
+
+class Unwrapped:
+    """A DDP model as a respawned rank receives it in its copy of a survivor's
+    variables: the module (shared with the copy's other names) and DDP's settings;
+    :func:`rewrap_namespace` wraps it on the new group."""
+
+    def __init__(self, module, settings: dict) -> None:
+        self.module = module
+        self.settings = settings
+
+
+def for_copy(value):
+    """What a respawn's copy sends for ``value``: an :class:`Unwrapped` for a DDP model
+    (DDP itself pickles only while it holds the current default group), else ``value``."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return Unwrapped(value.module, _settings(value)) if isinstance(value, DDP) else value
+
+
+def rewrap_namespace(namespace: dict | None = None) -> list[str]:
+    """After a respawn, on every rank: the DDP models of the namespace that every rank
+    has (by name; a respawned rank's :class:`Unwrapped`) wrapped again on the current
+    default group, in name order. Collective over the world; names returned."""
+    import sys
+
+    from clusterkernel.rank._world import world
+
+    ns = _user_namespace() if namespace is None else namespace
+    mine: list[str] = []
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        mine = sorted(
+            n for n, v in ns.items() if not n.startswith("_") and isinstance(v, (DDP, Unwrapped))
+        )
+    common = sorted(set.intersection(*map(set, world().allgather(mine))))
+    for name in common:
+        value = ns[name]
+        if isinstance(value, Unwrapped):
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ns[name] = DDP(value.module, **value.settings)
+        else:
+            ns[name] = rewrap(value)
+    return common
+
+
+def _user_namespace() -> dict:
+    import sys
+
+    if "IPython" in sys.modules:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            return shell.user_ns
+    return vars(sys.modules["__main__"])
 
 
 def held_models(namespace: dict | None = None) -> dict[str, list[str]]:
@@ -68,15 +133,8 @@ def held_models(namespace: dict | None = None) -> dict[str, list[str]]:
     ``__main__``) of models that hold a torch.distributed group:
     ``{"ddp": [...], "fsdp": [...]}``. What the hang report names after an abort.
     """
-    import sys
-
     if namespace is None:
-        shell = None
-        if "IPython" in sys.modules:
-            from IPython import get_ipython
-
-            shell = get_ipython()
-        namespace = shell.user_ns if shell is not None else vars(sys.modules["__main__"])
+        namespace = _user_namespace()
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     found: dict[str, list[str]] = {"ddp": [], "fsdp": []}

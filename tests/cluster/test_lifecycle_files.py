@@ -33,6 +33,27 @@ def test_stop_after_restart_returns_when_every_process_is_gone(no_shared_cluster
     assert alive(procs) == [], [p.cmdline() for p in alive(procs)]
 
 
+def test_stop_ends_a_process_the_ranks_left_outside_their_tree(no_shared_cluster):
+    # what an engine's nanny becomes when its engine is gone: an orphan no launcher's
+    # process tree reaches; the cluster's mark in its environment still names it
+    cluster = Cluster(n=2).start()
+    try:
+        cluster.run(
+            "import subprocess\n"
+            "subprocess.run(['setsid', 'sh', '-c', 'sleep 300 & echo $! > orphan.pid'], "
+            "check=True, cwd=__import__('tempfile').gettempdir())",
+            ranks=[1],
+        )
+        import tempfile
+
+        pid = int(open(os.path.join(tempfile.gettempdir(), "orphan.pid")).read())
+        orphan = psutil.Process(pid)
+        assert orphan.ppid() != os.getpid() and pid not in cluster.processes()
+    finally:
+        cluster.stop()
+    assert alive([orphan]) == [], orphan
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

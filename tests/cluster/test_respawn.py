@@ -225,6 +225,46 @@ def test_data_parallel_killed_at_step_50_resumes_to_the_undisturbed_weights(ft: 
         assert (weights - undisturbed).abs().max().item() < 1e-5, rank
 
 
+_DDP_TRAIN = """
+import os, signal, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+ddp = DDP(net)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+step = 0
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 6, generator=g), torch.randn(8, 1, generator=g)
+"""
+
+_DDP_LOOP = """
+while step < 60:
+    if DIE and step == 30 and dist.get_rank() == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    x, y = batch(step, dist.get_rank())
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    opt.step()
+    step += 1
+weights = torch.cat([p.detach().flatten() for p in net.parameters()])
+"""
+
+
+def test_a_plain_ddp_loop_killed_half_way_resumes_to_the_undisturbed_weights(ft: Cluster):
+    ft.run(_DDP_TRAIN + "DIE = False\n" + _DDP_LOOP)
+    undisturbed = ft.pull("weights")[0]
+    ft.run(_DDP_TRAIN + "DIE = True\n")
+    with pytest.raises(RankError):
+        ft.run(_DDP_LOOP, timeout=120)
+    report = ft.respawn(source=0)
+    assert report.ranks == [2] and "ddp" in report.ddp, report.summary()
+    assert "DDP model(s)" in report.summary() and "ddp" in report.summary()
+    ft.run("DIE = False\n" + _DDP_LOOP)
+    for rank, weights in ft.pull("weights").items():
+        assert (weights - undisturbed).abs().max().item() < 1e-5, rank
+
+
 def test_a_rank_comes_back_from_its_own_snapshot_and_a_restart_restores_all(ft: Cluster):
     ft.run(
         "import threading, torch\nfrom clusterkernel import comm\n"

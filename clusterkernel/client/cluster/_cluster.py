@@ -646,8 +646,8 @@ class Cluster:
         if self._health.is_dead(rank):
             raise ClusterError(
                 f"Rank {rank} died ({self._health.why_dead(rank)}); ranks "
-                f"{format_ranks(self.live_ranks)} still run. %mpi restart "
-                "(cluster.restart()) brings back a full set."
+                f"{format_ranks(self.live_ranks)} still run. %mpi respawn --from "
+                f"{self.live_ranks[0]} (cluster.respawn(source=...)) brings it back."
             )
         try:
             return self._engines.engine_of[rank]

@@ -30,7 +30,7 @@ import time
 
 import psutil
 
-from clusterkernel.client._pids import pid_alive
+from clusterkernel.client._pids import marked, pid_alive
 from clusterkernel.client.cluster import _keep
 from clusterkernel.protocol import _shm_names
 
@@ -166,6 +166,8 @@ def _stop(cluster_file: str, run_dir: str | None, keep_record: bool = False) -> 
                 _cancel_jobs(cluster_file)
             finally:
                 stop_tree(_cluster_pids(cluster_file))
+        if run_dir:  # processes the trees no longer reach, e.g. a nanny whose engine is gone
+            stop_tree([p.pid for p in marked(run_dir)])
     finally:
         if os.path.exists(cluster_file):
             os.remove(cluster_file)

@@ -27,6 +27,7 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
+from clusterkernel.client._pids import CLUSTER_MARK, marked
 from clusterkernel.client.cluster import _ipp
 from clusterkernel.client.cluster._launch import (
     Guard,
@@ -125,7 +126,7 @@ class Engines:
                 engines=launcher.engines(),
                 n=n,
                 profile_dir=self.run_dir,
-                config=launcher.config(env, self.run_dir),
+                config=launcher.config({**env, CLUSTER_MARK: self.run_dir}, self.run_dir),
                 log_level=log_level,
                 log=_ipp_log(log_level),
                 **kwargs,
@@ -159,7 +160,7 @@ class Engines:
         self.ipp = ipp.Cluster.from_file(
             cluster_file,
             engines=launcher.engines(),
-            config=launcher.config(env, run_dir),
+            config=launcher.config({**env, CLUSTER_MARK: run_dir}, run_dir),
             log=_ipp_log(log_level),
         )
         self.client = self.ipp.connect_client_sync()
@@ -318,6 +319,8 @@ class Engines:
             finally:
                 self.ipp = None
         _end(procs, grace=_NANNY_GRACE)
+        if self.run_dir:  # what the launchers' trees no longer reach (an orphaned nanny)
+            _end(marked(self.run_dir), grace=0)
         if self.guard is not None:
             self.guard.release()
             self.guard = None

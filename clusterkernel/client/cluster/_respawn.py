@@ -41,6 +41,7 @@ class Respawned:
     bytes: int = 0
     models: int = 0  # DataParallel models re-attached on the N ranks
     from_snapshot: bool = False
+    ddp: list[str] = field(default_factory=list)  # DDP models wrapped again on the new group
 
     def summary(self) -> str:
         """One paragraph for the notebook."""
@@ -57,6 +58,8 @@ class Respawned:
         )
         if self.models:
             text += f"; {self.models} DataParallel model(s) attached to all ranks again"
+        if self.ddp:
+            text += f"; DDP model(s) {', '.join(self.ddp)} wrapped again on the new group"
         if self.skipped:
             text += "; not copied (cannot be pickled): " + ", ".join(
                 f"{name} ({why.split(':')[0]})" for name, why in sorted(self.skipped.items())
@@ -165,6 +168,7 @@ def respawn(
     if source is not None:
         report = _copy(cluster, report, source, dead)
         report.models = _rebuild(cluster)
+        report.ddp = _on_all(cluster, "clusterkernel.torchdist._rewrap:rewrap_namespace")
     elif from_snapshot:
         from clusterkernel.client.cluster import _snapshot
 
@@ -177,13 +181,18 @@ def respawn(
     return report
 
 
+def _on_all(cluster: Cluster, target: str):
+    """``target`` (a collective rank-side step of the respawn) on every rank: rank 0's result."""
+    ar = cluster.view(cluster.ranks).apply_async(rank_call, target)
+    try:
+        return ar.get(timeout=120)[0]
+    except ipp.error.CompositeError as e:
+        raise ClusterError(f"Respawn: {target} failed: {e}") from None
+
+
 def _rebuild(cluster: Cluster) -> int:
     """DataParallel models re-attached on every rank (how many)."""
-    ar = cluster.view(cluster.ranks).apply_async(rank_call, "clusterkernel.rank._respawn:rebuild")
-    try:
-        return len(ar.get(timeout=120)[0])
-    except ipp.error.CompositeError as e:
-        raise ClusterError(f"Re-attaching DataParallel models failed: {e}") from None
+    return len(_on_all(cluster, "clusterkernel.rank._respawn:rebuild"))
 
 
 def _copy(cluster: Cluster, report: Respawned, source: int, dead: list[int]) -> Respawned:

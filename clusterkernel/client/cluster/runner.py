@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
 
-from clusterkernel.client.cluster import _hangreport, _ipp, _stacks, _torch
+from clusterkernel.client.cluster import _hangreport, _ipp, _rank_faults, _stacks, _torch
 from clusterkernel.client.cluster._jobreport import OUT_OF_MEMORY, death_cause
 from clusterkernel.client.debug._breakpoints import Stops
 from clusterkernel.client.errors import (
@@ -108,6 +108,7 @@ class CellRun:
         self._mds = mds if isinstance(mds, list) else [mds]
         self._stops = Stops(cluster, self.ranks, self._mds, self.renderer)
         self._pages: dict[int, list[dict]] | None = None  # obj? in the cell: each rank's page
+        self._lost_seen = False  # a rank of a fault-tolerant job died during the cell
         self.started = time.monotonic()
         self.done = False
         # the notebook's cell this run belongs to (a --noblock run is waited on later)
@@ -121,8 +122,36 @@ class CellRun:
         return self.ar.ready()
 
     def busy_ranks(self) -> list[int]:
+        """The ranks still running the cell (a dead one's task counts as done)."""
         outstanding = self._client.outstanding
-        return [r for r, mid in zip(self.ranks, self.ar.msg_ids) if mid in outstanding]
+        dead = self.cluster.dead
+        return [
+            r for r, mid in zip(self.ranks, self.ar.msg_ids) if mid in outstanding and r not in dead
+        ]
+
+    def _alive(self) -> list[int]:
+        """The cell's ranks but those that died (fault-tolerant jobs), who cannot answer."""
+        dead = self.cluster.dead
+        return [r for r in self.ranks if r not in dead]
+
+    def _check_lost(self) -> None:
+        """A fault-tolerant job whose rank died mid-cell: record it, and close the
+        torch.distributed connections of the others, whom gloo would keep waiting on the
+        dead peer until the group's timeout (MPI's own calls raise by themselves)."""
+        if not self.cluster.fault_tolerant or self._lost_seen:
+            return
+        try:
+            ids = self._client.ids
+        except Exception:  # the controller is gone: the job's end is read elsewhere
+            return
+        engine_of = {r: self.cluster.engine_of[r] for r in self.ranks}
+        gone = _rank_faults.lost_engines(engine_of, ids, self.cluster.dead)
+        if not gone:
+            return
+        self._lost_seen = True
+        self.faults.ranks_died(gone, "its process exited")
+        if self.busy_ranks():
+            self._abort_torch_groups()
 
     def output(self, rank: int) -> RankOutput:
         md = self._mds[self.ranks.index(rank)]
@@ -180,6 +209,7 @@ class CellRun:
             dead = self.cluster.dead_ranks()
             if dead is not None:
                 return self._job_ended(*dead)
+            self._check_lost()
             if timeout is not None and time.monotonic() - self.started > timeout:
                 return self._free_stuck("timeout", stacks_first=True, timeout=timeout)
 
@@ -217,7 +247,7 @@ class CellRun:
         stacks = self.cluster.stacks(busy, code=self.code) if (stacks_first and busy) else {}
         # Read before the interrupt unwinds anything: who waits in which call.
         flights, positions = (
-            _hangreport.collect(self.cluster, self.ranks, busy) if busy else ({}, {})
+            _hangreport.collect(self.cluster, self._alive(), busy) if busy else ({}, {})
         )
         flight = _hangreport.compare(flights, positions) if busy else ""
         released = self._release_breakpoints(busy) if busy else []
@@ -258,7 +288,7 @@ class CellRun:
             elif r in released:
                 items.append((r, kind, f"{what}stopped at breakpoint(); its pdb quit", ""))
         notes = []
-        finished = [r for r in self.ranks if r not in busy and r not in released]
+        finished = [r for r in self._alive() if r not in busy and r not in released]
         if flight:
             notes.append(f"Communication (each rank's last calls, compared):\n{flight}")
         elif finished and busy:
@@ -284,7 +314,7 @@ class CellRun:
         """Abort the torch.distributed groups of every rank of the cell; the ranks that
         had one. Waits a moment for the freed ranks to end their cell."""
         try:
-            aborted = self.cluster.abort_torch_groups(self.ranks)
+            aborted = self.cluster.abort_torch_groups(self._alive())
         except Exception:  # the control channel may be gone with a rank
             return []
         if aborted:
