@@ -71,8 +71,9 @@ def test_each_execution_of_a_cell_is_a_run_of_its_own_on_every_rank(cluster):
         dash.sync()
         # the last three: a record of an earlier test's cell may still reach the store
         # after the clear (a busy CI machine), as a run of its own before these
-        runs = [(r["ranks"], r["cell"]) for r in dash.store.runs()][-3:]
-        assert [ranks for ranks, _ in runs] == [cluster.ranks, [0], cluster.ranks], runs
+        every = dash.store.runs()
+        runs = [(r["ranks"], r["cell"]) for r in every][-3:]
+        assert [ranks for ranks, _ in runs] == [cluster.ranks, [0], cluster.ranks], every
         assert len({cell for _, cell in runs}) == 3, runs  # three executions, three runs
         series = dash.store.series("loss")  # the newest run's: one line per rank, 20 steps
         assert sorted(series) == cluster.ranks

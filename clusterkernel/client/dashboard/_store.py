@@ -296,6 +296,9 @@ class MetricsStore:
                     if len(times):
                         run["start"] = min(run["start"], float(np.min(times)))
                         run["end"] = max(run["end"], float(np.max(times)))
+            # ranks' streams interleave: a later cell's records can come before a
+            # lagging rank's of an earlier cell, so runs are kept in the order they ran
+            self._runs.sort(key=lambda run: run["start"])
             self.version += 1
             self.messages += 1
             self._lock.notify_all()
@@ -411,7 +414,8 @@ class MetricsStore:
 
     # ------------------------------------------------------------------ runs
     def runs(self) -> list[dict]:
-        """The runs, oldest first: ``run`` (its number), ``label`` ("run 1", ...),
+        """The runs in the order they ran (their first record's wall time): ``run`` (its
+        number, in order of arrival), ``label`` ("run 1", ...),
         ``cell`` (the cell's mark), ``ranks``, wall-time ``start`` and ``end``,
         ``scalars`` (names logged) and ``comm`` (calls recorded).
 
