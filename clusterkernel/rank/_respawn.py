@@ -74,15 +74,21 @@ def grow(dead: list[int], commands: list[list[str]], hosts: list[str | None], ro
 
 
 def _namespace() -> dict:
-    from IPython import get_ipython
+    """The engine's user namespace (a plain script's: ``__main__``'s)."""
+    if "IPython" in sys.modules:
+        from IPython import get_ipython
 
-    return get_ipython().user_ns
+        shell = get_ipython()
+        if shell is not None:
+            return shell.user_ns
+    return vars(sys.modules["__main__"])
 
 
 def _hidden() -> set[str]:
     from IPython import get_ipython
 
-    return set(get_ipython().user_ns_hidden)
+    shell = get_ipython()
+    return set(shell.user_ns_hidden) if shell is not None else set()
 
 
 def _dumps(value) -> bytes:
@@ -93,8 +99,13 @@ def _dumps(value) -> bytes:
     return cloudpickle.dumps(value, protocol=5)
 
 
-def _picklable(ns: dict) -> tuple[dict, dict[str, str], dict[str, str]]:
-    """``(values, modules, skipped)``: what pickles, modules by name, and why the rest not."""
+def _pickled(ns: dict) -> tuple[bytes, list[str], dict[str, str]]:
+    """``(blob, names, skipped)``: one pickle of ``ns``'s picklable variables and modules
+    (by name), the names in it, and why the rest are not.
+
+    One pickle, so objects shared between variables stay shared; made once when every
+    value pickles, else again without the values that do not.
+    """
     hidden = _hidden()
     values, modules, skipped = {}, {}, {}
     for name, value in ns.items():
@@ -108,15 +119,16 @@ def _picklable(ns: dict) -> tuple[dict, dict[str, str], dict[str, str]]:
 
             value = for_copy(value)
         values[name] = value
-    try:  # one pickle: objects shared between variables stay shared
-        _dumps(values)
+    try:
+        blob = _dumps((values, modules))
     except Exception:
         for name in list(values):
             try:
                 _dumps(values[name])
             except Exception as e:
                 skipped[name] = f"{type(values.pop(name)).__name__}: {e}"[:200]
-    return values, modules, skipped
+        blob = _dumps((values, modules))
+    return blob, sorted([*values, *modules]), skipped
 
 
 def copy_namespace(source: int, targets: list[int]) -> dict:
@@ -132,16 +144,11 @@ def copy_namespace(source: int, targets: list[int]) -> dict:
     me = comm.Get_rank()
     tag = 7311
     if me == source:
-        values, modules, skipped = _picklable(_namespace())
-        blob = _dumps((values, modules))
+        blob, names, skipped = _pickled(_namespace())
         for t in targets:
             comm.send(len(blob), dest=t, tag=tag)
             comm.Send([blob, MPI.BYTE], dest=t, tag=tag)
-        return {
-            "copied": sorted([*values, *modules]),
-            "skipped": skipped,
-            "bytes": len(blob),
-        }
+        return {"copied": names, "skipped": skipped, "bytes": len(blob)}
     size = comm.recv(source=source, tag=tag)
     buf = bytearray(size)
     comm.Recv([buf, MPI.BYTE], source=source, tag=tag)

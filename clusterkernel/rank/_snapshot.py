@@ -20,7 +20,7 @@ import os
 import pickle
 import stat
 
-from clusterkernel.rank._respawn import _dumps, _namespace, _picklable
+from clusterkernel.rank._respawn import _namespace, _pickled
 from clusterkernel.rank._world import world
 
 
@@ -37,8 +37,7 @@ def save(run_dir: str, names: list[str] | None = None) -> dict:
     ns = _namespace()
     missing = [n for n in names or [] if n not in ns]
     chosen = ns if names is None else {n: ns[n] for n in names if n in ns}
-    values, modules, skipped = _picklable(chosen)
-    blob = _dumps((values, modules))
+    blob, saved, skipped = _pickled(chosen)
     target = path(run_dir, world().Get_rank())
     os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
     tmp = f"{target}.{os.getpid()}.tmp"
@@ -47,7 +46,7 @@ def save(run_dir: str, names: list[str] | None = None) -> dict:
         f.write(blob)
     os.replace(tmp, target)  # a rank that dies while writing leaves the last snapshot whole
     return {
-        "saved": sorted([*values, *modules]),
+        "saved": saved,
         "skipped": skipped,
         "missing": missing,
         "bytes": len(blob),

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import inspect
 
+from clusterkernel.rank._respawn import _namespace as _user_namespace
+
 # DDP's settings that its constructor takes under the same name as its attribute
 _SAME_NAME = (
     "device_ids",
@@ -114,35 +116,3 @@ def rewrap_namespace(namespace: dict | None = None) -> list[str]:
         else:
             ns[name] = rewrap(value)
     return common
-
-
-def _user_namespace() -> dict:
-    import sys
-
-    if "IPython" in sys.modules:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is not None:
-            return shell.user_ns
-    return vars(sys.modules["__main__"])
-
-
-def held_models(namespace: dict | None = None) -> dict[str, list[str]]:
-    """The names in ``namespace`` (default: the engine's user namespace, else
-    ``__main__``) of models that hold a torch.distributed group:
-    ``{"ddp": [...], "fsdp": [...]}``. What the hang report names after an abort.
-    """
-    if namespace is None:
-        namespace = _user_namespace()
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    found: dict[str, list[str]] = {"ddp": [], "fsdp": []}
-    for name, value in list(namespace.items()):
-        if name.startswith("_"):
-            continue
-        if isinstance(value, DDP):
-            found["ddp"].append(name)
-        elif hasattr(value, "_get_fsdp_state") and callable(value._get_fsdp_state):
-            found["fsdp"].append(name)
-    return found

@@ -108,11 +108,6 @@ def track() -> None:
         sys.meta_path.insert(0, _OnImport())
 
 
-def tracking() -> bool:
-    """Whether groups made from now on have their sockets recorded."""
-    return _wrapped or any(isinstance(f, _OnImport) for f in sys.meta_path)
-
-
 def cut() -> int:
     """Shut down the connections of this rank's torch.distributed groups; how many.
 
