@@ -12,8 +12,8 @@ from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel import Cluster
 from clusterkernel.client.cluster import LaunchSettings
+from clusterkernel.client.cluster._batch import BatchLauncher as SlurmLauncher
 from clusterkernel.client.cluster._launch import MpiexecLauncher
-from clusterkernel.client.cluster._slurm import SlurmLauncher
 from clusterkernel.client.magics._args import start_args
 
 
@@ -29,7 +29,7 @@ def test_the_magic_and_the_api_make_the_same_settings():
                        slurm_args=["--gres=gpu:4"]).launcher  # fmt: skip
     assert isinstance(from_api, SlurmLauncher)
     assert from_magic == from_api.settings
-    assert from_api.sbatch.nodes == 2 and from_api.sbatch.partition == "gpu"
+    assert from_api.system.sbatch.nodes == 2 and from_api.system.sbatch.partition == "gpu"
     here = LaunchSettings.from_args(parse_argstring(start_args, "-n 2 --hosts localhost:2"))
     assert here == Cluster(n=2, hosts="localhost:2").launcher.settings
     assert here.kind() == "mpiexec" and isinstance(here.build(), MpiexecLauncher)
@@ -44,7 +44,7 @@ def test_a_prebuilt_launch_is_the_whole_launch():
     assert Cluster(launcher=built).launcher is built
     with pytest.raises(ValueError, match=r"LaunchSettings.*give n=, fault_tolerant= in it"):
         Cluster(n=4, launcher=settings, fault_tolerant=True)
-    with pytest.raises(ValueError, match="launcher must be one of mpiexec, slurm"):
+    with pytest.raises(ValueError, match="launcher must be one of mpiexec, sge, slurm"):
         Cluster(n=2, launcher=5)
 
 
@@ -70,7 +70,7 @@ def test_the_kept_record_makes_the_same_settings_again():
     record = json.loads(json.dumps(cluster._settings))  # as kept.json holds it
     again = Cluster(**record)
     assert again.launcher.settings == cluster.launcher.settings
-    assert again.timeout == 9 and again.launcher.sbatch == cluster.launcher.sbatch
+    assert again.timeout == 9 and again.launcher.system.sbatch == cluster.launcher.system.sbatch
 
 
 def test_a_cluster_from_settings_starts(no_shared_cluster):

@@ -14,13 +14,14 @@ from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel import Cluster
 from clusterkernel.client.cluster import LaunchSettings
-from clusterkernel.client.cluster._slurm import SlurmLauncher
+from clusterkernel.client.cluster._batch import BatchLauncher
 from clusterkernel.client.export import ExportError, add_arguments, sbatch_script
-from clusterkernel.client.export._sbatch import DEFAULT_TIME, SbatchOptions
 from clusterkernel.client.magics._args import export_args, start_args
+from clusterkernel.client.scheduler import get as scheduler
+from clusterkernel.client.scheduler._slurm import DEFAULT_TIME, SbatchOptions
 
 # what each writer adds of its own: the job's name and output file (the launcher's are
-# ipyparallel's template fields, with --ntasks={n} and --export=ALL)
+# ipyparallel's template fields, with --ntasks and --export=ALL)
 _OWN = tuple(f"#SBATCH --{o}=" for o in ("job-name", "output", "ntasks", "export"))
 
 
@@ -32,7 +33,7 @@ def _shared(lines: list[str]) -> list[str]:
     return [line for line in lines if not line.startswith(_OWN)]
 
 
-def _slurm(n: int, **options) -> SlurmLauncher:
+def _slurm(n: int, **options) -> BatchLauncher:
     return LaunchSettings(n, launcher="slurm", **options).build()
 
 
@@ -60,7 +61,7 @@ def test_slurm_start_and_export_write_the_same_header(tmp_path, options):
     launched = _header(launcher.batch_script())
     assert launched[:4] == [
         "#SBATCH --job-name=clusterkernel-{cluster_id}",
-        "#SBATCH --ntasks={n}",
+        f"#SBATCH --ntasks={3 * nodes}",
         "#SBATCH --output={output_file}",
         "#SBATCH --export=ALL",
     ]
@@ -80,9 +81,10 @@ def test_one_default_time_limit_everywhere():
     defaults = {
         "SbatchOptions": SbatchOptions().time,
         "sbatch_script": inspect.signature(sbatch_script).parameters["time"].default,
-        "SlurmLauncher": _slurm(4).sbatch.time,
+        "the launcher": _slurm(4).system.sbatch.time,
         "LaunchSettings": LaunchSettings().time,
-        "Cluster": inspect.signature(Cluster).parameters["time"].default,
+        "Slurm": next(o.default for o in scheduler("slurm").options if o.name == "time"),
+        "Grid Engine": next(o.default for o in scheduler("sge").options if o.name == "time"),
         "%mpi start": parse_argstring(start_args, "--slurm").time,
         "%mpi export": parse_argstring(export_args, "job.py").time,
     }

@@ -3,7 +3,8 @@
 Everything here runs in the notebook (or the IPython REPL); nothing here runs on
 a rank. :class:`Cluster` is the entry point; the private modules beside it each
 do one part of its job: launching (``_launch_settings``: the launch options as one
-object, :class:`LaunchSettings`, which builds the launcher; ``_launch``, ``_slurm``,
+object, :class:`LaunchSettings`, which builds the launcher; ``_launch``, ``_batch``
+(a scheduler's job, :mod:`clusterkernel.client.scheduler`),
 ``_guard``), the processes of a running cluster (``_lifecycle.Engines``), what every
 fresh set of ranks gets (``_torch``: torchrun's environment, the default group),
 ``_session`` and ``_status``, one running cell (``runner``; its ``breakpoint()``

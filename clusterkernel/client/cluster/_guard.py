@@ -4,7 +4,8 @@ ipyparallel's ``shutdown_atexit`` does not run when the notebook kernel is kille
 outright, and the controller and mpiexec run in sessions of their own, so nothing
 else would stop them. The starting process holds the write end of our stdin: EOF
 without a final ``stopped`` line means it died. Then there is nobody left to be
-graceful for: batch jobs named in the cluster file are cancelled (``scancel``),
+graceful for: batch jobs named in the cluster file are cancelled (by their
+scheduler's class, :mod:`clusterkernel.client.scheduler`),
 every local process of the cluster (with all their descendants: ranks, nannies)
 gets SIGTERM, then SIGKILL a few seconds later, the job's files in this host's
 /dev/shm that mpiexec did not get to remove are removed (by the names the ranks
@@ -24,7 +25,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 
@@ -49,12 +49,11 @@ def _cluster_pids(cluster_file: str) -> list[int]:
 
 
 def _cancel_jobs(cluster_file: str) -> None:
+    from clusterkernel.client import scheduler
     from clusterkernel.client.cluster._launch import batch_jobs
 
-    jobs = batch_jobs(cluster_file)
-    scancel = shutil.which("scancel")
-    if jobs and scancel:
-        subprocess.run([scancel, *jobs], capture_output=True, timeout=30)
+    for name, job in batch_jobs(cluster_file):
+        scheduler.get(name).cancel([job])
 
 
 def stop_tree(pids: list[int]) -> None:
@@ -79,20 +78,6 @@ def stop_tree(pids: list[int]) -> None:
     psutil.wait_procs(alive, timeout=_GRACE)
 
 
-def _slurm_state(job_id: str) -> str | None:
-    """A Slurm job's state (``RUNNING``, ``TIMEOUT``...), None if Slurm no longer knows it."""
-    scontrol = shutil.which("scontrol")
-    if not scontrol:
-        return None
-    out = subprocess.run(
-        [scontrol, "-o", "show", "job", str(job_id)], capture_output=True, text=True, timeout=30
-    ).stdout
-    for word in out.split():
-        if word.startswith("JobState="):
-            return word.split("=", 1)[1]
-    return None
-
-
 def why_ended(cluster_file: str) -> str | None:
     """Why a kept cluster can no longer run cells (None: it still can)."""
     from clusterkernel.client.cluster._jobreport import death_cause
@@ -105,9 +90,11 @@ def why_ended(cluster_file: str) -> str | None:
     for engine_set in info.get("engines", {}).get("sets", {}).values():
         job = engine_set.get("job_id")
         if job:
-            state = _slurm_state(job)
-            if state not in ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED"):
-                return f"Slurm job {job} ended ({state or 'no longer known to Slurm'})"
+            from clusterkernel.client import scheduler
+
+            ended = scheduler.get(engine_set.get("scheduler") or "slurm").why_ended(job)
+            if ended:
+                return ended
         elif engine_set.get("pid") and not pid_alive(engine_set["pid"]):
             cause = death_cause(_tail_of(engine_set.get("output_file")))
             return "the MPI job ended" + (f" ({cause})" if cause else "")

@@ -1,13 +1,15 @@
 """How an engine set comes up and goes down (client side).
 
-:class:`Cluster` asks a *launcher* for three things: the ipyparallel configuration
-that starts the engines, whether the engine set has ended, and what the launcher
-said. Two launchers sit side by side:
+:class:`Cluster` asks a *launcher* (the :class:`Launcher` protocol) for the ipyparallel
+configuration that starts the engines, the controller's address, whether the engine
+set waits in a queue or has ended, what its launcher said, and to wait for a cancelled
+job's processes to go. Two launchers sit side by side:
 
 - :class:`MpiexecLauncher`: ``mpiexec`` on this machine or a host list
   (ipyparallel's ``MPIEngineSetLauncher``);
-- :class:`clusterkernel.client.cluster._slurm.SlurmLauncher`: a Slurm job (``sbatch``), or a job
-  step (``srun``) when the notebook already runs inside an allocation.
+- :class:`clusterkernel.client.cluster._batch.BatchLauncher`: a job of a batch scheduler
+  (:mod:`clusterkernel.client.scheduler`: Slurm, Grid Engine), or a job step (``srun``)
+  when the notebook already runs inside a Slurm allocation.
 
 Around them, what every launcher needs: a private directory for the cluster's
 files, the guard process that stops the cluster if the notebook dies, and the wait
@@ -73,21 +75,49 @@ def local_rank_limit() -> int:
 
 
 class Launcher(Protocol):
-    """What :class:`~clusterkernel.Cluster` needs from a way of starting engines."""
+    """What :class:`~clusterkernel.Cluster` needs from a way of starting engines.
 
-    kind: str  # "mpiexec" or "slurm"
+    ``engine_set`` below is ipyparallel's engine-set launcher this one configured (None
+    before a start). Cancelling a job is the engine set's ``stop()`` (a scheduler's
+    class runs the command); the launcher says when its processes are gone.
+    """
+
+    kind: str  # "mpiexec" or a scheduler's name ("slurm", "sge")
     settings: LaunchSettings  # what it was built from (a kept cluster's record)
     n: int
-    multi_node: bool
+    multi_node: bool  # ranks may run on other machines: the controller listens for them
 
-    def engines(self) -> str: ...  # ipyparallel's engine launcher name
-    def controller_ip(self) -> str | None: ...
-    def config(self, env: dict[str, str], run_dir: str) -> Config: ...
-    def ended(self, engine_set) -> bool: ...
-    def output(self, engine_set, lines: int = 40) -> str: ...
-    def waiting(self, engine_set) -> str | None: ...
-    def stopped(self, engine_set, timeout: float) -> None: ...
-    def describe(self) -> str: ...
+    def engines(self) -> str | type:
+        """ipyparallel's engine launcher: its name or class."""
+        ...
+
+    def controller_ip(self) -> str | None:
+        """The address the controller listens on (None: ipyparallel's default, local)."""
+        ...
+
+    def config(self, env: dict[str, str], run_dir: str) -> Config:
+        """ipyparallel's configuration that starts the ranks with ``env`` added."""
+        ...
+
+    def ended(self, engine_set) -> bool:
+        """Whether the ranks' job (or mpiexec) has ended."""
+        ...
+
+    def output(self, engine_set, lines: int = 40) -> str:
+        """The last ``lines`` of what the launcher (mpiexec, the job) said."""
+        ...
+
+    def waiting(self, engine_set) -> str | None:
+        """Why no rank can come yet (a job waiting in the queue), else None."""
+        ...
+
+    def stopped(self, engine_set, timeout: float) -> None:
+        """After a stop: wait (up to ``timeout``) until the job's processes are gone."""
+        ...
+
+    def describe(self) -> str:
+        """How the ranks run, in a word or two (``"openmpi"``, ``"slurm step"``)."""
+        ...
 
 
 def engine_cmd(env: dict[str, str]) -> list[str]:
@@ -111,8 +141,8 @@ def _base_config() -> Config:
 class MpiexecLauncher:
     """Engines started by ``mpiexec`` here or on a host list, as ``settings`` say.
 
-    Refuses, before anything starts, what ``mpiexec`` cannot do with them: Slurm's
-    options, more ranks than the hosts' slots, an unknown host, more ranks than this
+    Refuses, before anything starts, what ``mpiexec`` cannot do with them: a
+    scheduler's options, more ranks than the hosts' slots, an unknown host, more ranks than this
     machine alone takes.
 
     Example::
@@ -124,9 +154,15 @@ class MpiexecLauncher:
     kind = "mpiexec"
 
     def __init__(self, settings: LaunchSettings) -> None:
-        if settings.nodes or settings.partition or settings.account or settings.slurm_args:
+        if settings.options():
+            from clusterkernel.client import scheduler
+
+            given = settings.options()
+            owners = sorted({s.name for k in given for s, _ in scheduler.options()[k]})
             raise ValueError(
-                "nodes=, partition=, account= and slurm_args= are for launcher='slurm'."
+                f"{', '.join(k + '=' for k in given)} are for "
+                + " or ".join(f"launcher='{o}'" for o in owners)
+                + "."
             )
         hosts = parse_hosts(settings.hosts)
         slots = [count for _, count in hosts]
@@ -151,7 +187,7 @@ class MpiexecLauncher:
             raise ValueError(
                 f"{self.n} ranks on this machine alone: at most {limit} "
                 f"({os.cpu_count()} cores x {limit // cores}) are started here. "
-                f"Ask for fewer, spread them with hosts=/--hosts or Slurm, or raise the cap with "
+                f"Ask for fewer, spread them with hosts=/--hosts or a scheduler, or raise the cap with "
                 f"{MAX_RANKS_PER_CORE_ENV}."
             )
         self._controller_ip = settings.controller_ip
@@ -306,12 +342,13 @@ def private_cluster_file(ipp_cluster: ipp.Cluster) -> None:
     os.chmod(ipp_cluster.cluster_file, 0o600)
 
 
-def batch_jobs(cluster_file: str) -> list[str]:
-    """Ids of the batch jobs (Slurm) an ipyparallel cluster file names."""
+def batch_jobs(cluster_file: str) -> list[tuple[str, str]]:
+    """``(scheduler, job id)`` of the batch jobs an ipyparallel cluster file names."""
     with open(cluster_file) as f:
         info = json.load(f)
     sets = info.get("engines", {}).get("sets", {}).values()
-    return [str(s["job_id"]) for s in sets if s.get("job_id")]
+    # a set without a scheduler's name is an older cluster's Slurm job
+    return [(s.get("scheduler") or "slurm", str(s["job_id"])) for s in sets if s.get("job_id")]
 
 
 # ---------------------------------------------------------------- engine wait

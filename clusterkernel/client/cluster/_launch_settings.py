@@ -1,23 +1,24 @@
 """How a :class:`~clusterkernel.Cluster`'s ranks are launched, said once (client side).
 
 :class:`LaunchSettings` holds every launch option of ``Cluster(...)`` and ``%mpi start``:
-how many ranks, where (this machine, a host list, a Slurm job) and the Slurm job's shape.
-It is made once, from ``Cluster``'s keyword arguments or from ``%mpi start``'s options
+how many ranks, where (this machine, a host list, a scheduler's job) and the options of
+that scheduler (declared by its class, :mod:`clusterkernel.client.scheduler`). It is made
+once, from ``Cluster``'s keyword arguments or from ``%mpi start``'s options
 (:meth:`LaunchSettings.from_args`); :meth:`~LaunchSettings.build` gives the launcher,
 which keeps it as ``launcher.settings``, and a kept cluster's record stores it for
 ``attach``. No layer lists the options again.
 
 Where each check lives, so that each is made once: the options on their own (rank
-count, hosts or hostfile, launcher name) here, when the settings are made; what a
-launcher cannot do with them (hosts under Slurm, Slurm's options for ``mpiexec``, more
-ranks than slots) in that launcher, when it is built; the ``#SBATCH`` values in
-:class:`~clusterkernel.client.export._sbatch.SbatchOptions`. All of it before anything starts.
+count, hosts or hostfile, launcher name, option names) here, when the settings are
+made; what a launcher cannot do with them (hosts under a scheduler, a scheduler's
+options for ``mpiexec``, more ranks than slots) in that launcher, when it is built; the
+values of a scheduler's options in its class. All of it before anything starts.
 
 Example::
 
     # not run: it asks Slurm for two nodes
     settings = LaunchSettings(n=8, launcher="slurm", nodes=2)
-    launcher = settings.build()        # a SlurmLauncher; launcher.settings is settings
+    launcher = settings.build()        # a BatchLauncher; launcher.settings is settings
     Cluster(launcher=settings)         # the same as Cluster(n=8, launcher="slurm", nodes=2)
 """
 
@@ -25,31 +26,44 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from clusterkernel.client.export._sbatch import DEFAULT_TIME, SbatchOptions
+from clusterkernel.client import scheduler
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster._launch import Launcher
 
-LAUNCHERS = ("mpiexec", "slurm")
 
-# %mpi start's options that only a Slurm job takes; without --slurm they are refused
-_SLURM_FLAGS = ("nodes", "partition", "account", "gpus_per_node", "gres")
+def launchers() -> tuple[str, ...]:
+    """The names ``launcher=`` takes: ``mpiexec`` and every scheduler."""
+    return ("mpiexec", *scheduler.schedulers())
 
 
-@dataclass(frozen=True)
+def _default(name: str) -> Any:
+    return scheduler.options()[name][0][1].default
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether ``value`` says no more than ``default`` (None and () say nothing)."""
+    empty = (None, ())
+    return value == default or (value in empty and default in empty)
+
+
+@dataclass(frozen=True, init=False)
 class LaunchSettings:
     """The launch options of one cluster, checked when made (a ``ValueError`` names the
-    bad one). Fields are ``Cluster(...)``'s keyword arguments of the same names;
-    ``launcher`` None picks Slurm inside an allocation, else ``mpiexec``.
+    bad one). Fields are ``Cluster(...)``'s keyword arguments of the same names, and
+    further keywords are the scheduler's options (``nodes=``, ``queue=``...), read back
+    as attributes; ``launcher`` None picks the scheduler whose job this process runs in
+    (Slurm's allocation), else ``mpiexec``.
 
     Example::
 
         from clusterkernel.client.cluster import LaunchSettings
         launcher = LaunchSettings(n=4).build()   # mpiexec here; hosts="a:2,b:2": two machines
         launcher.kind, launcher.n                # ('mpiexec', 4)
+        LaunchSettings(n=4, launcher="sge", queue="all.q").queue   # 'all.q'
         try:
             LaunchSettings(n=0)
         except ValueError as e:
@@ -61,19 +75,43 @@ class LaunchSettings:
     hostfile: str | None = None
     mpiexec: str | None = None
     launcher: str | None = None
-    nodes: int | None = None
-    partition: str | None = None
-    time: str | None = DEFAULT_TIME
-    account: str | None = None
-    slurm_args: tuple[str, ...] = ()
     controller_ip: str | None = None
     fault_tolerant: bool = False
+    # the scheduler's options given, as sorted (name, value) pairs; defaults left out
+    scheduler_options: tuple[tuple[str, Any], ...] = field(default=())
 
-    def __post_init__(self) -> None:
-        # lists become tuples: the settings are a value, compared and kept as one
-        if isinstance(self.hosts, list):
-            object.__setattr__(self, "hosts", tuple(self.hosts))
-        object.__setattr__(self, "slurm_args", tuple(str(a) for a in self.slurm_args))
+    def __init__(
+        self, n: int | None = None, hosts: str | list[str] | tuple[str, ...] | None = None,
+        hostfile: str | None = None, mpiexec: str | None = None, launcher: str | None = None,
+        controller_ip: str | None = None, fault_tolerant: bool = False,
+        scheduler_options: tuple[tuple[str, Any], ...] = (), **options: Any,
+    ) -> None:  # fmt: skip
+        for name, value in (
+            ("n", n), ("hosts", tuple(hosts) if isinstance(hosts, list) else hosts),
+            ("hostfile", hostfile), ("mpiexec", mpiexec), ("launcher", launcher),
+            ("controller_ip", controller_ip), ("fault_tolerant", fault_tolerant),
+        ):  # fmt: skip
+            object.__setattr__(self, name, value)
+        options = {**dict(scheduler_options), **options}
+        declared = scheduler.options()
+        unknown = sorted(set(options) - set(declared))
+        if unknown:
+            raise TypeError(
+                f"unknown launch option {', '.join(u + '=' for u in unknown)}: the schedulers' "
+                f"options are {', '.join(sorted(declared))}"
+            )
+        if launcher in scheduler.schedulers():
+            options = scheduler.get(launcher).normalize(options)
+        # lists become tuples, defaults go: the settings are a value, compared and kept as one
+        kept = {
+            k: tuple(str(a) for a in v) if isinstance(v, (list, tuple)) else v
+            for k, v in options.items()
+        }
+        kept = {k: v for k, v in kept.items() if not _same(v, _default(k))}
+        object.__setattr__(self, "scheduler_options", tuple(sorted(kept.items())))
+        self._check()
+
+    def _check(self) -> None:
         n = self.n
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise ValueError(f"n must be a positive integer number of ranks, got {n!r}.")
@@ -81,64 +119,94 @@ class LaunchSettings:
             raise ValueError("Give either hosts= or hostfile=, not both.")
         if self.hostfile and not os.path.isfile(self.hostfile):
             raise FileNotFoundError(f"Hostfile {self.hostfile!r} does not exist.")
-        if self.launcher is not None and self.launcher not in LAUNCHERS:
+        if self.launcher is not None and self.launcher not in launchers():
             raise ValueError(
-                f"launcher must be one of {', '.join(LAUNCHERS)} (or a LaunchSettings); "
+                f"launcher must be one of {', '.join(launchers())} (or a LaunchSettings); "
                 f"got {self.launcher!r}."
             )
+
+    def __getattr__(self, name: str) -> Any:
+        # a scheduler's option: the value given, else its declared default
+        if name.startswith("_") or name not in scheduler.options():
+            raise AttributeError(name)
+        return dict(self.scheduler_options).get(name, _default(name))
+
+    def options(self) -> dict[str, Any]:
+        """The scheduler's options given (those left at their default are not)."""
+        return dict(self.scheduler_options)
 
     @classmethod
     def from_args(cls, args: Any) -> LaunchSettings:
         """The settings of ``%mpi start``'s parsed options (an argparse namespace).
 
-        Options named like a field are taken as they are; ``--slurm`` is
-        ``launcher="slurm"``; ``--gpus-per-node``/``--gres`` become ``slurm_args``,
-        checked as an exported job's are. Slurm's options without ``--slurm`` are refused.
+        Options named like a field are taken as they are; ``--scheduler NAME`` (``--slurm``
+        for Slurm) is ``launcher=NAME``, and that scheduler's options are taken by name.
+        A scheduler's options without it are refused, saying which to add.
 
         Example::
 
             # not run: start_args is the %mpi start magic's parser, inside the magics
             args = parse_argstring(start_args, "-n 8 --slurm --nodes 2 --gres gpu:4")
             LaunchSettings.from_args(args)
-            # LaunchSettings(n=8, launcher='slurm', nodes=2, slurm_args=('--gres=gpu:4',), ...)
+            # LaunchSettings(n=8, launcher='slurm', scheduler_options=(('nodes', 2),
+            #                ('slurm_args', ('--gres=gpu:4',))), ...)
         """
         given = vars(args)
-        gpu_request = SbatchOptions(
-            time=None, gpus_per_node=given.get("gpus_per_node"), gres=given.get("gres")
-        ).directives()
-        if not given.get("slurm") and any(given.get(flag) for flag in _SLURM_FLAGS):
-            raise ValueError(
-                "--nodes, --partition, --account, --gpus-per-node and --gres go with --slurm."
-            )
+        name = "slurm" if given.get("slurm") else given.get("scheduler")
+        chosen = scheduler.get(name) if name else None
+        mine = {o.name for o in chosen.options} if chosen else set()
+        stray = sorted(
+            (name_, owners) for name_, owners in scheduler.options().items()
+            if name_ not in mine and given.get(name_) not in (None, _default(name_))
+        )  # fmt: skip
+        if stray:
+            flags = ", ".join(owners[0][1].flag for _, owners in stray)
+            owner = stray[0][1][0][0].name
+            said = "--slurm or --scheduler slurm" if owner == "slurm" else f"--scheduler {owner}"
+            raise ValueError(f"{flags}: they go with {said}.")
         named = {f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given}
+        opts = {k: given[k] for k in mine if given.get(k) is not None}
         return cls(
-            **{k: v for k, v in named.items() if v is not None},
-            launcher="slurm" if given.get("slurm") else None,
-            slurm_args=gpu_request,
+            **{k: v for k, v in named.items() if v is not None and k != "launcher"},
+            launcher=name,
+            **opts,
         )
 
     def kind(self) -> str:
-        """``"mpiexec"`` or ``"slurm"``: the one asked for, else the one this process's
-        place picks (Slurm inside an allocation unless hosts are given)."""
-        from clusterkernel.client.cluster._slurm import in_allocation
-
+        """``"mpiexec"`` or a scheduler's name: the one asked for, else the one this
+        process's place picks (a step of the job it runs in unless hosts are given)."""
         if self.launcher is not None:
             return self.launcher
-        return "slurm" if in_allocation() and not (self.hosts or self.hostfile) else "mpiexec"
+        if not (self.hosts or self.hostfile):
+            for name, system in scheduler.schedulers().items():
+                if system.steps_in_job():
+                    return name
+        return "mpiexec"
 
     def build(self) -> Launcher:
         """The launcher these settings ask for, checked against what it can do."""
+        from clusterkernel.client.cluster._batch import BatchLauncher
         from clusterkernel.client.cluster._launch import MpiexecLauncher
-        from clusterkernel.client.cluster._slurm import SlurmLauncher
 
-        return SlurmLauncher(self) if self.kind() == "slurm" else MpiexecLauncher(self)
+        return MpiexecLauncher(self) if self.kind() == "mpiexec" else BatchLauncher(self)
 
     def record(self) -> dict[str, Any]:
         """The settings as ``Cluster(...)``'s keyword arguments, plain JSON values (a kept
         cluster's record: ``Cluster(**record)`` makes the same settings again)."""
-        return {
-            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
-        }
+        out = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if f.name != "scheduler_options"
+        }  # fmt: skip
+        out.update(self.scheduler_options)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+    def changed(self) -> list[str]:
+        """The keyword arguments that differ from the defaults (``n=``, ``nodes=``...)."""
+        out = [
+            f"{f.name}=" for f in dataclasses.fields(self)
+            if f.name != "scheduler_options" and getattr(self, f.name) != f.default
+        ]  # fmt: skip
+        return out + [f"{k}=" for k, _ in self.scheduler_options]
 
 
 def launcher_for(launcher: str | LaunchSettings | Launcher | None, options: LaunchSettings):
@@ -154,12 +222,8 @@ def launcher_for(launcher: str | LaunchSettings | Launcher | None, options: Laun
         # not a launcher: refused with the name check's message
         return dataclasses.replace(options, launcher=launcher).build()
     if options != LaunchSettings():
-        changed = [
-            f"{f.name}=" for f in dataclasses.fields(options)
-            if getattr(options, f.name) != f.default
-        ]  # fmt: skip
         raise ValueError(
             f"launcher= is a {type(launcher).__name__}, which holds every launch option: "
-            f"give {', '.join(changed)} in it, not beside it."
+            f"give {', '.join(options.changed())} in it, not beside it."
         )
     return launcher.build() if isinstance(launcher, LaunchSettings) else launcher

@@ -1,10 +1,12 @@
-"""A notebook's ``%%mpi`` cells as a batch job: one Python script and a Slurm file.
+"""A notebook's ``%%mpi`` cells as a batch job: one Python script and a scheduler's file.
 
 The rank cells (``%%mpi`` cells, and every cell run while ``%mpi on`` was in
 effect), in order, become one plain script that every rank runs, under
 ``python -m clusterkernel run -n N job.py`` (``mpiexec`` with what this machine needs;
 the script's first lines give it with absolute paths, runnable as printed), plain
-``mpiexec`` or ``srun --mpi=pmix python job.py``. Client-only
+``mpiexec``, ``srun --mpi=pmix python job.py`` (``--sbatch``) or ``qsub`` of a Grid
+Engine script (``--qsub``): the scheduler's class writes it
+(:meth:`~clusterkernel.client.scheduler.BatchSystem.export_script`). Client-only
 cells are left out with a comment. ``%mpi push`` values come along: embedded from
 the live namespace (``%mpi export`` in the notebook), or, exporting a file,
 ``push x=expr`` becomes ``x = expr`` and ``push x`` replays the notebook's own
@@ -32,16 +34,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
 
+from clusterkernel.client import scheduler
 from clusterkernel.client.export._cellcode import ExportError, ipy_call, python_of, rank_cell
 from clusterkernel.client.export._pushcode import push_block, push_items
 from clusterkernel.client.export._run import add_run_arguments, run_lines, run_main
-from clusterkernel.client.export._sbatch import DEFAULT_TIME, SbatchOptions
-from clusterkernel.client.mpiexec import QUIET_OSC
+from clusterkernel.client.mpiexec import QUIET_OSC, MPINotFoundError, find_mpiexec
+from clusterkernel.client.scheduler import DEFAULT_TIME
 
 __all__ = [
     "ExportError",
     "export_cells",
     "sbatch_script",
+    "job_script",
     "write_job",
     "live_pushes",
     "add_run_arguments",
@@ -230,6 +234,55 @@ def export_cells(
     return script
 
 
+def job_script(
+    launcher: str,
+    script: str | Path,
+    n: int,
+    *,
+    job_name: str | None = None,
+    python: str | None = None,
+    **options,
+) -> str:
+    """The job file of scheduler ``launcher`` (``"slurm"``, ``"sge"``) that runs ``script``
+    on ``n`` ranks; ``options`` are that scheduler's (others are ignored).
+
+    Uses this Python (``sys.executable``) and the script's absolute path; the job's
+    output goes to ``<script stem>-<jobid>.out`` beside the script. A bad value is an
+    :class:`ExportError` saying what to give, as ``%mpi start`` says it.
+
+    Example::
+
+        Path("job.qsub").write_text(job_script("sge", "job.py", 4, queue="all.q"))
+    """
+    path = Path(script).resolve()
+    system = scheduler.get(launcher)
+    mine = {o.name for o in system.options}
+    try:
+        job = system(n, {k: v for k, v in options.items() if k in mine})
+        mpiexec = "mpiexec"
+        if system.launch == "mpiexec":
+            try:
+                mpiexec = find_mpiexec()  # the one beside this Python: the same MPI
+            except MPINotFoundError:
+                pass
+        return job.export_script(
+            f"{shlex.quote(python or sys.executable)} {shlex.quote(str(path))}",
+            job_name=job_name or path.stem,
+            output=job.export_output(str(path)),
+            mpiexec=mpiexec,
+            preamble=[
+                "",
+                "# Written by clusterkernel export: one MPI rank per task, run by the Python that",
+                "# exported the notebook, so the job has the same packages.",
+                "set -e",
+                "# Quiets a false Open MPI error per shared-memory window (open-mpi/ompi#14086).",
+                *(f'export {k}="${{{k}:-{v}}}"' for k, v in QUIET_OSC.items()),
+            ],
+        )
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+
+
 def sbatch_script(
     script: str | Path,
     nodes: int = 1,
@@ -242,43 +295,28 @@ def sbatch_script(
     gpus_per_node: int | None = None,
     gres: str | None = None,
 ) -> str:
-    """An sbatch file that runs ``script`` with ``srun --mpi=pmix`` on nodes x tasks ranks.
+    """An sbatch file that runs ``script`` with ``srun --mpi=pmix`` on nodes x tasks ranks
+    (:func:`job_script` for Slurm).
 
     ``gpus_per_node`` / ``gres`` ask Slurm for GPUs (``--gpus-per-node``, ``--gres``).
     The ``#SBATCH`` lines, their defaults (``time`` 01:00:00) and their checks are
-    :class:`~clusterkernel.client.export._sbatch.SbatchOptions`, the same as ``%mpi start --slurm``'s;
-    a bad value is an :class:`ExportError` saying what to give.
+    :class:`~clusterkernel.client.scheduler._slurm.SbatchOptions`, the same as
+    ``%mpi start --slurm``'s; a bad value is an :class:`ExportError` saying what to give.
 
-    Uses this Python (``sys.executable``) and the script's absolute path; the job's
-    output goes to ``<script stem>-<jobid>.out`` beside the script.
+    Example::
+
+        Path("job.sbatch").write_text(sbatch_script("job.py", nodes=2, ntasks_per_node=4))
     """
-    path = Path(script).resolve()
-    try:
-        options = SbatchOptions(
-            nodes=nodes,
-            ntasks_per_node=ntasks_per_node,
-            time=time,
-            partition=partition,
-            account=account,
-            gpus_per_node=gpus_per_node,
-            gres=gres,
-            job_name=job_name or path.stem,
-            output=str(path.with_name(path.stem + "-%j.out")),
-        )
-    except ValueError as e:
-        raise ExportError(str(e)) from None
-    lines = [
-        "#!/bin/bash",
-        *options.lines(),
-        "",
-        "# Written by clusterkernel export: one MPI rank per task, run by the Python that",
-        "# exported the notebook, so the job has the same packages.",
-        "set -e",
-        "# Quiets a false Open MPI error per shared-memory window (open-mpi/ompi#14086).",
-        *(f'export {k}="${{{k}:-{v}}}"' for k, v in QUIET_OSC.items()),
-        f"srun --mpi=pmix {shlex.quote(python or sys.executable)} {shlex.quote(str(path))}",
-    ]
-    return "\n".join(lines) + "\n"
+    n = nodes * ntasks_per_node if _counts(nodes, ntasks_per_node) else 1
+    return job_script(
+        "slurm", script, n, job_name=job_name, python=python, nodes=nodes,
+        ntasks_per_node=ntasks_per_node, time=time, partition=partition, account=account,
+        gpus_per_node=gpus_per_node, gres=gres,
+    )  # fmt: skip
+
+
+def _counts(*values: object) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
 
 
 def write_job(
@@ -288,19 +326,20 @@ def write_job(
     pushed: dict | None = None,
     names: list[str] | None = None,
     source: str = "a notebook",
-    sbatch: str | Path | None = None,
     ranks: int | None = None,
     auto: bool = False,
     torch: tuple[bool, str | None] | None = None,
     failed: Collection[int] = (),
     nodes: int = 1,
     ntasks_per_node: int | None = None,
-    **slurm,
+    **job,
 ) -> list[Path]:
-    """Write the script (and the sbatch file, if asked); return the paths written.
+    """Write the script (and each scheduler's job file asked for); the paths written.
 
-    ``ntasks_per_node`` defaults to the notebook's ranks (``ranks``, else its
-    ``%mpi start -n``, else 4) spread over ``nodes``; ``slurm`` goes to :func:`sbatch_script`.
+    ``job``: a file per scheduler by its export flag (``sbatch="job.sbatch"``,
+    ``qsub="job.qsub"``) and the schedulers' options (:func:`job_args`). A Slurm job has
+    ``ntasks_per_node`` (default: the notebook's ranks, ``ranks``, else its ``%mpi start
+    -n``, else 4, spread over ``nodes``) per node; another scheduler's, the ranks.
     """
     path = Path(path)
     ranks = ranks or notebook_ranks(cells) or 4
@@ -315,15 +354,22 @@ def write_job(
         torch=torch,
         failed=failed,
     )
-    sbatch_text = None
-    if sbatch is not None:
-        per_node = ntasks_per_node or math.ceil(ranks / max(nodes, 1))
-        sbatch_text = sbatch_script(path, nodes, per_node, **slurm)
+    files = {name: job.pop(_file_dest(system), None) for name, system in _exporters()}
+    written: list[tuple[Path, str]] = []
+    for name, target in files.items():
+        if target is None:
+            continue
+        if name == "slurm":
+            per_node = ntasks_per_node or math.ceil(ranks / max(nodes, 1))
+            options = {**job, "nodes": nodes, "ntasks_per_node": per_node}
+            n = nodes * per_node if _counts(nodes, per_node) else 1
+        else:
+            options, n = job, ranks
+        written.append((Path(target), job_script(name, path, n, **options)))
     path.write_text(text)
-    if sbatch_text is None:
-        return [path]
-    Path(sbatch).write_text(sbatch_text)
-    return [path, Path(sbatch)]
+    for target, body in written:
+        target.write_text(body)
+    return [path, *(target for target, _ in written)]
 
 
 def live_pushes(
@@ -346,37 +392,66 @@ def live_pushes(
     return values
 
 
-# The options of %mpi export and of clusterkernel export that shape the sbatch file,
-# declared once for both parsers (flag, argparse keywords); SBATCH_ARGS: their names
-SBATCH_OPTIONS: tuple[tuple[str, dict], ...] = (
-    ("--nodes", {"type": int, "default": 1, "help": "Slurm nodes (default 1)"}),
-    ("--ntasks-per-node", {"type": int, "help": "ranks per node (default: the ranks / nodes)"}),
-    ("--time", {"default": DEFAULT_TIME, "help": f"Slurm time limit (default {DEFAULT_TIME})"}),
-    ("--partition", {"help": "Slurm partition"}),
-    ("--account", {"help": "Slurm account"}),
-    ("--gpus-per-node", {"type": int, "help": "Slurm GPUs per node"}),
-    ("--gres", {"help": "Slurm generic resources, e.g. gpu:4"}),
+def _exporters():
+    """The schedulers a job file can be exported for, with their flag (``--sbatch``)."""
+    return [(n, s) for n, s in scheduler.schedulers().items() if s.export_flag]
+
+
+def _file_dest(system) -> str:
+    return system.export_flag[2:].replace("-", "_")
+
+
+def _export_options() -> tuple[tuple[str, dict], ...]:
+    """Each scheduler option that shapes an exported job file, once (flag, argparse
+    keywords), its help naming the schedulers that take it."""
+    out = []
+    for name, owners in scheduler.options().items():
+        exported = [(system, option) for system, option in owners if option.export]
+        if not exported:
+            continue
+        option = exported[0][1]
+        titles = ", ".join(system.title for system, _ in exported)
+        keywords = {"help": f"{titles}: {option.help}", "dest": name}
+        if option.type is not str:
+            keywords["type"] = option.type
+        if option.export_default is not None:
+            keywords["default"] = option.export_default
+        out.append((option.flag, keywords))
+    return tuple(out)
+
+
+# The options of %mpi export and of clusterkernel export that shape the job files,
+# declared once for both parsers (flag, argparse keywords): the job files (one flag per
+# scheduler), then the schedulers' options; EXPORT_ARGS: their names
+JOB_FILES: tuple[tuple[str, dict], ...] = tuple(
+    (system.export_flag, {"help": f"also write a {system.title} job file here"})
+    for _, system in _exporters()
 )
-SBATCH_ARGS = tuple(flag[2:].replace("-", "_") for flag, _ in SBATCH_OPTIONS)
+SBATCH_OPTIONS: tuple[tuple[str, dict], ...] = _export_options()
+EXPORT_ARGS = tuple(kw["dest"] for _, kw in SBATCH_OPTIONS) + tuple(
+    flag[2:].replace("-", "_") for flag, _ in JOB_FILES
+)
 
 
-def sbatch_args(args: argparse.Namespace) -> dict:
-    """The sbatch options of ``%mpi export``'s or ``clusterkernel export``'s parsed
+def job_args(args: argparse.Namespace) -> dict:
+    """The job-file options of ``%mpi export``'s or ``clusterkernel export``'s parsed
     options, as :func:`write_job` takes them: picked once, by name, for both.
 
     Example::
 
-        write_job(cells, "job.py", sbatch="job.sbatch", **sbatch_args(args))
+        write_job(cells, "job.py", **job_args(args))   # sbatch=..., qsub=..., nodes=...
     """
-    return {name: getattr(args, name) for name in SBATCH_ARGS}
+    return {name: getattr(args, name) for name in EXPORT_ARGS}
+
+
+sbatch_args = job_args  # its name before Grid Engine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``clusterkernel export``."""
     parser.add_argument("notebook", help="the .ipynb file")
     parser.add_argument("-o", "--output", help="script to write (default: notebook name, .py)")
-    parser.add_argument("--sbatch", help="also write a Slurm batch file here")
-    for flag, options in SBATCH_OPTIONS:
+    for flag, options in JOB_FILES + SBATCH_OPTIONS:
         parser.add_argument(flag, **options)
     parser.add_argument(
         "--include-failed",
@@ -422,7 +497,7 @@ def read_notebook(path: str | Path) -> NotebookCells:
 
 
 def main(args: argparse.Namespace) -> int:
-    """``clusterkernel export notebook.ipynb -o job.py [--sbatch job.sbatch] ...``."""
+    """``clusterkernel export notebook.ipynb -o job.py [--sbatch job.sbatch | --qsub job.qsub]``."""
     nb = Path(args.notebook)
     try:
         cells, kernel_ranks, kernel_torch, failed = read_notebook(nb)
@@ -436,8 +511,7 @@ def main(args: argparse.Namespace) -> int:
             auto=kernel_ranks is not None,
             torch=(True, None) if kernel_torch else None,
             failed=set() if args.include_failed else failed,
-            sbatch=args.sbatch,
-            **sbatch_args(args),
+            **job_args(args),
         )
     except ExportError as e:
         print(f"clusterkernel export: {e}", file=sys.stderr)

@@ -1,0 +1,233 @@
+"""Engines as a batch job of any scheduler: the launcher beside ``mpiexec`` (client side).
+
+:class:`BatchLauncher` is the :class:`~clusterkernel.client.cluster._launch.Launcher` of
+every :class:`~clusterkernel.client.scheduler.BatchSystem` (``launcher="slurm"``,
+``"sge"``, ...): it asks the scheduler for the job script, and its ipyparallel engine set
+(:class:`ScheduledEngineSetLauncher`) submits and cancels through the scheduler's class,
+so the scheduler's commands are written there alone. Inside the job the ranks start as
+the scheduler says (:attr:`BatchLauncher.how`): its own job step (``srun``) or
+``mpiexec``, which reads the job's hosts from the scheduler. A scheduler that runs the
+notebook inside one of its jobs (Slurm's allocation) starts the ranks as a step there
+instead, with no job of their own.
+
+The controller listens on the one address through which this machine reaches the
+scheduler's hosts, never on every interface unless asked.
+
+Example::
+
+    launcher = LaunchSettings(n=4, launcher="sge").build()   # a BatchLauncher
+    launcher.system.title, launcher.how                      # ('Grid Engine', 'mpiexec')
+    print(launcher.batch_script())                           # '#$ -pe mpi 4' among its lines
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from ipyparallel.cluster.launcher import BatchEngineSetLauncher
+from traitlets import Unicode
+from traitlets.config import Config
+
+from clusterkernel.client import scheduler
+from clusterkernel.client.cluster._launch import _base_config, engine_cmd, process_ended, tail
+from clusterkernel.client.mpiexec import QUIET_OSC, MPIRuntime
+from clusterkernel.client.scheduler import BatchSystem, SchedulerError
+from clusterkernel.protocol._net import route_source
+
+if TYPE_CHECKING:
+    from clusterkernel.client.cluster._launch_settings import LaunchSettings
+
+_POLL = 1.0  # seconds between state queries (the notebook polls faster than that)
+
+
+class ScheduledEngineSetLauncher(BatchEngineSetLauncher):
+    """ipyparallel's engine set as one job of a clusterkernel scheduler: submit and cancel
+    go through the scheduler's class, named by ``scheduler`` (kept in the cluster file,
+    so the guard and an attached session cancel it the same way)."""
+
+    # the cluster file names the class by this (ipyparallel imports it back on attach)
+    entrypoint_name = "clusterkernel.client.cluster._batch.ScheduledEngineSetLauncher"
+    scheduler = Unicode("", config=True, help="the scheduler's name").tag(to_dict=True)
+
+    def _system(self) -> type[BatchSystem]:
+        return scheduler.get(self.scheduler)
+
+    def start(self, n: int = 1) -> str:
+        self.write_batch_script(n)
+        env = {**os.environ, **self.get_env()}
+        job_id = self._system().submit(self.batch_file, env=env, cwd=self.work_dir)
+        self.job_id = job_id
+        self.notify_start(job_id)
+        return job_id
+
+    def stop(self) -> str:
+        if self.job_id:
+            self._system().cancel([self.job_id])
+        self.notify_stop({"job_id": self.job_id, "output": ""})
+        return ""
+
+
+def controller_address(nodes: list[str], title: str = "scheduler's") -> str:
+    """The one local address through which every node is reached."""
+    sources = Counter()
+    for node in nodes:
+        try:
+            sources[route_source(node)] += 1
+        except OSError:
+            continue
+    if not sources:
+        raise SchedulerError(
+            f"No route from this machine to the {title} nodes ({', '.join(nodes) or 'none'}). "
+            "Pass controller_ip= (the address the nodes can reach this machine on)."
+        )
+    if len(sources) > 1:
+        raise SchedulerError(
+            f"The {title} nodes are reached through different addresses of this machine "
+            f"({', '.join(sources)}); pass controller_ip= with the one they all reach, "
+            'or controller_ip="*" to listen on every interface.'
+        )
+    return next(iter(sources))
+
+
+class BatchLauncher:
+    """Engines as a job of the scheduler ``settings`` name (or a step of this process's
+    job), as ``settings`` say.
+
+    Refuses, before anything starts, what a scheduler cannot do with them: hosts (the
+    scheduler chooses), ``fault_tolerant``, bad option values (the scheduler's
+    :meth:`~clusterkernel.client.scheduler.BatchSystem.check`).
+
+    Example::
+
+        launcher = BatchLauncher(LaunchSettings(n=4, launcher="slurm", time="2:00:00"))
+        launcher.batch_script()      # the job script; "#SBATCH --time=2:00:00" among its lines
+    """
+
+    multi_node = True
+
+    def __init__(self, settings: LaunchSettings) -> None:
+        system = scheduler.get(settings.kind())
+        if settings.hosts or settings.hostfile:
+            raise ValueError(f"{system.title} chooses the hosts: leave out hosts=/hostfile=.")
+        if settings.fault_tolerant:
+            raise ValueError("fault_tolerant=True needs launcher='mpiexec' (Open MPI's ULFM).")
+        self.settings = settings
+        self.kind = system.name
+        self.step = system.steps_in_job()  # ranks as a step of the job this process is in
+        n, values = system.resolve(settings.n, system.normalize(settings.options()), self.step)
+        self.system = system(n, values)  # checks the options
+        self.n = n
+        # How the ranks start inside the job: the scheduler's step, or mpiexec
+        self.how = system.launch
+        self.runtime = MPIRuntime.detect(settings.mpiexec) if self.how == "mpiexec" else None
+        self._controller_ip = settings.controller_ip
+        self.job_id: str | None = None
+        self._state: tuple[str, str] | None = None
+        self._state_at = 0.0
+
+    def engines(self) -> str | type:
+        return "mpi" if self.step else ScheduledEngineSetLauncher
+
+    def describe(self) -> str:
+        return f"{self.kind} step" if self.step else self.kind
+
+    def controller_ip(self) -> str:
+        if self._controller_ip is None:
+            addrs = self.system.node_addresses(in_allocation=self.step)
+            self._controller_ip = controller_address(addrs, self.system.title)
+        return self._controller_ip
+
+    # ------------------------------------------------------------ configuration
+    def batch_script(self) -> str:
+        """The job script (an ipyparallel template: ``{program_and_args}`` and friends)."""
+
+        def esc(text: str) -> str:  # literal text in a str.format template
+            return text.replace("{", "{{").replace("}", "}}")
+
+        name, out = "\0name", "\0output"  # placeholders for the template's own fields
+        lines = [
+            esc(line).replace(name, "clusterkernel-{cluster_id}").replace(out, "{output_file}")
+            for line in self.system.lines(name, out)
+        ]
+        mpiexec = self.runtime.mpiexec if self.runtime is not None else "mpiexec"
+        launch = self.system.launch_line("{program_and_args}", self.how, mpiexec)
+        return "\n".join(["#!/bin/sh", *lines, launch]) + "\n"
+
+    def _environment(self, env: dict[str, str]) -> dict[str, str]:
+        base = {"PATH": os.environ.get("PATH", "")}
+        if self.runtime is not None:  # mpiexec's own settings (root, session directories)
+            base = self.runtime.env(base, hostfile=os.devnull)  # hosts: the job's
+        quiet = {k: os.environ.get(k, v) for k, v in QUIET_OSC.items()}
+        return {**base, **quiet, **env}
+
+    def config(self, env: dict[str, str], run_dir: str) -> Config:
+        cfg = _base_config()
+        full = self._environment(env)
+        if self.step:
+            launcher = cfg.MPIEngineSetLauncher
+            command = self.system.step_command()
+            launcher.mpi_cmd, launcher.mpi_args = command[:1], command[1:]
+            launcher.engine_args = ["--log-level=WARN"]  # MPIEngineSetLauncher adds --mpi
+        else:
+            launcher = cfg.ScheduledEngineSetLauncher
+            launcher.scheduler = self.kind
+            launcher.batch_template = self.batch_script()
+            # absolute: ipyparallel joins it to its work_dir, the current directory
+            launcher.batch_file_name = os.path.join(run_dir, f"engines.{self.kind}")
+            launcher.output_file = os.path.join(run_dir, "engines.out")
+            launcher.engine_args = ["--log-level=WARN", "--mpi"]
+        launcher.environment = full
+        launcher.engine_cmd = engine_cmd(full)
+        return cfg
+
+    # ------------------------------------------------------------ the job
+    def _job_state(self, engine_set) -> tuple[str, str] | None:
+        """``(state, reason)`` of the engines' job (``("GONE", "")`` once the scheduler
+        forgot it), at most one query a second."""
+        job = getattr(engine_set, "job_id", None)
+        if not job:
+            return None
+        now = time.monotonic()
+        if self._state is None or job != self.job_id or now - self._state_at > _POLL:
+            self.job_id = job
+            self._state, self._state_at = self.system.state(job) or ("GONE", ""), now
+        return self._state
+
+    def waiting(self, engine_set) -> str | None:
+        state = None if self.step else self._job_state(engine_set)
+        if state is None or state[0] not in self.system.queued_states:
+            return None
+        reason = f" ({state[1]})" if state[1] else ""
+        return f"{self.system.title} job {self.job_id}: {state[0].lower()}{reason}"
+
+    def ended(self, engine_set) -> bool:
+        if self.step:
+            return process_ended(engine_set)
+        state = self._job_state(engine_set)
+        return state is not None and state[0] not in self.system.live_states
+
+    def output(self, engine_set, lines: int = 40) -> str:
+        if self.step:
+            return tail(engine_set.get_output() if engine_set is not None else "", lines)
+        # read the file each time: the launcher caches its first read
+        try:
+            with open(getattr(engine_set, "output_file", "") or os.devnull) as f:
+                return tail(f.read(), lines)
+        except OSError:
+            return ""
+
+    def stopped(self, engine_set, timeout: float) -> None:
+        """After the job's cancel: wait until the scheduler has its processes gone."""
+        if self.step or not getattr(engine_set, "job_id", None):
+            return
+        gone_from = self.system.live_states | self.system.ending_states
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._state = None
+            state = self._job_state(engine_set)
+            if state is None or state[0] not in gone_from:
+                return
+            time.sleep(0.2)

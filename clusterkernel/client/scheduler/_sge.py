@@ -1,0 +1,117 @@
+"""Grid Engine (Son of Grid Engine, Univa/Altair GE) as a
+:class:`~clusterkernel.client.scheduler.BatchSystem` (client side).
+
+The engines are one job, ``qsub`` of a script that asks for ``n`` slots of a parallel
+environment (``-pe mpi n``) and runs ``mpiexec`` inside it: Open MPI reads the job's
+hosts from ``$PE_HOSTFILE`` and starts its daemons on them with ``qrsh -inherit`` (the
+parallel environment needs ``control_slaves TRUE``). ``qstat`` says the job's state,
+``qdel`` cancels it; ``-j y -o FILE`` puts its output in one file.
+
+Example::
+
+    GridEngine(n=4, values={"queue": "all.q"}).directives("job", "/tmp/job.out")
+    # ['-N job', '-pe mpi 4', '-o /tmp/job.out', '-j y', '-V', '-S /bin/sh',
+    #  '-l h_rt=01:00:00', '-q all.q']
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from clusterkernel.client.scheduler._batch import (
+    DEFAULT_TIME,
+    BatchSystem,
+    SchedulerError,
+    SchedulerOption,
+)
+
+# h_rt: seconds, HH:MM:SS, or no limit
+_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|(?i:infinity|unlimited)")
+_NAME = re.compile(r"[\w.+@-]+(,[\w.+@-]+)*")
+
+
+class GridEngine(BatchSystem):
+    """A Grid Engine job of ``n`` slots of a parallel environment, ranks by ``mpiexec``.
+
+    Example::
+
+        GridEngine(n=4).launch_line("python job.py")   # 'mpiexec -n 4 python job.py'
+    """
+
+    name = "sge"
+    title = "Grid Engine"
+    prefix = "#$"
+    submit_command = ("qsub", "-terse")  # prints the job id alone
+    job_id_pattern = r"\d+"
+    cancel_command = ("qdel",)
+    # qstat's state letters: queued (qw, held hqw), transferring (t), running (r),
+    # suspended (s, S, T), restarted (R...); "d" is deletion under way, "E" an error
+    # that keeps the job from ever running (it is over for us)
+    queued_states = frozenset({"qw", "hqw", "hRwq", "Rq"})
+    live_states = queued_states | frozenset(
+        {"r", "t", "Rr", "Rt", "s", "ts", "S", "tS", "T", "tT", "Rs", "RS", "RT"}
+    )
+    ending_states = frozenset({"dr", "dt", "dRr", "dRt", "ds", "dS", "dT", "dqw", "dhqw"})
+    launch = "mpiexec"
+    export_flag = "--qsub"
+    report_prefixes = ()
+    in_job_env = "PE_HOSTFILE"
+    options = (
+        SchedulerOption("queue", "the queue to submit to (default: Grid Engine's pick)",
+                        export=True),
+        SchedulerOption("pe", "the parallel environment for the ranks' slots (default mpi)",
+                        default="mpi", export=True, export_default="mpi"),
+        SchedulerOption("time", f"time limit (default {DEFAULT_TIME})",
+                        default=DEFAULT_TIME, export=True, export_default=DEFAULT_TIME),
+        SchedulerOption("sge_args", "further qsub options, one each ('-l mem_free=4G')",
+                        many=True, magic=False),
+    )  # fmt: skip
+
+    def check(self) -> None:
+        v = self.values
+        time = v["time"]
+        if time is not None and not (isinstance(time, str) and _TIME.fullmatch(time)):
+            raise ValueError(
+                f"--time {time!r}: use seconds or HH:MM:SS, e.g. {DEFAULT_TIME} (the default), "
+                "or INFINITY"
+            )
+        for flag in ("queue", "pe"):
+            value = v[flag]
+            if value is not None and not (isinstance(value, str) and _NAME.fullmatch(value)):
+                raise ValueError(f"--{flag} {value!r}: use letters, digits, '.', '_', '+', '-'")
+        if not v["pe"]:
+            raise ValueError("--pe: Grid Engine needs a parallel environment for MPI ranks")
+
+    def directives(self, job_name: str, output: str) -> list[str]:
+        v = self.values
+        time = v["time"]
+        if isinstance(time, str) and time.lower() == "unlimited":
+            time = "INFINITY"
+        lines = [f"-N {job_name}", f"-pe {v['pe']} {self.n}", f"-o {output}", "-j y", "-V",
+                 "-S /bin/sh"]  # fmt: skip
+        lines += [f"-l h_rt={time}"] if time else []
+        lines += [f"-q {v['queue']}"] if v["queue"] else []
+        return lines + list(v["sge_args"])
+
+    def export_output(self, script: str) -> str:
+        path = Path(script)
+        return str(path.with_name(path.stem + "-$JOB_ID.out"))
+
+    @classmethod
+    def state(cls, job_id: str) -> tuple[str, str] | None:
+        try:
+            out = cls.run("qstat", "-u", "*")
+        except SchedulerError:
+            return None  # qmaster gone: the job is over for us
+        for line in out.splitlines():
+            fields = line.split()
+            if len(fields) > 4 and fields[0] == str(job_id):
+                return fields[4], ""
+        return None  # finished jobs leave qstat
+
+    def node_addresses(self, in_allocation: bool = False) -> list[str]:
+        try:
+            return self.run("qconf", "-sel").split()
+        except SchedulerError:
+            return []
