@@ -118,3 +118,40 @@ def test_the_seam_belongs_to_neither_side():
     modules = loaded.pop("_modules")
     assert not any(loaded.values()), loaded
     assert _of(modules, CLIENT + ENGINE) == []
+
+
+# Issue 37 item 3: a call's records have one constructor, its plan (comm/_plan.py).
+# Who may build each record, read from the source (a new module that builds one fails).
+_RECORD_BUILDERS = {
+    "Call": {"comm/_plan.py"},  # a call's timing record fields and flight entry (_handle.Call)
+    "Sig": {"comm/_plan.py"},  # a call's check signature
+    "record": {"comm/_begin.py"},  # FLIGHT.record: a flight entry (enter, step_entry)
+    "timing": {"comm/_ledger.py"},  # the comm layer's timing records (ledger.close)
+}
+
+
+def test_records_are_built_only_by_the_plan():
+    import ast
+
+    package = Path(clusterkernel.__file__).parent
+    found: dict[str, set[str]] = {name: set() for name in _RECORD_BUILDERS}
+    for path in sorted((package / "comm").rglob("*.py")):
+        where = str(path.relative_to(package))
+        for node in ast.walk(ast.parse(path.read_text(), where)):
+            if not isinstance(node, ast.Call):
+                continue
+            fn = node.func
+            name = fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", None)
+            if name in found:
+                found[name].add(where)
+    assert found == _RECORD_BUILDERS
+
+
+def test_the_c_path_reads_admission_from_the_plan():
+    """_fast.c holds no admission rule (issue 37): it reads ``plan.fast`` and its stamp,
+    never the check mode, forced staging or a group's agreed set, which comm/_plan.py
+    turns into that answer."""
+    source = (Path(clusterkernel.__file__).parent / "comm" / "_fast.c").read_text()
+    rule_inputs = ('"force"', '"agreed"', '"_sig_gen"', '"new"', '"_sigs"', "is_conj")
+    assert [word for word in rule_inputs if word in source] == []
+    assert '"fast"' in source and '"stamp"' in source

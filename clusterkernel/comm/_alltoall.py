@@ -81,21 +81,22 @@ def all_to_all(
     key = ("all_to_all", first.dtype)
     plan = _plan.find(g, key) or _plan_all_to_all(g, key, "all_to_all", input_tensor_list[0])
     ins, outs = list(input_tensor_list), list(output_tensor_list)
-    entry = enter(g, plan, ins[0], sum(t.nbytes for t in ins))
-    return plan.run(plan, g, c, outs, ins, async_op, entry)
+    call = enter(g, plan, ins[0], sum(t.nbytes for t in ins))
+    return plan.run(plan, g, c, outs, ins, async_op, call)
 
 
 def _plan_all_to_all(g: Group, key: tuple, name: str, tensor: torch.Tensor) -> _plan.Plan:
     """Plan a new all-to-all dtype (checked by dtype only: sizes may differ per rank)."""
     info = dtype_of(tensor)
     count = g.size if name == "all_to_all" else -1
-    sig = (name, tensor.dtype, -1, None, None, None, count, -1)
     run = _run_all_to_all if name == "all_to_all" else _run_all_to_all_single
-    plan = _plan.Plan(name, run, sig, info, size=0, dtype=tensor.dtype, detail="dtype")
+    plan = _plan.Plan(
+        g, name, run, info, size=0, dtype=tensor.dtype, sig_count=count, detail="dtype"
+    )
     return _plan.keep(g, key, plan)
 
 
-def _run_all_to_all(plan, g: Group, c, outs, ins, async_op: bool, entry) -> Work | None:
+def _run_all_to_all(plan, g: Group, c, outs, ins, async_op: bool, call: Call) -> Work | None:
     info = plan.info
     sendbuf = _flat_host(ins, plan.dtype)
     recvbuf = torch.empty(sum(t.numel() for t in outs), dtype=sendbuf.dtype)
@@ -104,7 +105,7 @@ def _run_all_to_all(plan, g: Group, c, outs, ins, async_op: bool, entry) -> Work
         _vspec(recvbuf, info, [t.numel() for t in outs]),
     )
     return run(
-        Call("all_to_all", sendbuf.nbytes, "mpi", g.size, entry),
+        call,  # its bytes: the entry's, sum(t.nbytes for t in ins) (enter)
         c.Alltoallv,
         c.Ialltoallv,
         args,
@@ -155,12 +156,12 @@ def all_to_all_single(
     rcounts = _splits(output_split_sizes, output, g.size, "output")
     key = ("all_to_all_single", input.dtype)
     plan = _plan.find(g, key) or _plan_all_to_all(g, key, "all_to_all_single", input)
-    entry = enter(g, plan, input, input.nbytes)
-    return plan.run(plan, g, c, output, input, scounts, rcounts, async_op, entry)
+    call = enter(g, plan, input, input.nbytes)
+    return plan.run(plan, g, c, output, input, scounts, rcounts, async_op, call)
 
 
 def _run_all_to_all_single(
-    plan, g: Group, c, output, input, scounts, rcounts, async_op: bool, entry
+    plan, g: Group, c, output, input, scounts, rcounts, async_op: bool, call: Call
 ) -> Work | None:
     info = plan.info
     wi, _ = wire(input)
@@ -168,7 +169,7 @@ def _run_all_to_all_single(
     finish = None if wo is output else partial(unstage, output, wo)
     args = (_vspec(wi, info, scounts), _vspec(wo, info, rcounts))
     return run(
-        Call("all_to_all_single", input.nbytes, "mpi", g.size, entry),
+        call,
         c.Alltoallv,
         c.Ialltoallv,
         args,

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from clusterkernel.comm._errors import CollectiveMismatchError
+from clusterkernel.comm._gate import changed
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._ops import ALL_OPS, ReduceOp
 from clusterkernel.protocol._calls import CHECKED_CALLS
@@ -59,9 +60,9 @@ def _env_mode(value: str) -> str:
 
 
 class _State:
-    """The mode as two flags, read on every collective's path (and by name in C,
-    ``_fast.c``): ``on`` is true in mode ``"every"``, ``new`` in ``"new"`` and
-    ``"every"``. :func:`set_check` sets them; nothing else should."""
+    """The mode as two flags, read on every collective's path
+    (:func:`~._plan.check_due`): ``on`` is true in mode ``"every"``, ``new`` in
+    ``"new"`` and ``"every"``. :func:`set_check` sets them; nothing else should."""
 
     on = False  # mode "every": every call is checked
     new = True  # mode "new" or "every": new signatures are checked (and agreed)
@@ -73,6 +74,7 @@ STATE = _State()
 def _apply(mode: str) -> None:
     STATE.on = mode == "every"
     STATE.new = mode != "off"
+    changed()  # the C path's answers assumed the old mode (_gate)
 
 
 def set_check(mode: str = "every") -> None:
@@ -234,6 +236,7 @@ def agree(group: Group, key: tuple, name: str, tensor: object = None, **fields: 
     if len(seen) >= _MAX_SEEN:
         seen.clear()
         group._sig_gen += 1  # plans that cached "agreed" look again
+        changed()  # and the C path asks Python again (_gate)
     seen.add(key)
 
 

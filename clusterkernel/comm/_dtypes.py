@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from clusterkernel.comm._gate import changed
 from clusterkernel.comm._hugepages import THRESHOLD as HUGE_THRESHOLD
 from clusterkernel.comm._hugepages import note_buffer
 
@@ -50,6 +51,28 @@ DTYPES: dict[torch.dtype, DType] = {
     torch.complex128: DType(MPI.C_DOUBLE_COMPLEX, "c", np.complex128, 16),
 }
 F32 = DTYPES[torch.float32]
+
+
+def reduced(info: DType) -> DType:
+    """The dtype a reduction of ``info``'s tensors runs in (the rule, written once):
+    halves reduce in float32; every other dtype as it is."""
+    return F32 if info.kind == "h" else info
+
+
+def reduced_torch(dtype: torch.dtype) -> torch.dtype:
+    """:func:`reduced` for a torch dtype: ``torch.float32`` for halves."""
+    return torch.float32 if DTYPES[dtype].kind == "h" else dtype
+
+
+def direct(info: DType, cpu: bool) -> bool:
+    """Whether a reduction may let MPI work on a tensor's own memory (when it is
+    contiguous; the rule's plan part, :func:`~._plan.own_memory` the rest): host
+    tensors only (device memory goes through :func:`wire`, which knows whether MPI is
+    CUDA-aware), not halves (reduced in float32: :func:`reduced`), not complex (a
+    tensor may be a lazy conjugate)."""
+    return cpu and info.kind in "fib"
+
+
 _INT_MAX = 2**31 - 1
 
 
@@ -74,6 +97,7 @@ def force_staging(on: bool = True) -> None:
         comm.force_staging(False)
     """
     STAGING.force = bool(on)
+    changed()  # the C path's answers assumed the old setting (_gate)
 
 
 def cuda_aware() -> bool:
@@ -130,8 +154,10 @@ def wire(tensor: torch.Tensor, reduce: bool = False, copy_in: bool = True) -> tu
         info = DTYPES[tensor.dtype]
     except (AttributeError, KeyError):
         info = dtype_of(tensor)  # raises the clear error
-    if reduce and info.kind == "h":
-        return _staged(tensor, torch.float32, copy_in), F32
+    if reduce:
+        wired = reduced(info)
+        if wired is not info:
+            return _staged(tensor, torch.float32, copy_in), wired
     # A lazily conjugated complex view stores the unconjugated values: stage it.
     if tensor.is_contiguous() and not STAGING.force and not (info.kind == "c" and tensor.is_conj()):
         if tensor.is_cpu:

@@ -41,20 +41,20 @@ static struct {
     int pointer_handles;
     intptr_t in_place;
     /* owned references, set by configure() */
-    PyObject *world, *group_type, *plan_type, *sum, *check, *staging, *flight, *ours, *rec, *error;
+    PyObject *world, *group_type, *plan_type, *sum, *gate, *flight, *ours, *rec, *error;
     /* where __slots__ attributes live in their objects (-1: look them up by name) */
-    Py_ssize_t at_plans, at_sig_gen, at_calls, at_size, at_flight_on, at_ring;
-    Py_ssize_t at_fast, at_agreed, at_count, at_psize;
+    Py_ssize_t at_plans, at_calls, at_size, at_flight_on, at_ring;
+    Py_ssize_t at_fast, at_stamp, at_count, at_psize, at_gate_stamp;
     /* the ledger's layouts (_ledger.ENTRY, records.COMM_FIELDS): where each field goes */
     int e_seq, e_op, e_group, e_nbytes, e_dtype, e_peer, e_code, e_lasti, e_done;
     int r_op, r_nbytes, r_alg, r_gsize, r_start, r_dur, r_wait;
     PyObject *user_code; /* the last caller's code found outside clusterkernel (held) */
 } S;
 
-static PyObject *n_dtype, *n_is_cpu, *n_numel, *n_is_contiguous, *n_data_ptr, *n_force,
-    *n_all_reduce, *n_mpi, *n_on, *n_new, *n_ring, *n_append, *n_calls, *n_enabled,
+static PyObject *n_dtype, *n_is_cpu, *n_numel, *n_is_contiguous, *n_data_ptr,
+    *n_all_reduce, *n_mpi, *n_on, *n_ring, *n_append, *n_calls, *n_enabled,
     *n_comm, *n_capacity, *n_trim, *n_op, *n_group, *n_async_op, *n_algorithm, *n_auto_alg,
-    *n_plans, *n_sig_gen, *n_size, *n_fast, *n_agreed, *n_count;
+    *n_plans, *n_size, *n_fast, *n_stamp, *n_count;
 
 /* time.perf_counter(): CLOCK_MONOTONIC on Linux, the only system configured (the
  * timing record's start is compared with the Python path's). */
@@ -127,8 +127,10 @@ static int same_int(PyObject *a, PyObject *b)
 
 /* The call done here: 1; left to the Python path (nothing done): 0; an error: -1.
  * Decides nothing itself: the group's plan for the call's key (_reductions.py makes
- * it) says whether MPI's allreduce runs on the tensor's memory and with which
- * handles; the check mode and the plan's agreement say whether a check is due. */
+ * it) holds the Python rules' answer (_plan.admit): plan.fast, the handles of MPI's
+ * allreduce on a contiguous tensor's own memory with no check due, or None; valid
+ * while plan.stamp is the gate's (_gate.py: the check mode, staging, an agreed set
+ * changed since: Python decides again). */
 static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algorithm)
 {
     PyObject *t0 = NULL, *dtype = NULL, *cpu = NULL, *numel = NULL, *key = NULL;
@@ -166,30 +168,25 @@ static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algor
         goto error;
     if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 3)
         goto fallback; /* None: not a call for this path */
-    if ((v = PyObject_CallMethodNoArgs(t, n_is_contiguous)) == NULL)
-        goto error;
-    if (v != Py_True)
-        goto fallback;
-    Py_CLEAR(v);
-    if ((r = flag(S.staging, -1, n_force)) != 0)
-        goto fallback_or_error;
-    if ((r = flag(S.check, -1, n_on)) != 0)
-        goto fallback_or_error; /* mode "every": every call goes through begin() */
-    if ((r = flag(S.check, -1, n_new)) < 0)
-        goto error;
-    if (r) { /* mode "new": the plan must know its signature agreed (_plan.agreed) */
-        PyObject *gen = attr(g, S.at_sig_gen, n_sig_gen);
-        if (gen == NULL)
+    { /* the answer is current: decided since the gate last moved */
+        PyObject *now_stamp = attr(S.gate, S.at_gate_stamp, n_stamp);
+        if (now_stamp == NULL)
             goto error;
-        v = attr(plan, S.at_agreed, n_agreed);
-        r = v != NULL && same_int(v, gen);
-        Py_DECREF(gen);
+        v = attr(plan, S.at_stamp, n_stamp);
+        r = v != NULL && same_int(v, now_stamp);
+        Py_DECREF(now_stamp);
         if (v == NULL)
             goto error;
         Py_CLEAR(v);
         if (!r)
             goto fallback;
     }
+    /* the plan's one per-call condition: MPI works on the tensor's own memory */
+    if ((v = PyObject_CallMethodNoArgs(t, n_is_contiguous)) == NULL)
+        goto error;
+    if (v != Py_True)
+        goto fallback;
+    Py_CLEAR(v);
     if ((size = attr(plan, S.at_psize, n_size)) == NULL ||
         (count = attr(plan, S.at_count, n_count)) == NULL)
         goto error;
@@ -506,8 +503,7 @@ static void release(void)
     Py_CLEAR(S.group_type);
     Py_CLEAR(S.plan_type);
     Py_CLEAR(S.sum);
-    Py_CLEAR(S.check);
-    Py_CLEAR(S.staging);
+    Py_CLEAR(S.gate);
     Py_CLEAR(S.flight);
     Py_CLEAR(S.ours);
     Py_CLEAR(S.rec);
@@ -541,15 +537,15 @@ static int layout(PyObject *fields, const char *const *names, int *const *at, in
 static PyObject *fast_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"allreduce", "pointer_handles", "in_place", "world", "plan_type",
-                            "sum", "check", "staging", "flight", "ours", "recorder", "error",
+                            "sum", "gate", "flight", "ours", "recorder", "error",
                             "entry", "record", NULL};
     unsigned long long fn, in_place;
     int pointer_handles;
-    PyObject *world, *plan_type, *sum, *check, *staging, *flight, *ours, *rec, *error;
+    PyObject *world, *plan_type, *sum, *gate, *flight, *ours, *rec, *error;
     PyObject *entry, *record;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KpKOO!OOOOO!OOOO", names, &fn, &pointer_handles,
-                                     &in_place, &world, &PyType_Type, &plan_type, &sum, &check,
-                                     &staging, &flight, &PyFrozenSet_Type, &ours, &rec, &error,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KpKOO!OOOO!OOOO", names, &fn, &pointer_handles,
+                                     &in_place, &world, &PyType_Type, &plan_type, &sum, &gate,
+                                     &flight, &PyFrozenSet_Type, &ours, &rec, &error,
                                      &entry, &record))
         return NULL;
     static const char *const entry_names[] = {"seq", "op", "group", "nbytes", "dtype",
@@ -575,20 +571,19 @@ static PyObject *fast_configure(PyObject *self, PyObject *args, PyObject *kw)
     S.group_type = Py_NewRef((PyObject *)Py_TYPE(world));
     S.plan_type = Py_NewRef(plan_type);
     S.sum = Py_NewRef(sum);
-    S.check = Py_NewRef(check);
-    S.staging = Py_NewRef(staging);
+    S.gate = Py_NewRef(gate);
     S.flight = Py_NewRef(flight);
     S.ours = Py_NewRef(ours);
     S.rec = Py_NewRef(rec);
     S.error = Py_NewRef(error);
     S.at_plans = slot_offset(S.group_type, "_plans");
-    S.at_sig_gen = slot_offset(S.group_type, "_sig_gen");
     S.at_calls = slot_offset(S.group_type, "_calls");
     S.at_size = slot_offset(S.group_type, "size");
     S.at_flight_on = slot_offset((PyObject *)Py_TYPE(flight), "on");
     S.at_ring = slot_offset((PyObject *)Py_TYPE(flight), "ring");
     S.at_fast = slot_offset(plan_type, "fast");
-    S.at_agreed = slot_offset(plan_type, "agreed");
+    S.at_stamp = slot_offset(plan_type, "stamp");
+    S.at_gate_stamp = slot_offset((PyObject *)Py_TYPE(gate), "stamp");
     S.at_count = slot_offset(plan_type, "count");
     S.at_psize = slot_offset(plan_type, "size");
     S.ready = fn != 0;
@@ -633,11 +628,9 @@ static int intern_names(void)
     INTERN(n_numel, "numel");
     INTERN(n_is_contiguous, "is_contiguous");
     INTERN(n_data_ptr, "data_ptr");
-    INTERN(n_force, "force");
     INTERN(n_all_reduce, "all_reduce");
     INTERN(n_mpi, "mpi");
     INTERN(n_on, "on");
-    INTERN(n_new, "new");
     INTERN(n_ring, "ring");
     INTERN(n_append, "append");
     INTERN(n_calls, "_calls");
@@ -651,10 +644,9 @@ static int intern_names(void)
     INTERN(n_algorithm, "algorithm");
     INTERN(n_auto_alg, "auto");
     INTERN(n_plans, "_plans");
-    INTERN(n_sig_gen, "_sig_gen");
     INTERN(n_size, "size");
     INTERN(n_fast, "fast");
-    INTERN(n_agreed, "agreed");
+    INTERN(n_stamp, "stamp");
     INTERN(n_count, "count");
 #undef INTERN
     return 0;

@@ -1,10 +1,11 @@
 """Loading and configuring the C fast path of ``comm.all_reduce`` (``_fast.c``).
 
 The common case (a blocking allreduce of a contiguous CPU tensor whose plan says
-MPI's own allreduce on the tensor's memory, on a signature the group already agreed
-on; see :mod:`._plan`) runs in C, with the same flight entry and timing record as
-the Python path. The C holds no rules of its own: it reads the group's plan, and the
-ledger's layouts (:mod:`._ledger`) it is handed here.
+MPI's own allreduce on the tensor's memory with no check due: ``plan.fast``, left by
+:func:`~._plan.admit` and current while ``plan.stamp`` is :data:`~._gate.GATE`'s) runs
+in C, with the same flight entry and timing record as the Python path. The C holds no
+rules of its own: it reads the group's plan, and the ledger's layouts
+(:mod:`._ledger`) it is handed here.
 :func:`wrap` makes the public ``all_reduce``: a C callable that hands every other
 call to the Python function. When the extension was not built (no C compiler at
 install time, Python before 3.11, not Linux) the Python function is used as it is.
@@ -27,9 +28,9 @@ from collections.abc import Callable
 
 from mpi4py import MPI
 
-from clusterkernel.comm import _check
-from clusterkernel.comm._dtypes import STAGING, DType
+from clusterkernel.comm._dtypes import DType
 from clusterkernel.comm._flight import FLIGHT, OURS
+from clusterkernel.comm._gate import GATE
 from clusterkernel.comm._groups import WORLD, Group
 from clusterkernel.comm._ledger import ENTRY, REC, RECORD
 from clusterkernel.comm._ops import SUM
@@ -75,8 +76,7 @@ def _configure() -> bool:
         world=WORLD,
         plan_type=Plan,
         sum=SUM,  # all_reduce's default op
-        check=_check.STATE,  # read by name: .on (mode "every"), .new
-        staging=STAGING,
+        gate=GATE,  # .stamp: plans' answers (plan.fast) are current while theirs equals it
         flight=FLIGHT,
         ours=OURS,
         recorder=REC,

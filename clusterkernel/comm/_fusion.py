@@ -19,9 +19,9 @@ from mpi4py import MPI
 
 from clusterkernel.comm import _auto, _check, _hugepages, _ring, _shm
 from clusterkernel.comm._begin import begin
-from clusterkernel.comm._dtypes import DTYPES, F32, as_numpy, buf, dtype_of
+from clusterkernel.comm._dtypes import DTYPES, as_numpy, buf, dtype_of, reduced, reduced_torch
 from clusterkernel.comm._groups import Group, member
-from clusterkernel.comm._handle import Call, Work, _now, drive, note
+from clusterkernel.comm._handle import Work, _now, drive, note
 from clusterkernel.comm._ops import (
     AVG,
     FUSED_ALGORITHMS,
@@ -79,8 +79,8 @@ def _plan(key: tuple, bucket_bytes: int) -> list[_Bucket]:
     def close() -> None:
         if index:
             info = DTYPES[dtype]
-            wire_dtype = torch.float32 if info.kind == "h" else dtype
-            winfo = F32 if info.kind == "h" else info
+            winfo = reduced(info)
+            wire_dtype = reduced_torch(dtype)
             buckets.append(_Bucket(index, shapes, wire_dtype, winfo, size))
 
     for i, (shape, tdtype) in enumerate(key):
@@ -165,7 +165,7 @@ def all_reduce_coalesced(
     if algorithm == "auto":
         biggest = max((b.nbytes for b in buckets), default=0)
         algorithm = _auto.pick(g, "all_reduce_coalesced", tensors[0], biggest) if tensors else "mpi"
-    entry = begin(
+    call = begin(
         g,
         "all_reduce_coalesced",
         tensors[0] if tensors else None,
@@ -179,24 +179,21 @@ def all_reduce_coalesced(
         _copy_all(b.views, [tensors[i] for i in b.index] if len(buckets) > 1 else list(tensors))
         b.busy = True
     if algorithm == "shm":  # shm divides for AVG itself
-        call = Call("all_reduce_coalesced", nbytes, "shm", g.size, entry)
         then = _Unpack(buckets, tensors, 1)
         return _shm.all_reduce_flats(g, call, [b.flat for b in buckets], op, async_op, then)
     if algorithm == "ring":  # the ring divides for AVG itself
         steps = _ring_buckets(g, buckets, op, _Unpack(buckets, tensors, 1))
-        call = Call("all_reduce_coalesced", nbytes, "ring", g.size, entry)
         return drive(call, steps, async_op)
     finish = _Unpack(buckets, tensors, g.size if op is AVG else 1)
     specs = [(buf(b.flat, b.info), op_for(op, b.info.kind, b.flat.dtype)) for b in buckets]
-    info = Call("all_reduce_coalesced", nbytes, "mpi", g.size, entry)
     t0 = _now()
     if async_op:
         reqs = [c.Iallreduce(_IN_PLACE, spec, mop) for spec, mop in specs]
-        return Work(reqs, info, t0, finish, keep=buckets)
+        return Work(reqs, call, t0, finish, keep=buckets)
     for spec, mop in specs:
         c.Allreduce(_IN_PLACE, spec, mop)
     finish()
-    note(info, t0, None)
+    note(call, t0, None)
     return None
 
 

@@ -38,15 +38,18 @@ def _plan_data(
     """Plan a new signature of a call that moves data without reducing it: ``tensor``
     is the one checked, ``size`` the flight entry's bytes, ``nbytes`` the timing
     record's (default ``size``), ``root`` a rooted call's group rank."""
-    if tensor is None:  # barrier
-        sig, info, dtype = (name, None, -1, None, None, None, -1, -1), None, None
-    else:
-        info = dtype_of(tensor)
-        dtype = tensor.dtype
-        world_root = None if root is None else g.ranks[root]
-        sig = (name, dtype, tensor.numel(), None, world_root, None if alg == "mpi" else alg, -1, -1)
+    info = None if tensor is None else dtype_of(tensor)  # None: barrier
     plan = _plan.Plan(
-        name, run, sig, info, size=size, nbytes=nbytes, dtype=dtype, alg=alg, root=root
+        g,
+        name,
+        run,
+        info,
+        size=size,
+        nbytes=nbytes,
+        dtype=None if tensor is None else tensor.dtype,
+        numel=-1 if tensor is None else tensor.numel(),
+        alg=alg,
+        root=root,
     )
     return _plan.keep(g, key, plan)
 
@@ -80,8 +83,8 @@ def broadcast(
     root = g.group_rank(src, "src")
     route = route_for(g, tensor)
     if route is not None:
-        entry = begin(g, "broadcast", tensor, root=src, alg=route[1])
-        return _torchpath.broadcast(g, tensor, src, route, async_op, entry)
+        call = begin(g, "broadcast", tensor, root=root, alg=route[1])
+        return _torchpath.broadcast(g, tensor, src, route, async_op, call)
     key = ("broadcast", *_plan.tensor_key(tensor), root, algorithm)
     plan = _plan.find(g, key)
     if plan is None:
@@ -89,23 +92,22 @@ def broadcast(
         alg = _pick(g, "broadcast", tensor, tensor.nbytes, algorithm)
         run = _run_broadcast if alg == "mpi" else _run_broadcast_shm
         plan = _plan_data(g, key, "broadcast", tensor, run, size=tensor.nbytes, root=root, alg=alg)
-    entry = enter(g, plan, tensor)
-    return plan.run(plan, g, c, tensor, async_op, entry)
+    call = enter(g, plan, tensor)
+    return plan.run(plan, g, c, tensor, async_op, call)
 
 
-def _run_broadcast(plan, g: Group, c, tensor, async_op: bool, entry) -> Work | None:
+def _run_broadcast(plan, g: Group, c, tensor, async_op: bool, call: Call) -> Work | None:
     root = plan.root
     is_root = g.rank == root
     w, info = wire(tensor, copy_in=is_root)
     finish = None if (w is tensor or is_root) else partial(unstage, tensor, w)
-    call = Call("broadcast", plan.size, "mpi", g.size, entry)
     return run(
         call, c.Bcast, c.Ibcast, (buf(w, info), root), finish=finish, async_op=async_op, keep=w
     )
 
 
-def _run_broadcast_shm(plan, g: Group, c, tensor, async_op: bool, entry) -> Work | None:
-    return _shm.broadcast(g, tensor, plan.root, async_op, entry)
+def _run_broadcast_shm(plan, g: Group, c, tensor, async_op: bool, call: Call) -> Work | None:
+    return _shm.broadcast(g, tensor, plan.root, async_op, call)
 
 
 def scatter(
@@ -129,11 +131,11 @@ def scatter(
         g, key, "scatter", tensor, _run_scatter, size=tensor.nbytes, root=root
     )
     parts = root_list(scatter_list, g.rank == root, g.size, tensor, "scatter_list", "src", src)
-    entry = enter(g, plan, tensor)
-    return plan.run(plan, g, c, tensor, parts, async_op, entry)
+    call = enter(g, plan, tensor)
+    return plan.run(plan, g, c, tensor, parts, async_op, call)
 
 
-def _run_scatter(plan, g: Group, c, tensor, parts, async_op: bool, entry) -> Work | None:
+def _run_scatter(plan, g: Group, c, tensor, parts, async_op: bool, call: Call) -> Work | None:
     w, info = wire(tensor, copy_in=False)
     packed = send = None
     if parts is not None:
@@ -141,7 +143,7 @@ def _run_scatter(plan, g: Group, c, tensor, parts, async_op: bool, entry) -> Wor
         send = bbuf(packed, info)
     finish = None if w is tensor else partial(unstage, tensor, w)
     return run(
-        Call("scatter", plan.size, "mpi", g.size, entry),
+        call,
         c.Scatter,
         c.Iscatter,
         (send, buf(w, info), plan.root),
@@ -172,11 +174,11 @@ def gather(
         g, key, "gather", tensor, _run_gather, size=tensor.nbytes, root=root
     )
     outs = root_list(gather_list, g.rank == root, g.size, tensor, "gather_list", "dst", dst)
-    entry = enter(g, plan, tensor)
-    return plan.run(plan, g, c, tensor, outs, async_op, entry)
+    call = enter(g, plan, tensor)
+    return plan.run(plan, g, c, tensor, outs, async_op, call)
 
 
-def _run_gather(plan, g: Group, c, tensor, outs, async_op: bool, entry) -> Work | None:
+def _run_gather(plan, g: Group, c, tensor, outs, async_op: bool, call: Call) -> Work | None:
     w, info = wire(tensor)
     packed = recv = finish = None
     if outs is not None:
@@ -184,7 +186,7 @@ def _run_gather(plan, g: Group, c, tensor, outs, async_op: bool, entry) -> Work 
         recv = bbuf(packed, info)
         finish = partial(unpack, packed, outs)
     return run(
-        Call("gather", plan.size, "mpi", g.size, entry),
+        call,
         c.Gather,
         c.Igather,
         (buf(w, info), recv, plan.root),
@@ -221,15 +223,15 @@ def all_gather(
         run = _run_all_gather if alg == "mpi" else _run_all_gather_shm
         plan = _plan_data(g, key, "all_gather", tensor, run, size=nbytes, alg=alg)
     outs = check_list(tensor_list, g.size, tensor, "tensor_list")
-    entry = enter(g, plan, tensor)
-    return plan.run(plan, g, c, tensor, outs, async_op, entry)
+    call = enter(g, plan, tensor)
+    return plan.run(plan, g, c, tensor, outs, async_op, call)
 
 
-def _run_all_gather(plan, g: Group, c, tensor, outs, async_op: bool, entry) -> Work | None:
+def _run_all_gather(plan, g: Group, c, tensor, outs, async_op: bool, call: Call) -> Work | None:
     w, info = wire(tensor)
     packed = torch.empty((g.size, *tensor.shape), dtype=tensor.dtype)
     return run(
-        Call("all_gather", plan.size, "mpi", g.size, entry),
+        call,
         c.Allgather,
         c.Iallgather,
         (buf(w, info), bbuf(packed, info)),
@@ -239,8 +241,7 @@ def _run_all_gather(plan, g: Group, c, tensor, outs, async_op: bool, entry) -> W
     )
 
 
-def _run_all_gather_shm(plan, g: Group, c, tensor, outs, async_op: bool, entry):
-    call = Call("all_gather", plan.size, "shm", g.size, entry)
+def _run_all_gather_shm(plan, g: Group, c, tensor, outs, async_op: bool, call: Call):
     return _shm.all_gather(g, call, tensor, outs, None, async_op)
 
 
@@ -270,24 +271,24 @@ def all_gather_into_tensor(
         )
     route = route_for(g, output)
     if route is not None:
-        entry = begin(g, name, input, nbytes=output.nbytes, alg=route[1])
-        return _torchpath.all_gather_into_tensor(g, output, input, route, async_op, entry)
+        call = begin(g, name, input, nbytes=output.nbytes, alg=route[1])
+        return _torchpath.all_gather_into_tensor(g, output, input, route, async_op, call)
     key = (name, *_plan.tensor_key(input), output.is_cpu, algorithm)
     plan = _plan.find(g, key)
     if plan is None:
         alg = _pick(g, name, output, output.nbytes, algorithm)
         run = _run_all_gather_into_tensor if alg == "mpi" else _run_all_gather_into_tensor_shm
         plan = _plan_data(g, key, name, input, run, size=output.nbytes, alg=alg)
-    entry = enter(g, plan, input)
-    return plan.run(plan, g, c, output, input, async_op, entry)
+    call = enter(g, plan, input)
+    return plan.run(plan, g, c, output, input, async_op, call)
 
 
-def _run_all_gather_into_tensor(plan, g: Group, c, output, input, async_op: bool, entry):
+def _run_all_gather_into_tensor(plan, g: Group, c, output, input, async_op: bool, call: Call):
     wi, info = wire(input)
     wo, _ = wire(output, copy_in=False)
     finish = None if wo is output else partial(unstage, output, wo)
     return run(
-        Call("all_gather_into_tensor", plan.size, "mpi", g.size, entry),
+        call,
         c.Allgather,
         c.Iallgather,
         (buf(wi, info), bbuf(wo, info)),
@@ -297,8 +298,7 @@ def _run_all_gather_into_tensor(plan, g: Group, c, output, input, async_op: bool
     )
 
 
-def _run_all_gather_into_tensor_shm(plan, g: Group, c, output, input, async_op: bool, entry):
-    call = Call("all_gather_into_tensor", plan.size, "shm", g.size, entry)
+def _run_all_gather_into_tensor_shm(plan, g: Group, c, output, input, async_op: bool, call: Call):
     return _shm.all_gather(g, call, input, None, output, async_op)
 
 
@@ -309,14 +309,12 @@ def barrier(group: Group | None = None, async_op: bool = False) -> Work | None:
     """
     g, c = member(group)
     plan = g._plans.get(_BARRIER) or _plan_data(g, _BARRIER, "barrier", None, _run_barrier, size=0)
-    entry = enter(g, plan)
-    return plan.run(plan, g, c, async_op, entry)
+    call = enter(g, plan)
+    return plan.run(plan, g, c, async_op, call)
 
 
 _BARRIER = ("barrier",)
 
 
-def _run_barrier(plan, g: Group, c, async_op: bool, entry) -> Work | None:
-    return run(
-        Call("barrier", 0, "mpi", g.size, entry), c.Barrier, c.Ibarrier, (), async_op=async_op
-    )
+def _run_barrier(plan, g: Group, c, async_op: bool, call: Call) -> Work | None:
+    return run(call, c.Barrier, c.Ibarrier, (), async_op=async_op)

@@ -33,7 +33,7 @@ from collections.abc import Generator
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm import _shm
+from clusterkernel.comm import _plan, _shm
 from clusterkernel.comm._dtypes import DTYPES, DType, buf, unstage, wire
 from clusterkernel.comm._groups import Group, _world_ranks
 from clusterkernel.comm._handle import Call, Work
@@ -45,7 +45,7 @@ from clusterkernel.comm._turns import inline, issue, run
 
 _IN_PLACE = MPI.IN_PLACE
 # The shared-memory steps of a hier call: timed as part of it, never on their own.
-_STEP = Call("all_reduce", 0, "shm", 0, None, False)
+_STEP = _plan.step("all_reduce", "shm")
 # Blocks from this size are swapped between two nodes' leaders (_cross). Measured on
 # the two-host bench (BENCHMARKS.md): below it the swap was 8-13% slower uncapped and
 # no faster at 1 Gbit/s (32 KB blocks); from 512 KB blocks it was 1.5x faster there.
@@ -123,22 +123,23 @@ def _make(g: Group, node: int | None) -> Layout:
 
 
 def all_reduce(
-    g: Group, tensor: torch.Tensor, op: ReduceOp, async_op: bool, entry: list | None
+    g: Group, tensor: torch.Tensor, op: ReduceOp, async_op: bool, call: Call, planned: _plan.Plan
 ) -> Work | None:
-    """Allreduce ``tensor`` in place over ``g``: node, leaders, node (module doc)."""
+    """Allreduce ``tensor`` in place over ``g``: node, leaders, node (module doc).
+    ``call`` is its records, made by its plan ``planned``."""
     lay = g._hier
     if lay is None:
         try:
             lay = plan(g)
         except BaseException:
-            abandon(entry)  # raised on every member: nobody waits in it
+            abandon(call.entry)  # raised on every member: nobody waits in it
             raise
-    if lay.nodes == 1:
-        return _shm.all_reduce(g, tensor, DTYPES[tensor.dtype], op, async_op, entry)
+    if lay.nodes == 1:  # one node: shared memory's call, and its record
+        call = planned.call(call.entry, alg="shm")
+        return _shm.all_reduce(g, tensor, DTYPES[tensor.dtype], op, async_op, call)
     w, info = wire(tensor, reduce=True)  # halves: float32; odd strides: a contiguous copy
     mpi_op = op_for(SUM if op is AVG else op, info.kind, w.dtype)
     divisor = g.size if op is AVG else 1
-    call = Call("all_reduce", tensor.nbytes, "hier", g.size, entry)
     if lay.local is not None and w.numel():
         # Grow the node's shared memory now, where every rank's program is at the same
         # call: growing is collective, and inside the steps of a queued call it would

@@ -16,14 +16,14 @@ from mpi4py.util import pkl5
 
 from clusterkernel.comm._begin import begin
 from clusterkernel.comm._groups import Group, member
-from clusterkernel.comm._handle import Call, Work, drive
+from clusterkernel.comm._handle import Work, drive
 from clusterkernel.comm._p2p import object_recv_steps, object_send_steps
 
 
 def _setup(name: str, group: Group | None, root: object = None, what: str = "src", count: int = -1):
     g, _ = member(group)
     groot = None if root is None else g.group_rank(root, what)
-    call = Call(name, 0, "pkl5", g.size, begin(g, name, root=root, count=count, detail="dtype"))
+    call = begin(g, name, root=groot, record_alg="pkl5", count=count, detail="dtype")
     # The tag is drawn on every member in the same call order, so concurrent
     # object collectives never take each other's messages.
     return g, groot, pkl5.Intracomm(g.inner()), g.next_tag(), call

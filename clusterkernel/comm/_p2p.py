@@ -6,9 +6,9 @@ range of their own, so a tensor receive never matches an object send.
 
 Tensor sends and receives run from plans (:mod:`._plan`: the peer, the MPI datatype,
 the entry's bytes) through :func:`~clusterkernel.comm._begin.enter`, unchecked as
-point-to-point calls are. Object messages have nothing to plan (a pickle each call):
-they open their flight entry with :func:`_note`, and every call closes in the ledger
-(:func:`~clusterkernel.comm._handle.note`).
+point-to-point calls are. Object messages have nothing to keep (a pickle each call):
+they take :func:`~clusterkernel.comm._begin.begin` with their peer, and every call
+closes in the ledger (:func:`~clusterkernel.comm._handle.note`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from mpi4py import MPI
 from mpi4py.util import pkl5
 
 from clusterkernel.comm import _plan, _torchpath
-from clusterkernel.comm._begin import enter
+from clusterkernel.comm._begin import begin, enter
 from clusterkernel.comm._dtypes import buf, dtype_of, unstage, wire
-from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._groups import Group, member
 from clusterkernel.comm._handle import Call, Work, _now, drive, note, run
 from clusterkernel.comm._torchpath import route_for
@@ -40,14 +39,6 @@ def _tag(tag: object) -> int:
     if type(tag) is int and 0 <= tag <= MAX_TAG:
         return tag
     raise ValueError(f"tag must be an int in 0..{MAX_TAG}, got {tag!r}")
-
-
-def _note(g: Group, name: str, tensor: torch.Tensor | None, peer: int) -> list | None:
-    """The flight entry of a point-to-point call (``peer`` a group rank, or any source)."""
-    world_peer = g.ranks[peer] if peer >= 0 else -1
-    nbytes = tensor.nbytes if tensor is not None else 0
-    dtype = tensor.dtype if tensor is not None else None
-    return FLIGHT.record(g, name, nbytes, dtype, world_peer, 3) if FLIGHT.on else None
 
 
 def _peer(g: Group, rank: object, what: str) -> int:
@@ -81,12 +72,12 @@ def send(
     tag = _tag(tag)
     route = route_for(g, tensor)
     if route is not None:
-        entry = _note(g, "send", tensor, peer)
-        return _torchpath.send(g, tensor, dst, tag, route, async_op, entry)
+        call = begin(g, "send", tensor, alg=route[1], peer=peer)
+        return _torchpath.send(g, tensor, dst, tag, route, async_op, call)
     key = ("send", *_plan.tensor_key(tensor), peer)
     plan = _plan.find(g, key) or _plan_p2p(g, key, "send", tensor, peer, _run_send)
-    entry = enter(g, plan)
-    return plan.run(plan, g, c, tensor, tag, async_op, entry)
+    call = enter(g, plan)
+    return plan.run(plan, g, c, tensor, tag, async_op, call)
 
 
 def _plan_p2p(g: Group, key: tuple, name: str, tensor, peer: int, run) -> _plan.Plan:
@@ -94,14 +85,13 @@ def _plan_p2p(g: Group, key: tuple, name: str, tensor, peer: int, run) -> _plan.
     info = dtype_of(tensor)
     world_peer = g.ranks[peer] if peer >= 0 else -1
     plan = _plan.Plan(
-        name, run, None, info, size=tensor.nbytes, dtype=tensor.dtype, root=peer, peer=world_peer
+        g, name, run, info, size=tensor.nbytes, dtype=tensor.dtype, root=peer, peer=world_peer
     )
     return _plan.keep(g, key, plan)
 
 
-def _run_send(plan, g: Group, c, tensor, tag: int, async_op: bool, entry) -> Work | None:
+def _run_send(plan, g: Group, c, tensor, tag: int, async_op: bool, call: Call) -> Work | None:
     w, info = wire(tensor)
-    call = Call("send", plan.size, "mpi", g.size, entry)
     return run(call, c.Send, c.Isend, (buf(w, info), plan.root, tag), async_op=async_op, keep=w)
 
 
@@ -147,19 +137,18 @@ def recv(
     # from any rank: MPI (NCCL cannot), so the sender's tensor must be on the host too
     route = route_for(g, tensor) if src is not None else None
     if route is not None:
-        entry = _note(g, "recv", tensor, peer)
-        return _torchpath.recv(g, tensor, src, tag, route, async_op, entry)
+        call = begin(g, "recv", tensor, alg=route[1], peer=peer)
+        return _torchpath.recv(g, tensor, src, tag, route, async_op, call)
     key = ("recv", *_plan.tensor_key(tensor), peer)
     plan = _plan.find(g, key) or _plan_p2p(g, key, "recv", tensor, peer, _run_recv)
-    entry = enter(g, plan)
-    return plan.run(plan, g, c, tensor, tag, async_op, entry)
+    call = enter(g, plan)
+    return plan.run(plan, g, c, tensor, tag, async_op, call)
 
 
-def _run_recv(plan, g: Group, c, tensor, tag: int, async_op: bool, entry) -> int | Work:
+def _run_recv(plan, g: Group, c, tensor, tag: int, async_op: bool, call: Call) -> int | Work:
     w, info = wire(tensor, copy_in=False)
     nbytes = plan.size  # the bytes a matching message has
     peer = plan.root
-    call = Call("recv", plan.size, "mpi", g.size, entry)
     status = MPI.Status()
     if async_op:
         finish = partial(_received, g, tensor, w, status, nbytes)
@@ -218,9 +207,7 @@ def send_object(
     g, c = member(group)
     peer = _peer(g, dst, "dst")
     steps = object_send_steps(pkl5.Intracomm(c), obj, [peer], _tag(tag) + _OBJECT_TAGS)
-    return drive(
-        Call("send_object", 0, "pkl5", g.size, _note(g, "send_object", None, peer)), steps, async_op
-    )
+    return drive(begin(g, "send_object", record_alg="pkl5", peer=peer), steps, async_op)
 
 
 def recv_object(
@@ -243,8 +230,8 @@ def recv_object(
     g, c = member(group)
     peer = _ANY if src is None else _peer(g, src, "src")
     steps = object_recv_steps(pkl5.Intracomm(c), peer, _tag(tag) + _OBJECT_TAGS)
-    entry = _note(g, "recv_object", None, peer)
-    return drive(Call("recv_object", 0, "pkl5", g.size, entry), steps, async_op)
+    call = begin(g, "recv_object", record_alg="pkl5", peer=peer)
+    return drive(call, steps, async_op)
 
 
 def object_send_steps(pkl: pkl5.Intracomm, obj: Any, peers: list[int], tag: int) -> Generator:

@@ -7,8 +7,25 @@ for) is looked up in the group's ``_plans``. The first call of a key validates i
 resolves ``auto``, and looks up the MPI datatype and op; the :class:`Plan` keeps
 that, the check signature, the flight entry's and timing record's bytes and the
 function that runs it. Then :func:`~._begin.enter` (the check the signature is due,
-the flight entry), then ``plan.run(...)``, sync or async by ``async_op``, which ends
-in the ledger (:func:`~._ledger.close`, through :mod:`._handle`). Plans are local
+the flight entry; it returns the call's :class:`~._handle.Call`, made by
+:meth:`Plan.call`), then ``plan.run(...)``, sync or async by ``async_op``, which ends
+in the ledger (:func:`~._ledger.close`, through :mod:`._handle`).
+
+**The one constructor of a call's records.** A plan makes its call's check signature
+(:class:`Sig`, from the plan's own fields), its flight entry (:func:`~._begin.enter`
+from ``name``/``size``/``dtype``/``peer``) and its timing record's fields
+(:meth:`Plan.call`); call sites pass only what varies per call (the tensor, the bytes of
+an all-to-all). Calls with nothing to cache make a plan for the one call
+(:func:`~._begin.begin`). No other module builds a ``Call``, a signature or a flight
+entry (tests/test_seam.py reads the source for it).
+
+**Admission rules, each written once, here or in** :mod:`._dtypes`: whether a check is
+due (:func:`check_due`), whether MPI works on the tensor's own memory
+(:func:`own_memory`; the plan's part, :func:`~._dtypes.direct`), and that halves reduce
+in float32 (:func:`~._dtypes.reduced`). :func:`admit` applies them after each Python
+call of a plan and leaves the C path its answer in ``plan.fast`` (the handles, or None),
+stamped with :data:`GATE`'s generation, which every change of the check mode, of forced
+staging or of a group's agreed set moves on. Plans are local
 (each rank makes its own); whether the group has *agreed* on a signature is
 :mod:`._check`'s business, and a plan only caches the answer (:func:`agreed`), so
 every member still decides to check or not from the same agreed set.
@@ -22,9 +39,10 @@ point-to-point flight entry, then :func:`~._handle.drive`), CUDA tensors handed 
 torch.distributed (:mod:`._torchpath`, through :func:`~._begin.begin`), and
 ``all_reduce_coalesced`` (:mod:`._fusion`, its buckets' layout is its signature).
 
-The C fast path reads all_reduce's plans (``Plan.fast``): it runs a call only where
-the plan says MPI's own allreduce on the tensor's memory, with the plan's handles,
-and hands every other call to Python. The rules live here, not in C.
+The C fast path reads all_reduce's plans (``Plan.fast``, ``Plan.stamp``): it runs a
+call only where the plan's answer is current and says MPI's own allreduce on the
+tensor's memory (a contiguous tensor), with the plan's handles, and hands every other
+call to Python. The rules live here, not in C.
 
 Example::
 
@@ -38,36 +56,64 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
-from clusterkernel.comm._dtypes import DType, dtype_of
+from clusterkernel.comm import _check
+from clusterkernel.comm._dtypes import STAGING, DType, dtype_of
+from clusterkernel.comm._gate import GATE
 from clusterkernel.comm._groups import Group
+from clusterkernel.comm._handle import Call
 from clusterkernel.comm._ops import ReduceOp
 
 # Plans kept per group before the cache starts afresh (a program that reduces
 # tensors of ever new sizes must not grow it without bound).
 MAX_PLANS = 4096
+_CHECK = _check.STATE
+# ``asked`` left out: the signature's algorithm is the plan's, None for "mpi"
+_FROM_ALG = "<from alg>"
+
+
+class Sig(NamedTuple):
+    """A call's check signature, the key of the group's agreed set (:mod:`._check`):
+    equal on every rank for equal calls (a parsed op, a world-rank root, a dtype and an
+    element count; -1 / None for what the call does not have). Made by :class:`Plan`."""
+
+    name: str
+    dtype: object = None
+    numel: int = -1
+    op: ReduceOp | None = None
+    root: int | None = None
+    alg: str | None = None
+    count: int = -1
+    extra: int = -1
 
 
 class Plan:
     """What one call signature needs on one group (see the module docstring).
 
     ``name`` is the call's (the flight entry's and timing record's op). ``sig`` is
-    the signature's key in the group's agreed set (:mod:`._check`; None for
+    the signature's key in the group's agreed set (a :class:`Sig`; None for
     point-to-point calls, which are not checked), ``detail`` how much of the tensor
     the check compares (``"size"``, or ``"dtype"`` where sizes may differ per rank);
     ``agreed`` the generation of the agreed set in which ``sig`` was found there
-    (-1: not yet). ``alg`` is the algorithm a plain tensor runs; ``probe`` says a
-    tensor of this signature might live in the group's shared memory, where ``auto``
-    picks ``shm`` instead (looked at per call). ``info``/``mpi_op``/``count``/
-    ``nbytes`` describe what MPI moves (all_reduce's halves as float32), ``size`` the
-    bytes both the flight entry and the timing record carry, ``dtype`` the entry's
-    dtype, ``direct`` that MPI may work on the tensor's own memory when it is
-    contiguous, ``divisor`` what AVG divides by (1: nothing), ``root`` the group
-    rank MPI addresses (a rooted call's root, a point-to-point call's peer, or any
-    source), ``peer`` the flight entry's peer of a point-to-point call (a world
-    rank, -1: any source; None for collectives). ``run`` runs one call of the plan. ``fast`` is
-    ``(datatype handle, op handle, communicator handle)`` where the C path may run
-    the call (all_reduce only).
+    (-1: not yet). ``alg`` is the algorithm a plain tensor runs (the timing record's);
+    ``probe`` says a tensor of this signature might live in the group's shared
+    memory, where ``auto`` picks ``shm`` instead (looked at per call).
+    ``info``/``mpi_op``/``count``/``nbytes`` describe what MPI moves (reductions'
+    halves as float32), ``size`` the bytes both the flight entry and the timing record
+    carry, ``dtype`` the entry's dtype, ``gsize`` the group's size (the record's),
+    ``direct`` that MPI may work on the tensor's own memory when it is contiguous,
+    ``divisor`` what AVG divides by (1: nothing), ``root`` the group rank MPI
+    addresses (a rooted call's root, a point-to-point call's peer, or any source),
+    ``peer`` the flight entry's peer of a point-to-point call (a world rank, -1: any
+    source; None for collectives). ``run`` runs one call of the plan. ``handles`` is
+    ``(datatype handle, op handle, communicator handle)`` where the C path may run the
+    call (all_reduce only); ``fast`` is ``handles`` once :func:`admit` let the C path
+    take the plan's calls, with ``stamp`` the :data:`GATE` generation it decided in.
+
+    ``asked`` is the signature's algorithm (what the caller asked for; by default
+    None for ``alg="mpi"`` and ``alg`` otherwise), ``numel`` its element count,
+    ``sig_count``/``extra`` its call-specific fields (a list's length, a layout code).
     """
 
     __slots__ = (
@@ -83,26 +129,33 @@ class Plan:
         "nbytes",
         "size",
         "dtype",
+        "gsize",
         "direct",
         "divisor",
         "op",
         "root",
         "peer",
         "run",
+        "handles",
         "fast",
+        "stamp",
     )
 
     def __init__(
         self,
+        g: Group,
         name: str,
-        run: Callable,
-        sig: tuple | None,
-        info: DType,
+        run: Callable | None,
+        info: DType | None,
         *,
         size: int,
         dtype: object,
         alg: str = "mpi",
+        asked: str | None = _FROM_ALG,
+        numel: int = -1,
         count: int = 0,
+        sig_count: int = -1,
+        extra: int = -1,
         nbytes: int | None = None,
         mpi_op: object = None,
         op: ReduceOp | None = None,
@@ -112,10 +165,24 @@ class Plan:
         divisor: int = 1,
         root: int | None = None,
         peer: int | None = None,
-        fast: tuple[int, int, int] | None = None,
+        handles: tuple[int, int, int] | None = None,
     ) -> None:
         self.name = name
-        self.sig = sig
+        if peer is not None:  # point-to-point: not checked
+            self.sig = None
+        else:
+            if asked is _FROM_ALG:
+                asked = None if alg == "mpi" else alg
+            self.sig = Sig(
+                name,
+                dtype,
+                -1 if detail == "dtype" else numel,
+                op,
+                None if root is None else g.ranks[root],
+                asked,
+                sig_count,
+                extra,
+            )
         self.detail = detail
         self.agreed = -1
         self.alg = alg
@@ -126,16 +193,39 @@ class Plan:
         self.nbytes = size if nbytes is None else nbytes
         self.size = size
         self.dtype = dtype
+        self.gsize = g.size
         self.direct = direct
         self.divisor = divisor
         self.op = op
         self.root = root
         self.peer = peer
         self.run = run
-        self.fast = fast
+        self.handles = handles
+        self.fast = None  # not yet admitted: the first call runs in Python
+        self.stamp = -1
+
+    def call(self, entry: list | None, nbytes: int = -1, alg: str | None = None) -> Call:
+        """The :class:`~._handle.Call` of one call of this plan: its timing record's
+        fields and its flight entry. ``nbytes`` where the bytes vary per call under one
+        plan (all-to-all; -1: ``size``), ``alg`` where a step runs the call another way
+        than planned (a hier call on one node is shared memory's)."""
+        return Call(
+            self.name,
+            self.size if nbytes < 0 else nbytes,
+            self.alg if alg is None else alg,
+            self.gsize,
+            entry,
+        )
 
     def __repr__(self) -> str:
-        return f"<Plan {self.name} {self.alg} {self.size} B {self.info.mpi.Get_name()}>"
+        wired = self.info.mpi.Get_name() if self.info is not None else "-"
+        return f"<Plan {self.name} {self.alg} {self.size} B {wired}>"
+
+
+def step(name: str, alg: str) -> Call:
+    """A step of another call (hier's shared-memory stages): its flight entry is the
+    call's and the call writes the timing record, so the step writes none."""
+    return Call(name, 0, alg, 0, None, False)
 
 
 def find(g: Group, key: tuple) -> Plan | None:
@@ -175,6 +265,34 @@ def agreed(g: Group, plan: Plan) -> bool:
         plan.agreed = gen
         return True
     return False
+
+
+def check_due(g: Group, plan: Plan) -> bool:
+    """Whether a call of ``plan`` must be checked across ``g`` first (the rule, once):
+    never for point-to-point calls, every call in mode ``"every"``, and in mode
+    ``"new"`` until the group agreed on the signature."""
+    if plan.sig is None:
+        return False
+    check = _CHECK
+    return check.on or (check.new and not agreed(g, plan))
+
+
+def own_memory(plan: Plan, tensor: object) -> bool:
+    """Whether MPI works on ``tensor``'s own memory for a call of ``plan`` (the rule,
+    once): the plan allows it (:func:`~._dtypes.direct`), the tensor is contiguous and
+    staging is not forced."""
+    return plan.direct and tensor.is_contiguous() and not STAGING.force
+
+
+def admit(g: Group, plan: Plan) -> None:
+    """Leave the C path its answer for ``plan``'s next calls: ``fast`` the handles where
+    the plan runs MPI on the tensor's own memory with nothing due before (no check) and
+    nothing after, else None; stamped with :data:`GATE`'s generation. Called after a
+    Python call of a plan that has ``handles`` (the C path takes the plan's calls from
+    the next one)."""
+    plan.stamp = GATE.stamp
+    ok = plan.direct and not STAGING.force and not check_due(g, plan)
+    plan.fast = plan.handles if ok else None
 
 
 def forget(g: Group) -> None:

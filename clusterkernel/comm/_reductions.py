@@ -22,11 +22,18 @@ from mpi4py import MPI
 from clusterkernel.comm import _auto, _fastpath, _hier, _plan, _ring, _shm, _torchpath
 from clusterkernel.comm._begin import begin, enter
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
-from clusterkernel.comm._dtypes import F32, HUGE_THRESHOLD, bbuf, buf, dtype_of, unstage, wire
-from clusterkernel.comm._dtypes import STAGING as _STAGING
+from clusterkernel.comm._dtypes import (
+    HUGE_THRESHOLD,
+    bbuf,
+    buf,
+    direct,
+    dtype_of,
+    reduced,
+    unstage,
+    wire,
+)
 from clusterkernel.comm._groups import WORLD, Group, member, resolve
-from clusterkernel.comm._handle import Call, Work, _now, run
-from clusterkernel.comm._ledger import close
+from clusterkernel.comm._handle import Call, Work, _now, note, run
 from clusterkernel.comm._ops import (
     AVG,
     DATA_ALGORITHMS,
@@ -89,8 +96,8 @@ def all_reduce(
         route = torch_group(g, tensor)
         if route is not None:
             op_for(op, dtype_of(tensor).kind, tensor.dtype)  # raises if undefined
-            entry = begin(g, "all_reduce", tensor, op=op, alg=route[1])
-            return _torchpath.all_reduce(g, tensor, op, route, async_op, entry)
+            call = begin(g, "all_reduce", tensor, op=op, alg=route[1])
+            return _torchpath.all_reduce(g, tensor, op, route, async_op, call)
     plan = _plan.find(g, key)
     if plan is None:
         plan = _plan_all_reduce(g, tensor, op, algorithm, key)
@@ -98,8 +105,8 @@ def all_reduce(
         if _auto.zero_copy(g, tensor, plan.size, plan.alg) == "shm":
             key = (key[0], key[1], op, "shm", True)
             plan = g._plans.get(key) or _plan_all_reduce(g, tensor, op, "shm", key)
-    entry = enter(g, plan, tensor)
-    return plan.run(plan, g, tensor, async_op, entry, t0)
+    call = enter(g, plan, tensor)
+    return plan.run(plan, g, tensor, async_op, call, t0)
 
 
 def _plan_all_reduce(
@@ -108,7 +115,7 @@ def _plan_all_reduce(
     """Validate a new all_reduce signature and work out its plan (see :mod:`._plan`)."""
     info = dtype_of(tensor)  # raises for a non-tensor, a sparse one, an unknown dtype
     size = tensor.nbytes
-    wired = F32 if info.kind == "h" else info  # halves reduce in float32
+    wired = reduced(info)
     mpi_op = op_for(op, wired.kind, tensor.dtype)  # raises if undefined for the dtype
     cpu = key[4]
     if algorithm == "auto":
@@ -119,37 +126,36 @@ def _plan_all_reduce(
         if algorithm != "mpi":
             check_algorithm(algorithm)
     count = tensor.numel()
-    # MPI on the tensor's own memory: host tensors only (device memory goes through
-    # wire(), which knows whether MPI is CUDA-aware); halves are staged in float32 and
-    # a complex tensor may be a lazy conjugate.
-    direct = cpu and info.kind in "fib"
+    own = direct(info, cpu)
     divisor = g.size if op is AVG else 1
-    fast = None  # the C path: MPI on a host tensor's own memory, nothing after
-    if algorithm == "mpi" and direct and divisor == 1 and not probe:
+    handles = None  # the C path: MPI on a host tensor's own memory, nothing after
+    if algorithm == "mpi" and own and divisor == 1 and not probe:
         if size < HUGE_THRESHOLD:  # huge buffers are registered first (buf())
-            fast = _fastpath.handles(g, info, mpi_op)
+            handles = _fastpath.handles(g, info, mpi_op)
     plan = _plan.Plan(
+        g,
         "all_reduce",
         _RUNS[algorithm],
-        ("all_reduce", tensor.dtype, count, op, None, algorithm, -1, -1),
         wired,
         size=size,
         dtype=tensor.dtype,
         alg=algorithm,
+        asked=algorithm,  # all_reduce's signature names the algorithm, "mpi" too
+        numel=count,
         count=count,
         nbytes=count * wired.itemsize,
         mpi_op=mpi_op,
         op=op,
-        direct=direct,
+        direct=own,
         probe=probe,
         divisor=divisor,
-        fast=fast,
+        handles=handles,
     )
     return _plan.keep(g, key, plan)
 
 
-def _run_mpi(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
-    if plan.direct and tensor.is_contiguous() and not _STAGING.force:
+def _run_mpi(plan, g: Group, tensor, async_op: bool, call: Call, t0: float) -> Work | None:
+    if _plan.own_memory(plan, tensor):
         w = tensor  # zero copy: MPI works on the tensor's own memory
     else:
         w, _ = wire(tensor, reduce=True)
@@ -163,29 +169,27 @@ def _run_mpi(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work |
         finish = partial(_finish_reduce, tensor, w, plan.divisor)
     c = g.comm
     if async_op:
-        call = Call("all_reduce", plan.size, "mpi", g.size, entry)
         return Work([c.Iallreduce(_IN_PLACE, spec, plan.mpi_op)], call, t0, finish, keep=(spec, w))
     c.Allreduce(_IN_PLACE, spec, plan.mpi_op)
     if finish is not None:
         finish()
-    close(entry, "all_reduce", plan.size, "mpi", g.size, t0)  # the tensor's bytes, as every path
+    note(call, t0, None)
+    if plan.handles is not None:  # the C path's answer for the next call
+        _plan.admit(g, plan)
     return None
 
 
-def _run_ring(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
-    if plan.direct and tensor.is_contiguous() and not _STAGING.force:
-        w = tensor
-    else:
-        w, _ = wire(tensor, reduce=True)
-    return _ring.all_reduce(g, tensor, w, plan.info, plan.op, async_op, entry)
+def _run_ring(plan, g: Group, tensor, async_op: bool, call: Call, t0: float) -> Work | None:
+    w = tensor if _plan.own_memory(plan, tensor) else wire(tensor, reduce=True)[0]
+    return _ring.all_reduce(g, tensor, w, plan.info, plan.op, async_op, call)
 
 
-def _run_shm(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
-    return _shm.all_reduce(g, tensor, _DTYPES[tensor.dtype], plan.op, async_op, entry)
+def _run_shm(plan, g: Group, tensor, async_op: bool, call: Call, t0: float) -> Work | None:
+    return _shm.all_reduce(g, tensor, _DTYPES[tensor.dtype], plan.op, async_op, call)
 
 
-def _run_hier(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
-    return _hier.all_reduce(g, tensor, plan.op, async_op, entry)
+def _run_hier(plan, g: Group, tensor, async_op: bool, call: Call, t0: float) -> Work | None:
+    return _hier.all_reduce(g, tensor, plan.op, async_op, call, plan)
 
 
 _RUNS = {"mpi": _run_mpi, "ring": _run_ring, "shm": _run_shm, "hier": _run_hier}
@@ -213,12 +217,12 @@ def reduce(
     if route is not None:
         info = dtype_of(tensor)
         op_for(op, info.kind, tensor.dtype)  # raises for an op undefined on the dtype
-        entry = begin(g, "reduce", tensor, op=op, root=dst, alg=route[1])
-        return _torchpath.reduce(g, tensor, dst, op, route, async_op, entry)
+        call = begin(g, "reduce", tensor, op=op, root=root, alg=route[1])
+        return _torchpath.reduce(g, tensor, dst, op, route, async_op, call)
     key = ("reduce", *_plan.tensor_key(tensor), op, root)
     plan = _plan.find(g, key) or _plan_reduction(g, key, "reduce", tensor, op, root=root)
-    entry = enter(g, plan, tensor)
-    return plan.run(plan, g, c, tensor, async_op, entry)
+    call = enter(g, plan, tensor)
+    return plan.run(plan, g, c, tensor, async_op, call)
 
 
 def _plan_reduction(
@@ -236,28 +240,18 @@ def _plan_reduction(
     is the one checked (the output of a reduce-scatter), ``nbytes`` the bytes the call
     moves (default the tensor's)."""
     info = dtype_of(tensor, "tensor" if name == "reduce" else "output")
-    wired = F32 if info.kind == "h" else info  # halves reduce in float32
+    wired = reduced(info)
     mpi_op = op_for(op, wired.kind, tensor.dtype)  # raises if undefined for the dtype
-    world_root = None if root is None else g.ranks[root]
     size = tensor.nbytes if nbytes is None else nbytes
-    sig = (
-        name,
-        tensor.dtype,
-        tensor.numel(),
-        op,
-        world_root,
-        None if alg == "mpi" else alg,
-        -1,
-        -1,
-    )
     plan = _plan.Plan(
+        g,
         name,
         _REDUCTION_RUNS[name, "mpi" if alg == "mpi" else "shm"],
-        sig,
         wired,
         size=size,
         dtype=tensor.dtype,
         alg=alg,
+        numel=tensor.numel(),
         count=tensor.numel(),
         mpi_op=mpi_op,
         op=op,
@@ -267,7 +261,7 @@ def _plan_reduction(
     return _plan.keep(g, key, plan)
 
 
-def _run_reduce(plan, g: Group, c, tensor, async_op: bool, entry) -> Work | None:
+def _run_reduce(plan, g: Group, c, tensor, async_op: bool, call: Call) -> Work | None:
     w, info = wire(tensor, reduce=True)
     if g.rank == plan.root:
         args = (_IN_PLACE, buf(w, info), plan.mpi_op, plan.root)
@@ -277,7 +271,6 @@ def _run_reduce(plan, g: Group, c, tensor, async_op: bool, entry) -> Work | None
     else:
         args = (buf(w, info), None, plan.mpi_op, plan.root)
         finish = None
-    call = Call("reduce", plan.size, "mpi", g.size, entry)
     return run(call, c.Reduce, c.Ireduce, args, finish=finish, async_op=async_op, keep=w)
 
 
@@ -310,8 +303,8 @@ def reduce_scatter(
         plan = _plan_reduction(
             g, key, "reduce_scatter", output, op, alg=alg, nbytes=output.nbytes * g.size
         )
-    entry = enter(g, plan, output)
-    return plan.run(plan, g, c, output, ins, async_op, entry)
+    call = enter(g, plan, output)
+    return plan.run(plan, g, c, output, ins, async_op, call)
 
 
 def _pick(g: Group, name: str, tensor: torch.Tensor, nbytes: int, algorithm: str) -> str:
@@ -324,11 +317,10 @@ def _pick(g: Group, name: str, tensor: torch.Tensor, nbytes: int, algorithm: str
     return algorithm
 
 
-def _run_reduce_scatter(plan, g: Group, c, output, ins, async_op: bool, entry) -> Work | None:
+def _run_reduce_scatter(plan, g: Group, c, output, ins, async_op: bool, call: Call) -> Work | None:
     wo, info = wire(output, reduce=True, copy_in=False)
     packed = pack(ins, wo.dtype)
     args = (bbuf(packed, info), buf(wo, info), plan.mpi_op)
-    call = Call("reduce_scatter", plan.size, "mpi", g.size, entry)
     finish = partial(_finish_reduce, output, wo, plan.divisor)
     return run(
         call,
@@ -341,8 +333,7 @@ def _run_reduce_scatter(plan, g: Group, c, output, ins, async_op: bool, entry) -
     )
 
 
-def _run_reduce_scatter_shm(plan, g: Group, c, output, ins, async_op: bool, entry):
-    call = Call("reduce_scatter", plan.size, "shm", g.size, entry)
+def _run_reduce_scatter_shm(plan, g: Group, c, output, ins, async_op: bool, call: Call):
     return _shm.reduce_scatter(g, call, output, ins, None, plan.op, async_op)
 
 
@@ -376,25 +367,24 @@ def reduce_scatter_tensor(
     route = route_for(g, output)
     if route is not None:
         op_for(op, dtype_of(output).kind, output.dtype)  # raises if undefined
-        entry = begin(g, name, output, op=op, nbytes=input.nbytes, alg=route[1])
-        return _torchpath.reduce_scatter_tensor(g, output, input, op, route, async_op, entry)
+        call = begin(g, name, output, op=op, nbytes=input.nbytes, alg=route[1])
+        return _torchpath.reduce_scatter_tensor(g, output, input, op, route, async_op, call)
     key = (name, *_plan.tensor_key(output), op, algorithm)
     plan = _plan.find(g, key)
     if plan is None:
         alg = _pick(g, name, input, input.nbytes, algorithm)
         plan = _plan_reduction(g, key, name, output, op, alg=alg, nbytes=input.nbytes)
-    entry = enter(g, plan, output)
-    return plan.run(plan, g, c, output, input, async_op, entry)
+    call = enter(g, plan, output)
+    return plan.run(plan, g, c, output, input, async_op, call)
 
 
-def _run_reduce_scatter_tensor(plan, g: Group, c, output, input, async_op: bool, entry):
+def _run_reduce_scatter_tensor(plan, g: Group, c, output, input, async_op: bool, call: Call):
     wi, info = wire(input, reduce=True)
     wo, _ = wire(output, reduce=True, copy_in=False)
     args = (bbuf(wi, info), buf(wo, info), plan.mpi_op)
     finish = None
     if wo is not output or plan.divisor != 1:
         finish = partial(_finish_reduce, output, wo, plan.divisor)
-    call = Call("reduce_scatter_tensor", plan.size, "mpi", g.size, entry)
     return run(
         call,
         c.Reduce_scatter_block,
@@ -406,8 +396,7 @@ def _run_reduce_scatter_tensor(plan, g: Group, c, output, input, async_op: bool,
     )
 
 
-def _run_reduce_scatter_tensor_shm(plan, g: Group, c, output, input, async_op: bool, entry):
-    call = Call("reduce_scatter_tensor", plan.size, "shm", g.size, entry)
+def _run_reduce_scatter_tensor_shm(plan, g: Group, c, output, input, async_op: bool, call: Call):
     return _shm.reduce_scatter(g, call, output, None, input, plan.op, async_op)
 
 

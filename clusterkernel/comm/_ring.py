@@ -41,9 +41,10 @@ def all_reduce(
     info: DType,
     op: ReduceOp,
     async_op: bool,
-    entry: list | None = None,
+    call: Call,
 ) -> Work | None:
-    """Ring allreduce of ``tensor`` (already on the wire as ``w``) over ``group``."""
+    """Ring allreduce of ``tensor`` (already on the wire as ``w``) over ``group``;
+    ``call`` its records (:meth:`~clusterkernel.comm._plan.Plan.call`)."""
     if not w.is_cpu:
         # Device memory reached MPI directly (CUDA-aware), but the ring reduces
         # with numpy: it works on a host copy, copied back at the end.
@@ -52,7 +53,7 @@ def all_reduce(
     if data.nbytes >= _hugepages.THRESHOLD and w.is_cpu:
         _hugepages.note_buffer(w.data_ptr(), data.nbytes)
     steps = _steps_then_unstage(group, data, info, op, tensor, w)
-    return drive(Call("all_reduce", tensor.nbytes, "ring", group.size, entry), steps, async_op)
+    return drive(call, steps, async_op)
 
 
 def _steps_then_unstage(group, data, info, op, tensor, w) -> Generator:

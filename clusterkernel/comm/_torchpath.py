@@ -200,44 +200,40 @@ def _finisher(tensor: torch.Tensor, w: torch.Tensor, divisor: int = 1):
     return None if (w is tensor and divisor == 1) else partial(_finish, tensor, w, divisor)
 
 
-def all_reduce(g: Group, tensor, op: ReduceOp, route, async_op: bool, entry) -> Work | None:
+def all_reduce(g: Group, tensor, op: ReduceOp, route, async_op: bool, call: Call) -> Work | None:
     import torch.distributed as dist
 
-    pg, name = route
+    pg = route[0]
     w = _dense(tensor)
     finish = _finisher(tensor, w, g.size if op is AVG else 1)
-    call = Call("all_reduce", tensor.nbytes, name, g.size, entry)
     return run(call, dist.all_reduce, (w,), pg, async_op, finish, op=_op(op))
 
 
-def broadcast(g: Group, tensor, src: int, route, async_op: bool, entry) -> Work | None:
+def broadcast(g: Group, tensor, src: int, route, async_op: bool, call: Call) -> Work | None:
     import torch.distributed as dist
 
-    pg, name = route
+    pg = route[0]
     w = _dense(tensor)
-    call = Call("broadcast", tensor.nbytes, name, g.size, entry)
     return run(call, dist.broadcast, (w, src), pg, async_op, _finisher(tensor, w))
 
 
-def reduce(g: Group, tensor, dst: int, op: ReduceOp, route, async_op: bool, entry):
+def reduce(g: Group, tensor, dst: int, op: ReduceOp, route, async_op: bool, call: Call):
     import torch.distributed as dist
 
-    pg, name = route
+    pg = route[0]
     mine = g.ranks[g.rank] == dst
     # a copy on the other ranks: comm promises their tensors unchanged, and a
     # backend may use the input of a non-root rank as scratch space
     w = _dense(tensor) if mine else tensor.clone(memory_format=torch.contiguous_format)
     finish = _finisher(tensor, w, g.size if op is AVG else 1) if mine else None
-    call = Call("reduce", tensor.nbytes, name, g.size, entry)
     return run(call, dist.reduce, (w, dst), pg, async_op, finish, op=_op(op))
 
 
-def all_gather_into_tensor(g: Group, output, input, route, async_op: bool, entry):
+def all_gather_into_tensor(g: Group, output, input, route, async_op: bool, call: Call):
     import torch.distributed as dist
 
-    pg, name = route
+    pg = route[0]
     w = _dense(output)
-    call = Call("all_gather_into_tensor", output.nbytes, name, g.size, entry)
     # flat views: comm takes any output shape of the right size, torch's backends
     # compare each rank's chunk of the output with the input's shape
     fn = _newest(dist, "all_gather_single", "all_gather_into_tensor")
@@ -245,23 +241,21 @@ def all_gather_into_tensor(g: Group, output, input, route, async_op: bool, entry
     return run(call, fn, args, pg, async_op, _finisher(output, w))
 
 
-def reduce_scatter_tensor(g: Group, output, input, op: ReduceOp, route, async_op: bool, entry):
+def reduce_scatter_tensor(g: Group, output, input, op: ReduceOp, route, async_op: bool, call: Call):
     import torch.distributed as dist
 
-    pg, name = route
+    pg = route[0]
     w = _dense(output)
     finish = _finisher(output, w, g.size if op is AVG else 1)
-    call = Call("reduce_scatter_tensor", input.nbytes, name, g.size, entry)
     fn = _newest(dist, "reduce_scatter_single", "reduce_scatter_tensor")
     args = (w.view(-1), _dense(input).view(-1))
     return run(call, fn, args, pg, async_op, finish, op=_op(op))
 
 
-def send(g: Group, tensor, dst: int, tag: int, route, async_op: bool, entry) -> Work | None:
+def send(g: Group, tensor, dst: int, tag: int, route, async_op: bool, call: Call) -> Work | None:
     import torch.distributed as dist
 
-    pg, name = route
-    call = Call("send", tensor.nbytes, name, g.size, entry)
+    pg = route[0]
     t0 = _now()
     if async_op:
         return _TorchWork([dist.isend(_dense(tensor), dst, group=pg, tag=tag)], call, t0)
@@ -270,13 +264,12 @@ def send(g: Group, tensor, dst: int, tag: int, route, async_op: bool, entry) -> 
     return None
 
 
-def recv(g: Group, tensor, src: int, tag: int, route, async_op: bool, entry):
+def recv(g: Group, tensor, src: int, tag: int, route, async_op: bool, call: Call):
     """Receive from ``src`` (a world rank); returns it, as comm's own recv does."""
     import torch.distributed as dist
 
-    pg, name = route
+    pg = route[0]
     w = _dense(tensor)
-    call = Call("recv", tensor.nbytes, name, g.size, entry)
     finish = _finisher(tensor, w)
     t0 = _now()
     if async_op:

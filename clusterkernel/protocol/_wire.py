@@ -18,7 +18,7 @@ GIL from the training loop. Packing a batch into arrays is done in C by
 
     {"v": 2, "rank": 0, "seq": 7, "pc": <perf_counter>, "wall": <time.time>,
      "lost": {"comm": 0, "scalar": 0, "span": 0},
-     "comm": [(op, nbytes, algorithm, group_size, start, duration, wait), ...],
+     "comm": [(op, nbytes, algorithm, group_size, start, duration, wait), ...],  # COMM_FIELDS
      "scalar": [(step, time, {"loss": 0.4}), ...],
      "span": [(name, start, duration), ...],
      "proc": {"host": "a", "pid": 123, "cpu": 97.0, "rss_mib": 310.2}}
@@ -29,9 +29,13 @@ rank's ``perf_counter`` times into wall-clock times for a common timeline.
 ``decode(..., columns=True)`` gives each kind as columns instead of tuples (what
 the notebook's store keeps, so receiving costs no Python object per record)::
 
-    "comm":   {"n": 3, "op": Cat(["all_reduce"], array("q", [0, 0, 0])), "alg": Cat(...),
-               "nbytes": array("q", ...), "group_size": array("q", ...),
+    "comm":   {"n": 3, "op": Cat(["all_reduce"], array("q", [0, 0, 0])),
+               "nbytes": array("q", ...), "alg": Cat(...), "group_size": array("q", ...),
                "start": array("d", ...), "duration": ..., "wait": ...}
+
+(the comm columns follow :data:`~clusterkernel.protocol.records.COMM_LAYOUT`: a ``str``
+field is a :class:`Cat`, ``int`` ``"q"``, ``float`` ``"d"``; named as the fields are,
+but where :data:`~clusterkernel.protocol.records.WIRE_COLUMNS` says otherwise)
     "scalar": {"n": 3, "step": array("q", ...), "time": array("d", ...),
                "values": {"loss": array("d", ...)}}   # or "dicts": [{...}, ...]
     "span":   {"n": 3, "name": Cat(...), "start": ..., "duration": ...}
@@ -51,7 +55,7 @@ from array import array
 from operator import itemgetter
 from typing import NamedTuple
 
-from clusterkernel.protocol.records import KINDS
+from clusterkernel.protocol.records import COMM_LAYOUT, KINDS, WIRE_COLUMNS
 
 VERSION = 2
 _TYPECODES = ("q", "d")  # the only array types a header may name
@@ -104,17 +108,10 @@ def to_columns(kind: str, rows: list) -> dict:
             cols["dicts"] = [dict(v) for v in values]
         return cols
     if kind == "comm":
-        op, nbytes, alg, gsize, start, dur, wait = zip(*rows)
-        return {
-            "n": len(rows),
-            "op": _cat(op),
-            "alg": _cat(alg),
-            "nbytes": _ints(nbytes),
-            "group_size": _ints(gsize),
-            "start": array("d", start),
-            "duration": array("d", dur),
-            "wait": array("d", wait),
-        }
+        cols = {"n": len(rows)}
+        for (name, typ), values in zip(COMM_LAYOUT, zip(*rows)):
+            cols[WIRE_COLUMNS.get(name, name)] = _COLUMN_OF[typ](values)
+        return cols
     if kind == "span":
         name, start, dur = zip(*rows)
         return {
@@ -124,6 +121,11 @@ def to_columns(kind: str, rows: list) -> dict:
             "duration": array("d", dur),
         }
     raise ValueError(f"unknown record kind {kind!r}; use one of {KINDS}")
+
+
+# a column of each field type of COMM_LAYOUT, and the comm columns' names in field order
+_COLUMN_OF = {"str": _cat, "int": _ints, "float": lambda values: array("d", values)}
+_COMM_COLUMNS = tuple(WIRE_COLUMNS.get(name, name) for name, _ in COMM_LAYOUT)
 
 
 def _seq(column) -> list:
@@ -142,7 +144,7 @@ def to_rows(kind: str, cols: dict) -> list[tuple]:
                 values = [{} for _ in range(cols["n"])]
         return list(zip(_seq(cols["step"]), _seq(cols["time"]), values))
     if kind == "comm":
-        names = ("op", "nbytes", "alg", "group_size", "start", "duration", "wait")
+        names = _COMM_COLUMNS
     else:
         names = ("name", "start", "duration")
     return list(zip(*(_seq(cols[n]) for n in names)))

@@ -30,7 +30,23 @@ Kinds:
 
 from __future__ import annotations
 
-COMM_FIELDS = ("op", "nbytes", "algorithm", "group_size", "start", "duration", "wait")
+# The comm record's layout, declared once: its fields in order, each with its type
+# ("str": a name, "int", "float"). The metrics recorder's ring (metrics/_ring.py), the
+# stream's columns (protocol/_wire.py) and the C fast path's writes (comm/_fast.c,
+# handed the ring's offsets from it) all take it from here.
+COMM_LAYOUT = (
+    ("op", "str"),
+    ("nbytes", "int"),
+    ("algorithm", "str"),
+    ("group_size", "int"),
+    ("start", "float"),
+    ("duration", "float"),
+    ("wait", "float"),
+)
+COMM_FIELDS = tuple(name for name, _ in COMM_LAYOUT)
+# A field's column name on the metric stream where it is not the field's own (the
+# wire's version 2, which the notebook's store reads, calls ``algorithm`` ``alg``)
+WIRE_COLUMNS = {"algorithm": "alg"}
 KINDS = ("comm", "scalar", "span")
 # The ipyparallel label of each cell the notebook sends (``Cluster.run``), the same on
 # every rank: the ranks mark their records with it, so each execution of a cell is one

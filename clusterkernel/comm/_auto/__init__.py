@@ -43,8 +43,8 @@ from pathlib import Path
 from mpi4py import MPI
 
 from clusterkernel.comm import _check
+from clusterkernel.comm._begin import step_entry
 from clusterkernel.comm._errors import CommError
-from clusterkernel.comm._flight import FLIGHT
 from clusterkernel.comm._groups import Group, resolve
 from clusterkernel.comm._ledger import abandon
 from clusterkernel.comm._ops import ALGORITHMS, FUSED_ALGORITHMS
@@ -203,7 +203,7 @@ def setup(g: Group, name: str, nbytes: int = 0) -> dict:
     # In the flight recorder under the number of the call it precedes: ranks left
     # waiting here (one rank never made the call) show in the hang report.
     what = f"{SETUP_LABEL} {name}"
-    entry = FLIGHT.record(g, what, nbytes, None, depth=1, advance=False) if FLIGHT.on else None
+    entry = step_entry(g, what, nbytes)
     try:
         rules = _setup(g, name)
     finally:

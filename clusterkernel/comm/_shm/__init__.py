@@ -29,7 +29,7 @@ from collections.abc import Callable, Generator
 
 import torch
 
-from clusterkernel.comm._dtypes import DType
+from clusterkernel.comm._dtypes import DType, reduced_torch
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Call, Work, _now, note
 from clusterkernel.comm._ledger import abandon
@@ -54,17 +54,17 @@ from clusterkernel.comm._turns import inline, issue, run
 
 
 def all_reduce(
-    g: Group, tensor: torch.Tensor, info: DType, op: ReduceOp, async_op: bool, entry: list | None
+    g: Group, tensor: torch.Tensor, info: DType, op: ReduceOp, async_op: bool, call: Call
 ) -> Work | None:
-    """Allreduce ``tensor`` in place over ``g`` through shared memory."""
+    """Allreduce ``tensor`` in place over ``g`` through shared memory; ``call`` its
+    records (:meth:`~clusterkernel.comm._plan.Plan.call`)."""
     seg = g._shm
     if seg is None or seg.error:
-        seg = _segment(g, entry)
-    sdt = torch.float32 if info.kind == "h" else tensor.dtype
+        seg = _segment(g, call.entry)
+    sdt = reduced_torch(tensor.dtype)
     fold = FOLDS.get((op, sdt)) or fold_for(op, sdt)
     divisor = g.size if op is AVG else 1
     t = tensor.detach()
-    call = Call("all_reduce", tensor.nbytes, "shm", g.size, entry)
     ticket = seg.issued
     small = t.numel() * sdt.itemsize <= SMALL
     if t.is_contiguous():
@@ -95,15 +95,13 @@ def _through_copy(seg: Segment, t: torch.Tensor, sdt: torch.dtype, fold, divisor
     t.copy_(flat.view(t.shape))
 
 
-def broadcast(
-    g: Group, tensor: torch.Tensor, root: int, async_op: bool, entry: list | None
-) -> Work | None:
+def broadcast(g: Group, tensor: torch.Tensor, root: int, async_op: bool, call: Call) -> Work | None:
     """Broadcast ``tensor`` from group rank ``root`` through shared memory."""
-    seg = _segment(g, entry)
+    seg = _segment(g, call.entry)
     seg.reserve(tensor.nbytes)
     row = seg.rows(seg.issued, tensor.dtype)[root, : tensor.numel()]
     steps = broadcast_steps(seg, row, tensor.detach(), root)
-    return _launch(seg, Call("broadcast", tensor.nbytes, "shm", g.size, entry), steps, async_op)
+    return _launch(seg, call, steps, async_op)
 
 
 def all_gather(
