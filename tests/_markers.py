@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 # ``_shared_holder`` is behind ``cluster`` and ``no_shared_cluster`` (and a module's own
 # cluster fixture that stops the shared one); ``mpi_kernel`` reaches it too
-CLUSTER_FIXTURES = frozenset({"_shared_holder", "slurm_testbed", "run_ranks"})
+CLUSTER_FIXTURES = frozenset({"_shared_holder", "slurm_testbed", "sge_testbed", "run_ranks"})
 
 # a module that holds one of these names runs its tests' jobs on real ranks
 RANK_RUNNERS = frozenset({"run_mpi", "run_worker", "run_case_files"})

@@ -155,3 +155,49 @@ def test_the_c_path_reads_admission_from_the_plan():
     rule_inputs = ('"force"', '"agreed"', '"_sig_gen"', '"new"', '"_sigs"', "is_conj")
     assert [word for word in rule_inputs if word in source] == []
     assert '"fast"' in source and '"stamp"' in source
+
+
+# Issue 37 item 1: a scheduler is one class (clusterkernel/client/scheduler/_NAME.py).
+def test_no_scheduler_command_outside_its_scheduler_class():
+    """No module but a scheduler's own names one of its programs (``scancel``, ``qsub``)
+    or writes one of its directives (``#SBATCH``, ``#$``) as a string: the guard, the job
+    report, keep/attach, export and the magics ask the scheduler's class."""
+    import ast
+
+    from clusterkernel.client import scheduler
+
+    package = Path(clusterkernel.__file__).parent
+    owned = {}
+    for system in scheduler.schedulers().values():
+        assert system.commands, f"{system.__name__} lists no commands"
+        owned.update(dict.fromkeys(system.commands, system))
+        owned[system.prefix + " "] = system
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        where = str(path.relative_to(package))
+        tree = ast.parse(path.read_text(), where)
+        docs = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+                continue
+            if id(node) in docs:
+                continue
+            text = node.value.strip()
+            for name, system in owned.items():
+                module = system.__module__.rsplit(".", 1)[-1] + ".py"
+                if where == f"client/scheduler/{module}":
+                    continue
+                said = (
+                    text.startswith(name)
+                    if name.endswith(" ")
+                    else (text == name or text.startswith(name + " "))
+                )
+                if said:
+                    found.append(f"{where}:{node.lineno}: {name.strip()!r}")
+    assert not found, found

@@ -46,7 +46,6 @@ from clusterkernel.client.cluster._lifecycle import Engines
 from clusterkernel.client.cluster._namespace import RankNames
 from clusterkernel.client.cluster._status import RankStatus
 from clusterkernel.client.errors import CellInterrupted, ClusterError, RankError, format_ranks
-from clusterkernel.client.export._sbatch import DEFAULT_TIME
 from clusterkernel.protocol import _oom
 
 if TYPE_CHECKING:
@@ -70,20 +69,22 @@ class Cluster:
         everything listens on loopback.
     hostfile : an MPI hostfile instead of ``hosts``.
     mpiexec : path to ``mpiexec``; default: next to ``sys.executable``, then PATH.
-    launcher : ``"mpiexec"`` or ``"slurm"``. Default: ``"slurm"`` inside a Slurm
-        allocation (a job step over its nodes), else ``"mpiexec"``. Or a
+    launcher : ``"mpiexec"`` or a scheduler, ``"slurm"`` or ``"sge"`` (Grid Engine).
+        Default: ``"slurm"`` inside a Slurm allocation (a job step over its nodes),
+        else ``"mpiexec"``. Or a
         :class:`~clusterkernel.client.cluster.LaunchSettings` (or the launcher it built) that
         holds every launch option (``n`` to ``fault_tolerant`` here), given once and
         passed as one object; then those arguments are left out.
-    nodes, partition, time, account, slurm_args : the Slurm job's shape
-        (``launcher="slurm"``): ranks spread over ``nodes`` nodes; ``time`` the job's
-        limit (default 01:00:00, as for an exported job; None: the partition's);
-        ``slurm_args`` are extra ``#SBATCH`` options (``srun`` options inside an
-        allocation). Checked as an exported job's sbatch file is: a bad value is a
-        ``ValueError`` at ``Cluster(...)``.
+    **scheduler_options : the scheduler's job shape, as its class declares
+        (:mod:`clusterkernel.client.scheduler`). Slurm: ``nodes``, ``partition``,
+        ``time`` (default 01:00:00, as for an exported job; None: the partition's),
+        ``account``, ``gpus_per_node``, ``gres``, ``slurm_args`` (extra ``#SBATCH``
+        options; ``srun``'s inside an allocation). Grid Engine: ``queue``, ``pe`` (the
+        parallel environment, default ``mpi``), ``time``, ``sge_args``. Checked as an
+        exported job's file is: a bad value is a ``ValueError`` at ``Cluster(...)``.
     controller_ip : the address the controller listens on. Default: loopback
-        for one machine; for Slurm, the address through which this machine
-        reaches the nodes; ``"*"`` listens on every interface.
+        for one machine; for a scheduler, the address through which this machine
+        reaches its nodes; ``"*"`` listens on every interface.
     env : extra environment variables for the ranks (e.g. ``OMP_NUM_THREADS``).
     timeout : default watchdog for :meth:`run` in seconds (None: no watchdog).
     start_timeout : seconds to wait for all engines to register (time a Slurm
@@ -135,11 +136,6 @@ class Cluster:
         mpiexec: str | None = None,
         *,
         launcher: str | LaunchSettings | Launcher | None = None,
-        nodes: int | None = None,
-        partition: str | None = None,
-        time: str | None = DEFAULT_TIME,
-        account: str | None = None,
-        slurm_args: tuple[str, ...] | list[str] = (),
         controller_ip: str | None = None,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
@@ -153,6 +149,7 @@ class Cluster:
         gpu_share: bool = False,
         keep: bool | str | float | None = None,
         respawn: bool = False,
+        **scheduler_options: Any,
     ) -> None:
         _torch.check_backend_name(backend)
         self.keep = _keep.parse_keep(keep)  # seconds, inf, or None: not kept
@@ -169,9 +166,9 @@ class Cluster:
         self.launcher = launcher_for(
             launcher,
             LaunchSettings(
-                n=n, hosts=hosts, hostfile=hostfile, mpiexec=mpiexec, nodes=nodes,
-                partition=partition, time=time, account=account, slurm_args=slurm_args,
+                n=n, hosts=hosts, hostfile=hostfile, mpiexec=mpiexec,
                 controller_ip=controller_ip, fault_tolerant=fault_tolerant or respawn,
+                **scheduler_options,
             ),
         )  # fmt: skip
         # GPUs or a backend this machine cannot give its own ranks: refused before any start

@@ -2,7 +2,9 @@
 
 Every parser of a launcher's log lives here: Open MPI's ``prterun``, MPICH's Hydra
 and Slurm's ``srun`` each word a dead rank differently, and the runner only wants
-to know *which* ranks died and *how*.
+to know *which* ranks died and *how*. Which lines of a job's output are a scheduler's
+own (``srun:``) its class says (``BatchSystem.report_prefixes``); why a job ended as
+a whole (cancelled, out of time) is the scheduler's ``why_ended``.
 
 Example::
 
@@ -22,13 +24,17 @@ _IPP_NOISE = ("[KernelNanny", "[IPEngine", "[IPController")
 
 
 def job_report(output: str) -> str:
-    """MPI's or Slurm's own message from a launcher's log.
+    """MPI's or the scheduler's own message from a launcher's log.
 
-    Open MPI boxes its messages between ``----`` rules; ``srun`` prefixes its lines
-    with ``srun:``; otherwise the last lines that are not ipyparallel's own.
+    Open MPI boxes its messages between ``----`` rules; a scheduler's launcher prefixes
+    its lines (``srun:``, its class's ``report_prefixes``); otherwise the last lines that
+    are not ipyparallel's own.
     """
+    from clusterkernel.client import scheduler
+
+    own = tuple(p for s in scheduler.schedulers().values() for p in s.report_prefixes)
     blocks = re.findall(r"^-{20,}\n(.*?)^-{20,}$", output, flags=re.S | re.M)
-    srun = [ln for ln in output.splitlines() if ln.startswith(("srun:", "slurmstepd:"))]
+    srun = [ln for ln in output.splitlines() if own and ln.startswith(own)]
     if blocks or srun:
         return "\n".join([*(b.strip() for b in blocks), *srun])
     lines = [ln for ln in output.splitlines() if not any(m in ln for m in _IPP_NOISE)]

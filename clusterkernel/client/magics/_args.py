@@ -21,8 +21,8 @@ from IPython.core.magic_arguments import (
     magic_arguments,
 )
 
-from clusterkernel.client.export import SBATCH_OPTIONS
-from clusterkernel.client.export._sbatch import DEFAULT_TIME
+from clusterkernel.client import scheduler
+from clusterkernel.client.export import JOB_FILES, SBATCH_OPTIONS
 
 
 def ranks_arg(text: str | None) -> list[int] | None:
@@ -42,19 +42,38 @@ def ranks_arg(text: str | None) -> list[int] | None:
     return sorted(ranks)
 
 
+def _scheduler_arguments(func):
+    """``@argument`` for each scheduler option ``%mpi start`` takes, declared once by the
+    schedulers' classes (:mod:`clusterkernel.client.scheduler`); an option several
+    schedulers take (``--time``) once, its help naming them."""
+    for name, owners in reversed(scheduler.options().items()):
+        started = [(system, option) for system, option in owners if option.magic]
+        if not started:
+            continue
+        option = started[0][1]
+        titles = ", ".join(system.title for system, _ in started)
+        keywords = {"help": f"{titles}: {option.help}", "dest": name}
+        if option.type is not str:
+            keywords["type"] = option.type
+        if option.default is not None:
+            keywords["default"] = option.default
+        func = argument(option.flag, **keywords)(func)
+    return func
+
+
 @magic_arguments()
 @argument(
     "-n",
     type=int,
     help="number of MPI ranks (default 4, or the Slurm allocation's tasks inside one)",
 )
-@argument("--slurm", action="store_true", help="start the ranks as a Slurm job (sbatch + srun)")
-@argument("--nodes", type=int, help="Slurm: spread the ranks over this many nodes")
-@argument("--partition", help="Slurm: the partition (queue) to submit to")
 @argument(
-    "--time", default=DEFAULT_TIME, help=f"Slurm: the job's time limit (default {DEFAULT_TIME})"
+    "--scheduler",
+    choices=tuple(scheduler.schedulers()),
+    help="start the ranks as a job of this batch scheduler (slurm, sge: Grid Engine)",
 )
-@argument("--account", help="Slurm: the account to charge")
+@argument("--slurm", action="store_true", help="the same as --scheduler slurm (sbatch + srun)")
+@_scheduler_arguments
 @argument("--hosts", help='hosts and slots for several machines, e.g. "a:2,b:2"')
 @argument("--hostfile", help="an MPI hostfile")
 @argument("--mpiexec", help="path of mpiexec (default: next to python, then PATH)")
@@ -83,8 +102,6 @@ def ranks_arg(text: str | None) -> list[int] | None:
 )
 @argument("--no-gpu-binding", action="store_true", help="leave torch's current GPU alone")
 @argument("--gpu-share", action="store_true", help="allow more ranks on a node than GPUs")
-@argument("--gpus-per-node", type=int, metavar="N", help="Slurm: GPUs to ask for on each node")
-@argument("--gres", help="Slurm: a generic resource request, e.g. gpu:a100:4")
 @argument(
     "--backend",
     choices=("gloo", "nccl"),
@@ -203,15 +220,15 @@ def cell_args(line):
 
 
 def _sbatch_arguments(func):
-    """``@argument`` for each of export's sbatch options (declared once, for both parsers)."""
-    for flag, options in reversed(SBATCH_OPTIONS):
+    """``@argument`` for each of export's job files and options (declared once, for both
+    parsers: :data:`clusterkernel.client.export.SBATCH_OPTIONS`)."""
+    for flag, options in reversed(JOB_FILES + SBATCH_OPTIONS):
         func = argument(flag, **options)(func)
     return func
 
 
 @magic_arguments()
 @argument("path", help="the script to write, e.g. job.py")
-@argument("--sbatch", help="also write a Slurm batch file, e.g. job.sbatch")
 @_sbatch_arguments
 @argument(
     "--include-failed",
@@ -219,11 +236,11 @@ def _sbatch_arguments(func):
     help="keep cells that raised or were interrupted (default: left out, with a comment)",
 )
 def export_args(line):
-    """%mpi export: this session's rank cells as one batch script (and an sbatch file).
+    """%mpi export: this session's rank cells as one batch script (and a scheduler's file).
 
     The %%mpi cells, and cells run under %mpi on, in execution order (from the input
-    history) become a script every rank runs: mpiexec -n 4 python job.py, or
-    sbatch job.sbatch. Client-only cells are left out, and so are cells that raised or
+    history) become a script every rank runs: mpiexec -n 4 python job.py, sbatch
+    job.sbatch (--sbatch) or qsub job.qsub (--qsub, Grid Engine). Client-only cells are left out, and so are cells that raised or
     were interrupted (--include-failed keeps them). %mpi push values are taken from this
     session's namespace now, at export time, and written into the script.
     """

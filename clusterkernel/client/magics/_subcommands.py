@@ -82,7 +82,7 @@ class Subcommands:
         args.fault_tolerant = args.fault_tolerant or args.respawn
         try:
             cluster = Cluster(
-                launcher=LaunchSettings.from_args(args),  # -n, --slurm, --hosts, ...
+                launcher=LaunchSettings.from_args(args),  # -n, --scheduler, --hosts, ...
                 respawn=args.respawn,
                 timeout=args.timeout,
                 torch=args.torch,
@@ -336,12 +336,11 @@ class Subcommands:
                 pushed=export.live_pushes(cells, self.shell.user_ns, self.shell.ev, auto, failed),
                 names=[f"In [{i}]" for i in range(len(cells))],
                 source=str(self.shell.user_ns.get("__session__") or "an IPython session"),
-                sbatch=args.sbatch,
                 ranks=running,
                 auto=auto,
                 failed=failed,
                 torch=(self.cluster.torch, self.cluster.backend) if live else None,
-                **export.sbatch_args(args),  # --nodes, --time, ...: picked by name
+                **export.job_args(args),  # --sbatch, --qsub, --nodes, --time, ...: by name
             )
         except export.ExportError as e:
             raise UsageError(str(e)) from None

@@ -100,6 +100,9 @@ class BatchSystem:
     export_flag: ClassVar[str] = ""  # %mpi export's option for this scheduler's file
     report_prefixes: ClassVar[tuple[str, ...]] = ()  # its own lines in a job's output
     in_job_env: ClassVar[str] = ""  # set inside a job of this scheduler (its job id)
+    # every program of the scheduler's that the class runs: none is named anywhere else
+    # (tests/test_seam.py), so the class is the one place a scheduler's commands live
+    commands: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, n: int, values: dict[str, Any] | None = None) -> None:
         known = {o.name for o in self.options}
@@ -250,11 +253,7 @@ class BatchSystem:
     def resolve(cls, n: int | None, values: dict[str, Any], step: bool) -> tuple[int, dict]:
         """The number of ranks and the options, where the job's place may say them."""
         if n is None:
-            raise ValueError(
-                f"Give the number of ranks (n= / -n): a {cls.title} job needs it"
-                + (" (this process is not inside an allocation whose size could be used)."
-                   if cls.in_job_env else ".")
-            )  # fmt: skip
+            raise ValueError(f"Give the number of ranks (n= / -n) of the {cls.title} job.")
         return n, values
 
     def step_command(self) -> list[str]:

@@ -57,6 +57,7 @@ class GridEngine(BatchSystem):
     export_flag = "--qsub"
     report_prefixes = ()
     in_job_env = "PE_HOSTFILE"
+    commands = ("qsub", "qdel", "qstat", "qconf", "qacct", "qrsh", "qmod")
     options = (
         SchedulerOption("queue", "the queue to submit to (default: Grid Engine's pick)",
                         export=True),

@@ -167,6 +167,7 @@ class Slurm(BatchSystem):
     export_flag = "--sbatch"
     report_prefixes = ("srun:", "slurmstepd:")
     in_job_env = "SLURM_JOB_ID"
+    commands = ("sbatch", "scancel", "squeue", "scontrol", "srun", "salloc", "sacct")
     options = (
         SchedulerOption("nodes", "spread the ranks over this many nodes", int,
                         export=True, export_default=1),
@@ -285,7 +286,12 @@ class Slurm(BatchSystem):
     def resolve(cls, n: int | None, values: dict[str, Any], step: bool) -> tuple[int, dict]:
         """``n`` and the options, the allocation's own where not given (inside one)."""
         if not step:
-            return super().resolve(n, values, step)
+            if n is None:
+                raise ValueError(
+                    "Give the number of ranks (n= / -n): this process is not inside a "
+                    "Slurm allocation whose size could be used."
+                )
+            return n, values
         tasks, alloc_nodes = allocation_size()
         if n is None:
             return tasks, {**values, "nodes": values.get("nodes") or alloc_nodes}
