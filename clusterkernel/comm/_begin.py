@@ -103,7 +103,7 @@ def enter(
     return plan.call(entry, nbytes)
 
 
-def step_entry(g: Group, what: str, nbytes: int = 0) -> list | None:
+def step_entry(g: Group, what: str, nbytes: int = 0) -> int | None:
     """The flight entry of work a call does first (``auto``'s set-up): it takes the
     number of the group's next collective (the call it precedes) and no timing record
     (abandon it when done). None while the flight recorder is off."""
@@ -111,7 +111,7 @@ def step_entry(g: Group, what: str, nbytes: int = 0) -> list | None:
     return flight.record(g, what, nbytes, None, depth=2, advance=False) if flight.on else None
 
 
-def _run_check(g: Group, plan: Plan, tensor: torch.Tensor | None, entry: list | None) -> None:
+def _run_check(g: Group, plan: Plan, tensor: torch.Tensor | None, entry: int | None) -> None:
     """The check one call is due: shapes too in mode "every", else agree on the
     plan's signature. If the check raises (it does on every rank), ``entry`` is
     abandoned: nobody waits in that call.

@@ -23,6 +23,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stddef.h>
+#include <string.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -31,7 +32,9 @@
 typedef int (*allreduce_ptr)(const void *, void *, int, void *, void *, void *);
 typedef int (*allreduce_int)(const void *, void *, int, int, int, int);
 
-enum { ENTRY_LEN = 9, RECORD_LEN = 7 };
+enum { RECORD_LEN = 7 };
+/* a field of the comm record's layout as the ring stores it (metrics/_ring.py) */
+enum { F_CODE, F_INT, F_FLOAT };
 
 static struct {
     int ready;
@@ -43,18 +46,27 @@ static struct {
     /* owned references, set by configure() */
     PyObject *world, *group_type, *plan_type, *sum, *gate, *flight, *ours, *rec, *error;
     /* where __slots__ attributes live in their objects (-1: look them up by name) */
-    Py_ssize_t at_plans, at_calls, at_size, at_flight_on, at_ring;
+    Py_ssize_t at_plans, at_calls, at_flight_on;
     Py_ssize_t at_fast, at_stamp, at_count, at_psize, at_gate_stamp;
-    /* the ledger's layouts (_ledger.ENTRY, records.COMM_FIELDS): where each field goes */
-    int e_seq, e_op, e_group, e_nbytes, e_dtype, e_peer, e_code, e_lasti, e_done;
-    int r_op, r_nbytes, r_alg, r_gsize, r_start, r_dur, r_wait;
+    Py_ssize_t at_gsize, at_op_code, at_alg_code;
+    /* the flight recorder's ring (_flight.py): a slot is a row of int64 (INT_FIELDS)
+     * and a row of objects (OBJ_FIELDS); where each field of an entry goes */
+    int i_index, i_seq, i_nbytes, i_peer, i_lasti, i_done, o_op, o_group, o_dtype, o_code;
+    Py_ssize_t ni, no, at_ints, at_objs, at_fsize;
+    int64_t peer_none;
+    /* the timing records' ring (metrics/_ring.py, rows of records.COMM_LAYOUT): its
+     * memory (held exported, so it cannot move), and each field's byte offset in a row */
+    Py_buffer ring_view;
+    char *ring_base; /* an int64 count of rows ever written, then the rows */
+    Py_ssize_t ring_cap, ring_row, ring_head;
+    Py_ssize_t r_op, r_nbytes, r_alg, r_gsize, r_start, r_dur, r_wait;
     PyObject *user_code; /* the last caller's code found outside clusterkernel (held) */
 } S;
 
 static PyObject *n_dtype, *n_is_cpu, *n_numel, *n_is_contiguous, *n_data_ptr,
-    *n_all_reduce, *n_mpi, *n_on, *n_ring, *n_append, *n_calls, *n_enabled,
-    *n_comm, *n_capacity, *n_trim, *n_op, *n_group, *n_async_op, *n_algorithm, *n_auto_alg,
-    *n_plans, *n_size, *n_fast, *n_stamp, *n_count;
+    *n_all_reduce, *n_on, *n_ints, *n_objs, *n_calls, *n_enabled,
+    *n_op, *n_group, *n_async_op, *n_algorithm, *n_auto_alg,
+    *n_plans, *n_size, *n_fast, *n_stamp, *n_count, *n_gsize, *n_op_code, *n_alg_code;
 
 /* time.perf_counter(): CLOCK_MONOTONIC on Linux, the only system configured (the
  * timing record's start is compared with the Python path's). */
@@ -118,6 +130,79 @@ static int flag(PyObject *obj, Py_ssize_t off, PyObject *name)
     return r;
 }
 
+/* obj.name as a C integer (off: its slot, or -1); -1 with an error set on failure. */
+static long long int_attr(PyObject *obj, Py_ssize_t off, PyObject *name)
+{
+    PyObject *v = attr(obj, off, name);
+    if (v == NULL)
+        return -1;
+    long long r = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* The flight ring's storage now (it is replaced when resized): its int64 rows (after
+ * the count of entries ever noted), its object list's items and its size in slots. 1
+ * when it is as configured, 0 when not (the Python path notes the call), -1 on error. */
+static int flight_rows(int64_t **ints, PyObject ***objs, Py_ssize_t *slots)
+{
+    PyObject *ib = attr(S.flight, S.at_ints, n_ints);
+    PyObject *ol = ib ? attr(S.flight, S.at_objs, n_objs) : NULL;
+    long long size = ol ? int_attr(S.flight, S.at_fsize, n_size) : -1;
+    int r = -1;
+    if (size == -1 && PyErr_Occurred())
+        goto out;
+    r = 0;
+    if (size < 1 || !PyByteArray_CheckExact(ib) || !PyList_CheckExact(ol) ||
+        PyByteArray_GET_SIZE(ib) < (Py_ssize_t)sizeof(int64_t) * (1 + size * S.ni) ||
+        PyList_GET_SIZE(ol) < size * S.no)
+        goto out;
+    /* borrowed: the recorder holds both (the GIL is held while they are used) */
+    *ints = (int64_t *)PyByteArray_AS_STRING(ib);
+    *objs = ((PyListObject *)ol)->ob_item;
+    *slots = (Py_ssize_t)size;
+    r = 1;
+out:
+    Py_XDECREF(ib);
+    Py_XDECREF(ol);
+    return r;
+}
+
+/* The next slot of the flight ring, taken: its rows and its entry's index (see
+ * flight_rows for the result). */
+static int flight_slot(int64_t **irow, PyObject ***orow, int64_t *index)
+{
+    int64_t *ints;
+    PyObject **objs;
+    Py_ssize_t slots;
+    int r = flight_rows(&ints, &objs, &slots);
+    if (r <= 0)
+        return r;
+    int64_t n = ints[0];
+    Py_ssize_t slot = (Py_ssize_t)(n % slots);
+    *irow = ints + 1 + slot * S.ni;
+    *orow = objs + slot * S.no;
+    *index = n;
+    ints[0] = n + 1;
+    return 1;
+}
+
+/* Entry `index`'s int64 row, if the ring still holds it: 1; 0 if not; -1 on error. */
+static int flight_find(int64_t index, int64_t **irow)
+{
+    int64_t *ints;
+    PyObject **objs;
+    Py_ssize_t slots;
+    int r = flight_rows(&ints, &objs, &slots);
+    if (r <= 0)
+        return r;
+    int64_t *row = ints + 1 + (Py_ssize_t)(index % slots) * S.ni;
+    if (row[S.i_index] != index)
+        return 0;
+    *irow = row;
+    return 1;
+}
+
 /* a == b for two Python ints (0 when either is not one) */
 static int same_int(PyObject *a, PyObject *b)
 {
@@ -133,13 +218,14 @@ static int same_int(PyObject *a, PyObject *b)
  * changed since: Python decides again). */
 static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algorithm)
 {
-    PyObject *t0 = NULL, *dtype = NULL, *cpu = NULL, *numel = NULL, *key = NULL;
-    PyObject *plans = NULL, *plan = NULL, *fast = NULL, *v = NULL, *entry = NULL;
+    PyObject *dtype = NULL, *cpu = NULL, *numel = NULL, *key = NULL;
+    PyObject *plans = NULL, *plan = NULL, *fast = NULL, *v = NULL;
+    int64_t entry_n = -1, *irow;
+    PyObject **orow;
     PyObject *code = NULL, *ptr_obj = NULL, *size = NULL, *count = NULL;
     PyFrameObject *caller; /* borrowed */
     int r;
-    if ((t0 = PyFloat_FromDouble(now())) == NULL)
-        return -1;
+    double t0 = now();
     if ((dtype = PyObject_GetAttr(t, n_dtype)) == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
             goto error;
@@ -212,36 +298,36 @@ static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algor
         if (seq == NULL)
             goto error;
         Py_ssize_t k = PyLong_AsSsize_t(seq);
+        Py_DECREF(seq);
         PyObject *next = k == -1 && PyErr_Occurred() ? NULL : PyLong_FromSsize_t(k + 1);
         if (next == NULL || set_attr(g, S.at_calls, n_calls, next) < 0) {
-            Py_DECREF(seq);
             Py_XDECREF(next);
             goto error;
         }
         Py_DECREF(next);
-        PyObject *lasti = PyLong_FromLong(PyFrame_GetLasti(caller));
-        entry = lasti ? PyList_New(ENTRY_LEN) : NULL;
-        if (entry == NULL) {
-            Py_DECREF(seq);
-            Py_XDECREF(lasti);
+        int64_t nbytes = PyLong_AsLongLong(size);
+        if (nbytes == -1 && PyErr_Occurred())
             goto error;
-        }
-        /* seq and lasti: references handed over */
-        PyList_SET_ITEM(entry, S.e_seq, seq);
-        PyList_SET_ITEM(entry, S.e_op, Py_NewRef(n_all_reduce));
-        PyList_SET_ITEM(entry, S.e_group, Py_NewRef(g));
-        PyList_SET_ITEM(entry, S.e_nbytes, Py_NewRef(size));
-        PyList_SET_ITEM(entry, S.e_dtype, Py_NewRef(dtype));
-        PyList_SET_ITEM(entry, S.e_peer, Py_NewRef(Py_None));
-        PyList_SET_ITEM(entry, S.e_code, Py_NewRef(code));
-        PyList_SET_ITEM(entry, S.e_lasti, lasti);
-        PyList_SET_ITEM(entry, S.e_done, Py_NewRef(Py_False));
-        PyObject *ring = attr(S.flight, S.at_ring, n_ring);
-        v = ring ? PyObject_CallMethodOneArg(ring, n_append, entry) : NULL;
-        Py_XDECREF(ring);
-        if (v == NULL)
-            goto error;
-        Py_CLEAR(v);
+        /* one slot of the flight recorder's preallocated ring, written in place */
+        r = flight_slot(&irow, &orow, &entry_n);
+        if (r <= 0)
+            goto fallback_or_error; /* a ring not as configured: the Python path */
+        irow[S.i_index] = -1;       /* being written: a reader skips it */
+        irow[S.i_seq] = k;
+        irow[S.i_nbytes] = nbytes;
+        irow[S.i_peer] = S.peer_none;
+        irow[S.i_lasti] = PyFrame_GetLasti(caller);
+        irow[S.i_done] = 0;
+        /* the previous entry's objects are let go once the slot is whole: freeing
+         * one may run Python code, which must find the ring consistent */
+        PyObject *was[4] = {orow[S.o_op], orow[S.o_group], orow[S.o_dtype], orow[S.o_code]};
+        orow[S.o_op] = Py_NewRef(n_all_reduce);
+        orow[S.o_group] = Py_NewRef(g);
+        orow[S.o_dtype] = Py_NewRef(dtype);
+        orow[S.o_code] = Py_NewRef(code);
+        irow[S.i_index] = entry_n;
+        for (int i = 0; i < 4; i++)
+            Py_XDECREF(was[i]);
     }
     if ((ptr_obj = PyObject_CallMethodNoArgs(t, n_data_ptr)) == NULL)
         goto error;
@@ -270,45 +356,39 @@ static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algor
         }
         goto error;
     }
-    if (entry != NULL && PyList_SetItem(entry, S.e_done, Py_NewRef(Py_True)) < 0)
-        goto error;
+    if (entry_n >= 0) { /* done: if its slot still holds it (the ring may have moved) */
+        r = flight_find(entry_n, &irow);
+        if (r < 0)
+            goto error;
+        if (r)
+            irow[S.i_done] = 1;
+    }
     if ((r = flag(S.rec, -1, n_enabled)) < 0)
         goto error;
-    if (r) { /* the timing record: _ledger.close()'s */
-        PyObject *gsize = attr(g, S.at_size, n_size);
-        PyObject *dur = gsize ? PyFloat_FromDouble(now() - PyFloat_AS_DOUBLE(t0)) : NULL;
-        PyObject *rec = dur ? PyTuple_New(RECORD_LEN) : NULL;
-        if (rec == NULL) {
-            Py_XDECREF(gsize);
-            Py_XDECREF(dur);
-            goto error;
-        }
-        PyTuple_SET_ITEM(rec, S.r_op, Py_NewRef(n_all_reduce));
-        PyTuple_SET_ITEM(rec, S.r_nbytes, Py_NewRef(size));
-        PyTuple_SET_ITEM(rec, S.r_alg, Py_NewRef(n_mpi));
-        PyTuple_SET_ITEM(rec, S.r_gsize, gsize);
-        PyTuple_SET_ITEM(rec, S.r_start, Py_NewRef(t0));
-        PyTuple_SET_ITEM(rec, S.r_dur, Py_NewRef(dur));
-        PyTuple_SET_ITEM(rec, S.r_wait, dur);
-        PyObject *store = PyObject_GetAttr(S.rec, n_comm);
-        r = store ? PyList_Append(store, rec) : -1;
-        Py_DECREF(rec);
-        if (r < 0) {
-            Py_XDECREF(store);
-            goto error;
-        }
-        Py_ssize_t len = PyList_GET_SIZE(store);
-        Py_DECREF(store);
-        PyObject *cap = PyObject_GetAttr(S.rec, n_capacity);
-        Py_ssize_t capacity = cap ? PyLong_AsSsize_t(cap) : -1;
-        Py_XDECREF(cap);
-        if (capacity == -1 && PyErr_Occurred())
-            goto error;
-        if (len > capacity) {
-            if ((v = PyObject_CallMethodOneArg(S.rec, n_trim, n_comm)) == NULL)
+    if (r) { /* the timing record, _ledger.close()'s: one row of the ring, in place */
+        int64_t row[3];
+        double dur = now() - t0;
+        if ((row[0] = int_attr(plan, S.at_op_code, n_op_code)) == -1 ||
+            (row[1] = int_attr(plan, S.at_alg_code, n_alg_code)) == -1 ||
+            (row[2] = int_attr(plan, S.at_gsize, n_gsize)) == -1) {
+            if (PyErr_Occurred())
                 goto error;
-            Py_CLEAR(v);
         }
+        int64_t rec_bytes = PyLong_AsLongLong(size);
+        if (rec_bytes == -1 && PyErr_Occurred())
+            goto error;
+        int64_t n;
+        memcpy(&n, S.ring_base, sizeof n);
+        char *at = S.ring_base + S.ring_head + (n % S.ring_cap) * S.ring_row;
+        memcpy(at + S.r_op, &row[0], 8);
+        memcpy(at + S.r_alg, &row[1], 8);
+        memcpy(at + S.r_gsize, &row[2], 8);
+        memcpy(at + S.r_nbytes, &rec_bytes, 8);
+        memcpy(at + S.r_start, &t0, 8);
+        memcpy(at + S.r_dur, &dur, 8);
+        memcpy(at + S.r_wait, &dur, 8); /* blocking: it waited throughout */
+        n++;
+        memcpy(S.ring_base, &n, sizeof n);
     }
     r = 1;
     S.hits++;
@@ -323,7 +403,6 @@ fallback:
 error:
     r = -1;
 done:
-    Py_XDECREF(t0);
     Py_XDECREF(dtype);
     Py_XDECREF(cpu);
     Py_XDECREF(numel);
@@ -332,7 +411,6 @@ done:
     Py_XDECREF(plan);
     Py_XDECREF(fast);
     Py_XDECREF(v);
-    Py_XDECREF(entry);
     Py_XDECREF(code);
     Py_XDECREF(ptr_obj);
     Py_XDECREF(size);
@@ -508,6 +586,10 @@ static void release(void)
     Py_CLEAR(S.ours);
     Py_CLEAR(S.rec);
     Py_CLEAR(S.error);
+    if (S.ring_base != NULL) {
+        PyBuffer_Release(&S.ring_view);
+        S.ring_base = NULL;
+    }
     Py_CLEAR(S.user_code);
 }
 
@@ -534,6 +616,79 @@ static int layout(PyObject *fields, const char *const *names, int *const *at, in
     return 0;
 }
 
+/* ring.name as a Py_ssize_t, or -1 with an error set */
+static Py_ssize_t size_attr(PyObject *ring, const char *name)
+{
+    PyObject *v = PyObject_GetAttrString(ring, name);
+    Py_ssize_t r = v ? PyLong_AsSsize_t(v) : -1;
+    Py_XDECREF(v);
+    return r;
+}
+
+/* The timing records' ring (a metrics._ring.CommRing): its memory, held exported so
+ * it stays where it is, its shape, and where each field of a row goes, from its
+ * `offsets` ((field, type, byte offset) for each field of records.COMM_LAYOUT). A
+ * field this code writes that the layout lacks, or has with another type, is refused. */
+static int ring_layout(PyObject *ring)
+{
+    static const char *const names[] = {"op", "nbytes", "algorithm", "group_size",
+                                        "start", "duration", "wait"};
+    static const char *const types[] = {"str", "int", "str", "int", "float", "float", "float"};
+    Py_ssize_t *const at[] = {&S.r_op, &S.r_nbytes, &S.r_alg, &S.r_gsize,
+                              &S.r_start, &S.r_dur, &S.r_wait};
+    PyObject *offsets = PyObject_GetAttrString(ring, "offsets");
+    if (offsets == NULL)
+        return -1;
+    int ok = PyTuple_Check(offsets);
+    for (int i = 0; ok && i < RECORD_LEN; i++) {
+        *at[i] = -1;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(offsets); j++) {
+            PyObject *f = PyTuple_GET_ITEM(offsets, j);
+            if (!PyTuple_Check(f) || PyTuple_GET_SIZE(f) != 3) {
+                ok = 0;
+                break;
+            }
+            if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(f, 0), names[i]) == 0 &&
+                PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(f, 1), types[i]) == 0)
+                *at[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(f, 2));
+        }
+        if (*at[i] < 0) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "the ring's layout %R has no %s field %s",
+                             offsets, types[i], names[i]);
+            Py_DECREF(offsets);
+            return -1;
+        }
+    }
+    Py_DECREF(offsets);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "the ring's offsets are (field, type, offset) tuples");
+        return -1;
+    }
+    S.ring_cap = size_attr(ring, "capacity");
+    S.ring_row = size_attr(ring, "row_size");
+    S.ring_head = size_attr(ring, "header");
+    if (S.ring_cap < 1 || S.ring_row < 8 * RECORD_LEN || S.ring_head < 8) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a ring of one row or more, 8-byte fields");
+        return -1;
+    }
+    PyObject *mem = PyObject_GetAttrString(ring, "mem");
+    if (mem == NULL)
+        return -1;
+    int r = PyObject_GetBuffer(mem, &S.ring_view, PyBUF_WRITABLE);
+    Py_DECREF(mem);
+    if (r < 0)
+        return -1;
+    if (S.ring_view.len < S.ring_head + S.ring_cap * S.ring_row) {
+        PyBuffer_Release(&S.ring_view);
+        PyErr_SetString(PyExc_ValueError, "the ring's memory is smaller than its rows");
+        return -1;
+    }
+    S.ring_base = S.ring_view.buf;
+    return 0;
+}
+
 static PyObject *fast_configure(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"allreduce", "pointer_handles", "in_place", "world", "plan_type",
@@ -548,21 +703,27 @@ static PyObject *fast_configure(PyObject *self, PyObject *args, PyObject *kw)
                                      &flight, &PyFrozenSet_Type, &ours, &rec, &error,
                                      &entry, &record))
         return NULL;
-    static const char *const entry_names[] = {"seq", "op", "group", "nbytes", "dtype",
-                                              "peer", "code", "lasti", "done"};
-    int *const entry_at[] = {&S.e_seq, &S.e_op, &S.e_group, &S.e_nbytes, &S.e_dtype,
-                             &S.e_peer, &S.e_code, &S.e_lasti, &S.e_done};
-    static const char *const record_names[] = {"op", "nbytes", "algorithm", "group_size",
-                                               "start", "duration", "wait"};
-    int *const record_at[] = {&S.r_op, &S.r_nbytes, &S.r_alg, &S.r_gsize,
-                              &S.r_start, &S.r_dur, &S.r_wait};
+    static const char *const int_names[] = {"index", "seq", "nbytes", "peer", "lasti", "done"};
+    int *const int_at[] = {&S.i_index, &S.i_seq, &S.i_nbytes, &S.i_peer, &S.i_lasti, &S.i_done};
+    static const char *const obj_names[] = {"op", "group", "dtype", "code"};
+    int *const obj_at[] = {&S.o_op, &S.o_group, &S.o_dtype, &S.o_code};
     if (S.busy) {
         PyErr_SetString(PyExc_RuntimeError, "configure() while an all_reduce is in the fast path");
         return NULL;
     }
     release();
-    if (layout(entry, entry_names, entry_at, ENTRY_LEN) < 0 ||
-        layout(record, record_names, record_at, RECORD_LEN) < 0)
+    /* entry: (INT_FIELDS, OBJ_FIELDS, PEER_NONE) of _flight.py */
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) {
+        PyErr_SetString(PyExc_ValueError, "entry is (int fields, object fields, peer none)");
+        return NULL;
+    }
+    if (layout(PyTuple_GET_ITEM(entry, 0), int_names, int_at, 6) < 0 ||
+        layout(PyTuple_GET_ITEM(entry, 1), obj_names, obj_at, 4) < 0 || ring_layout(record) < 0)
+        return NULL;
+    S.ni = 6;
+    S.no = 4;
+    S.peer_none = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 2));
+    if (S.peer_none == -1 && PyErr_Occurred())
         return NULL;
     S.fn = (void *)(uintptr_t)fn;
     S.pointer_handles = pointer_handles;
@@ -578,14 +739,18 @@ static PyObject *fast_configure(PyObject *self, PyObject *args, PyObject *kw)
     S.error = Py_NewRef(error);
     S.at_plans = slot_offset(S.group_type, "_plans");
     S.at_calls = slot_offset(S.group_type, "_calls");
-    S.at_size = slot_offset(S.group_type, "size");
     S.at_flight_on = slot_offset((PyObject *)Py_TYPE(flight), "on");
-    S.at_ring = slot_offset((PyObject *)Py_TYPE(flight), "ring");
+    S.at_ints = slot_offset((PyObject *)Py_TYPE(flight), "ints");
+    S.at_objs = slot_offset((PyObject *)Py_TYPE(flight), "objs");
+    S.at_fsize = slot_offset((PyObject *)Py_TYPE(flight), "size");
     S.at_fast = slot_offset(plan_type, "fast");
     S.at_stamp = slot_offset(plan_type, "stamp");
     S.at_gate_stamp = slot_offset((PyObject *)Py_TYPE(gate), "stamp");
     S.at_count = slot_offset(plan_type, "count");
     S.at_psize = slot_offset(plan_type, "size");
+    S.at_gsize = slot_offset(plan_type, "gsize");
+    S.at_op_code = slot_offset(plan_type, "op_code");
+    S.at_alg_code = slot_offset(plan_type, "alg_code");
     S.ready = fn != 0;
     Py_RETURN_NONE;
 }
@@ -629,15 +794,11 @@ static int intern_names(void)
     INTERN(n_is_contiguous, "is_contiguous");
     INTERN(n_data_ptr, "data_ptr");
     INTERN(n_all_reduce, "all_reduce");
-    INTERN(n_mpi, "mpi");
     INTERN(n_on, "on");
-    INTERN(n_ring, "ring");
-    INTERN(n_append, "append");
+    INTERN(n_ints, "ints");
+    INTERN(n_objs, "objs");
     INTERN(n_calls, "_calls");
     INTERN(n_enabled, "enabled");
-    INTERN(n_comm, "comm");
-    INTERN(n_capacity, "capacity");
-    INTERN(n_trim, "trim");
     INTERN(n_op, "op");
     INTERN(n_group, "group");
     INTERN(n_async_op, "async_op");
@@ -647,6 +808,9 @@ static int intern_names(void)
     INTERN(n_size, "size");
     INTERN(n_fast, "fast");
     INTERN(n_stamp, "stamp");
+    INTERN(n_gsize, "gsize");
+    INTERN(n_op_code, "op_code");
+    INTERN(n_alg_code, "alg_code");
     INTERN(n_count, "count");
 #undef INTERN
     return 0;

@@ -29,10 +29,10 @@ from collections.abc import Callable
 from mpi4py import MPI
 
 from clusterkernel.comm._dtypes import DType
-from clusterkernel.comm._flight import FLIGHT, OURS
+from clusterkernel.comm._flight import FLIGHT, INT_FIELDS, OBJ_FIELDS, OURS, PEER_NONE
 from clusterkernel.comm._gate import GATE
 from clusterkernel.comm._groups import WORLD, Group
-from clusterkernel.comm._ledger import ENTRY, REC, RECORD
+from clusterkernel.comm._ledger import REC, RING
 from clusterkernel.comm._ops import SUM
 from clusterkernel.comm._plan import Plan
 
@@ -81,8 +81,8 @@ def _configure() -> bool:
         ours=OURS,
         recorder=REC,
         error=MPI.Exception,
-        entry=ENTRY,
-        record=RECORD,
+        entry=(INT_FIELDS, OBJ_FIELDS, PEER_NONE),  # the flight ring's slots (_flight.py)
+        record=RING,  # the timing records' ring: its memory and layout (records.COMM_LAYOUT)
     )
     if os.environ.get("CLUSTERKERNEL_FASTPATH", "1") in ("0", "off"):
         _fast.enable(False)

@@ -5,7 +5,8 @@ group (collectives run in the same order on every member, so ``all_reduce #57`` 
 rank 0 and on rank 2 are the same call), bytes, dtype, the peer of a point-to-point
 call, and the line that called it (the first frame outside clusterkernel and torch:
 the cell's line, or the user's script). It is marked done when it completes. A
-fixed ring of the last :data:`DEFAULT_SIZE` calls; reading it (:func:`snapshot`)
+fixed ring of the last :data:`DEFAULT_SIZE` calls, preallocated and written in place
+(no object made per call, in Python or in the C fast path); reading it (:func:`snapshot`)
 works from another thread while the main thread is blocked in MPI, which is how the
 client's hang report gets it.
 
@@ -22,14 +23,28 @@ from __future__ import annotations
 
 import os
 import sys
-from collections import deque
 
 import torch
 
 from clusterkernel.comm._groups import Group
-from clusterkernel.comm._ledger import CODE, DONE, DTYPE, GROUP, LASTI, NBYTES, OP, PEER, SEQ
 
 DEFAULT_SIZE = 64
+# A flight entry's layout, declared once: its fields in order, each stored as an int64
+# ("int") or an object reference ("obj"). The caller is kept as code and instruction
+# offset (not the frame, which would keep the caller's tensors alive); the line is
+# worked out only when someone reads it. ``peer`` is None (stored as -2) for a
+# collective, ``done`` 0 or 1.
+ENTRY_LAYOUT = (
+    ("seq", "int"),
+    ("op", "obj"),
+    ("group", "obj"),
+    ("nbytes", "int"),
+    ("dtype", "obj"),
+    ("peer", "int"),
+    ("code", "obj"),
+    ("lasti", "int"),
+    ("done", "int"),
+)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Frames skipped when looking for the line that made a call: clusterkernel's own
 # (training modes, DataParallel hooks) and torch's (autograd running those hooks).
@@ -60,14 +75,49 @@ def _line(code, lasti: int) -> int:
     return 0
 
 
-class FlightRecorder:
-    """A ring of the last ``size`` calls on this rank (see the module docstring)."""
+# Where an entry's fields are stored (the layout :data:`~._ledger.ENTRY_LAYOUT`
+# declares): each slot is a row of int64 (its absolute index first, the "int" fields
+# after, in the layout's order) and a row of objects (the "obj" fields, in order).
+INT_FIELDS = ("index", *(name for name, typ in ENTRY_LAYOUT if typ == "int"))
+OBJ_FIELDS = tuple(name for name, typ in ENTRY_LAYOUT if typ == "obj")
+_I = {name: i for i, name in enumerate(INT_FIELDS)}
+_O = {name: i for i, name in enumerate(OBJ_FIELDS)}
+I_INDEX, I_SEQ, I_NBYTES, I_PEER, I_LASTI, I_DONE = (
+    _I[n] for n in ("index", "seq", "nbytes", "peer", "lasti", "done")
+)
+O_OP, O_GROUP, O_DTYPE, O_CODE = (_O[n] for n in ("op", "group", "dtype", "code"))
+NI, NO = len(INT_FIELDS), len(OBJ_FIELDS)
+PEER_NONE = -2  # a collective's peer (None); -1 is "any source"
 
-    __slots__ = ("ring", "on")
+
+class FlightRecorder:
+    """A ring of the last ``size`` calls on this rank (see the module docstring).
+
+    Preallocated: ``ints`` is one bytearray (an int64 count of entries ever noted,
+    then ``size`` rows of :data:`INT_FIELDS`), ``objs`` a list of ``size`` rows of
+    :data:`OBJ_FIELDS`; noting a call writes one slot in place, here or in the C fast
+    path (``_fast.c``, which finds the fields' places from :data:`INT_FIELDS` and
+    :data:`OBJ_FIELDS`). An entry is its absolute index (what :meth:`record` returns):
+    :meth:`done` marks it only while its slot still holds it, so a late close never
+    marks a newer call.
+    """
+
+    __slots__ = ("on", "size", "ints", "objs", "_i", "base")
 
     def __init__(self, size: int = DEFAULT_SIZE) -> None:
-        self.ring = deque(maxlen=size)
         self.on = os.environ.get("CLUSTERKERNEL_FLIGHT", "1") not in ("0", "off")
+        self._alloc(size)
+
+    def _alloc(self, size: int) -> None:
+        ints = bytearray(8 * (1 + size * NI))
+        view = memoryview(ints).cast("q")
+        for slot in range(size):
+            view[1 + slot * NI + I_INDEX] = -1  # empty
+        self.size = size
+        self.objs = [None] * (size * NO)
+        self.ints = ints
+        self._i = view
+        self.base = 0  # entries before this index were cleared
 
     def record(
         self,
@@ -78,8 +128,8 @@ class FlightRecorder:
         peer: int | None = None,
         depth: int = 2,
         advance: bool = True,
-    ) -> list:
-        """Note one call as it starts; returns the entry (mark it done with ``e[DONE]``).
+    ) -> int:
+        """Note one call as it starts; returns the entry (mark it done with :meth:`done`).
 
         ``peer`` is set for point-to-point calls (a world rank, -1 for any source);
         those get no sequence number. ``depth`` is the number of clusterkernel frames
@@ -94,47 +144,84 @@ class FlightRecorder:
             seq = group._calls
             if advance:
                 group._calls = seq + 1
+            peer = PEER_NONE
         else:
             seq = -1
         f = _getframe(depth)
         code = f.f_code
         if code.co_filename in OURS:
             f = _outside(f)
-            if f is None:
-                entry = [seq, op, group, nbytes, dtype, peer, None, 0, False]
-                self.ring.append(entry)
-                return entry
-            code = f.f_code
+            code = None if f is None else f.f_code
         # code and offset, not the frame: a frame would keep the caller's tensors alive
-        entry = [seq, op, group, nbytes, dtype, peer, code, f.f_lasti, False]
-        self.ring.append(entry)
-        return entry
+        lasti = 0 if f is None else f.f_lasti
+        ints, objs, size = self._i, self.objs, self.size
+        n = ints[0]
+        slot = n % size
+        i = 1 + slot * NI
+        o = slot * NO
+        ints[i + I_INDEX] = -1  # being written: a reader skips it
+        ints[i + I_SEQ] = seq
+        ints[i + I_NBYTES] = nbytes
+        ints[i + I_PEER] = peer
+        ints[i + I_LASTI] = lasti
+        ints[i + I_DONE] = 0
+        objs[o + O_OP] = op
+        objs[o + O_GROUP] = group
+        objs[o + O_DTYPE] = dtype
+        objs[o + O_CODE] = code
+        ints[i + I_INDEX] = n
+        ints[0] = n + 1
+        return n
+
+    def done(self, entry: int) -> None:
+        """Mark ``entry`` (what :meth:`record` returned) done, if the ring still holds it."""
+        ints = self._i
+        i = 1 + (entry % self.size) * NI
+        if ints[i + I_INDEX] == entry:
+            ints[i + I_DONE] = 1
 
     def snapshot(self) -> list[dict]:
-        """The kept calls, oldest first, as plain dicts (safe to send to the client)."""
+        """The kept calls, oldest first, as plain dicts (safe to send to the client).
+
+        Works from another thread while the main thread notes calls: a slot written
+        over while it is read is left out."""
+        ints, objs, size = self._i, self.objs, self.size
+        n = ints[0]
         out = []
-        for e in list(self.ring):  # one copy: the main thread may append meanwhile
-            group = e[GROUP]
-            dtype = e[DTYPE]
+        for k in range(max(self.base, n - size), n):
+            slot = k % size
+            i, o = 1 + slot * NI, slot * NO
+            if ints[i + I_INDEX] != k:
+                continue
+            seq, nbytes, peer = ints[i + I_SEQ], ints[i + I_NBYTES], ints[i + I_PEER]
+            lasti, done = ints[i + I_LASTI], ints[i + I_DONE]
+            op, group, dtype, code = objs[o : o + NO]
+            if ints[i + I_INDEX] != k:  # written over meanwhile
+                continue
             out.append(
                 {
-                    "seq": e[SEQ],
-                    "op": e[OP],
+                    "seq": seq,
+                    "op": op,
                     "group": group.name,
                     "group_ranks": list(group.ranks),
                     "group_instance": group.instance,
-                    "nbytes": e[NBYTES],
+                    "nbytes": nbytes,
                     "dtype": str(dtype).replace("torch.", "") if dtype is not None else "",
-                    "peer": e[PEER],  # None for collectives
-                    "file": e[CODE].co_filename if e[CODE] is not None else "",
-                    "line": _line(e[CODE], e[LASTI]) if e[CODE] is not None else 0,
-                    "done": e[DONE],
+                    "peer": None if peer == PEER_NONE else peer,
+                    "file": code.co_filename if code is not None else "",
+                    "line": _line(code, lasti) if code is not None else 0,
+                    "done": bool(done),
                 }
             )
         return out
 
     def clear(self) -> None:
-        self.ring.clear()
+        """Forget the kept calls (entries still open are left alone)."""
+        self.base = self._i[0]
+
+    def resize(self, size: int) -> None:
+        """Keep the last ``size`` calls from now on (the kept ones are forgotten)."""
+        self._alloc(size)
 
 
 FLIGHT = FlightRecorder()
@@ -159,5 +246,5 @@ def set_flight(on: bool = True, size: int | None = None) -> None:
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be a positive int, got {size!r}")
-        FLIGHT.ring = deque(maxlen=size)
+        FLIGHT.resize(size)
     FLIGHT.on = bool(on)

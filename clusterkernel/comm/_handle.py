@@ -37,7 +37,7 @@ class Call(NamedTuple):
     nbytes: int
     alg: str
     gsize: int
-    entry: list | None = None  # the flight recorder's entry (None when it is off)
+    entry: int | None = None  # the flight recorder's entry (None when it is off)
     record: bool = True  # False: a step of another call (hier), timed as part of it
 
 

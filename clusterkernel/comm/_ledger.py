@@ -1,18 +1,17 @@
 """The ledger of comm calls: each call's flight entry and timing record, by name.
 
-Every comm call leaves two traces: a *flight entry* (a list in the flight
-recorder's ring, opened as the call starts and marked done when it ends; the hang
-report reads it) and a *timing record* (one tuple in the metrics recorder, written
-when it ends; the dashboard and the Chrome trace read it). Their layouts are named
-here once: :data:`ENTRY` and :data:`clusterkernel.protocol.records.COMM_FIELDS`. Python reads
-and writes them through the index names below; the C fast path (``_fast.c``) is
-handed the same names when it is configured and finds its indices from them, so no
-layout is written out twice.
+Every comm call leaves two traces: a *flight entry* (a slot of the flight recorder's
+preallocated ring, opened as the call starts and marked done when it ends; the hang
+report reads it) and a *timing record* (one row of the metrics recorder's
+preallocated ring, written when it ends; the dashboard and the Chrome trace read it).
+Their layouts are declared once: :data:`~._flight.ENTRY_LAYOUT` and
+:data:`clusterkernel.protocol.records.COMM_LAYOUT`. The C fast path (``_fast.c``) is
+handed both rings when it is configured and finds where each field goes from them, so
+no layout is written out twice.
 
-Calls open entries with :meth:`FlightRecorder.record
-<clusterkernel.comm._flight.FlightRecorder.record>` (or :func:`~._begin.begin`) and
-close them with :func:`close`, which is the only writer of the comm layer's timing
-records.
+Calls open entries through their plan (:func:`~._begin.enter`) and close them with
+:func:`close`, the only writer of the comm layer's timing records, through
+:func:`~._handle.note` (or the C path, which writes the same rows).
 
 Example::
 
@@ -27,22 +26,23 @@ from __future__ import annotations
 import time
 
 from clusterkernel import metrics
+from clusterkernel.comm._flight import ENTRY_LAYOUT, FLIGHT
 from clusterkernel.protocol.records import COMM_FIELDS
 
-# A flight entry is a list, so completion flips ``done`` in place without a lookup.
-# The caller is kept as code and instruction offset (not the frame, which would keep
-# the caller's tensors alive); the line is worked out only when someone reads it.
-ENTRY = ("seq", "op", "group", "nbytes", "dtype", "peer", "code", "lasti", "done")
-SEQ, OP, GROUP, NBYTES, DTYPE, PEER, CODE, LASTI, DONE = range(len(ENTRY))
+ENTRY = tuple(name for name, _ in ENTRY_LAYOUT)
 # The timing record's layout is the metric record's (protocol/records.py, both sides share it).
 RECORD = COMM_FIELDS
 
 now = time.perf_counter
 REC = metrics.recorder()
+# the recorder's ring of timing records (preallocated; the C path writes it too)
+RING = REC.ring
+code = RING.code  # a name's code in the ring (plans keep their op's and algorithm's)
+_done = FLIGHT.done
 
 
 def close(
-    entry: list | None,
+    entry: int | None,
     name: str,
     nbytes: int,
     alg: str,
@@ -56,16 +56,16 @@ def close(
     duration); an async call passes the seconds spent in ``Work.wait()``.
     """
     if entry is not None:
-        entry[DONE] = True
+        _done(entry)
     rec = REC
     if rec.enabled:
         dur = now() - t0
         rec.timing(name, nbytes, t0, dur, dur if wait is None else wait, alg, gsize)
 
 
-def abandon(entry: list | None) -> None:
+def abandon(entry: int | None) -> None:
     """Mark a flight entry done without a timing record: the call raised on every
     member before moving data (nobody waits in it), or it was a step of another call
     whose own record covers it."""
     if entry is not None:
-        entry[DONE] = True
+        _done(entry)

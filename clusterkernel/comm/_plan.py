@@ -63,6 +63,7 @@ from clusterkernel.comm._dtypes import STAGING, DType, dtype_of
 from clusterkernel.comm._gate import GATE
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Call
+from clusterkernel.comm._ledger import code as record_code
 from clusterkernel.comm._ops import ReduceOp
 
 # Plans kept per group before the cache starts afresh (a program that reduces
@@ -102,6 +103,8 @@ class Plan:
     ``info``/``mpi_op``/``count``/``nbytes`` describe what MPI moves (reductions'
     halves as float32), ``size`` the bytes both the flight entry and the timing record
     carry, ``dtype`` the entry's dtype, ``gsize`` the group's size (the record's),
+    ``op_code``/``alg_code`` the record's ``name``/``alg`` as the recorder's ring
+    stores them,
     ``direct`` that MPI may work on the tensor's own memory when it is contiguous,
     ``divisor`` what AVG divides by (1: nothing), ``root`` the group rank MPI
     addresses (a rooted call's root, a point-to-point call's peer, or any source),
@@ -130,6 +133,8 @@ class Plan:
         "size",
         "dtype",
         "gsize",
+        "op_code",
+        "alg_code",
         "direct",
         "divisor",
         "op",
@@ -194,6 +199,9 @@ class Plan:
         self.size = size
         self.dtype = dtype
         self.gsize = g.size
+        # the timing record's names as the recorder's ring stores them (the C writes them)
+        self.op_code = record_code(name)
+        self.alg_code = record_code(alg)
         self.direct = direct
         self.divisor = divisor
         self.op = op
@@ -204,7 +212,7 @@ class Plan:
         self.fast = None  # not yet admitted: the first call runs in Python
         self.stamp = -1
 
-    def call(self, entry: list | None, nbytes: int = -1, alg: str | None = None) -> Call:
+    def call(self, entry: int | None, nbytes: int = -1, alg: str | None = None) -> Call:
         """The :class:`~._handle.Call` of one call of this plan: its timing record's
         fields and its flight entry. ``nbytes`` where the bytes vary per call under one
         plan (all-to-all; -1: ``size``), ``alg`` where a step runs the call another way

@@ -1,14 +1,16 @@
 """Engine-side metric recorder: communication events, logged scalars, compute spans.
 
 Each MPI rank has one :class:`Recorder` (``metrics.recorder()``). The comm layer
-appends one tuple per call (fields in :data:`clusterkernel.protocol.records.COMM_FIELDS`
-order), training code logs scalars with :func:`log`, and :meth:`Recorder.span`
+writes one row per call into a preallocated ring (:mod:`._ring`, fields in
+:data:`clusterkernel.protocol.records.COMM_LAYOUT` order; the C fast path writes the
+same rows), training code logs scalars with :func:`log`, and :meth:`Recorder.span`
 times a block of compute. Readers get plain ``dict`` records (the shapes in
 :mod:`clusterkernel.protocol.records`) from :meth:`Recorder.records` (everything kept) or
 :meth:`Recorder.drain` (only what is new since the last drain).
 
-Storage is one append-only list per kind plus a read cursor per kind, so recording
-costs a tuple and a list append. :meth:`Recorder.read` reads by absolute index
+Storage is the comm ring and one append-only list per other kind, plus a read cursor
+per kind, so recording a comm call allocates nothing and a scalar costs a tuple and a
+list append. :meth:`Recorder.read` reads by absolute index
 (records ever appended), so the live stream to the notebook
 (:func:`clusterkernel.metrics.stream`, running in its own thread) never moves the
 ``drain`` cursor and never makes the recording call wait.
@@ -30,6 +32,7 @@ import threading
 import time
 from typing import Any
 
+from clusterkernel.metrics._ring import CommRing
 from clusterkernel.protocol.records import (
     CELL_LABEL,
     KINDS,
@@ -75,11 +78,14 @@ class _Span:
 class Recorder:
     """Per-rank store of metric records.
 
-    ``comm``, ``scalars`` and ``spans`` are lists of tuples; the comm layer appends to
-    ``comm`` directly (tuples in ``COMM_FIELDS`` order). When a list grows past
-    ``capacity`` the oldest half is dropped (counted in ``dropped``) so a long run
-    cannot exhaust memory; a live stream has normally sent those records on long
-    before, and reports any it had not (see :meth:`read`).
+    ``comm`` is a :class:`~clusterkernel.metrics._ring.CommRing`: preallocated rows in
+    ``COMM_FIELDS`` order, written in place by :meth:`timing` (the comm layer's ledger)
+    and by the C fast path, so a comm call allocates nothing to be recorded; indexing
+    it gives tuples. ``scalars`` and ``spans`` are lists of tuples. When a kind holds
+    more than ``capacity`` records its oldest go (the ring's oldest, one at a time; a
+    list's oldest half), counted in ``dropped``, so a long run cannot exhaust memory;
+    a live stream has normally sent those records on long before, and reports any it
+    had not (see :meth:`read`).
 
     Example::
 
@@ -94,12 +100,12 @@ class Recorder:
         self.rank = _detect_rank() if rank is None else rank
         self.capacity = capacity
         self.enabled = True
-        self.comm: list[tuple] = []
+        self.comm = _CommView(CommRing(capacity))
         self.scalars: list[tuple] = []
         self.spans: list[tuple] = []
-        self._stores = {"comm": self.comm, "scalar": self.scalars, "span": self.spans}
-        self._cursor = dict.fromkeys(KINDS, 0)
-        self.dropped = dict.fromkeys(KINDS, 0)
+        self._lists = {"scalar": self.scalars, "span": self.spans}
+        self._cursor = dict.fromkeys(KINDS, 0)  # drain(): absolute index of the next record
+        self._dropped = dict.fromkeys(KINDS, 0)
         self._step = 0
         # Taken by trim and by readers in other threads (the stream), never by the
         # append path: appends only grow the lists, which a reader tolerates.
@@ -110,33 +116,63 @@ class Recorder:
         # (absolute indices), one tuple per cell run in the rank's IPython (see mark_cell)
         self.cells: list[tuple[str, int, int, int]] = []
 
+    @property
+    def ring(self) -> CommRing:
+        """The comm records' ring (the C fast path writes it)."""
+        return self.comm.ring
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Records of each kind dropped to stay within ``capacity`` (not cleared ones)."""
+        ring = self.comm.ring
+        out = dict(self._dropped)
+        out["comm"] = max(0, ring.total() - ring.capacity - self._gone["comm"])
+        return out
+
     def _append(self, kind: str, item: tuple) -> None:
-        store = self._stores[kind]
+        store = self._lists[kind]
         store.append(item)
         if len(store) > self.capacity:
             self.trim(kind)
 
-    def trim(self, kind: str = "comm") -> None:
-        """Drop the oldest half of one kind's records (called when over capacity)."""
+    def trim(self, kind: str) -> None:
+        """Drop the oldest half of a list kind's records (called when over capacity;
+        the comm ring drops its oldest record by itself)."""
+        if kind == "comm":
+            return
         with self._lock:
-            store = self._stores[kind]
+            store = self._lists[kind]
             half = len(store) // 2
             del store[:half]
-            self.dropped[kind] += half
+            self._dropped[kind] += half
             self._gone[kind] += half
-            self._cursor[kind] = max(0, self._cursor[kind] - half)
+
+    def _first(self, kind: str) -> int:
+        """The absolute index of the oldest record of ``kind`` kept."""
+        if kind == "comm":
+            return self.comm.ring.first()
+        return self._gone[kind]
+
+    def _slice(self, kind: str, lo: int, hi: int) -> list[tuple]:
+        """Records ``lo`` to ``hi`` of ``kind`` (absolute, within what is kept); under the lock."""
+        if kind == "comm":
+            return self.comm.ring.rows(lo, hi)
+        base = self._gone[kind]
+        return self._lists[kind][lo - base : hi - base]
 
     def total(self, kind: str) -> int:
         """How many records of ``kind`` were ever appended (kept plus dropped)."""
+        if kind == "comm":
+            return self.comm.ring.total()
         with self._lock:
-            return self._gone[kind] + len(self._stores[kind])
+            return self._gone[kind] + len(self._lists[kind])
 
     def read(self, kind: str, start: int, limit: int | None = None) -> tuple[list[tuple], int, int]:
         """Raw tuples of ``kind`` from absolute index ``start``: ``(items, next, lost)``.
 
         ``next`` is the index to pass next time; ``lost`` counts records between
-        ``start`` and the oldest kept one (trimmed or cleared before this reader
-        got them).
+        ``start`` and the oldest kept one (trimmed, overwritten or cleared before this
+        reader got them).
         Thread-safe against :meth:`trim`; does not touch the :meth:`drain` cursor.
 
         Example::
@@ -145,12 +181,17 @@ class Recorder:
         """
         _kinds(kind)
         with self._lock:
-            store = self._stores[kind]
-            base = self._gone[kind]
-            lo = max(start - base, 0)
-            hi = len(store) if limit is None else min(len(store), lo + limit)
-            items = store[lo:hi]
-        return items, max(base + hi, start), max(base - start, 0)
+            total = self._total(kind)
+            lo = max(start, self._first(kind))
+            hi = total if limit is None else min(total, lo + limit)
+            items = self._slice(kind, lo, hi) if hi > lo else []
+        lo = max(hi - len(items), lo)  # the ring's rows written over while read: lost too
+        return items, max(hi, start), max(lo - start, 0)
+
+    def _total(self, kind: str) -> int:
+        if kind == "comm":
+            return self.comm.ring.total()
+        return self._gone[kind] + len(self._lists[kind])
 
     def mark_cell(self, cell: str) -> None:
         """Records from now on belong to ``cell`` (the dashboard draws each cell's
@@ -161,7 +202,7 @@ class Recorder:
             rec.mark_cell("ck-cell 3f2a")   # what the engine's pre_run_cell hook does
         """
         with self._lock:
-            at = tuple(self._gone[k] + len(self._stores[k]) for k in KINDS)
+            at = tuple(self._total(k) for k in KINDS)
         self.cells.append((cell, *at))
 
     def timing(
@@ -188,11 +229,8 @@ class Recorder:
             MPI.COMM_WORLD.Sendrecv(edge, right, recvbuf=halo, source=left)   # raw mpi4py
             metrics.recorder().timing("halo", edge.nbytes, t0, time.perf_counter() - t0)
         """
-        if self.enabled:  # _append() inlined: every comm call lands here
-            store = self.comm
-            store.append((op, nbytes, algorithm, group_size, start, duration, wait))
-            if len(store) > self.capacity:
-                self.trim("comm")
+        if self.enabled:  # every comm call lands here: one row written in place
+            self.comm.ring.append((op, nbytes, algorithm, group_size, start, duration, wait))
 
     def log(self, step: int | None = None, **scalars: float) -> None:
         """Record scalar values (loss, accuracy, ...) at a training step.
@@ -226,7 +264,9 @@ class Recorder:
         """All kept records (of one kind, or all kinds), as dicts; does not move cursors."""
         out: list[dict] = []
         for k in _kinds(kind):
-            out.extend(self._to_dicts(k, self._stores[k]))
+            with self._lock:
+                items = self._slice(k, self._first(k), self._total(k))
+            out.extend(self._to_dicts(k, items))
         return out
 
     def drain(self, kind: str | None = None) -> list[dict]:
@@ -234,9 +274,8 @@ class Recorder:
         out: list[dict] = []
         for k in _kinds(kind):
             with self._lock:
-                store = self._stores[k]
-                end = len(store)
-                items = store[self._cursor[k] : end]
+                end = self._total(k)
+                items = self._slice(k, max(self._cursor[k], self._first(k)), end)
                 self._cursor[k] = end
             out.extend(self._to_dicts(k, items))
         return out
@@ -244,11 +283,45 @@ class Recorder:
     def clear(self) -> None:
         """Forget every record and reset the cursors."""
         with self._lock:
-            for k in KINDS:
-                self._gone[k] += len(self._stores[k])
-                self._stores[k].clear()
-                self._cursor[k] = 0
-                self.dropped[k] = 0
+            ring = self.comm.ring
+            ring.clear()
+            self._gone["comm"] = ring.total()
+            self._cursor["comm"] = ring.total()
+            for k, store in self._lists.items():
+                self._gone[k] += len(store)
+                store.clear()
+                self._cursor[k] = self._gone[k]
+                self._dropped[k] = 0
+
+
+class _CommView:
+    """``Recorder.comm``: the kept comm records as a read-only sequence of tuples
+    (``COMM_FIELDS`` order) over the ring: ``rec.comm[-1]``, ``len(rec.comm)``."""
+
+    __slots__ = ("ring",)
+
+    def __init__(self, ring: CommRing) -> None:
+        self.ring = ring
+
+    def __len__(self) -> int:
+        ring = self.ring
+        return ring.total() - ring.first()
+
+    def __getitem__(self, index: int | slice) -> tuple | list[tuple]:
+        ring = self.ring
+        lo, n = ring.first(), len(self)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            rows = ring.rows(lo + start, lo + max(stop, start))
+            return rows[::step]
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("comm record index out of range")
+        return ring.rows(lo + i, lo + i + 1)[0]
+
+    def __iter__(self):
+        ring = self.ring
+        return iter(ring.rows(ring.first(), ring.total()))
 
 
 def _kinds(kind: str | None) -> tuple[str, ...]:

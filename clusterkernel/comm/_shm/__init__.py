@@ -174,7 +174,7 @@ def _chain(parts: list[Generator], then: Callable[[], None]) -> Generator:
 # ----------------------------------------------------------------------- running
 
 
-def _segment(g: Group, entry: list | None) -> Segment:
+def _segment(g: Group, entry: int | None) -> Segment:
     try:
         return segment(g)
     except BaseException:

@@ -1,0 +1,119 @@
+"""The comm records' ring: preallocated storage written in place, nothing allocated per call.
+
+A comm record has the layout :data:`~clusterkernel.protocol.records.COMM_LAYOUT`
+declares (its fields, in order, with their types). :class:`CommRing` stores records as
+fixed rows of that layout in one anonymous memory map: a ``str`` field as the code of
+its name (:meth:`CommRing.code`, names kept in :attr:`CommRing.names`), an ``int`` as
+int64, a ``float`` as a double; a header int64 counts the records ever written. A
+write packs one row in place and moves the count on: no tuple, no float object is kept
+per call, and the C fast path (``comm/_fast.c``) writes the same rows directly, at the
+offsets :attr:`CommRing.offsets` gives it. When the ring is full the oldest record is
+overwritten (the recorder counts it as dropped).
+
+Readers (:meth:`CommRing.rows`) read by absolute index, as the recorder's lists are
+read, and get plain tuples in ``COMM_FIELDS`` order. A reader in another thread (the
+live stream) that is lapped by the writer while it reads drops the rows written over
+(reported as lost), never a mix of two records. The memory is mapped, not allocated:
+pages are taken as records reach them, so a large capacity costs only what is used.
+
+Example::
+
+    ring = CommRing(capacity=4)
+    ring.append(("all_reduce", 64, "mpi", 2, 1.0, 2e-6, 2e-6))
+    ring.rows(0, ring.total())   # [('all_reduce', 64, 'mpi', 2, 1.0, 2e-06, 2e-06)]
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+
+from clusterkernel.protocol.records import COMM_LAYOUT
+
+# a row's C type per field type of the layout (native order: only this process reads it)
+_TYPECODE = {"str": "q", "int": "q", "float": "d"}
+FORMAT = "=" + "".join(_TYPECODE[typ] for _, typ in COMM_LAYOUT)
+ROW = struct.calcsize(FORMAT)
+HEADER = 8  # the count of records ever written, int64, at offset 0
+_STR_AT = tuple(i for i, (_, typ) in enumerate(COMM_LAYOUT) if typ == "str")
+
+
+def _offsets() -> tuple[tuple[str, str, int], ...]:
+    out, at = [], 0
+    for name, typ in COMM_LAYOUT:
+        out.append((name, typ, at))
+        at += struct.calcsize("=" + _TYPECODE[typ])
+    return tuple(out)
+
+
+class CommRing:
+    """``capacity`` comm records in place (see the module docstring)."""
+
+    __slots__ = ("capacity", "mem", "names", "_codes", "_count", "_row", "_pack", "base")
+
+    #: ``(field, type, byte offset in a row)`` for each field of the layout, in order
+    offsets = _offsets()
+    row_size = ROW
+    header = HEADER
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 2:
+            raise ValueError(f"capacity must be at least 2, got {capacity}")
+        self.capacity = capacity
+        self.mem = mmap.mmap(-1, HEADER + capacity * ROW)
+        self._count = memoryview(self.mem)[:HEADER].cast("q")
+        self._row = struct.Struct(FORMAT)
+        self._pack = self._row.pack_into
+        self.names: list[str] = []  # the name of each code
+        self._codes: dict[str, int] = {}
+        self.base = 0  # records before this absolute index were cleared
+
+    def code(self, name: str) -> int:
+        """The code of a ``str`` field's value (assigned on first use, kept for good)."""
+        codes = self._codes
+        got = codes.get(name)
+        if got is None:
+            got = codes[name] = len(self.names)
+            self.names.append(name)
+        return got
+
+    def append(self, row: tuple) -> None:
+        """Write one record (a tuple in the layout's order) over the oldest slot."""
+        values = list(row)
+        codes = self._codes
+        for i in _STR_AT:
+            v = values[i]
+            values[i] = codes[v] if v in codes else self.code(v)
+        n = self._count[0]
+        self._pack(self.mem, HEADER + (n % self.capacity) * ROW, *values)
+        self._count[0] = n + 1
+
+    def total(self) -> int:
+        """Records ever written (kept, overwritten and cleared)."""
+        return self._count[0]
+
+    def first(self) -> int:
+        """The absolute index of the oldest record kept."""
+        return max(self.base, self._count[0] - self.capacity)
+
+    def rows(self, lo: int, hi: int) -> list[tuple]:
+        """Records ``lo`` to ``hi`` (absolute indices, clipped to what is kept), as tuples
+        in ``COMM_FIELDS`` order."""
+        lo = max(lo, self.first())
+        if hi <= lo:
+            return []
+        cap, mem, unpack = self.capacity, self.mem, self._row.unpack_from
+        names = self.names
+        out = []
+        for n in range(lo, hi):
+            values = list(unpack(mem, HEADER + (n % cap) * ROW))
+            for i in _STR_AT:
+                values[i] = names[values[i]]
+            out.append(tuple(values))
+        # rows written over while they were read (a writer lapped this reader): dropped
+        overrun = self._count[0] - cap - lo
+        return out[overrun:] if overrun > 0 else out
+
+    def clear(self) -> None:
+        """Forget the records kept (their codes stay)."""
+        self.base = self._count[0]
