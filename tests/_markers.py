@@ -67,7 +67,6 @@ SLOW: dict[str, float] = {
     "tests/torchdist/test_on_ranks.py::test_a_rank_wedged_in_c_code_holding_the_gil_is_named_and_restarted": 14,
     "tests/torchdist/test_on_mpiexec.py::test_torchrun_cases_on_n_ranks": 11,
     "tests/torchdist/test_on_ranks.py::test_a_rank_blocked_in_gloo_is_named_and_freed_keeping_variables": 10,
-    "tests/cluster/test_lifecycle_files.py::test_stop_after_restart_returns_when_every_process_is_gone": 10,
     "tests/cluster/test_keep.py::test_one_driver_at_a_time_and_a_takeover_while_a_cell_runs": 29,
     "tests/cluster/test_keep.py::test_a_killed_kernel_keeps_its_ranks_and_a_terminal_ipython_attaches": 13,
     "tests/slurm/test_slurm_lifecycle.py::test_a_kept_job_survives_a_killed_kernel_and_stop_after_attach_cancels_it": 13,

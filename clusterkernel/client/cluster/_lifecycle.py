@@ -305,6 +305,7 @@ class Engines:
         procs = [
             p for p in map(_process, self.processes()) if p is not None and p.pid not in spared
         ]
+        nannies = [p for p in procs if _is_nanny(p)]  # named while they still run
         engine_set = self.engine_set
         if self.client is not None:
             try:
@@ -318,7 +319,12 @@ class Engines:
                 self.launcher.stopped(engine_set, timeout=30)
             finally:
                 self.ipp = None
-        _end(procs, grace=_NANNY_GRACE)
+        # With the controller stopped, a nanny's last act (telling it that its engine is
+        # gone) waits out its socket's 3 s linger for no one: measured, stop took 3.9 s
+        # at 4 ranks, 0.8 s with the nannies ended once everything else is gone.
+        others = [p for p in procs if p not in nannies]
+        _end(others, grace=_NANNY_GRACE)
+        _end(nannies, grace=0)
         if self.run_dir:  # what the launchers' trees no longer reach (an orphaned nanny)
             _end(marked(self.run_dir), grace=0)
         if self.guard is not None:
@@ -374,6 +380,14 @@ def _end(procs: list[psutil.Process], grace: float) -> None:
         left = [p for p in left if _running(p)]
         if not left:
             return
+
+
+def _is_nanny(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is an engine's ipyparallel nanny (the engine's signal relay)."""
+    try:
+        return "ipyparallel.engine.nanny" in proc.cmdline()
+    except psutil.Error:
+        return False
 
 
 def _tree(pid: int | None) -> list[psutil.Process]:
