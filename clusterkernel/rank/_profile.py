@@ -16,6 +16,13 @@ The notebook calls these by name (``clusterkernel.protocol._rank_call``)::
     rank_call("clusterkernel.rank._profile:start", hz=100)
     ...  # the cell runs
     rank_call("clusterkernel.rank._profile:stop")   # {"stacks": [...], "seconds": ...}
+
+Besides the stacks' totals, a profile holds each thread's **timeline** (runs of
+samples with the same stack, for the Chrome trace and speedscope's time order),
+the clock (``wall0``: ``time.time()`` at the start, ``t0``: ``perf_counter()``), and
+the comm layer's timing records of the cell (``clusterkernel.metrics``, only where a
+recorder already exists: the notebook splits time in collectives into moving data
+and waiting for other ranks from them).
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ _MACHINERY_FILES = tuple(
 )
 
 Frame = tuple[str, int, str]  # (file, line, function)
+MAX_RUNS = 200_000
+"""Timeline runs kept per cell (a few MB); past it only the totals grow (``truncated``)."""
 
 
 class Sampler:
@@ -65,13 +74,23 @@ class Sampler:
         self.main_ident = threading.get_ident() if main_ident is None else main_ident
         self.stacks: dict[tuple[str, tuple[Frame, ...]], float] = {}
         self.samples = 0
+        # thread -> [[stack index, start, seconds], ...]: consecutive samples of one
+        # stack are one run, so a long sleep is one entry, not thousands
+        self._index: dict[tuple[str, tuple[Frame, ...]], int] = {}
+        self.timeline: dict[str, list[list]] = {}
+        self._runs = 0
+        self._comm_from: int | None = None
         self._folded: dict[Any, bool] = {}  # code object -> machinery?
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
         self._t0 = 0.0
         self._t1 = 0.0
+        self._wall0 = 0.0
 
     def start(self) -> Sampler:
+        rec = _recorder()
+        self._comm_from = None if rec is None else rec.total("comm")
+        self._wall0 = time.time()
         self._t0 = time.perf_counter()
         self._thread.start()
         return self
@@ -81,16 +100,30 @@ class Sampler:
         self._done.set()
         self._thread.join()
         self._t1 = time.perf_counter()
+        # stacks in the order of self._index, so the timeline's indices point into them
         return {
             "stacks": [
-                [thread, [list(f) for f in stack], round(secs, 6)]
-                for (thread, stack), secs in self.stacks.items()
+                [thread, [list(f) for f in stack], round(self.stacks[(thread, stack)], 6)]
+                for (thread, stack) in self._index
             ],
+            "timeline": self.timeline,
+            "truncated": self._runs >= MAX_RUNS,
+            "t0": self._t0,
+            "wall0": self._wall0,
+            "comm": self._comm(),
             "seconds": self._t1 - self._t0,
             "samples": self.samples,
             "hz": 1.0 / self.interval,
             "pid": os.getpid(),
         }
+
+    def _comm(self) -> list[list] | None:
+        """The comm timing records written during the cell (COMM_FIELDS order)."""
+        rec = _recorder()
+        if rec is None or self._comm_from is None:
+            return None
+        items, _next, _lost = rec.read("comm", self._comm_from)
+        return [list(t) for t in items if t[4] >= self._t0]
 
     def _loop(self) -> None:
         me = threading.get_ident()
@@ -102,8 +135,9 @@ class Sampler:
         self.sample(time.perf_counter() - last, me)  # the last stretch, up to stop()
 
     def sample(self, dt: float, skip: int | None = None) -> None:
-        """Add ``dt`` seconds to every sampled thread's current stack."""
+        """Add ``dt`` seconds (the time up to now) to every sampled thread's current stack."""
         self.samples += 1
+        start = time.perf_counter() - dt - self._t0
         names = {t.ident: t.name for t in threading.enumerate()}
         for ident, frame in sys._current_frames().items():
             if ident == skip:
@@ -112,8 +146,19 @@ class Sampler:
             stack = self._stack(frame, main)
             if not stack and not main:
                 continue
-            key = ("main" if main else names.get(ident, str(ident)), stack)
-            self.stacks[key] = self.stacks.get(key, 0.0) + dt
+            thread = "main" if main else names.get(ident, str(ident))
+            key = (thread, stack)
+            idx = self._index.get(key)
+            if idx is None:
+                idx = self._index[key] = len(self._index)
+                self.stacks[key] = 0.0
+            self.stacks[key] += dt
+            runs = self.timeline.setdefault(thread, [])
+            if runs and runs[-1][0] == idx:
+                runs[-1][2] += dt
+            elif self._runs < MAX_RUNS:
+                self._runs += 1
+                runs.append([idx, start, dt])
 
     def _stack(self, frame, main: bool) -> tuple[Frame, ...]:
         out: list[Frame] = []
@@ -137,11 +182,88 @@ class Sampler:
         return tuple(out)
 
 
+def _recorder():
+    """This rank's metrics recorder if one exists (never made here: profiling must not
+    start the comm hooks a recorder brings)."""
+    metrics = sys.modules.get("clusterkernel.metrics")
+    return None if metrics is None else getattr(metrics, "_RECORDER", None)
+
+
+MAX_TORCH_EVENTS = 200_000
+"""torch ops kept per cell (``--profile torch``); the rest are counted in ``torch_dropped``."""
+
+
+class _TorchOps:
+    """torch.profiler (CPU ops) around a cell; its events on the wall clock in us."""
+
+    def __init__(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._prof = profile(activities=[ProfilerActivity.CPU])
+        self._prof.start()
+
+    def stop(self) -> tuple[list[dict], int]:
+        import json
+        import tempfile
+
+        self._prof.stop()
+        fd, path = tempfile.mkstemp(suffix=".json", prefix="ck-torch-")
+        os.close(fd)
+        try:
+            self._prof.export_chrome_trace(path)
+            with open(path) as f:
+                doc = json.load(f)
+        finally:
+            os.unlink(path)
+        # kineto counts ts (us) from baseTimeNanoseconds: their sum is the wall clock
+        base = doc.get("baseTimeNanoseconds", 0) / 1e3
+        events = [
+            {
+                "ph": "X",
+                "name": e["name"],
+                "cat": e.get("cat", "torch"),
+                "ts": e["ts"] + base,
+                "dur": e.get("dur", 0.0),
+            }
+            for e in doc.get("traceEvents", [])
+            if e.get("ph") == "X" and "ts" in e
+        ]
+        return events[:MAX_TORCH_EVENTS], max(0, len(events) - MAX_TORCH_EVENTS)
+
+
 _current: Sampler | None = None
+_torch: _TorchOps | None = None
+
+PROFILE_REQUEST = "clusterkernel_profile_request"
+"""A control-channel request that stops the sampler and replies with the profile:
+answered by ipykernel's control thread while the cell still runs (a hang under
+``--timeout``), so what was sampled comes back before the rank is freed or restarted."""
+PROFILE_REPLY = "clusterkernel_profile_reply"
 
 
-def start(hz: float = DEFAULT_HZ) -> bool:
-    """Start sampling this rank (called on the thread that will run the cell).
+def _install_control_handler() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    kernel = getattr(get_ipython(), "kernel", None)
+    handlers = getattr(kernel, "control_handlers", None)
+    if handlers is None or PROFILE_REQUEST in handlers:
+        return
+
+    def answer(stream, ident, parent) -> None:
+        try:
+            reply = {"status": "ok", "profile": stop()}
+        except Exception as e:  # reply anyway: the notebook waits for it
+            reply = {"status": "error", "error": f"{type(e).__name__}: {e}"}
+        kernel.session.send(stream, PROFILE_REPLY, reply, parent, ident)
+
+    handlers[PROFILE_REQUEST] = answer
+
+
+def start(hz: float = DEFAULT_HZ, torch: bool = False) -> bool:
+    """Start sampling this rank (called on the thread that will run the cell);
+    ``torch``: also torch.profiler's CPU ops (``--profile torch``).
 
     A sampler left from a cell whose ``stop`` never came is replaced.
 
@@ -149,10 +271,12 @@ def start(hz: float = DEFAULT_HZ) -> bool:
 
         rank_call("clusterkernel.rank._profile:start", hz=100)
     """
-    global _current
+    global _current, _torch
     if _current is not None:
-        _current.stop()
+        stop()
+    _install_control_handler()
     _current = Sampler(hz=hz).start()
+    _torch = _TorchOps() if torch else None
     return True
 
 
@@ -163,9 +287,16 @@ def stop() -> dict | None:
 
         rank_call("clusterkernel.rank._profile:stop")["seconds"]
     """
-    global _current
+    global _current, _torch
     sampler, _current = _current, None
-    return None if sampler is None else sampler.stop()
+    ops, _torch = _torch, None
+    data = None if sampler is None else sampler.stop()
+    if ops is not None and data is not None:
+        try:
+            data["torch"], data["torch_dropped"] = ops.stop()
+        except Exception as e:  # the samples still come back
+            data["torch_error"] = f"{type(e).__name__}: {e}"
+    return data
 
 
 def running() -> bool:

@@ -7,15 +7,88 @@ only while a profiled cell does.
 from __future__ import annotations
 
 import io
+import json
 import textwrap
 from pathlib import Path
 
+import jsonschema
 import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 
+import clusterkernel.client.magics as ck_magics
 from clusterkernel import Cluster, RankError
+from clusterkernel.client.errors import CellInterrupted
 from clusterkernel.client.output import TerminalRenderer
-from clusterkernel.client.profile import CELL, Profile
+from clusterkernel.client.profile import CELL, Profile, ProfileError
 from clusterkernel.protocol._rank_call import rank_call
+
+# The shape of speedscope's file format (https://www.speedscope.app/file-format-schema.json,
+# the sampled-profile part), written out here: the test machine may be offline.
+SPEEDSCOPE_SHAPE = {
+    "type": "object",
+    "required": ["$schema", "profiles", "shared"],
+    "properties": {
+        "$schema": {"enum": ["https://www.speedscope.app/file-format-schema.json"]},
+        "shared": {
+            "type": "object",
+            "required": ["frames"],
+            "properties": {
+                "frames": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "file": {"type": "string"},
+                            "line": {"type": "number"},
+                        },
+                    },
+                }
+            },
+        },
+        "profiles": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": [
+                    "type",
+                    "name",
+                    "unit",
+                    "startValue",
+                    "endValue",
+                    "samples",
+                    "weights",
+                ],
+                "properties": {
+                    "type": {"enum": ["sampled"]},
+                    "name": {"type": "string"},
+                    "unit": {
+                        "enum": [
+                            "bytes",
+                            "microseconds",
+                            "milliseconds",
+                            "nanoseconds",
+                            "none",
+                            "seconds",
+                        ]
+                    },
+                    "startValue": {"type": "number"},
+                    "endValue": {"type": "number"},
+                    "samples": {
+                        "type": "array",
+                        "items": {"type": "array", "items": {"type": "number"}},
+                    },
+                    "weights": {"type": "array", "items": {"type": "number"}},
+                },
+            },
+        },
+        "name": {"type": "string"},
+        "activeProfileIndex": {"type": "number"},
+        "exporter": {"type": "string"},
+    },
+}
 
 HELPER = """\
 import time
@@ -41,9 +114,11 @@ def test_the_straggler_s_helper_is_named_in_the_difference(
     cluster: Cluster, tmp_path: Path, capsys
 ):
     (tmp_path / "ck_profile_helper.py").write_text(HELPER)
-    code = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(tmp_path)!r})
+    # imports first, unprofiled: a fresh rank's first import of comm can take as long
+    # as the straggler's sleeps on a loaded 2-core machine, on any rank
+    warm = f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport ck_profile_helper"
+    cluster.run(warm + "\nfrom clusterkernel import comm", renderer=_quiet(cluster))
+    code = textwrap.dedent("""
         import ck_profile_helper
         from clusterkernel import comm
         for step in range(25):
@@ -65,6 +140,72 @@ def test_the_straggler_s_helper_is_named_in_the_difference(
     assert "What the slowest rank does more: rank 2" in shown
     assert f"ck_profile_helper.py:{sleep_line}" in shown
     assert _sampler_running(cluster) == {r: False for r in cluster.live_ranks}
+    # the barriers' time: the others wait for rank 2; rank 2 hardly waits
+    split = p.collectives()
+    assert sorted(split) == [0, 1, 2, 3] and {t.calls for t in split.values()} == {25}, split
+    assert all(split[r].waiting > split[2].waiting for r in (0, 1, 3)), split
+    assert all(t.unsplit == 0 for t in split.values()), split
+    assert "waiting for other ranks" in shown
+    # one icicle per rank, the helper's box with its file and line in the tooltip
+    page = p._repr_html_()
+    assert page.count("class='ck-flame'") == 4 and "<script" not in page
+    assert "load_batch (" in page and f"ck_profile_helper.py:{sleep_line})" in page
+
+
+def test_exports_load_as_speedscope_and_chrome_trace(cluster: Cluster, tmp_path: Path):
+    code = textwrap.dedent("""
+        import threading, time
+        from clusterkernel import comm
+
+        def background():
+            time.sleep(0.2)
+
+        def step():
+            time.sleep(0.01)
+            comm.barrier()
+
+        t = threading.Thread(target=background, name="loader")
+        t.start()
+        for _ in range(10):
+            step()
+        t.join()
+    """)
+    cluster.run(code, profile=True, renderer=_quiet(cluster))
+    p = cluster.profile_result
+    doc = json.loads(p.save(tmp_path / "cell.speedscope.json").read_text())
+    jsonschema.validate(doc, SPEEDSCOPE_SHAPE)
+    names = [prof["name"] for prof in doc["profiles"]]
+    assert {"rank 0", "rank 3", "rank 0 thread loader"} <= set(names), names
+    frames = doc["shared"]["frames"]
+    for prof in doc["profiles"]:
+        assert len(prof["samples"]) == len(prof["weights"])
+        assert all(0 <= i < len(frames) for s in prof["samples"] for i in s)
+    rank0 = doc["profiles"][names.index("rank 0")]
+    stepped = {frames[s[-1]]["name"] for s in rank0["samples"] if s}
+    assert "step" in {frames[i]["name"] for s in rank0["samples"] for i in s}, stepped
+
+    trace = json.loads(p.save(tmp_path / "cell.json").read_text())
+    events = trace["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert procs == {r: f"rank {r}" for r in range(4)}
+    complete = [e for e in events if e["ph"] == "X"]
+    for e in complete:
+        assert {"name", "pid", "tid", "ts", "dur"} <= set(e) and e["dur"] >= 0, e
+    # boxes of one track nest (a trace viewer refuses overlaps that do not)
+    tracks: dict = {}
+    for e in complete:
+        tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    for evs in tracks.values():
+        open_ends: list[float] = []
+        for e in sorted(evs, key=lambda e: (e["ts"], -e["dur"])):
+            while open_ends and open_ends[-1] <= e["ts"] + 1e-3:
+                open_ends.pop()
+            assert not open_ends or e["ts"] + e["dur"] <= open_ends[-1] + 1e-3, e
+            open_ends.append(e["ts"] + e["dur"])
+    comm_ops = [e for e in complete if e["cat"] == "comm" and e["pid"] == 0]
+    assert len(comm_ops) == 10 and all(e["name"] == "barrier" for e in comm_ops)
+    with pytest.raises(ValueError, match="speedscope.json"):
+        p.save(tmp_path / "cell.txt")
 
 
 def test_a_hot_loop_on_rank_0_is_its_top_entry(cluster: Cluster, capsys):
@@ -116,3 +257,55 @@ def test_without_profile_no_sampler_runs_and_nothing_is_shown(cluster: Cluster, 
     names = cluster.pull("names")
     assert all("clusterkernel-profile" not in n for n in names.values()), names
     assert "Profile of rank" not in capsys.readouterr().out
+
+
+def test_a_cell_that_hangs_under_timeout_still_shows_what_was_sampled(cluster: Cluster, capsys):
+    code = textwrap.dedent("""
+        from mpi4py import MPI
+
+        def wait_for_peers():
+            MPI.COMM_WORLD.Barrier()   # rank 1 never comes
+
+        if MPI.COMM_WORLD.Get_rank() != 1:
+            wait_for_peers()
+    """)
+    with pytest.raises(CellInterrupted):
+        cluster.run(code, profile=True, timeout=2, renderer=_quiet(cluster))
+    p = cluster.profile_result
+    assert sorted(p.ranks) == [0, 1, 2, 3] and not p.missing, str(p)
+    for r in (0, 2, 3):
+        assert p.top(r)[0].function == "wait_for_peers", str(p)
+    assert "wait_for_peers" in capsys.readouterr().out
+
+
+def test_profile_start_stop_over_cells_and_its_misuse(cluster: Cluster, capsys):
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "clusterkernel")
+    magics = ck_magics._magics
+    magics.cluster = cluster
+    try:
+        with pytest.raises(UsageError, match="no profile is running"):
+            sh.run_line_magic("mpi", "profile stop")
+        with pytest.raises(UsageError, match="invalid choice"):
+            sh.run_line_magic("mpi", "profile pause")
+        sh.run_line_magic("mpi", "profile start")
+        assert _sampler_running(cluster) == {r: True for r in cluster.live_ranks}
+        with pytest.raises(UsageError, match="already running"):
+            sh.run_line_magic("mpi", "profile start")
+        with pytest.raises(ProfileError, match="already running"):
+            cluster.run("pass", profile=True, renderer=_quiet(cluster))
+        for _ in range(2):
+            cluster.run(
+                "def first_cell_work():\n    import time; time.sleep(0.1)\nfirst_cell_work()",
+                renderer=_quiet(cluster),
+            )
+        sh.run_line_magic("mpi", "profile stop")
+    finally:
+        magics.cluster = None
+    p = cluster.profile_result
+    assert sorted(p.ranks) == [0, 1, 2, 3]
+    assert all(any(e.function == "first_cell_work" for e in p.top(r)) for r in p.ranks), str(p)
+    assert _sampler_running(cluster) == {r: False for r in cluster.live_ranks}
+    with pytest.raises(ProfileError, match="no profile is running"):
+        cluster.profile("stop")
+    assert "Profiling every rank" in capsys.readouterr().out

@@ -824,6 +824,25 @@ class Cluster:
             if profile and block:
                 self.profile_result = run.profile if run is not None else None
 
+    def profile(self, action: str = "start", *, torch: bool = False, hz: float | None = None):
+        """``%mpi profile start|stop``: sample every rank over the cells in between.
+
+        ``"start"`` starts every live rank's sampler (``torch=True``: torch.profiler's
+        CPU ops too); ``"stop"`` ends it, shows the :class:`~clusterkernel.client.profile.
+        Profile` and returns it (also kept as ``profile_result``). Misuse (stop without
+        start, start twice) raises :class:`~clusterkernel.client.profile.ProfileError`.
+
+        Example::
+
+            cluster.profile("start")
+            cluster.run("import time; time.sleep(0.1)")
+            p = cluster.profile("stop")
+        """
+        from clusterkernel.client.profile import control
+
+        self._require_running()
+        return control(self, action, torch=torch, hz=hz)
+
     # ------------------------------------------------------------------ dashboard
     def dashboard(self) -> Dashboard:
         """This cluster's live dashboard, streaming; made on first use.

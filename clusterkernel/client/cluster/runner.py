@@ -88,7 +88,7 @@ class CellRun:
         renderer: Renderer | None = None,
         *,
         faults: CellFaults,
-        profile: bool = False,
+        profile: bool | str = False,
     ) -> None:
         self.cluster = cluster
         self.faults = faults
@@ -97,8 +97,11 @@ class CellRun:
         self.renderer = renderer if renderer is not None else default_renderer(self.ranks)
         client = cluster.client
         self._client = client
-        # --profile: each rank's sampler starts right before the cell (queued ahead of it)
-        self._profiling = CellProfile(cluster, self.ranks) if profile else None
+        # --profile: each rank's sampler starts right before the cell (queued ahead of it);
+        # --profile torch (profile="torch") adds torch.profiler's CPU ops
+        self._profiling = (
+            CellProfile(cluster, self.ranks, torch=profile == "torch") if profile else None
+        )
         self.profile: Profile | None = None
         self.ar = cluster.view(self.ranks).execute(code, silent=False, block=False)
         # The result's own metadata, not client.metadata[msg_id]: the client drops
@@ -243,6 +246,8 @@ class CellRun:
         self, kind: str, stacks_first: bool, timeout: float | None = None
     ) -> CellInterrupted:
         """Interrupt busy ranks; stacks and a restart for the ones that stay stuck."""
+        if self._profiling is not None:  # what was sampled, before a restart loses it
+            self._profiling.collect_now()
         busy = self.busy_ranks()
         stacks = self.cluster.stacks(busy, code=self.code) if (stacks_first and busy) else {}
         # Read before the interrupt unwinds anything: who waits in which call.

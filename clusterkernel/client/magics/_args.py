@@ -184,6 +184,18 @@ def where_args(line):
 
 
 @magic_arguments()
+@argument("action", choices=("start", "stop"), help="start sampling, or stop and show")
+@argument("--torch", action="store_true", help="also torch.profiler's CPU ops (start)")
+@argument("--hz", type=float, help="samples per second (start; default 100)")
+def profile_args(line):
+    """%mpi profile: profile every rank over the cells between start and stop.
+
+    stop shows what the slowest rank does more, each rank's top lines and flame graph
+    (cluster.profile_result; .save("x.speedscope.json") or .save("x.json") to export).
+    """
+
+
+@magic_arguments()
 @argument(
     "--ranks",
     help="ranks, e.g. 1,3 or 0-3 (default: those at a breakpoint, else those whose cell raised)",
@@ -211,9 +223,12 @@ def pull_args(line):
 @argument("--dashboard", action="store_true", help="show the live dashboard while the cell runs")
 @argument(
     "--profile",
-    action="store_true",
-    help="sample every rank's Python stacks; under the cell: each rank's top lines and what "
-    "the slowest rank does more (cluster.profile_result)",
+    nargs="?",
+    const="python",
+    choices=("python", "torch"),
+    help="sample every rank's Python stacks; under the cell: what the slowest rank does "
+    "more, each rank's top lines and flame graph (cluster.profile_result); --profile torch "
+    "adds torch.profiler's CPU ops (profile_result.save('x.json'): Chrome/Perfetto trace)",
 )
 def cell_args(line):
     """%%mpi: run the cell on every rank (or --ranks), output streamed by rank."""
@@ -274,6 +289,7 @@ HELP_ROWS = [
     ("%mpi push name [name ...] | %mpi push name=expr", "copy variables to every rank"),
     (pull_args, "%mpi pull"),
     (where_args, "%mpi where"),
+    (profile_args, "%mpi profile"),
     (debug_args, "%mpi debug"),
     ("%mpi timeout S | off", "default watchdog for %%mpi cells"),
     ("%mpi dashboard", "live per-rank loss, comm, timeline, status"),

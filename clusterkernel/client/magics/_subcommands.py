@@ -26,6 +26,7 @@ from clusterkernel.client.magics._args import (
     attach_args,
     debug_args,
     export_args,
+    profile_args,
     pull_args,
     ranks_arg,
     respawn_args,
@@ -279,6 +280,24 @@ class Subcommands:
             by_text.setdefault(text or "  (idle: no cell running)", []).append(rank)
         for text, same in sorted(by_text.items(), key=lambda kv: kv[1]):
             print(f"[{rank_label(same)}]\n{text}")
+
+    def _sub_profile(self, rest: str):
+        """%mpi profile start|stop: see ``profile_args``; stop shows the profile."""
+        from clusterkernel.client.profile import ProfileError
+
+        args = parse_argstring(profile_args, rest)
+        if args.action == "stop" and (args.torch or args.hz is not None):
+            raise UsageError("--torch and --hz go with %mpi profile start, not stop.")
+        cluster = self._require_cluster()
+        try:
+            if args.action == "start":
+                cluster.profile("start", torch=args.torch, hz=args.hz)
+                print("Profiling every rank; %mpi profile stop shows where the time went.")
+                return None
+            cluster.profile("stop")
+        except ProfileError as e:
+            raise UsageError(str(e)) from None
+        return None
 
     def _sub_debug(self, rest: str) -> None:
         from clusterkernel.client.debug._prompt import run_debug

@@ -1,45 +1,20 @@
-"""Where each rank's time went in a cell, and what the slowest rank does more (client side).
-
-``%%mpi --profile`` (``cluster.run(code, profile=True)``) starts a sampler on every
-rank just before the cell (``clusterkernel.rank._profile``, called by name) and
-collects it when the cell has ended, raised, or been interrupted; a
-:class:`Profile` is then shown under the cell and kept as ``cluster.profile_result``.
-
-Time is counted at **your line**: each sample goes to the innermost frame of the
-stack that is not in a library (the standard library, site-packages,
-clusterkernel), so the seconds a rank spent inside ``torch`` or ``time.sleep`` land
-on the line that called them; the ``in`` column names the library function where
-the time went. The **slowest rank** is the one with the most busy time (its
-profiled seconds less its time inside collectives of ``clusterkernel.comm`` and
-``torch.distributed``, where a fast rank waits for a slow one); the **median rank**
-is the lower median of busy time. Their difference names the lines where the
-slowest rank spends more.
-
-Example::
-
-    run = cluster.run(code, profile=True)
-    p = cluster.profile_result
-    p.top(0)[0]            # ProfileEntry(file=..., line=12, function='hot', seconds=1.9, ...)
-    p.difference()[0]      # the line the slowest rank spends the most extra time on
-    print(p)               # the tables as text
-"""
+"""The Profile: each rank's samples over a cell, its tables, its difference view, its HTML."""
 
 from __future__ import annotations
 
 import html
 import re
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clusterkernel.client.errors import format_ranks
-from clusterkernel.protocol._rank_call import rank_call
+from clusterkernel.client.profile import _export
+from clusterkernel.client.profile._collectives import CollectiveTime, collective_split
+from clusterkernel.client.profile._flame import flame_tree, icicle_svg
 
 if TYPE_CHECKING:
-    from clusterkernel.client.cluster import Cluster
-
-_START = "clusterkernel.rank._profile:start"
-_STOP = "clusterkernel.rank._profile:stop"
+    import os
+    from pathlib import Path
 _CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$|^<ipython-input-")
 _LIBRARY = re.compile(
     r"[/\\]lib[/\\]python3[^/\\]*[/\\]|[/\\](site|dist)-packages[/\\]|[/\\]clusterkernel[/\\]"
@@ -122,6 +97,7 @@ class Profile:
         self.ranks = dict(sorted(ranks.items()))
         self.missing = sorted(missing or [])
         self._own = {r: _own_lines(d) for r, d in self.ranks.items()}
+        self._split: dict[int, CollectiveTime] | None = None
 
     # ---------------------------------------------------------------- numbers
     def seconds(self, rank: int) -> float:
@@ -152,6 +128,18 @@ class Profile:
         order = sorted(self.ranks, key=lambda r: (self.busy(r), r))
         return order[(len(order) - 1) // 2]
 
+    def collectives(self) -> dict[int, CollectiveTime]:
+        """Each rank's seconds in comm calls, split into moving data and waiting for
+        other ranks (``_collectives``); ranks whose comm layer recorded nothing are left out.
+
+        Example::
+
+            profile.collectives()[0].waiting   # seconds rank 0 waited for the others
+        """
+        if self._split is None:
+            self._split = collective_split(self.ranks)
+        return self._split
+
     def top(self, rank: int, n: int = 10) -> list[ProfileEntry]:
         """Rank ``rank``'s ``n`` lines with the most time, most first."""
         total = self.seconds(rank) or 1.0
@@ -174,11 +162,56 @@ class Profile:
         rows = [d for d in rows if d.extra > 0]
         return sorted(rows, key=lambda d: -d.extra)[:n]
 
+    # ---------------------------------------------------------------- exporting
+    def speedscope(self) -> dict:
+        """The profile in speedscope's file format (one sampled profile per rank and thread).
+
+        Example::
+
+            doc = profile.speedscope(); doc["profiles"][0]["name"]   # 'rank 0'
+        """
+        return _export.speedscope(self.ranks)
+
+    def chrome_trace(self, store: Any = None) -> dict:
+        """The profile as a Chrome trace-event document, one process per rank; with a
+        dashboard's store (``dashboard.store``) its comm and compute tracks merged in.
+
+        Example::
+
+            doc = profile.chrome_trace(); doc["traceEvents"][0]["ph"]   # 'M'
+        """
+        return _export.chrome_trace(self.ranks, store)
+
+    def save(self, path: str | os.PathLike, store: Any = None) -> Path:
+        """Write ``NAME.speedscope.json`` (speedscope) or ``NAME.json`` (Chrome/Perfetto
+        trace; ``store``: a dashboard's records merged in); the path written.
+
+        Example::
+
+            cluster.profile_result.save("step.speedscope.json")   # open in speedscope.app
+            cluster.profile_result.save("step.trace.json")        # open in ui.perfetto.dev
+        """
+        return _export.save(self.ranks, path, store)
+
     # ---------------------------------------------------------------- showing
+    def _comm_line(self, rank: int) -> str:
+        t = self.collectives().get(rank)
+        if t is None or t.total <= 0:
+            return ""
+        line = (
+            f"in comm calls {t.total:.3f} s: moving data {t.moving:.3f} s, "
+            f"waiting for other ranks {t.waiting:.3f} s"
+        )
+        return line + (f", not split {t.unsplit:.3f} s" if t.unsplit > 0 else "")
+
     def __str__(self) -> str:
         out = []
         for rank in self.ranks:
-            out.append(f"Profile of rank {rank}: {self.seconds(rank):.2f} s")
+            comm = self._comm_line(rank)
+            out.append(
+                f"Profile of rank {rank}: {self.seconds(rank):.2f} s"
+                + (f" ({comm})" if comm else "")
+            )
             out.append(_text_table(_TOP_HEAD, [_top_row(e) for e in self.top(rank)]))
         out += self._difference_text()
         if self.missing:
@@ -214,14 +247,36 @@ class Profile:
         cells = []
         for rank in self.ranks:
             title = f"<b>rank {rank}</b>: {self.seconds(rank):.2f} s"
+            comm = self._comm_line(rank)
+            if comm:
+                title += f"<br><small>{html.escape(comm)}</small>"
             rows = [_top_row(e) for e in self.top(rank)]
             cells.append(
                 f"<div style='margin:4px 12px 4px 0'>{title}{_html_table(_TOP_HEAD, rows)}</div>"
             )
         parts.append(f"<div style='display:flex;flex-wrap:wrap'>{''.join(cells)}</div>")
+        parts.append(self._flames_html())
         if self.missing:
             parts.append(f"<i>No profile from rank {format_ranks(self.missing)}.</i>")
         return "<div class='ck-profile'>" + "".join(parts) + "</div>"
+
+    def _flames_html(self) -> str:
+        """Each rank's icicle, all to one scale (a slower rank's is wider), in a
+        ``<details>`` that starts open for up to 8 ranks."""
+        trees = {r: flame_tree(d, f"rank {r}") for r, d in self.ranks.items()}
+        scale = max((t.seconds for t in trees.values()), default=0.0) or 1.0
+        rows = []
+        for rank, tree in trees.items():
+            mark = " (slowest)" if rank == self.slowest and len(trees) > 1 else ""
+            rows.append(
+                f"<div style='margin:2px 0'><small>rank {rank}{mark}</small>"
+                f"{icicle_svg(tree, scale, f'flame graph of rank {rank}')}</div>"
+            )
+        state = " open" if len(trees) <= 8 else ""
+        return (
+            f"<details{state}><summary>Flame graphs (outermost call on top; width: seconds; "
+            f"hover a box for its file and line)</summary>{''.join(rows)}</details>"
+        )
 
     def show(self) -> None:
         """Show under the running cell: HTML in a notebook, text in a terminal.
@@ -238,53 +293,6 @@ class Profile:
             display(self)
         else:
             print(self, flush=True)
-
-
-# -------------------------------------------------------------------- collecting
-class CellProfile:
-    """The profile of one running cell: started on its ranks, collected when it ends.
-
-    :class:`~clusterkernel.client.cluster.runner.CellRun` makes one with
-    ``profile=True``; the start is queued on each rank ahead of the cell, so it runs
-    right before it.
-
-    Example::
-
-        cp = CellProfile(cluster, [0, 1, 2, 3])   # before the cell is sent
-        ...                                        # the cell runs
-        profile = cp.finish()                      # a Profile, shown under the cell
-    """
-
-    def __init__(self, cluster: Cluster, ranks: list[int], hz: float | None = None) -> None:
-        self.cluster = cluster
-        self.ranks = list(ranks)
-        kwargs = {} if hz is None else {"hz": hz}
-        self._started = cluster.view(self.ranks).apply_async(rank_call, _START, **kwargs)
-
-    def finish(self, timeout: float = 10.0, show: bool = True) -> Profile:
-        """Stop every rank's sampler and gather the samples; ranks that do not answer
-        within ``timeout`` (gone, restarted) are listed as missing."""
-        asked: dict[int, Any] = {}
-        for r in self.ranks:
-            try:
-                asked[r] = self.cluster.view([r]).apply_async(rank_call, _STOP)
-            except Exception:  # the rank is gone (a restart made new engines)
-                pass
-        deadline = time.monotonic() + timeout
-        got: dict[int, dict] = {}
-        for r, ar in asked.items():
-            try:
-                ar.wait(max(0.0, deadline - time.monotonic()))
-                if ar.ready() and ar.successful():
-                    data = ar.get()[0]
-                    if data:
-                        got[r] = data
-            except Exception:  # a lost engine answers with an error
-                pass
-        profile = Profile(got, missing=[r for r in self.ranks if r not in got])
-        if show:
-            profile.show()
-        return profile
 
 
 # -------------------------------------------------------------------- helpers

@@ -1,0 +1,180 @@
+"""Starting and stopping the ranks' samplers: around one cell, or by hand.
+
+- :class:`CellProfile`: ``%%mpi --profile`` / ``cluster.run(code, profile=True)``;
+  the start is queued on each rank ahead of the cell, the stop after it.
+- :func:`control`: ``%mpi profile start|stop`` / ``cluster.profile("start"|"stop")``;
+  the samplers run across every cell in between (the time between cells is shown as
+  ``(between cells)``), and ``stop`` shows the profile and keeps it as
+  ``cluster.profile_result``.
+
+Example::
+
+    cluster.profile("start")
+    cluster.run(step_code)
+    cluster.run(step_code)
+    p = cluster.profile("stop")        # a Profile of both cells, shown
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from clusterkernel.client.profile._model import Profile
+from clusterkernel.protocol._rank_call import rank_call
+
+if TYPE_CHECKING:
+    from clusterkernel.client.cluster import Cluster
+
+_START = "clusterkernel.rank._profile:start"
+_STOP = "clusterkernel.rank._profile:stop"
+_PROFILE_REQUEST = "clusterkernel_profile_request"  # rank._profile.PROFILE_REQUEST
+
+
+class ProfileError(RuntimeError):
+    """Profiling asked for in a state that cannot give it (stop without start, ...).
+
+    Example::
+
+        try:
+            cluster.profile("stop")
+        except ProfileError as e:
+            print(e)   # no profile is running: cluster.profile("start") first
+    """
+
+
+class CellProfile:
+    """The profile of one running cell (or a by-hand session): started on its ranks,
+    collected by :meth:`finish`.
+
+    ``torch=True`` also runs torch.profiler (CPU ops) on each rank (``--profile torch``).
+
+    Example::
+
+        cp = CellProfile(cluster, [0, 1, 2, 3])   # before the cell is sent
+        ...                                        # the cell runs
+        profile = cp.finish()                      # a Profile, shown under the cell
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        ranks: list[int],
+        hz: float | None = None,
+        torch: bool = False,
+    ) -> None:
+        session = _sessions.get(cluster)
+        if session is not None:
+            raise ProfileError(
+                "a profile is already running on this cluster (%mpi profile start); "
+                "its stop shows this cell too: run the cell without --profile, or "
+                "%mpi profile stop first"
+            )
+        self.cluster = cluster
+        self.ranks = list(ranks)
+        kwargs: dict[str, Any] = {} if hz is None else {"hz": hz}
+        if torch:
+            kwargs["torch"] = True
+        self._started = cluster.view(self.ranks).apply_async(rank_call, _START, **kwargs)
+        self._early: dict[int, dict] = {}
+
+    def collect_now(self, timeout: float = 3.0) -> None:
+        """Stop the samplers of ranks still running the cell and keep what they
+        sampled, through the control channel (answered while the cell hangs):
+        the runner calls it before it interrupts or restarts stuck ranks."""
+        from clusterkernel.client.cluster import _ipp
+
+        engines = {}
+        for r in self.ranks:
+            try:
+                engines[r] = self.cluster.engine_id(r)
+            except Exception:  # gone
+                pass
+        try:
+            replies = _ipp.control_request(
+                self.cluster.client, engines, _PROFILE_REQUEST, {}, timeout
+            )
+        except Exception:  # the controller is gone: finish() reports the ranks missing
+            return
+        for r, reply in replies.items():
+            if reply.get("status") == "ok" and reply.get("profile"):
+                self._early[r] = reply["profile"]
+
+    def finish(self, timeout: float = 10.0, show: bool = True) -> Profile:
+        """Stop every rank's sampler and gather the samples; ranks that do not answer
+        within ``timeout`` (gone, restarted) are listed as missing."""
+        asked: dict[int, Any] = {}
+        got: dict[int, dict] = dict(self._early)
+        for r in self.ranks:
+            if r in got:
+                continue
+            try:
+                asked[r] = self.cluster.view([r]).apply_async(rank_call, _STOP)
+            except Exception:  # the rank is gone (a restart made new engines)
+                pass
+        deadline = time.monotonic() + timeout
+        for r, ar in asked.items():
+            try:
+                ar.wait(max(0.0, deadline - time.monotonic()))
+                if ar.ready() and ar.successful():
+                    data = ar.get()[0]
+                    if data:
+                        got[r] = data
+            except Exception:  # a lost engine answers with an error
+                pass
+        profile = Profile(got, missing=[r for r in self.ranks if r not in got])
+        if show:
+            profile.show()
+        return profile
+
+
+# cluster -> its by-hand session (weak: a cluster gone takes its entry along)
+_sessions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def running(cluster: Cluster) -> bool:
+    """Whether ``%mpi profile start`` runs on ``cluster`` now."""
+    return cluster in _sessions
+
+
+def control(
+    cluster: Cluster,
+    action: str = "start",
+    *,
+    torch: bool = False,
+    hz: float | None = None,
+    show: bool = True,
+) -> Profile | None:
+    """``start``: sample every live rank from now on; ``stop``: end it, show the
+    profile and keep it as ``cluster.profile_result`` (returned).
+
+    Example::
+
+        control(cluster, "start")
+        cluster.run(code)
+        control(cluster, "stop").slowest
+    """
+    if hz is not None and not 0 < hz <= 1000:
+        raise ProfileError(f"hz is samples per second, above 0 and at most 1000, not {hz}")
+    if action == "start":
+        if cluster in _sessions:
+            raise ProfileError(
+                "a profile is already running: stop it first (%mpi profile stop, "
+                "cluster.profile('stop'))"
+            )
+        session = CellProfile(cluster, list(cluster.live_ranks), hz=hz, torch=torch)
+        session._started.wait(10.0)  # sampling has begun on every rank when this returns
+        _sessions[cluster] = session
+        return None
+    if action == "stop":
+        session = _sessions.pop(cluster, None)
+        if session is None:
+            raise ProfileError(
+                "no profile is running: start one first (%mpi profile start, "
+                "cluster.profile('start')), or profile one cell with %%mpi --profile"
+            )
+        profile = session.finish(show=show)
+        cluster.profile_result = profile
+        return profile
+    raise ProfileError(f"profile action is 'start' or 'stop', not {action!r}")
