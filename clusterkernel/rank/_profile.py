@@ -226,7 +226,7 @@ class _TorchOps:
                 "dur": e.get("dur", 0.0),
             }
             for e in doc.get("traceEvents", [])
-            if e.get("ph") == "X" and "ts" in e
+            if e.get("ph") == "X" and "ts" in e and e.get("cat") != "Trace"  # kineto's own span
         ]
         return events[:MAX_TORCH_EVENTS], max(0, len(events) - MAX_TORCH_EVENTS)
 
@@ -275,8 +275,10 @@ def start(hz: float = DEFAULT_HZ, torch: bool = False) -> bool:
     if _current is not None:
         stop()
     _install_control_handler()
-    _current = Sampler(hz=hz).start()
+    # torch.profiler first: its start imports and sets up for a second or more, which
+    # is not the cell's time
     _torch = _TorchOps() if torch else None
+    _current = Sampler(hz=hz).start()
     return True
 
 

@@ -309,3 +309,32 @@ def test_profile_start_stop_over_cells_and_its_misuse(cluster: Cluster, capsys):
     with pytest.raises(ProfileError, match="no profile is running"):
         cluster.profile("stop")
     assert "Profiling every rank" in capsys.readouterr().out
+
+
+def test_profile_torch_ops_merge_into_the_dashboard_trace_on_one_clock(cluster: Cluster):
+    code = textwrap.dedent("""
+        import torch
+        from clusterkernel import comm
+
+        x = torch.randn(64, 64)
+        for _ in range(5):
+            comm.all_reduce(x @ x)
+    """)
+    cluster.run("import torch", timeout=120, renderer=_quiet(cluster))  # not profiled
+    dash = cluster.dashboard()
+    cluster.run(code, profile="torch", timeout=120, renderer=_quiet(cluster))
+    p = cluster.profile_result
+    assert sorted(p.ranks) == [0, 1, 2, 3]
+    dash.sync()
+    trace = p.chrome_trace(store=dash.store)
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    for rank in (0, 1):
+        python = [e for e in complete if e["pid"] == rank and e["cat"] == "python"]
+        lo, hi = min(e["ts"] for e in python), max(e["ts"] + e["dur"] for e in python)
+        mm = [e for e in complete if e["pid"] == rank and e["name"] == "aten::mm"]
+        assert len(mm) == 5, [e["name"] for e in complete if e["pid"] == rank]
+        # torch's clock and the sampler's agree: every op lies in the cell's samples
+        assert all(lo <= e["ts"] <= hi for e in mm), (lo, hi, [e["ts"] for e in mm])
+        # and the dashboard's: its records of the cell's all-reduces land in it too
+        theirs = [e for e in complete if e["pid"] == rank and e["tid"] == 1 and lo <= e["ts"] <= hi]
+        assert [e["name"] for e in theirs] == ["all_reduce"] * 5, theirs

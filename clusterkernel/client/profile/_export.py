@@ -173,7 +173,8 @@ def chrome_trace(ranks: dict[int, dict], store: Any = None) -> dict:
         events.append(
             {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}}
         )
-        names = [(_TID_COMM, "comm calls (profiled cell)")]
+        # the dashboard's trace has the comm calls already (its tid 1)
+        names = [] if store is not None else [(_TID_COMM, "comm calls (profiled cell)")]
         if data.get("torch"):
             names.append((_TID_TORCH, "torch ops"))
         for k, thread in enumerate(_threads(data)):
@@ -184,7 +185,8 @@ def chrome_trace(ranks: dict[int, dict], store: Any = None) -> dict:
             events.append(
                 {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}}
             )
-        events += _comm_events(data, rank, origin)
+        if store is None:
+            events += _comm_events(data, rank, origin)
         events += _torch_events(data, rank, origin)
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"wall0": origin}}
 
