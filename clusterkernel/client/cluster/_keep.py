@@ -5,7 +5,7 @@ into the cluster's private run directory (0600 in a 0700 directory, as the
 connection files): its id, shape, settings, rank map, and the client attached now.
 The guard process reads it once the starting process has died or detached
 (``clusterkernel.client.cluster._guard``): it leaves the controller, the engines and any
-Slurm job running, and stops them once no client has been attached for the keep
+scheduler's job (Slurm, Grid Engine) running, and stops them once no client has been attached for the keep
 time. :func:`kept` lists the records of this user; ``Cluster.attach`` claims one.
 
 One client drives a cluster at a time: :func:`claim` refuses while another live
