@@ -43,7 +43,7 @@ SLOW: dict[str, float] = {
     "tests/notebooks/test_notebooks.py::test_notebook_08_runs_on_two_slurm_nodes": 90,
     "tests/notebooks/test_notebooks.py::test_notebook_08_without_slurm_runs_on_this_machine": 25,
     "tests/test_binder.py::test_fresh_venv_from_binder_runs_the_quick_start": 70,
-    "tests/dashboard/test_browser.py": 154,
+    "tests/dashboard/test_browser.py": 42,
     "tests/kernel/test_browser.py": 46,
     "tests/slurm/test_export_job.py::test_exported_notebook_as_a_batch_job_matches_the_notebook": 23,
     "tests/cluster/test_notebook_kernel.py::test_interrupt_frees_ranks_and_killed_kernel_leaves_nothing": 22,
@@ -72,7 +72,7 @@ SLOW: dict[str, float] = {
     "tests/slurm/test_slurm_lifecycle.py::test_a_kept_job_survives_a_killed_kernel_and_stop_after_attach_cancels_it": 13,
     "tests/cluster/test_keep.py::test_the_mpi_kernel_with_keep_attaches_again_after_a_restart": 11,
     "tests/cluster/test_keep.py::test_ranks_that_die_while_no_one_is_attached_are_reported_once_then_removed": 10,
-    "tests/kernel/test_completion.py::test_an_ordinary_kernel_completes_in_mpi_cells_even_while_one_runs": 20,
+    "tests/kernel/test_completion.py::test_an_ordinary_kernel_completes_in_mpi_cells_even_while_one_runs": 15,
     "tests/kernel/test_completion.py::test_the_mpi_kernel_completes_and_inspects_rank_names": 12,
     "tests/test_notebooks_command.py::test_the_quick_starts_last_command_runs_as_printed_without_an_activated_venv": 12,
 }

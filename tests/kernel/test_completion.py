@@ -182,8 +182,10 @@ def test_an_ordinary_kernel_completes_in_mpi_cells_even_while_one_runs(
         subshell = kc.get_control_msg(timeout=30)["content"]["subshell_id"]
 
         # a rank sleeping in its cell: its control thread answers, from its live namespace
-        running = kc.execute("%%mpi\nzz_made_in_cell = 1\ntime.sleep(6)")
-        time.sleep(2)
+        running = kc.execute(
+            "%%mpi\nzz_made_in_cell = 1\nprint('zz in', flush=True)\ntime.sleep(4)"
+        )
+        _wait_output(kc, running, "zz in")
         reply = _complete(kc, "%%mpi\nzz_ma", subshell=subshell)
         assert reply["matches"] == ["zz_made_in_cell"], reply
         assert reply["metadata"]["clusterkernel"]["from"] == "rank"
@@ -191,14 +193,31 @@ def test_an_ordinary_kernel_completes_in_mpi_cells_even_while_one_runs(
 
         # a rank whose main thread holds the GIL (a regular expression backtracking in C)
         # cannot answer: the names it listed last, with no wait past the deadline
-        running = kc.execute("%%mpi\nre.match(r'(a+)+$', 'a' * 27 + 'b')")
-        time.sleep(2)
+        running = kc.execute(
+            "%%mpi\nprint('zz in', flush=True)\nre.match(r'(a+)+$', 'a' * 27 + 'b')"
+        )
+        _wait_output(kc, running, "zz in")
         reply = _complete(kc, "%%mpi\nzz_se", subshell=subshell)
         assert reply["metadata"]["clusterkernel"]["from"] == "cache", reply
         assert reply["matches"] == ["zz_second"], reply
         _wait_reply(kc, running, timeout=240)
     finally:
         _run(kc, "%mpi stop")
+
+
+def _wait_output(kc, msg_id: str, text: str, timeout: float = 60) -> None:
+    """Until cell ``msg_id`` printed ``text`` (no fixed pause: the rank is there now)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = kc.get_iopub_msg(timeout=max(deadline - time.monotonic(), 0.1))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        content = msg["content"]
+        if msg["msg_type"] == "stream" and text in content["text"]:
+            return
+        if any(text in str(v) for v in content.get("data", {}).values()):  # a rank area
+            return
+        assert msg["msg_type"] != "error", msg["content"]
 
 
 def _wait_reply(kc, msg_id: str, timeout: float = 120) -> dict:
