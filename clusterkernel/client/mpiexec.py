@@ -210,11 +210,16 @@ class MPIRuntime:
         fault_tolerant: bool = False,
         hosts: list[tuple[str, int | None]] | None = None,
         hostfile: str | None = None,
+        scheduler_hosts: bool = False,
     ) -> dict[str, str]:
         """Environment for mpiexec: root allowed, oversubscription allowed, bin/ on PATH,
         Open MPI's session directories under :func:`session_root`, and for a job on this
         machine alone (no ``hostfile``, ``hosts`` all local: pass the same ones as to
         :meth:`command`) shared memory as the only transport (``LOCAL_ONLY_ENV``).
+
+        ``scheduler_hosts=True``: mpiexec runs inside a batch job and takes its hosts from
+        the scheduler, so neither the local-only transports nor the session directory
+        (a path of this machine's) apply.
 
         ``fault_tolerant=True`` keeps the job alive when a rank dies (Open MPI's
         ULFM, what ``mpiexec --with-ft ulfm`` turns on) and tells the others.
@@ -227,15 +232,23 @@ class MPIRuntime:
                 # Open MPI refuses to run as root without both of these.
                 env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
                 env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            # Open MPI 5 maps with PRRTE; this is the knob that still works there.
-            env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+            # Open MPI 5 maps with PRRTE; this is the knob that still works there. In a
+            # scheduler's job, by slot as the job's tasks lie (by core would put them all
+            # on the first node), oversubscribing only for a respawned rank: PRRTE keeps a
+            # dead rank's slot (measured: "All nodes ... are already filled" otherwise).
+            policy = "slot:oversubscribe" if scheduler_hosts else ":oversubscribe"
+            env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", policy)
             for key, value in QUIET_OSC.items():
                 env.setdefault(key, value)
-            if hostfile is None and is_local_only(hosts or []):
+            if not scheduler_hosts and hostfile is None and is_local_only(hosts or []):
                 local = LOCAL_ONLY_FT_ENV if fault_tolerant else LOCAL_ONLY_ENV
                 for key, value in local.items():
                     env.setdefault(key, value)
-            if SESSION_ROOT_VAR not in env and (root := session_root()) is not None:
+            if (
+                not scheduler_hosts
+                and SESSION_ROOT_VAR not in env
+                and (root := session_root()) is not None
+            ):
                 env[SESSION_ROOT_VAR] = root
         bindir = str(Path(self.mpiexec).parent)
         if bindir not in env.get("PATH", "").split(os.pathsep):

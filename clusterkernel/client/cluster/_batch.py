@@ -96,8 +96,10 @@ class BatchLauncher:
     """Engines as a job of the scheduler ``settings`` name (or a step of this process's
     job), as ``settings`` say.
 
+    ``fault_tolerant=True`` starts the ranks with Open MPI's ``mpiexec`` inside the job,
+    whatever the scheduler's own step, so that a dead rank can be respawned there.
     Refuses, before anything starts, what a scheduler cannot do with them: hosts (the
-    scheduler chooses), ``fault_tolerant``, bad option values (the scheduler's
+    scheduler chooses), bad option values (the scheduler's
     :meth:`~clusterkernel.client.scheduler.BatchSystem.check`).
 
     Example::
@@ -112,17 +114,24 @@ class BatchLauncher:
         system = scheduler.get(settings.kind())
         if settings.hosts or settings.hostfile:
             raise ValueError(f"{system.title} chooses the hosts: leave out hosts=/hostfile=.")
-        if settings.fault_tolerant:
-            raise ValueError("fault_tolerant=True needs launcher='mpiexec' (Open MPI's ULFM).")
         self.settings = settings
         self.kind = system.name
         self.step = system.steps_in_job()  # ranks as a step of the job this process is in
         n, values = system.resolve(settings.n, system.normalize(settings.options()), self.step)
         self.system = system(n, values)  # checks the options
         self.n = n
-        # How the ranks start inside the job: the scheduler's step, or mpiexec
-        self.how = system.launch
+        # How the ranks start inside the job: the scheduler's step, or mpiexec. Fault
+        # tolerance is Open MPI's (ULFM): a scheduler's step ends when one task dies, and
+        # only mpiexec's daemons can start a dead rank's successor inside the job.
+        self.fault_tolerant = settings.fault_tolerant
+        self.how = "mpiexec" if self.fault_tolerant else system.launch
         self.runtime = MPIRuntime.detect(settings.mpiexec) if self.how == "mpiexec" else None
+        if self.fault_tolerant and self.runtime.flavor == "mpich":
+            raise ValueError(
+                f"fault_tolerant=True needs Open MPI's mpiexec (ULFM); {self.runtime.mpiexec} "
+                f"is {self.runtime.flavor}. Give mpiexec= an Open MPI 5 one, or leave "
+                "fault_tolerant out."
+            )
         self._controller_ip = settings.controller_ip
         self.job_id: str | None = None
         self._state: tuple[str, str] | None = None
@@ -153,13 +162,15 @@ class BatchLauncher:
             for line in self.system.lines(name, out)
         ]
         mpiexec = self.runtime.mpiexec if self.runtime is not None else "mpiexec"
-        launch = self.system.launch_line("{program_and_args}", self.how, mpiexec)
+        program = "\0program"  # the launch line may hold braces of its own (awk's)
+        launch = esc(self.system.launch_line(program, self.how, mpiexec))
+        launch = launch.replace(program, "{program_and_args}")
         return "\n".join(["#!/bin/sh", *lines, launch]) + "\n"
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         base = {"PATH": os.environ.get("PATH", "")}
-        if self.runtime is not None:  # mpiexec's own settings (root, session directories)
-            base = self.runtime.env(base, hostfile=os.devnull)  # hosts: the job's
+        if self.runtime is not None:  # mpiexec's own settings (root, oversubscribing, ULFM)
+            base = self.runtime.env(base, fault_tolerant=self.fault_tolerant, scheduler_hosts=True)
         quiet = {k: os.environ.get(k, v) for k, v in QUIET_OSC.items()}
         return {**base, **quiet, **env}
 
@@ -168,7 +179,13 @@ class BatchLauncher:
         full = self._environment(env)
         if self.step:
             launcher = cfg.MPIEngineSetLauncher
-            command = self.system.step_command()
+            if self.runtime is not None:  # mpiexec in this allocation (ipyparallel adds -n)
+                command = [
+                    self.runtime.mpiexec,
+                    *self.runtime.args(self.n, fault_tolerant=self.fault_tolerant),
+                ]
+            else:
+                command = self.system.step_command()
             launcher.mpi_cmd, launcher.mpi_args = command[:1], command[1:]
             launcher.engine_args = ["--log-level=WARN"]  # MPIEngineSetLauncher adds --mpi
         else:
