@@ -19,6 +19,9 @@ from clusterkernel import Cluster
 from tests import _spawn_check
 from tests._markers import markers_for
 from tests._procs import wait_no_cluster_processes
+from tests.sge._testbed import PACKAGES as SGE_PACKAGES
+from tests.sge._testbed import SgeTestbed
+from tests.sge._testbed import missing as sge_missing
 from tests.slurm._testbed import SlurmTestbed, missing_programs
 
 
@@ -135,6 +138,37 @@ def slurm_testbed():
         # Clusters (and notebook kernels) started by the tests inherit it, as a login
         # node's environment
         os.environ.update(bed.env)
+        yield bed
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        bed.stop()
+
+
+@pytest.fixture(scope="session")
+def sge_testbed():
+    """The one-machine Grid Engine test bed (``tests/sge/_testbed.py``), once per session.
+
+    Skips, saying why, where the machine cannot host it (not root, Grid Engine's
+    packages missing); CI installs them (the README's test command) and runs it. The
+    daemons it started are stopped at the end; ones that ran before are left running.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("the Grid Engine test bed needs root (its daemons, jobs as root)")
+    missing = sge_missing()
+    if missing:
+        pytest.skip(
+            f"the Grid Engine test bed needs {', '.join(missing)}: apt-get install "
+            f"{SGE_PACKAGES} (the README's test command does)"
+        )
+    bed = SgeTestbed()
+    saved = dict(os.environ)
+    try:
+        try:
+            bed.start()
+        except Exception as e:
+            pytest.fail(f"the Grid Engine test bed did not start: {e}")
+        os.environ.update(bed.env)  # clusters the tests start submit with it
         yield bed
     finally:
         os.environ.clear()

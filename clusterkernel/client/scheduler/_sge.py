@@ -2,10 +2,11 @@
 :class:`~clusterkernel.client.scheduler.BatchSystem` (client side).
 
 The engines are one job, ``qsub`` of a script that asks for ``n`` slots of a parallel
-environment (``-pe mpi n``) and runs ``mpiexec`` inside it: Open MPI reads the job's
-hosts from ``$PE_HOSTFILE`` and starts its daemons on them with ``qrsh -inherit`` (the
-parallel environment needs ``control_slaves TRUE``). ``qstat`` says the job's state,
-``qdel`` cancels it; ``-j y -o FILE`` puts its output in one file.
+environment (``-pe mpi n``) and runs ``mpiexec`` inside it on the job's hosts
+(``$PE_HOSTFILE``), its daemons on other hosts started with ``qrsh -inherit`` (the
+parallel environment needs ``control_slaves TRUE``; :meth:`GridEngine.mpiexec_line`).
+``qstat`` says the job's state, ``qdel`` cancels it; ``-j y -o FILE`` puts its output
+in one file.
 
 Example::
 
@@ -17,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 from clusterkernel.client.scheduler._batch import (
@@ -36,7 +38,7 @@ class GridEngine(BatchSystem):
 
     Example::
 
-        GridEngine(n=4).launch_line("python job.py")   # 'mpiexec -n 4 python job.py'
+        GridEngine(n=4).launch_line("python job.py")   # ... 'mpiexec --hostfile ... -n 4 python job.py'
     """
 
     name = "sge"
@@ -94,6 +96,18 @@ class GridEngine(BatchSystem):
         lines += [f"-l h_rt={time}"] if time else []
         lines += [f"-q {v['queue']}"] if v["queue"] else []
         return lines + list(v["sge_args"])
+
+    def mpiexec_line(self, command: str, mpiexec: str = "mpiexec") -> str:
+        """``mpiexec`` on the job's slots: the hosts of ``$PE_HOSTFILE`` as an Open MPI
+        hostfile (Open MPI builds without Grid Engine support, pip's among them, do not
+        read it), daemons on other hosts started by ``qrsh -inherit`` (the parallel
+        environment's ``control_slaves``), as Open MPI's own Grid Engine support does."""
+        hosts = '"${TMPDIR:-/tmp}/clusterkernel-hosts.$JOB_ID"'
+        return "\n".join([
+            f"awk '{{print $1\" slots=\"$2}}' \"$PE_HOSTFILE\" > {hosts}",
+            "export PRTE_MCA_plm_ssh_agent='qrsh -inherit -nostdin -V'",
+            f"{shlex.quote(mpiexec)} --hostfile {hosts} -n {self.n} {command}",
+        ])  # fmt: skip
 
     def export_output(self, script: str) -> str:
         path = Path(script)
