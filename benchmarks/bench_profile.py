@@ -13,6 +13,18 @@ interleaved (``_harness``: paired ratios, medians, the A/A control):
 One process, no ranks: the cost is each rank's own. Run from the repository root::
 
     flock /tmp/ck-mpi.lock .venv/bin/python benchmarks/bench_profile.py [--rounds 7] [--hz 100]
+
+Two more parts, on real ranks:
+
+- ``--part show --ranks 4 16``: the time from a profiled cell's end to its profile
+  ready to show (every rank's sampler stopped and collected, the HTML with the flame
+  graphs and the text built), for a cell of ``--cell-seconds`` of Python work;
+- ``--part ddp``: ``bench_torch.py``'s DDP training function (gloo, 2 ranks) in a
+  cell with and without ``profile=True`` (and ``profile="torch"``), samples/s as a
+  ratio to the unprofiled cell, rounds interleaved with the A/A control::
+
+    flock /tmp/ck-mpi.lock .venv/bin/python benchmarks/bench_profile.py --part show --ranks 4 16
+    flock /tmp/ck-mpi.lock .venv/bin/python benchmarks/bench_profile.py --part ddp --rounds 5
 """
 
 from __future__ import annotations
@@ -73,12 +85,120 @@ def _timed(work: Callable[[], object], how: str, hz: float) -> float:
     return time.perf_counter() - t0
 
 
+_SHOW_CELL = """
+import time
+from clusterkernel import comm
+
+def parse(line):
+    return sum(int(x) for x in line.split(","))
+
+def step(k):
+    total = 0
+    for i in range(2000):
+        total += parse("1,2,3," + str(i % 97))
+    if comm.get_rank() == 1:
+        time.sleep(0.002)
+    return total
+
+t_end = time.perf_counter() + {seconds}
+k = 0
+while time.perf_counter() < t_end:
+    step(k)
+    k += 1
+"""
+
+
+def part_show(sizes: list[int], rounds: int, seconds: float) -> None:
+    """Cell end -> profile ready to show, at each size: stop + collect, then render."""
+    from clusterkernel import Cluster
+    from clusterkernel.client.profile import CellProfile
+
+    for n in sizes:
+        cluster = Cluster(n=n).start()
+        try:
+            ranks = cluster.live_ranks
+            code = _SHOW_CELL.format(seconds=seconds)
+            cluster.view(ranks).execute("from clusterkernel import comm", block=True)
+            collect, render, size = [], [], 0
+            for _ in range(rounds):
+                cp = CellProfile(cluster, ranks)
+                cluster.view(ranks).execute(code, block=True)  # the cell, to its end
+                t0 = time.perf_counter()
+                prof = cp.finish(show=False)
+                t1 = time.perf_counter()
+                page = prof._repr_html_()
+                str(prof)
+                t2 = time.perf_counter()
+                assert not prof.missing, prof.missing
+                collect.append(t1 - t0)
+                render.append(t2 - t1)
+                size = len(page)
+            total = [a + b for a, b in zip(collect, render)]
+            print(
+                f"| {n} | {seconds:g} s | {h.median(collect) * 1e3:.0f} ms | "
+                f"{h.median(render) * 1e3:.0f} ms | **{h.median(total) * 1e3:.0f} ms** "
+                f"[{h.span([t * 1e3 for t in total], '.0f')} ms, {rounds} cells] | {size / 1e3:.0f} kB |",
+                flush=True,
+            )
+        finally:
+            cluster.stop()
+
+
+def part_ddp(rounds: int, n: int = 2, steps: int = 200) -> None:
+    """bench_torch.py's DDP training cell: samples/s with profiling on / off."""
+    import contextlib
+    import io
+
+    import bench_torch
+
+    from clusterkernel import Cluster
+
+    cluster = Cluster(n=n, torch=True, env={"OMP_NUM_THREADS": "1"}).start()
+    try:
+        cluster.run(bench_torch._TRAIN)
+        cluster.run("rate = train(steps=20)")  # warm
+
+        def rate(profile) -> float:
+            with contextlib.redirect_stdout(io.StringIO()):  # the profile's tables
+                cluster.run(f"rate = train(steps={steps})", profile=profile)
+            return cluster.pull("rate")[0]
+
+        ways = {
+            "off": lambda: rate(False),
+            "off again": lambda: rate(False),
+            "--profile": lambda: rate(True),
+            "--profile torch": lambda: rate("torch"),
+        }
+        got = h.interleaved(ways, rounds)
+        print(f"\nDDP gloo, {n} ranks, {steps} steps: off {h.median(got['off']):.0f} samples/s")
+        aa = h.paired(got["off again"], got["off"])
+        for way in list(ways)[1:]:
+            # a rate: the cost is off / way (>1 means slower with profiling)
+            cost = h.paired(got["off"], got[way])
+            print(f"  {way:<16} cost {h.fmt_ratio(cost, 3)}  (A/A {h.fmt_ratio(aa, 3)})")
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("cost", "show", "ddp"), default="cost")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--hz", type=float, default=_profile.DEFAULT_HZ)
     ap.add_argument("--pyinstrument-path", help="a directory holding pyinstrument")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[4], help="show part: sizes")
+    ap.add_argument("--cell-seconds", type=float, default=3.0, help="show part: cell length")
     args = ap.parse_args()
+    if args.part == "show":
+        with h.mpi_lock():
+            print("| ranks | cell | stop + collect | render (HTML + text) | to show | HTML |")
+            print("|---|---|---|---|---|---|")
+            part_show(args.ranks, args.rounds, args.cell_seconds)
+        return
+    if args.part == "ddp":
+        with h.mpi_lock():
+            part_ddp(args.rounds)
+        return
     if args.pyinstrument_path:
         sys.path.insert(0, args.pyinstrument_path)
     variants = ["off", "off again", "sampler"]
