@@ -6,7 +6,7 @@ every :class:`~clusterkernel.client.scheduler.BatchSystem` (``launcher="slurm"``
 (:class:`ScheduledEngineSetLauncher`) submits and cancels through the scheduler's class,
 so the scheduler's commands are written there alone. Inside the job the ranks start as
 the scheduler says (:attr:`BatchLauncher.how`): its own job step (``srun``) or
-``mpiexec``, which reads the job's hosts from the scheduler. A scheduler that runs the
+``mpiexec`` on the job's hosts. A scheduler that runs the
 notebook inside one of its jobs (Slurm's allocation) starts the ranks as a step there
 instead, with no job of their own.
 

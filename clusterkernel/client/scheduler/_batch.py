@@ -7,8 +7,9 @@ says, mostly as class attributes:
   ``%mpi start --scheduler NAME`` and ``%mpi export`` take them from here, help included;
 - the job script: its own directives (``#SBATCH``, ``#$``) from one writer,
   :meth:`BatchSystem.directives`, and the line that starts the ranks inside the job,
-  :attr:`BatchSystem.launch`: a scheduler's own job step (``srun``) or ``mpiexec``, which
-  reads the job's hosts from the scheduler (Open MPI knows Slurm's and Grid Engine's);
+  :attr:`BatchSystem.launch`: a scheduler's own job step (``srun``) or ``mpiexec`` on
+  the job's hosts (:meth:`BatchSystem.mpiexec_line`: Open MPI reads Slurm's itself,
+  Grid Engine's ``$PE_HOSTFILE`` is handed to it);
 - submit, cancel, a job's state (one set of live states), and the words its launcher
   writes into the job's output about ranks that died (``_jobreport`` reads them).
 
@@ -94,8 +95,8 @@ class BatchSystem:
     queued_states: ClassVar[frozenset[str]] = frozenset()  # of live_states: waiting in queue
     ending_states: ClassVar[frozenset[str]] = frozenset()  # cancelled, processes still there
     options: ClassVar[tuple[SchedulerOption, ...]] = ()
-    # How the ranks start inside the job: "mpiexec" (reads the job's hosts from the
-    # scheduler) or "step" (the scheduler's own step launcher, :meth:`step_line`)
+    # How the ranks start inside the job: "mpiexec" (on the job's hosts, mpiexec_line)
+    # or "step" (the scheduler's own step launcher, :meth:`step_line`)
     launch: ClassVar[str] = "mpiexec"
     export_flag: ClassVar[str] = ""  # %mpi export's option for this scheduler's file
     report_prefixes: ClassVar[tuple[str, ...]] = ()  # its own lines in a job's output
@@ -136,8 +137,9 @@ class BatchSystem:
         raise NotImplementedError(f"{self.title} starts ranks with mpiexec")
 
     def mpiexec_line(self, command: str, mpiexec: str = "mpiexec") -> str:
-        """``mpiexec`` of ``command`` on the job's ranks: Open MPI reads the hosts the
-        scheduler gave the job (Slurm's, Grid Engine's $PE_HOSTFILE) itself."""
+        """``mpiexec`` of ``command`` on the job's ranks, where Open MPI reads the job's
+        hosts itself (Slurm's); a scheduler whose hosts it cannot read hands them over
+        in its own override (Grid Engine's)."""
         return f"{shlex.quote(mpiexec)} -n {self.n} {command}"
 
     def launch_line(self, command: str, how: str | None = None, mpiexec: str = "mpiexec") -> str:
