@@ -28,6 +28,7 @@ import os
 import pickle
 import runpy
 import sys
+import threading
 import time
 
 from clusterkernel.rank._world import replace, world
@@ -41,12 +42,21 @@ def _group_keys() -> list:
     return groups.group_keys() if groups is not None else []
 
 
-def grow(dead: list[int], commands: list[list[str]], hosts: list[str | None], root: int) -> dict:
+def grow(
+    dead: list[int],
+    commands: list[list[str]],
+    hosts: list[str | None],
+    root: int,
+    join_timeout: float = 60.0,
+) -> dict:
     """On every survivor: spawn one process per rank in ``dead`` (``commands[i]`` on
     ``hosts[i]``, None: where MPI places it) and make the N ranks one world again.
 
     Collective over the survivors; ``root`` is the lowest survivor. Returns this
-    rank's timings in seconds.
+    rank's timings in seconds. Raises RuntimeError when the new processes have not
+    joined within ``join_timeout`` s or SIGINT came first (the client sends it when it
+    sees a new process or a survivor die): the world stays as it was, so a later
+    ``grow`` can try again.
     """
     from mpi4py import MPI
 
@@ -61,16 +71,61 @@ def grow(dead: list[int], commands: list[list[str]], hosts: list[str | None], ro
         if host:
             info.Set("host", host)
         infos.append(info)
-    inter = shrunk.Spawn_multiple(
-        [c[0] for c in commands], [c[1:] for c in commands], [1] * len(commands), infos, root=0
-    )
+    joined: dict = {}
+
+    def join() -> None:
+        # In a thread: a new process that dies before it connects leaves MPI_Comm_spawn
+        # waiting (Open MPI's connect/accept waits 600 s for its port), in C, where
+        # neither a deadline nor SIGINT reaches; this thread stays behind in that case.
+        try:
+            inter = shrunk.Spawn_multiple(
+                [c[0] for c in commands],
+                [c[1:] for c in commands],
+                [1] * len(commands),
+                infos,
+                root=0,
+            )
+            joined["comm"] = inter.Merge(high=False).Split(0, me)
+        except BaseException as e:  # noqa: BLE001 (told to the caller below)
+            joined["error"] = e
+
+    thread = threading.Thread(target=join, name="clusterkernel-respawn-join", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + join_timeout
+    why = ""
+    try:
+        while thread.is_alive() and time.monotonic() < deadline:
+            thread.join(0.05)
+    except KeyboardInterrupt:
+        why = "the respawn was stopped (SIGINT)"
+    if thread.is_alive():
+        _abandoned.append(thread)
+        why = why or f"not within {join_timeout:.0f}s (the new process died or never started)"
+    elif "error" in joined:
+        why = f"{type(joined['error']).__name__}: {joined['error']}"
     for info in infos:
         info.Free()
-    merged = inter.Merge(high=False)
-    comm = merged.Split(0, me)
+    # Every survivor takes the new world or none does (one whose spawn failed while
+    # another's succeeded would leave the survivors in different worlds, and the next
+    # collective would hang); the agreement stands even if a survivor has died.
+    try:
+        agreed = bool(shrunk.Agree(0 if why else 1))
+    except MPI.Exception as e:
+        agreed, why = False, why or f"a survivor died ({e})"
+    if not agreed:
+        raise RuntimeError(f"rank {_ranks(dead)} did not join: {why or 'another survivor failed'}")
+    comm = joined["comm"]
     keys = comm.bcast(_group_keys() if me == root else None, root=root)
     replace(comm, keys)
     return {"shrink": t1 - t0, "spawn": time.perf_counter() - t1, "size": comm.Get_size()}
+
+
+# join threads left waiting in MPI by a respawn that gave up on its new processes
+_abandoned: list[threading.Thread] = []
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks))
 
 
 def _namespace() -> dict:

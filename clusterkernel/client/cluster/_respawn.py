@@ -14,12 +14,14 @@ Example::
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
+import psutil
 
 from clusterkernel.client.errors import ClusterError, format_ranks
 from clusterkernel.protocol._rank_call import rank_call
@@ -116,14 +118,19 @@ def _command(engines: Engines, rank: int, root: int) -> list[str]:
     ]
 
 
-def _mpi_host(cluster: Cluster, engines: Engines, rank: int) -> str:
+def _mpi_host(cluster: Cluster, engines: Engines, rank: int) -> str | None:
     """The name MPI knows ``rank``'s host by: the ``--hosts`` entry it was placed on (ranks
-    fill the hosts in order), else the name the rank reported."""
+    fill the hosts in order), else the name the rank reported. In a scheduler's job
+    (no ``--hosts``), the dead rank's node while a survivor shows it is up, else None:
+    wherever the job has room (the node may have died with the rank)."""
     names = list(dict.fromkeys(engines.rank_info[r]["host"] for r in sorted(engines.rank_info)))
     given = [host for host, _ in getattr(cluster.launcher, "hosts", None) or []]
     reported = engines.rank_info[rank]["host"]
     if len(given) == len(names):
         return given[names.index(reported)]
+    if getattr(cluster.launcher, "system", None) is not None:  # a scheduler's job
+        alive = {engines.rank_info[r]["host"] for r in cluster.live_ranks}
+        return reported if reported in alive else None
     return reported
 
 
@@ -143,25 +150,27 @@ def respawn(
     # on one machine MPI places the new process here; across hosts, on the dead one's
     hosts = [_mpi_host(cluster, engines, r) if cluster.launcher.multi_node else None for r in dead]
     grow = cluster.view(live).apply_async(
-        rank_call, "clusterkernel.rank._respawn:grow", dead, commands, hosts, root
+        rank_call,
+        "clusterkernel.rank._respawn:grow",
+        dead,
+        commands,
+        hosts,
+        root,
+        join_timeout=_join_timeout(timeout),
     )
     wanted = {engines.engine_of[r]: r for r in dead}
     client = engines.client
     assert client is not None
+    watch = _Watch(cluster, engines, dead, live)
     deadline = t0 + timeout
     while not set(wanted) <= set(client.ids) or not grow.ready():
-        if grow.ready():
-            grow.get()  # raises the survivors' error
-        if time.monotonic() > deadline:
-            raise ClusterError(
-                f"Rank {format_ranks(dead)} did not come back within {timeout:.0f}s; "
-                "%mpi restart starts a full set."
-            )
+        failed = watch.failed(grow)
+        if failed is None and time.monotonic() > deadline:
+            failed = f"rank {format_ranks(dead)} did not join within {timeout:.0f}s"
+        if failed is not None:
+            watch.give_up(grow)
+            raise ClusterError(watch.told(failed))
         time.sleep(0.05)
-    try:
-        grow.get(timeout=max(1.0, deadline - time.monotonic()))
-    except ipp.error.CompositeError as e:
-        raise ClusterError(f"Respawning rank {format_ranks(dead)} failed: {e}") from None
     engines.respawned(sorted(wanted))
     cluster.ranks_respawned(dead)
     report = Respawned(ranks=dead, source=source)
@@ -179,6 +188,127 @@ def respawn(
         report.models = _rebuild(cluster)
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _join_timeout(timeout: float) -> float:
+    """How long the survivors wait for the new processes to join MPI (0.1-0.2 s here): not
+    the whole ``timeout`` (a new process that died before it joined is seen only by this
+    wait where it ran on another machine), and ended before it, by themselves."""
+    return min(30.0, max(3.0, timeout - 2))
+
+
+class _Watch:
+    """What can go wrong while the new processes join: one dies before it has joined (seen
+    here when MPI started it on this machine), a survivor dies, the survivors' ``grow``
+    fails; and what is left to clean up then."""
+
+    def __init__(self, cluster: Cluster, engines: Engines, dead: list[int], live: list[int]):
+        self.cluster, self.engines, self.dead, self.live = cluster, engines, dead, live
+        self.new: dict[int, psutil.Process] = {}  # rank -> its new process (on this machine)
+        self.lost: list[int] = []  # survivors that died meanwhile
+        self._next_look = 0.0
+
+    def failed(self, grow) -> str | None:
+        """Why the respawn cannot finish, or None while it may."""
+        if grow.ready():
+            try:
+                grow.get()
+            except ipp.error.CompositeError as e:
+                # a survivor's death fails the others' grow (MPI_ERR_PROC_FAILED) about
+                # when the controller hears of it: that death is the news
+                until = time.monotonic() + (2.0 if "PROC_FAILED" in str(e) else 0.0)
+                while not self._survivors_lost() and time.monotonic() < until:
+                    time.sleep(0.1)
+                if self.lost:
+                    return f"rank {format_ranks(self.lost)} died while the respawn ran"
+                return _rank_errors(self.cluster, e)
+        now = time.monotonic()
+        if now < self._next_look:
+            return None
+        self._next_look = now + 0.25
+        if self._survivors_lost():
+            return f"rank {format_ranks(self.lost)} died while the respawn ran"
+        ids = set(self.engines.client.ids)
+        self._find_new()
+        gone = [
+            r
+            for r, proc in self.new.items()
+            if not _running(proc) and self.engines.engine_of[r] not in ids
+        ]
+        if gone:
+            return f"the new process of rank {format_ranks(gone)} died before it joined"
+        return None
+
+    def _survivors_lost(self) -> list[int]:
+        ids = set(self.engines.client.ids)
+        self.lost = [r for r in self.live if self.engines.engine_of[r] not in ids]
+        return self.lost
+
+    def _find_new(self) -> None:
+        for pid in self.engines.processes():
+            try:
+                proc = psutil.Process(pid)
+                cmd = proc.cmdline()
+            except psutil.Error:
+                continue
+            if _JOINER in cmd and cmd.index(_JOINER) + 1 < len(cmd):
+                rank = int(cmd[cmd.index(_JOINER) + 1])
+                if rank in self.dead and rank not in self.new:
+                    self.new[rank] = proc
+
+    def give_up(self, grow) -> None:
+        """Free the survivors (SIGINT ends their wait for the new processes), end the new
+        processes, and record the survivors that died."""
+        if not grow.ready():
+            alive = [r for r in self.live if r not in self.lost]
+            try:
+                self.cluster.signal(signal.SIGINT, alive)
+                grow.wait(15)
+            except Exception:  # a survivor gone meanwhile: what answers is freed
+                pass
+        self._find_new()
+        for proc in self.new.values():
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(list(self.new.values()), timeout=5)
+        if self.lost:
+            self.cluster.mark_dead(self.lost, "it died while a respawn ran")
+
+    def told(self, what: str) -> str:
+        """The user's error: what happened, what is left, what to do."""
+        dead = sorted({*self.dead, *self.lost})
+        live = [r for r in self.live if r not in self.lost]
+        return (
+            f"Respawning rank {format_ranks(self.dead)} failed: {what}. Ranks "
+            f"{format_ranks(live)} run on with their variables; "
+            f"{'rank ' + str(dead[0]) + ' is' if len(dead) == 1 else 'ranks ' + format_ranks(dead) + ' are'}"
+            " still dead. %mpi respawn (--from "
+            f"{live[0]}) tries again; %mpi restart starts a full set."
+        )
+
+
+_JOINER = "clusterkernel.rank._respawn"
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _rank_errors(cluster: Cluster, err: ipp.error.CompositeError) -> str:
+    """The survivors' errors, one line per distinct message, with their ranks."""
+    said: dict[str, list[int]] = {}
+    for ename, evalue, _tb, info in err.elist:
+        eid = (info or {}).get("engine_id")
+        rank = next((r for r, e in cluster.engine_of.items() if e == eid), -1)
+        said.setdefault(f"{ename}: {evalue}", []).append(rank)
+    if len(said) == 1:  # every survivor says the same
+        return next(iter(said)).removeprefix("RuntimeError: ")
+    return "; ".join(f"rank {format_ranks(sorted(rs))}: {m}" for m, rs in said.items())
 
 
 def _on_all(cluster: Cluster, target: str):
@@ -202,12 +332,41 @@ def _copy(cluster: Cluster, report: Respawned, source: int, dead: list[int]) -> 
     try:
         results = ar.get(timeout=300)
     except ipp.error.CompositeError as e:
-        raise ClusterError(f"Copying rank {source}'s variables failed: {e}") from None
+        raise ClusterError(_copy_failed(cluster, e, source, dead)) from None
     mine = results[0]
     report.copied = mine["copied"]
     report.skipped = mine["skipped"]
     report.bytes = mine["bytes"]
     return report
+
+
+def _copy_failed(
+    cluster: Cluster, err: ipp.error.CompositeError, source: int, dead: list[int]
+) -> str:
+    """What a failed copy says; a rank that died in it is recorded with the cause."""
+    # a rank whose process ended meanwhile: the controller has unregistered its engine
+    ids = set(cluster.client.ids)
+    died = [r for r in sorted({source, *dead}) if cluster.engine_of[r] not in ids]
+    if source in died:
+        cluster.mark_dead([source], "it died pickling its variables for a respawn")
+    targets = [r for r in died if r != source]
+    if targets:
+        cluster.mark_dead(targets, f"it died loading rank {source}'s variables")
+    head = f"Copying rank {source}'s variables to rank {format_ranks(dead)} failed"
+    if not died:
+        return f"{head}: {_rank_errors(cluster, err)}."
+    live = [r for r in cluster.ranks if r not in cluster.dead]
+    why = (
+        f"rank {source} died while pickling them"
+        if source in died
+        else f"rank {format_ranks(targets)} died while loading them"
+    )
+    return (
+        f"{head}: {why} (a variable whose pickling or unpickling ends the process?). "
+        f"Ranks {format_ranks(live)} run on with their variables. %mpi respawn brings rank "
+        f"{format_ranks(sorted(cluster.dead))} back empty, --from R with R's variables "
+        f"(del the one that kills the process first); %mpi restart starts a full set."
+    )
 
 
 def death_notice(cluster: Cluster, new: list[int]) -> str:
