@@ -37,7 +37,7 @@ def test_a_rank_killed_on_node2_is_respawned_on_node2(slurm_testbed, _shared_hol
     cluster = Cluster(n=4, launcher="slurm", nodes=2, fault_tolerant=True).start()
     try:
         job = cluster.job_id
-        cluster.run(_STATE, renderer=_quiet(cluster))
+        cluster.run(_STATE, renderer=_quiet(cluster), timeout=60)
         before = {r: (row["pid"], row["host"]) for r, row in enumerate(cluster.status())}
         assert before[3][1] == "node2" and before[0][1] == "node1", before
         kill = "import signal\nif MPI.COMM_WORLD.Get_rank() == 3:\n    os.kill(os.getpid(), signal.SIGKILL)\nimport time; time.sleep(1)"
@@ -54,13 +54,16 @@ def test_a_rank_killed_on_node2_is_respawned_on_node2(slurm_testbed, _shared_hol
             "import os, socket, torch\nfrom clusterkernel import comm\n"
             "now = (os.getpid(), socket.gethostname())\n"
             "t = torch.ones(1) * comm.rank(); comm.all_reduce(t); total = int(t.item())\n"
+            "mpi_total = comm.WORLD.comm.allreduce(comm.WORLD.comm.Get_rank())\n"
             "has_lock = 'lock' in globals()",
             renderer=_quiet(cluster),
+            timeout=60,
         )
         now = cluster.pull("now")
         assert {r: tuple(now[r]) for r in (0, 1, 2)} == {r: before[r] for r in (0, 1, 2)}
         assert now[3][1] == "node2" and now[3][0] != before[3][0]  # a new process, on node2
         assert set(cluster.pull("total").values()) == {6}
+        assert set(cluster.pull("mpi_total").values()) == {6}  # the public mpi4py world
         assert cluster.pull("has_lock") == {0: True, 1: True, 2: True, 3: False}
         assert cluster.pull("weights")[3] == [0.0] * 3  # rank 0's copy
     finally:
