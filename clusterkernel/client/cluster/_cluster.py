@@ -176,7 +176,8 @@ class Cluster:
             self.launcher, backend=backend, gpus_per_rank=gpus_per_rank, gpu_share=gpu_share,
             env=env,
         )  # fmt: skip
-        self.runtime = getattr(self.launcher, "runtime", None)  # None for Slurm: srun starts
+        # None where a scheduler's own step (srun) starts the ranks
+        self.runtime = getattr(self.launcher, "runtime", None)
         # what attach() needs to make this Cluster again in another process
         self._settings = {
             **self.launcher.settings.record(), "env": dict(env or {}), "timeout": timeout,
@@ -226,7 +227,8 @@ class Cluster:
 
     @property
     def job_id(self) -> str | None:
-        """The Slurm job of the engines (``launcher="slurm"`` outside an allocation)."""
+        """The batch job of the engines (``launcher="slurm"``/``"sge"`` outside an
+        allocation), else None."""
         engine_set = self._engines.engine_set if self._engines is not None else None
         return getattr(engine_set, "job_id", None) or None
 
@@ -292,7 +294,9 @@ class Cluster:
     def _write_record(self) -> None:
         engines = self._engines
         hosts = ", ".join(sorted({info["host"] for info in engines.rank_info.values()}))
-        where = f"Slurm job {self.job_id} on {hosts}" if self.job_id else hosts
+        system = getattr(self.launcher, "system", None)
+        title = system.title if system is not None else "batch"
+        where = f"{title} job {self.job_id} on {hosts}" if self.job_id else hosts
         record = {
             "id": self.id,
             "uid": os.getuid(),
