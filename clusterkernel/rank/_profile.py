@@ -194,12 +194,17 @@ MAX_TORCH_EVENTS = 200_000
 
 
 class _TorchOps:
-    """torch.profiler (CPU ops) around a cell; its events on the wall clock in us."""
+    """torch.profiler (CPU ops; CUDA kernels on a GPU rank) around a cell; its events
+    on the wall clock in us (kineto counts ``ts`` from ``baseTimeNanoseconds``)."""
 
     def __init__(self) -> None:
+        import torch
         from torch.profiler import ProfilerActivity, profile
 
-        self._prof = profile(activities=[ProfilerActivity.CPU])
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():  # CUDA kernels too on a GPU rank (not run on CI: no GPU)
+            activities.append(ProfilerActivity.CUDA)
+        self._prof = profile(activities=activities)
         self._prof.start()
 
     def stop(self) -> tuple[list[dict], int]:

@@ -159,7 +159,7 @@ class Profile:
             DifferenceEntry(*key, slowest=a.get(key, (0.0, {}))[0], median=b.get(key, (0.0, {}))[0])
             for key in set(a) | set(b)
         ]
-        rows = [d for d in rows if d.extra > 0]
+        rows = [d for d in rows if d.extra >= 0.0005]  # what a table shows as +0.000 is not more
         return sorted(rows, key=lambda d: -d.extra)[:n]
 
     # ---------------------------------------------------------------- exporting
