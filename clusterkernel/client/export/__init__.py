@@ -252,6 +252,8 @@ def job_script(
 
     Example::
 
+        from pathlib import Path
+        from clusterkernel.client.export import job_script
         Path("job.qsub").write_text(job_script("sge", "job.py", 4, queue="all.q"))
     """
     path = Path(script).resolve()
