@@ -154,9 +154,9 @@ class FlightRecorder:
             code = None if f is None else f.f_code
         # code and offset, not the frame: a frame would keep the caller's tensors alive
         lasti = 0 if f is None else f.f_lasti
-        ints, objs, size = self._i, self.objs, self.size
+        ints, objs = self._i, self.objs
         n = ints[0]
-        slot = n % size
+        slot = n % self.size
         i = 1 + slot * NI
         o = slot * NO
         ints[i + I_INDEX] = -1  # being written: a reader skips it

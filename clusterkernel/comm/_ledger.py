@@ -39,6 +39,7 @@ REC = metrics.recorder()
 RING = REC.ring
 code = RING.code  # a name's code in the ring (plans keep their op's and algorithm's)
 _done = FLIGHT.done
+_write = RING.write
 
 
 def close(
@@ -57,10 +58,17 @@ def close(
     """
     if entry is not None:
         _done(entry)
-    rec = REC
-    if rec.enabled:
+    if REC.enabled:  # Recorder.timing's write, without its call
         dur = now() - t0
-        rec.timing(name, nbytes, t0, dur, dur if wait is None else wait, alg, gsize)
+        _write(
+            op=name,
+            nbytes=nbytes,
+            algorithm=alg,
+            group_size=gsize,
+            start=t0,
+            duration=dur,
+            wait=dur if wait is None else wait,
+        )
 
 
 def abandon(entry: int | None) -> None:

@@ -72,6 +72,9 @@ MAX_PLANS = 4096
 _CHECK = _check.STATE
 # ``asked`` left out: the signature's algorithm is the plan's, None for "mpi"
 _FROM_ALG = "<from alg>"
+# a Call made as the tuple it is: half the time of its NamedTuple constructor (a
+# Python function), on every call's path; its fields are Call's, in Call's order
+_new_call = tuple.__new__
 
 
 class Sig(NamedTuple):
@@ -217,12 +220,16 @@ class Plan:
         fields and its flight entry. ``nbytes`` where the bytes vary per call under one
         plan (all-to-all; -1: ``size``), ``alg`` where a step runs the call another way
         than planned (a hier call on one node is shared memory's)."""
-        return Call(
-            self.name,
-            self.size if nbytes < 0 else nbytes,
-            self.alg if alg is None else alg,
-            self.gsize,
-            entry,
+        return _new_call(
+            Call,
+            (
+                self.name,
+                self.size if nbytes < 0 else nbytes,
+                self.alg if alg is None else alg,
+                self.gsize,
+                entry,
+                True,
+            ),
         )
 
     def __repr__(self) -> str:
@@ -233,7 +240,7 @@ class Plan:
 def step(name: str, alg: str) -> Call:
     """A step of another call (hier's shared-memory stages): its flight entry is the
     call's and the call writes the timing record, so the step writes none."""
-    return Call(name, 0, alg, 0, None, False)
+    return _new_call(Call, (name, 0, alg, 0, None, False))
 
 
 def find(g: Group, key: tuple) -> Plan | None:

@@ -229,8 +229,16 @@ class Recorder:
             MPI.COMM_WORLD.Sendrecv(edge, right, recvbuf=halo, source=left)   # raw mpi4py
             metrics.recorder().timing("halo", edge.nbytes, t0, time.perf_counter() - t0)
         """
-        if self.enabled:  # every comm call lands here: one row written in place
-            self.comm.ring.append((op, nbytes, algorithm, group_size, start, duration, wait))
+        if self.enabled:  # one row written in place (the comm layer writes the ring directly)
+            self.comm.ring.write(
+                op=op,
+                nbytes=nbytes,
+                algorithm=algorithm,
+                group_size=group_size,
+                start=start,
+                duration=duration,
+                wait=wait,
+            )
 
     def log(self, step: int | None = None, **scalars: float) -> None:
         """Record scalar values (loss, accuracy, ...) at a training step.

@@ -38,6 +38,31 @@ HEADER = 8  # the count of records ever written, int64, at offset 0
 _STR_AT = tuple(i for i, (_, typ) in enumerate(COMM_LAYOUT) if typ == "str")
 
 
+def _writer_source() -> str:
+    """The source of :meth:`CommRing.write`, made from the layout: one argument per
+    field, named as the field, packed in the layout's order (a ``str`` field as its
+    code). Made, not written out, so the layout stays declared in one place; made
+    once at import."""
+    args = ", ".join(name for name, _ in COMM_LAYOUT)
+    values = ", ".join(
+        f"codes[{name}] if {name} in codes else self.code({name})" if typ == "str" else name
+        for name, typ in COMM_LAYOUT
+    )
+    return (
+        f"def write(self, {args}):\n"
+        "    codes = self._codes\n"
+        "    count = self._count\n"
+        "    n = count[0]\n"
+        f"    self._pack(self.mem, {HEADER} + (n % self.capacity) * {ROW}, {values})\n"
+        "    count[0] = n + 1\n"
+    )
+
+
+_ns: dict = {}
+exec(_writer_source(), _ns)  # noqa: S102 - our own source, from the layout above
+_write = _ns["write"]
+
+
 def _offsets() -> tuple[tuple[str, str, int], ...]:
     out, at = [], 0
     for name, typ in COMM_LAYOUT:
@@ -77,16 +102,13 @@ class CommRing:
             self.names.append(name)
         return got
 
+    #: ``write(**fields)``: one record over the oldest slot, its fields by name
+    #: (positional in the layout's order works too); made from the layout (_writer_source)
+    write = _write
+
     def append(self, row: tuple) -> None:
-        """Write one record (a tuple in the layout's order) over the oldest slot."""
-        values = list(row)
-        codes = self._codes
-        for i in _STR_AT:
-            v = values[i]
-            values[i] = codes[v] if v in codes else self.code(v)
-        n = self._count[0]
-        self._pack(self.mem, HEADER + (n % self.capacity) * ROW, *values)
-        self._count[0] = n + 1
+        """Write one record given as a tuple in the layout's order."""
+        self.write(*row)
 
     def total(self) -> int:
         """Records ever written (kept, overwritten and cleared)."""
@@ -100,6 +122,7 @@ class CommRing:
         """Records ``lo`` to ``hi`` (absolute indices, clipped to what is kept), as tuples
         in ``COMM_FIELDS`` order."""
         lo = max(lo, self.first())
+        hi = min(hi, self._count[0])
         if hi <= lo:
             return []
         cap, mem, unpack = self.capacity, self.mem, self._row.unpack_from
