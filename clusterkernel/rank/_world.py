@@ -29,6 +29,11 @@ def world():
     return MPI.COMM_WORLD
 
 
+def replaced() -> bool:
+    """Whether a respawn has replaced this rank's world (``MPI.COMM_WORLD`` no longer is)."""
+    return _replaced is not None
+
+
 def replace(comm, group_keys: list | tuple = ()) -> None:
     """Make ``comm`` this rank's world. Collective over ``comm`` where comm is in use:
     its world group follows, and the groups named by ``group_keys`` (every rank passes

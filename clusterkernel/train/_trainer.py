@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -18,6 +19,7 @@ from clusterkernel.partition import Partition, distributed_loader, set_epoch
 from clusterkernel.train._checkpoint import CHECKPOINT_NAME
 from clusterkernel.train._modes import TrainingMode, make_mode
 from clusterkernel.train._prefetch import Prefetcher, spare_core
+from clusterkernel.train._sync import all_objects
 
 EVENTS = ("on_start", "on_batch_end", "on_epoch_end", "on_end")
 
@@ -100,6 +102,7 @@ class Trainer:
 
         self.mode = make_mode(mode, mode_options)
         self.module = self.mode.setup(model, optimizer, group)
+        self._train_data = train_data  # a respawned rank builds its own share from it
         self.train_loader = self._loader(train_data, shuffle=True)
 
         self.hooks: dict[str, list[Callable]] = {e: [] for e in EVENTS}
@@ -112,6 +115,14 @@ class Trainer:
         self.global_step = 0
         self.last_loss: float | None = None
         self.history: list[dict] = []  # one entry per epoch: mean loss, time, samples/s
+        self._recorder = metrics.recorder()
+
+    def __getstate__(self) -> dict:
+        # a copy (respawn --from R) records into the metrics of the process it lands in
+        return {k: v for k, v in vars(self).items() if k != "_recorder"}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
         self._recorder = metrics.recorder()
 
     # -- setup helpers ----------------------------------------------------------
@@ -148,6 +159,7 @@ class Trainer:
         With ``resume=True`` first load the checkpoint from ``checkpoint_dir`` (if
         there is one) and continue from the step it was written at.
         """
+        self._take_over_after_respawn()
         if resume:
             self.load_checkpoint()
         self.mode.check_batches(self._batches_per_epoch())
@@ -156,6 +168,25 @@ class Trainer:
         self.mode.run(self, lambda: self._train_epochs(epochs))
         self._fire("on_end")
         return self.history
+
+    def _take_over_after_respawn(self) -> None:
+        """A Trainer copied onto a respawned rank (``%mpi respawn --from R``) holds rank
+        R's share of the data: that rank takes its own, and R's torch RNG state (every
+        rank's is the same where they seeded alike, as data parallel training does).
+        Collective in a job that saw a respawn (one small gather when no rank moved);
+        nothing otherwise."""
+        world = sys.modules.get("clusterkernel.rank._world")  # not imported: no respawn
+        if world is None or not world.replaced():
+            return
+        now = comm.rank(self.group)
+        was = all_objects((self.rank, now), self.group)
+        if all(copied == rank for copied, rank in was):
+            return
+        states = all_objects(torch.get_rng_state(), self.group)
+        if self.rank != now:
+            torch.set_rng_state(states[self.rank])
+            self.rank = now
+            self.train_loader = self._loader(self._train_data, shuffle=True)
 
     def _train_epochs(self, epochs: int) -> None:
         while self.epoch < epochs:
@@ -182,10 +213,17 @@ class Trainer:
             for batch in batches:
                 t0 = time.perf_counter()
                 share = weight(self.step_in_epoch) if weight is not None else 1.0
-                with rec.span("forward_backward"):
-                    loss = mode.forward_backward(self.module, batch, self.loss_fn, share)
-                with rec.span("optimizer_step"):
-                    mode.step(self.global_step + 1)
+                rng = torch.get_rng_state()
+                try:
+                    with rec.span("forward_backward"):
+                        loss = mode.forward_backward(self.module, batch, self.loss_fn, share)
+                    with rec.span("optimizer_step"):
+                        mode.step(self.global_step + 1)
+                except BaseException:
+                    # a step that failed (a rank died in its all-reduce) leaves no trace:
+                    # run again after a respawn, it draws what it drew (dropout) the first time
+                    torch.set_rng_state(rng)
+                    raise
                 self.global_step += 1
                 self.step_in_epoch += 1
                 dt = time.perf_counter() - t0
