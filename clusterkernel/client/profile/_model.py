@@ -105,11 +105,12 @@ class Profile:
         return float(self.ranks[rank].get("seconds", 0.0))
 
     def busy(self, rank: int) -> float:
-        """Profiled seconds less the main thread's time inside collectives (waiting)."""
+        """Profiled seconds less the main thread's time inside collectives (waiting)
+        and between cells (idle: ``%mpi profile start|stop`` spans several cells)."""
         waits = sum(
             secs
             for thread, stack, secs in self.ranks[rank].get("stacks", [])
-            if thread == "main" and any(_WAITS.search(f[0]) for f in stack)
+            if thread == "main" and (not stack or any(_WAITS.search(f[0]) for f in stack))
         )
         return self.seconds(rank) - waits
 
