@@ -845,7 +845,10 @@ class Cluster:
         from clusterkernel.client.profile import control
 
         self._require_running()
-        return control(self, action, torch=torch, hz=hz)
+        profile = control(self, action, torch=torch, hz=hz)
+        if profile is not None:
+            self.profile_result = profile
+        return profile
 
     # ------------------------------------------------------------------ dashboard
     def dashboard(self) -> Dashboard:

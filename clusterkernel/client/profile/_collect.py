@@ -147,7 +147,7 @@ def control(
     show: bool = True,
 ) -> Profile | None:
     """``start``: sample every live rank from now on; ``stop``: end it, show the
-    profile and keep it as ``cluster.profile_result`` (returned).
+    profile and return it (:meth:`Cluster.profile` keeps it as ``profile_result``).
 
     Example::
 
@@ -174,7 +174,5 @@ def control(
                 "no profile is running: start one first (%mpi profile start, "
                 "cluster.profile('start')), or profile one cell with %%mpi --profile"
             )
-        profile = session.finish(show=show)
-        cluster.profile_result = profile
-        return profile
+        return session.finish(show=show)
     raise ProfileError(f"profile action is 'start' or 'stop', not {action!r}")
