@@ -462,8 +462,9 @@ def test_a_rank_comes_back_from_its_own_snapshot_and_a_restart_restores_all(ft: 
     ft.run(
         "import threading, torch\nfrom clusterkernel import comm\n"
         "mine = comm.rank() * 10\nw = torch.full((3,), float(comm.rank()))\n"
-        "lock = threading.Lock()"
+        "lock = threading.Lock()\npair = comm.new_group([1, 2])"
     )
+    ft.run("del pair", ranks=[1])  # so rank 1's snapshot has none
     saved = ft.snapshot()
     assert set(saved) == {0, 1, 2, 3}
     assert all("mine" in r["saved"] and "lock" in r["skipped"] for r in saved.values())
@@ -479,7 +480,7 @@ def test_a_rank_comes_back_from_its_own_snapshot_and_a_restart_restores_all(ft: 
     assert ft.pull("w")[1].tolist() == [1.0, 1.0, 1.0]
     ft.restart()  # every variable gone, then back from the files
     ft.run("import torch\nfrom clusterkernel import comm")
-    restored = ft.restore(["mine", "w", "pair"])  # ranks respawned empty have no ``pair``
+    restored = ft.restore(["mine", "w", "pair"])  # rank 1's snapshot has no ``pair``
     assert all({"mine", "w"} <= set(r["restored"]) for r in restored.values()), restored
     assert "pair" in restored[0]["restored"] and restored[1]["missing"] == ["pair"], restored
     assert ft.pull("mine") == {0: 0, 1: 10, 2: 20, 3: 30}
