@@ -550,7 +550,12 @@ class Cluster:
         dead = _respawn.check(self, source)
         if not dead:
             return _respawn.Respawned(source=source)
-        return _respawn.respawn(self, self._engines, dead, source, timeout, from_snapshot)
+        try:
+            return _respawn.respawn(self, self._engines, dead, source, timeout, from_snapshot)
+        except _respawn.RespawnFailed as e:
+            for rank, why in e.died.items():
+                self._health.ranks_died([rank], why)
+            raise
 
     def ranks_respawned(self, ranks: list[int]) -> None:
         """New processes of ``ranks`` joined the job (``_respawn``): alive again; the

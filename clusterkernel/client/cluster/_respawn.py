@@ -31,6 +31,15 @@ if TYPE_CHECKING:
     from clusterkernel.client.cluster._lifecycle import Engines
 
 
+class RespawnFailed(ClusterError):
+    """A respawn that did not bring the ranks back. ``died``: ranks that died during it,
+    with the cause, for the cluster to record (its helpers report, it acts)."""
+
+    def __init__(self, message: str, died: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.died = died or {}
+
+
 @dataclass
 class Respawned:
     """What a respawn did: the ranks back, how long it took, what was copied."""
@@ -73,13 +82,15 @@ def check(cluster: Cluster, source: int | None) -> list[int]:
     """The dead ranks to respawn; a clear error for what cannot be done (nothing started)."""
     if not cluster.running:
         raise ClusterError("The cluster is not running; nothing to respawn (%mpi start).")
-    if not cluster.fault_tolerant or cluster.launcher.kind != "mpiexec":
+    # the launchers that start fault-tolerant ranks do it with an mpiexec (`runtime`)
+    runtime = getattr(cluster.launcher, "runtime", None)
+    if not cluster.fault_tolerant or runtime is None:
         raise ClusterError(
             "Respawning needs ranks that outlive a dead rank: start them with "
             "%mpi start -n N --fault-tolerant (Cluster(n=N, fault_tolerant=True)), "
-            "on mpiexec with Open MPI; %mpi restart starts a full set from nothing."
+            "with Open MPI; %mpi restart starts a full set from nothing."
         )
-    if cluster.launcher.runtime.flavor == "mpich":
+    if runtime.flavor == "mpich":
         raise ClusterError("Respawning uses Open MPI's ULFM; this MPI is MPICH.")
     live = cluster.live_ranks
     dead = sorted(cluster.dead)
@@ -169,7 +180,8 @@ def respawn(
             failed = f"rank {format_ranks(dead)} did not join within {timeout:.0f}s"
         if failed is not None:
             watch.give_up(grow)
-            raise ClusterError(watch.told(failed))
+            died = dict.fromkeys(watch.lost, "it died while a respawn ran")
+            raise RespawnFailed(watch.told(failed), died)
         time.sleep(0.05)
     engines.respawned(sorted(wanted))
     cluster.ranks_respawned(dead)
@@ -273,8 +285,6 @@ class _Watch:
             except psutil.Error:
                 pass
         psutil.wait_procs(list(self.new.values()), timeout=5)
-        if self.lost:
-            self.cluster.mark_dead(self.lost, "it died while a respawn ran")
 
     def told(self, what: str) -> str:
         """The user's error: what happened, what is left, what to do."""
@@ -332,7 +342,7 @@ def _copy(cluster: Cluster, report: Respawned, source: int, dead: list[int]) -> 
     try:
         results = ar.get(timeout=300)
     except ipp.error.CompositeError as e:
-        raise ClusterError(_copy_failed(cluster, e, source, dead)) from None
+        raise _copy_failed(cluster, e, source, dead) from None
     mine = results[0]
     report.copied = mine["copied"]
     report.skipped = mine["skipped"]
@@ -342,30 +352,31 @@ def _copy(cluster: Cluster, report: Respawned, source: int, dead: list[int]) -> 
 
 def _copy_failed(
     cluster: Cluster, err: ipp.error.CompositeError, source: int, dead: list[int]
-) -> str:
-    """What a failed copy says; a rank that died in it is recorded with the cause."""
+) -> RespawnFailed:
+    """What a failed copy says, with the ranks that died in it and the cause."""
     # a rank whose process ended meanwhile: the controller has unregistered its engine
     ids = set(cluster.client.ids)
     died = [r for r in sorted({source, *dead}) if cluster.engine_of[r] not in ids]
+    causes = {r: f"it died loading rank {source}'s variables" for r in died if r != source}
     if source in died:
-        cluster.mark_dead([source], "it died pickling its variables for a respawn")
+        causes[source] = "it died pickling its variables for a respawn"
     targets = [r for r in died if r != source]
-    if targets:
-        cluster.mark_dead(targets, f"it died loading rank {source}'s variables")
     head = f"Copying rank {source}'s variables to rank {format_ranks(dead)} failed"
     if not died:
-        return f"{head}: {_rank_errors(cluster, err)}."
-    live = [r for r in cluster.ranks if r not in cluster.dead]
+        return RespawnFailed(f"{head}: {_rank_errors(cluster, err)}.")
+    gone = {*cluster.dead, *causes}
+    live = [r for r in cluster.ranks if r not in gone]
     why = (
         f"rank {source} died while pickling them"
         if source in died
         else f"rank {format_ranks(targets)} died while loading them"
     )
-    return (
+    return RespawnFailed(
         f"{head}: {why} (a variable whose pickling or unpickling ends the process?). "
         f"Ranks {format_ranks(live)} run on with their variables. %mpi respawn brings rank "
-        f"{format_ranks(sorted(cluster.dead))} back empty, --from R with R's variables "
-        f"(del the one that kills the process first); %mpi restart starts a full set."
+        f"{format_ranks(sorted(gone))} back empty, --from R with R's variables "
+        f"(del the one that kills the process first); %mpi restart starts a full set.",
+        causes,
     )
 
 
