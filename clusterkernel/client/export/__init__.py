@@ -406,20 +406,7 @@ def _file_dest(system) -> str:
 def _export_options() -> tuple[tuple[str, dict], ...]:
     """Each scheduler option that shapes an exported job file, once (flag, argparse
     keywords), its help naming the schedulers that take it."""
-    out = []
-    for name, owners in scheduler.options().items():
-        exported = [(system, option) for system, option in owners if option.export]
-        if not exported:
-            continue
-        option = exported[0][1]
-        titles = ", ".join(system.title for system, _ in exported)
-        keywords = {"help": f"{titles}: {option.help}", "dest": name}
-        if option.type is not str:
-            keywords["type"] = option.type
-        if option.export_default is not None:
-            keywords["default"] = option.export_default
-        out.append((option.flag, keywords))
-    return tuple(out)
+    return tuple(scheduler.arguments("export"))
 
 
 # The options of %mpi export and of clusterkernel export that shape the job files,

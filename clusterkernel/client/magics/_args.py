@@ -46,18 +46,8 @@ def _scheduler_arguments(func):
     """``@argument`` for each scheduler option ``%mpi start`` takes, declared once by the
     schedulers' classes (:mod:`clusterkernel.client.scheduler`); an option several
     schedulers take (``--time``) once, its help naming them."""
-    for name, owners in reversed(scheduler.options().items()):
-        started = [(system, option) for system, option in owners if option.magic]
-        if not started:
-            continue
-        option = started[0][1]
-        titles = ", ".join(system.title for system, _ in started)
-        keywords = {"help": f"{titles}: {option.help}", "dest": name}
-        if option.type is not str:
-            keywords["type"] = option.type
-        if option.default is not None:
-            keywords["default"] = option.default
-        func = argument(option.flag, **keywords)(func)
+    for flag, keywords in reversed(scheduler.arguments("magic")):
+        func = argument(flag, **keywords)(func)
     return func
 
 

@@ -123,15 +123,7 @@ def _where(node: Node) -> str:
         return ""
     if _CELL_FILE.search(node.file):
         return f"(cell line {node.line})"
-    return f"({_short(node.file)}:{node.line})"
-
-
-def _short(path: str) -> str:
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in path:
-            return path.split(marker, 1)[1]
-    m = re.search(r"[/\\]lib[/\\]python3[^/\\]*[/\\](.*)$", path)
-    return m.group(1) if m else path
+    return f"({short_path(node.file)}:{node.line})"
 
 
 def _color(node: Node) -> str:
@@ -144,3 +136,12 @@ def _color(node: Node) -> str:
     if _LIBRARY.search(node.file) or "clusterkernel" in node.file:
         return f"hsl({200 + h},35%,78%)"
     return f"hsl({20 + h},85%,66%)"
+
+
+def short_path(path: str) -> str:
+    """A path as read in a table or a box: from the package on for libraries."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    m = re.search(r"[/\\]lib[/\\]python3[^/\\]*[/\\](.*)$", path)
+    return m.group(1) if m else path

@@ -11,6 +11,7 @@ from clusterkernel.client.errors import format_ranks
 from clusterkernel.client.profile import _export
 from clusterkernel.client.profile._collectives import CollectiveTime, collective_split
 from clusterkernel.client.profile._flame import flame_tree, icicle_svg
+from clusterkernel.client.profile._flame import short_path as _short
 
 if TYPE_CHECKING:
     import os
@@ -333,15 +334,6 @@ def _own_lines(data: dict) -> dict[tuple[str, int, str], tuple[float, dict[str, 
 def _inside(where: dict[str, float]) -> str:
     """The library function that took most of a line's time."""
     return max(where, key=where.get) if where else ""
-
-
-def _short(path: str) -> str:
-    """A path as read in a table: from the package on for libraries."""
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in path:
-            return path.split(marker, 1)[1]
-    m = re.search(r"[/\\]lib[/\\]python3[^/\\]*[/\\](.*)$", path)
-    return m.group(1) if m else path
 
 
 def _text_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:

@@ -71,3 +71,29 @@ def options() -> dict[str, list[tuple[type[BatchSystem], SchedulerOption]]]:
         for option in system.options:
             out.setdefault(option.name, []).append((system, option))
     return out
+
+
+def arguments(where: str) -> list[tuple[str, dict]]:
+    """``(flag, argparse keywords)`` of each option offered ``where`` (``"magic"``: ``%mpi
+    start``; ``"export"``: ``%mpi export`` and ``clusterkernel export``), once however
+    many schedulers take it (``--time``), its help naming them.
+
+    Example::
+
+        dict(arguments("export"))["--time"]["help"]   # 'Grid Engine, Slurm: time limit ...'
+    """
+    out = []
+    for name, owners in options().items():
+        offered = [(system, option) for system, option in owners if getattr(option, where)]
+        if not offered:
+            continue
+        option = offered[0][1]
+        titles = ", ".join(system.title for system, _ in offered)
+        keywords = {"help": f"{titles}: {option.help}", "dest": name}
+        if option.type is not str:
+            keywords["type"] = option.type
+        default = option.export_default if where == "export" else option.default
+        if default is not None:
+            keywords["default"] = default
+        out.append((option.flag, keywords))
+    return out
