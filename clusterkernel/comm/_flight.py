@@ -108,16 +108,19 @@ class FlightRecorder:
         self.on = os.environ.get("CLUSTERKERNEL_FLIGHT", "1") not in ("0", "off")
         self._alloc(size)
 
-    def _alloc(self, size: int) -> None:
+    def _alloc(self, size: int, start: int = 0) -> None:
         ints = bytearray(8 * (1 + size * NI))
         view = memoryview(ints).cast("q")
         for slot in range(size):
             view[1 + slot * NI + I_INDEX] = -1  # empty
+        # entries go on counting from ``start``: an entry still open from before a
+        # resize (an async call) must never name a newer call in the new ring
+        view[0] = start
         self.size = size
         self.objs = [None] * (size * NO)
         self.ints = ints
         self._i = view
-        self.base = 0  # entries before this index were cleared
+        self.base = start  # entries before this index were cleared
 
     def record(
         self,
@@ -221,7 +224,7 @@ class FlightRecorder:
 
     def resize(self, size: int) -> None:
         """Keep the last ``size`` calls from now on (the kept ones are forgotten)."""
-        self._alloc(size)
+        self._alloc(size, self._i[0])
 
 
 FLIGHT = FlightRecorder()

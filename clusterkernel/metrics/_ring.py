@@ -44,17 +44,30 @@ def _writer_source() -> str:
     code). Made, not written out, so the layout stays declared in one place; made
     once at import."""
     args = ", ".join(name for name, _ in COMM_LAYOUT)
-    values = ", ".join(
-        f"codes[{name}] if {name} in codes else self.code({name})" if typ == "str" else name
+    # Another thread (a DDP hook's future, a user's thread calling comm) or the C path
+    # may write between any two calls here (the GIL is handed over after a call), never
+    # between two subscripts: so names are coded first (self.code may run Python), then
+    # the slot is claimed in two subscripts with no call between, then packed. Packing
+    # before claiming lost a record whenever a write came in after the pack: both wrote
+    # slot n and the count moved on once.
+    codes = "".join(
+        f"    if {name} not in codes:\n        self.code({name})\n"
         for name, typ in COMM_LAYOUT
+        if typ == "str"
     )
+    values = ", ".join(f"codes[{name}]" if typ == "str" else name for name, typ in COMM_LAYOUT)
     return (
         f"def write(self, {args}):\n"
         "    codes = self._codes\n"
+        f"{codes}"
         "    count = self._count\n"
         "    n = count[0]\n"
-        f"    self._pack(self.mem, {HEADER} + (n % self.capacity) * {ROW}, {values})\n"
         "    count[0] = n + 1\n"
+        "    try:\n"
+        f"        self._pack(self.mem, {HEADER} + (n % self.capacity) * {ROW}, {values})\n"
+        "    except BaseException:\n"
+        "        count[0] = n  # a bad value: nothing recorded (no write came in since)\n"
+        "        raise\n"
     )
 
 

@@ -1,0 +1,59 @@
+"""The comm records' preallocated rings on their own, in one process (no mpiexec): the
+timing ring (metrics._ring.CommRing) and the flight ring (comm._flight.FlightRecorder)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from clusterkernel.metrics._ring import CommRing
+
+
+def test_timing_ring_keeps_every_record_of_two_writing_threads():
+    # A DDP hook's future (a torch thread) and the main thread both write the ring:
+    # the GIL may pass between any two calls of a write, and no record may be lost.
+    n, ring = 20000, CommRing(capacity=40000)
+    go = threading.Barrier(2)
+
+    def writer(who: int) -> None:
+        go.wait()
+        for i in range(n):
+            ring.write("all_reduce", who * n + i, "mpi", 2, 0.0, 0.0, 0.0)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over as often as the interpreter can
+    try:
+        threads = [threading.Thread(target=writer, args=(w,)) for w in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert ring.total() == 2 * n
+    assert sorted(row[1] for row in ring.rows(0, ring.total())) == list(range(2 * n))
+
+
+def test_timing_ring_bad_value_records_nothing():
+    ring = CommRing(capacity=4)
+    ring.write("all_reduce", 8, "mpi", 2, 1.0, 1e-6, 1e-6)
+    try:
+        ring.write("all_reduce", 8.5, "mpi", 2, 1.0, 1e-6, 1e-6)  # bytes as a float
+    except Exception:
+        pass
+    assert ring.total() == 1
+    assert ring.rows(0, 4) == [("all_reduce", 8, "mpi", 2, 1.0, 1e-6, 1e-6)]
+
+
+def test_flight_late_close_after_a_resize_leaves_the_newer_call():
+    from clusterkernel.comm._flight import FlightRecorder
+    from clusterkernel.comm._groups import WORLD
+
+    fr = FlightRecorder(size=4)
+    for _ in range(3):
+        fr.done(fr.record(WORLD, "barrier", 0, None))
+    late = fr.record(WORLD, "all_reduce", 8, None)  # an async call, still open
+    fr.resize(4)
+    newer = [fr.record(WORLD, "broadcast", 8, None) for _ in range(late + 1)]
+    fr.done(late)  # its wait() comes now: the resize forgot it
+    assert [e["done"] for e in fr.snapshot()] == [False] * min(len(newer), 4)
