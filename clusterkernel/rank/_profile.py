@@ -23,6 +23,9 @@ the clock (``wall0``: ``time.time()`` at the start, ``t0``: ``perf_counter()``),
 the comm layer's timing records of the cell (``clusterkernel.metrics``, only where a
 recorder already exists: the notebook splits time in collectives into moving data
 and waiting for other ranks from them).
+
+A job exported with ``--profile`` (``clusterkernel.client.export``) calls :func:`start`
+at its top and :func:`gather` at its end, on every rank, with no notebook around.
 """
 
 from __future__ import annotations
@@ -247,11 +250,11 @@ PROFILE_REPLY = "clusterkernel_profile_reply"
 
 
 def _install_control_handler() -> None:
-    try:
-        from IPython import get_ipython
-    except ImportError:
+    # an engine has IPython loaded already; an exported batch job has none to load
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
         return
-    kernel = getattr(get_ipython(), "kernel", None)
+    kernel = getattr(ipython.get_ipython(), "kernel", None)
     handlers = getattr(kernel, "control_handlers", None)
     if handlers is None or PROFILE_REQUEST in handlers:
         return
@@ -304,6 +307,22 @@ def stop() -> dict | None:
         except Exception as e:  # the samples still come back
             data["torch_error"] = f"{type(e).__name__}: {e}"
     return data
+
+
+def gather(comm: Any) -> dict[int, dict] | None:
+    """Stop this rank's sampler and gather every rank's profile on rank 0 of ``comm``
+    (an mpi4py communicator): ``{rank: profile}`` there, None on the others. The end of
+    an exported job run with ``--profile``; every rank of ``comm`` must call it. A rank
+    whose sampler never started is left out.
+
+    Example::
+
+        ranks = gather(MPI.COMM_WORLD)   # rank 0: {0: {...}, 1: {...}}
+    """
+    everyone = comm.gather(stop(), root=0)
+    if everyone is None:
+        return None
+    return {rank: data for rank, data in enumerate(everyone) if data is not None}
 
 
 def running() -> bool:

@@ -10,7 +10,9 @@ Engine script (``--qsub``): the scheduler's class writes it
 cells are left out with a comment. ``%mpi push`` values come along: embedded from
 the live namespace (``%mpi export`` in the notebook), or, exporting a file,
 ``push x=expr`` becomes ``x = expr`` and ``push x`` replays the notebook's own
-top-level statements that make ``x``. Client side: never imports mpi4py.
+top-level statements that make ``x``. ``--profile`` (``profile="python"``) samples
+every rank over the job and writes speedscope and Perfetto files at its end
+(:mod:`~clusterkernel.client.export._profilecode`). Client side: never imports mpi4py.
 
 Example::
 
@@ -36,6 +38,7 @@ from typing import NamedTuple
 
 from clusterkernel.client import scheduler
 from clusterkernel.client.export._cellcode import ExportError, ipy_call, python_of, rank_cell
+from clusterkernel.client.export._profilecode import PROFILE_KINDS, profile_block
 from clusterkernel.client.export._pushcode import push_block, push_items
 from clusterkernel.client.export._run import add_run_arguments, run_lines, run_main
 from clusterkernel.client.mpiexec import QUIET_OSC, MPINotFoundError, find_mpiexec
@@ -175,6 +178,7 @@ def export_cells(
     auto: bool = False,
     torch: tuple[bool, str | None] | None = None,
     failed: Collection[int] = (),
+    profile: str | None = None,
 ) -> str:
     """The rank cells of ``cells`` (cell sources in notebook order) as one MPI script.
 
@@ -189,7 +193,9 @@ def export_cells(
     ``torch``: (the ranks had a default group made for them, its backend), as the live
     cluster knows it; default: read from the cells' ``%mpi start``. A notebook that
     uses torch.distributed gets torchrun's environment on every rank, as in the
-    notebook. Raises :class:`ExportError` for what a plain script cannot run.
+    notebook. ``profile`` (``"python"`` or ``"torch"``, ``--profile``): every rank is
+    sampled over the job and the profile written at its end (:func:`profile_block`).
+    Raises :class:`ExportError` for what a plain script cannot run.
     """
     n = ranks or notebook_ranks(cells) or 4
     stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
@@ -204,6 +210,8 @@ def export_cells(
         made, backend = torch
     if uses or made:
         out.append(_torch_block(made, backend))
+    if profile:
+        out.append(profile_block(profile))  # after torch's: its atexit runs first
     history: list[tuple[str, ast.stmt]] = []
     seen = 0  # rank cells
     for kind, where, head, items in _walk(cells, names, auto, failed):
@@ -334,6 +342,7 @@ def write_job(
     failed: Collection[int] = (),
     nodes: int = 1,
     ntasks_per_node: int | None = None,
+    profile: str | None = None,
     **job,
 ) -> list[Path]:
     """Write the script (and each scheduler's job file asked for); the paths written.
@@ -342,6 +351,7 @@ def write_job(
     ``qsub="job.qsub"``) and the schedulers' options (:func:`job_args`). A Slurm job has
     ``ntasks_per_node`` (default: the notebook's ranks, ``ranks``, else its ``%mpi start
     -n``, else 4, spread over ``nodes``) per node; another scheduler's, the ranks.
+    ``profile``: as :func:`export_cells` (``--profile``).
     """
     path = Path(path)
     ranks = ranks or notebook_ranks(cells) or 4
@@ -355,6 +365,7 @@ def write_job(
         auto=auto,
         torch=torch,
         failed=failed,
+        profile=profile,
     )
     files = {name: job.pop(_file_dest(system), None) for name, system in _exporters()}
     written: list[tuple[Path, str]] = []
@@ -411,20 +422,36 @@ def _export_options() -> tuple[tuple[str, dict], ...]:
 
 # The options of %mpi export and of clusterkernel export that shape the job files,
 # declared once for both parsers (flag, argparse keywords): the job files (one flag per
-# scheduler), then the schedulers' options; EXPORT_ARGS: their names
+# scheduler), then the schedulers' options, then --profile; EXPORT_ARGS: their names
 JOB_FILES: tuple[tuple[str, dict], ...] = tuple(
     (system.export_flag, {"help": f"also write a {system.title} job file here"})
     for _, system in _exporters()
 )
 SBATCH_OPTIONS: tuple[tuple[str, dict], ...] = _export_options()
-EXPORT_ARGS = tuple(kw["dest"] for _, kw in SBATCH_OPTIONS) + tuple(
-    flag[2:].replace("-", "_") for flag, _ in JOB_FILES
+# --profile: the job profiles every rank (the job's own option, not a scheduler's)
+PROFILE_OPTION: tuple[tuple[str, dict], ...] = (
+    (
+        "--profile",
+        {
+            "nargs": "?",
+            "const": "python",
+            "choices": PROFILE_KINDS,
+            "help": "sample every rank's Python stacks over the job; at its end rank 0 writes "
+            "<job>.speedscope.json and <job>.trace.json (Perfetto) beside it; torch: "
+            "torch.profiler's CPU ops too",
+        },
+    ),
+)
+EXPORT_ARGS = (
+    tuple(kw["dest"] for _, kw in SBATCH_OPTIONS)
+    + tuple(flag[2:].replace("-", "_") for flag, _ in JOB_FILES)
+    + ("profile",)
 )
 
 
 def job_args(args: argparse.Namespace) -> dict:
-    """The job-file options of ``%mpi export``'s or ``clusterkernel export``'s parsed
-    options, as :func:`write_job` takes them: picked once, by name, for both.
+    """The job-file options (and ``--profile``) of ``%mpi export``'s or ``clusterkernel
+    export``'s parsed options, as :func:`write_job` takes them: picked once, by name, for both.
 
     Example::
 
@@ -440,7 +467,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``clusterkernel export``."""
     parser.add_argument("notebook", help="the .ipynb file")
     parser.add_argument("-o", "--output", help="script to write (default: notebook name, .py)")
-    for flag, options in JOB_FILES + SBATCH_OPTIONS:
+    for flag, options in JOB_FILES + SBATCH_OPTIONS + PROFILE_OPTION:
         parser.add_argument(flag, **options)
     parser.add_argument(
         "--include-failed",

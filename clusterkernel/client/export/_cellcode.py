@@ -38,6 +38,7 @@ _cell_parser.add_argument("--ranks")
 _cell_parser.add_argument("--timeout")
 _cell_parser.add_argument("--noblock", action="store_true")
 _cell_parser.add_argument("--dashboard", action="store_true")
+_cell_parser.add_argument("--profile", nargs="?", const="python")
 
 
 def python_of(src: str) -> tuple[str, int]:
@@ -130,7 +131,8 @@ def rank_cell(where: str, options: str | None, body: str) -> str:
     """A rank cell (``%%mpi options`` + body; options None for a ``%mpi on`` cell) as code.
 
     ``--ranks`` becomes ``if RANK in (...):``; ``--timeout``/``--noblock``/``--dashboard``
-    are dropped with a comment. Raises :class:`ExportError` naming ``where``.
+    are dropped with a comment, and so is ``--profile`` (``export --profile`` profiles
+    the whole job). Raises :class:`ExportError` naming ``where``.
     """
     try:
         opts = _cell_parser.parse_args(shlex.split(options or ""))
@@ -151,6 +153,8 @@ def rank_cell(where: str, options: str | None, body: str) -> str:
     dropped = [f"--{k}" for k in ("timeout", "noblock", "dashboard") if getattr(opts, k)]
     if dropped:
         head += f"\n# ({' '.join(dropped)} dropped: no watchdog or dashboard in a batch job)"
+    if opts.profile:
+        head += "\n# (--profile dropped: export with --profile to profile the whole job)"
     code = _plain(where, body, 1 if options is not None else 0) or "pass"
     if ranks:
         code = f"if RANK in {ranks!r}:\n{_indent(code)}"

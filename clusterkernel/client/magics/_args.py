@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import (
 )
 
 from clusterkernel.client import scheduler
-from clusterkernel.client.export import JOB_FILES, SBATCH_OPTIONS
+from clusterkernel.client.export import JOB_FILES, PROFILE_OPTION, SBATCH_OPTIONS
 
 
 def ranks_arg(text: str | None) -> list[int] | None:
@@ -227,7 +227,7 @@ def cell_args(line):
 def _sbatch_arguments(func):
     """``@argument`` for each of export's job files and options (declared once, for both
     parsers: :data:`clusterkernel.client.export.SBATCH_OPTIONS`)."""
-    for flag, options in reversed(JOB_FILES + SBATCH_OPTIONS):
+    for flag, options in reversed(JOB_FILES + SBATCH_OPTIONS + PROFILE_OPTION):
         func = argument(flag, **options)(func)
     return func
 

@@ -207,6 +207,17 @@ def _dashboard_events(store: Any, origin: float) -> list[dict]:
     return out
 
 
+def save_files(ranks: dict[int, dict], stem: str | os.PathLike) -> list[Path]:
+    """Both files of ``{rank: data}``: ``<stem>.speedscope.json`` and ``<stem>.trace.json``
+    (Chrome/Perfetto), as an exported job's ``--profile`` writes them at its end.
+
+    Example::
+
+        save_files(ranks, "/home/me/job")   # [.../job.speedscope.json, .../job.trace.json]
+    """
+    return [save(ranks, f"{stem}.speedscope.json"), save(ranks, f"{stem}.trace.json")]
+
+
 def save(ranks: dict[int, dict], path: str | os.PathLike, store: Any = None) -> Path:
     """Write ``path``: speedscope for ``*.speedscope.json``, else a Chrome trace."""
     path = Path(path)
