@@ -159,6 +159,10 @@ class FlightRecorder:
         lasti = 0 if f is None else f.f_lasti
         ints, objs = self._i, self.objs
         n = ints[0]
+        # claimed before anything that may run other Python code (letting the slot's
+        # old objects go may run a finalizer; another thread may then note a call):
+        # that call takes the next entry instead of this one's
+        ints[0] = n + 1
         slot = n % self.size
         i = 1 + slot * NI
         o = slot * NO
@@ -173,7 +177,6 @@ class FlightRecorder:
         objs[o + O_DTYPE] = dtype
         objs[o + O_CODE] = code
         ints[i + I_INDEX] = n
-        ints[0] = n + 1
         return n
 
     def done(self, entry: int) -> None:

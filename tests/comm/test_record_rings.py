@@ -57,3 +57,23 @@ def test_flight_late_close_after_a_resize_leaves_the_newer_call():
     newer = [fr.record(WORLD, "broadcast", 8, None) for _ in range(late + 1)]
     fr.done(late)  # its wait() comes now: the resize forgot it
     assert [e["done"] for e in fr.snapshot()] == [False] * min(len(newer), 4)
+
+
+def test_flight_call_noted_while_a_call_is_being_noted_keeps_both():
+    # Writing a slot lets its old objects go, which may run Python code (a finalizer;
+    # another thread, given the GIL then) that notes a call of its own.
+    from clusterkernel.comm._flight import FlightRecorder
+    from clusterkernel.comm._groups import WORLD
+
+    fr = FlightRecorder(size=4)
+
+    class NotesOnDel:
+        def __del__(self):
+            fr.record(WORLD, "barrier", 0, None)
+
+    fr.record(WORLD, "all_reduce", 8, NotesOnDel())  # its dtype: let go when written over
+    for _ in range(3):
+        fr.record(WORLD, "broadcast", 8, None)
+    fr.record(WORLD, "all_gather", 8, None)  # over the first slot: the finalizer runs
+    ops = [e["op"] for e in fr.snapshot()]
+    assert ops == ["broadcast", "broadcast", "all_gather", "barrier"], ops
