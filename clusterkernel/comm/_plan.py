@@ -305,9 +305,12 @@ def admit(g: Group, plan: Plan) -> None:
     nothing after, else None; stamped with :data:`GATE`'s generation. Called after a
     Python call of a plan that has ``handles`` (the C path takes the plan's calls from
     the next one)."""
-    plan.stamp = GATE.stamp
+    stamp = GATE.stamp  # read first: a change while the rules are read leaves it stale
     ok = plan.direct and not STAGING.force and not check_due(g, plan)
+    # the answer, then its stamp, with no call between (another thread's C path may run
+    # during check_due: it must not see this stamp with the answer of an older one)
     plan.fast = plan.handles if ok else None
+    plan.stamp = stamp
 
 
 def forget(g: Group) -> None:
