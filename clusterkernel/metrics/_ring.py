@@ -98,7 +98,9 @@ class CommRing:
         if capacity < 2:
             raise ValueError(f"capacity must be at least 2, got {capacity}")
         self.capacity = capacity
-        self.mem = mmap.mmap(-1, HEADER + capacity * ROW)
+        # private: a process forked from this one (a DataLoader worker) gets its own
+        # copy on write, not this process's records (mmap's default is a shared map)
+        self.mem = mmap.mmap(-1, HEADER + capacity * ROW, flags=mmap.MAP_PRIVATE)
         self._count = memoryview(self.mem)[:HEADER].cast("q")
         self._row = struct.Struct(FORMAT)
         self._pack = self._row.pack_into

@@ -77,3 +77,20 @@ def test_flight_call_noted_while_a_call_is_being_noted_keeps_both():
     fr.record(WORLD, "all_gather", 8, None)  # over the first slot: the finalizer runs
     ops = [e["op"] for e in fr.snapshot()]
     assert ops == ["broadcast", "broadcast", "all_gather", "barrier"], ops
+
+
+def test_timing_ring_is_not_shared_with_a_forked_process():
+    # A DataLoader worker is forked from the rank: what it records is its own.
+    import os
+
+    ring = CommRing(capacity=4)
+    ring.write("all_reduce", 8, "mpi", 2, 1.0, 1e-6, 1e-6)
+    pid = os.fork()
+    if pid == 0:  # the child: writes over the ring, then leaves without cleanup
+        for _ in range(4):
+            ring.write("broadcast", 99, "mpi", 2, 2.0, 1e-6, 1e-6)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    assert ring.total() == 1
+    assert ring.rows(0, 4) == [("all_reduce", 8, "mpi", 2, 1.0, 1e-6, 1e-6)]
