@@ -5,9 +5,9 @@ declares (its fields, in order, with their types). :class:`CommRing` stores reco
 fixed rows of that layout in one anonymous memory map: a ``str`` field as the code of
 its name (:meth:`CommRing.code`, names kept in :attr:`CommRing.names`), an ``int`` as
 int64, a ``float`` as a double; a header int64 counts the records ever written. A
-write packs one row in place and moves the count on: no tuple, no float object is kept
-per call, and the C fast path (``comm/_fast.c``) writes the same rows directly, at the
-offsets :attr:`CommRing.offsets` gives it. When the ring is full the oldest record is
+write takes the next slot (moves the count on) and packs one row there: no tuple, no
+float object is kept per call, and the C fast path (``comm/_fast.c``) writes the same
+rows directly, at the offsets :attr:`CommRing.offsets` gives it. When the ring is full the oldest record is
 overwritten (the recorder counts it as dropped).
 
 Readers (:meth:`CommRing.rows`) read by absolute index, as the recorder's lists are
