@@ -7,8 +7,8 @@ its name (:meth:`CommRing.code`, names kept in :attr:`CommRing.names`), an ``int
 int64, a ``float`` as a double; a header int64 counts the records ever written. A
 write takes the next slot (moves the count on) and packs one row there: no tuple, no
 float object is kept per call, and the C fast path (``comm/_fast.c``) writes the same
-rows directly, at the offsets :attr:`CommRing.offsets` gives it. When the ring is full the oldest record is
-overwritten (the recorder counts it as dropped).
+rows directly, at the offsets :attr:`CommRing.offsets` gives it. When the ring is full
+the oldest record is overwritten (the recorder counts it as dropped).
 
 Readers (:meth:`CommRing.rows`) read by absolute index, as the recorder's lists are
 read, and get plain tuples in ``COMM_FIELDS`` order. A reader in another thread (the
