@@ -188,7 +188,7 @@ def _run_on_this_rank(name: str, code: str, setting: str, cwd: str) -> None:
     from clusterkernel.comm import _check, _flight
     from clusterkernel.train import _modes
 
-    saved = (_check.STATE.on, _check.STATE.new, _flight.FLIGHT.ring, _flight.FLIGHT.on)
+    saved = (_check.STATE.on, _check.STATE.new, _flight.FLIGHT.size, _flight.FLIGHT.on)
     modes = dict(_modes._MODES)
     filename = f"<example {name}>"  # tracebacks show the example's lines
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
@@ -202,7 +202,9 @@ def _run_on_this_rank(name: str, code: str, setting: str, cwd: str) -> None:
         os.chdir(here)
         torchdist.shutdown(ns)  # frees a DDP model and the default group it made
         ns.clear()  # (no gc.collect(): 0.3 s a rank, and nothing here needs it)
-        _check.STATE.on, _check.STATE.new, _flight.FLIGHT.ring, _flight.FLIGHT.on = saved
+        _check.STATE.on, _check.STATE.new, size, _flight.FLIGHT.on = saved
+        if _flight.FLIGHT.size != size:  # an example resized the ring (comm.set_flight)
+            _flight.FLIGHT.resize(size)
         _modes._MODES.clear()
         _modes._MODES.update(modes)
 
