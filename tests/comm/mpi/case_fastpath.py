@@ -300,3 +300,33 @@ def test_mpi_is_found_through_mpi4py_whatever_its_library_is_named():
     # dlsym on mpi4py's module searches the MPI library it links, by any name
     found = _fastpath._libmpi_symbol("MPI_Allreduce")
     agree(found != 0 and _fastpath._libmpi_symbol("MPI_No_such_call") == 0, hex(found))
+
+
+def test_a_thread_recording_beside_the_fast_path_loses_no_record():
+    # A DDP hook's future writes timing records from a torch thread while this thread's
+    # all_reduces write theirs in C: a write the other came in on was lost before.
+    t = torch.ones(16)
+    comm.all_reduce(t)
+    rec = metrics.recorder()
+    before = rec.total("comm")
+    stop, written = threading.Event(), []
+
+    def hook_records() -> None:
+        n = 0
+        while not stop.is_set():
+            rec.timing("hook", 8, 0.0, 0.0, 0.0)
+            n += 1
+        written.append(n)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over as often as the interpreter can
+    try:
+        th = threading.Thread(target=hook_records)
+        th.start()
+        hits = _hits_of(lambda: [comm.all_reduce(t) for _ in range(200)])
+        stop.set()
+        th.join()
+    finally:
+        sys.setswitchinterval(old)
+    got = rec.total("comm") - before
+    agree(hits == 200 and got == 200 + written[0], f"{hits} {got} {written}")
