@@ -833,13 +833,14 @@ class Cluster:
             if profile and block:
                 self.profile_result = run.profile if run is not None else None
 
-    def profile(self, action: str = "start", *, torch: bool = False, hz: float | None = None):
+    def profile(self, action: str = "start", **options: Any):
         """``%mpi profile start|stop``: sample every rank over the cells in between.
 
         ``"start"`` starts every live rank's sampler (``torch=True``: torch.profiler's
         CPU ops too); ``"stop"`` ends it, shows the :class:`~clusterkernel.client.profile.
         Profile` and returns it (also kept as ``profile_result``). Misuse (stop without
         start, start twice) raises :class:`~clusterkernel.client.profile.ProfileError`.
+        ``options`` go to :func:`clusterkernel.client.profile.control` (``torch``, ``hz``, ...).
 
         Example::
 
@@ -850,7 +851,7 @@ class Cluster:
         from clusterkernel.client.profile import control
 
         self._require_running()
-        profile = control(self, action, torch=torch, hz=hz)
+        profile = control(self, action, **options)
         if profile is not None:
             self.profile_result = profile
         return profile
