@@ -16,7 +16,7 @@ import signal
 import pytest
 
 from clusterkernel import Cluster
-from tests import _spawn_check
+from tests import _shm_leaks, _spawn_check
 from tests._markers import markers_for
 from tests._procs import wait_no_cluster_processes
 from tests.sge._testbed import PACKAGES as SGE_PACKAGES
@@ -29,6 +29,8 @@ def pytest_configure(config):
     # a test that starts ranks, a kernel or a cluster without the `cluster` marker fails
     if not config.pluginmanager.is_registered(_spawn_check):
         config.pluginmanager.register(_spawn_check, "clusterkernel-spawn-check")
+    if not config.pluginmanager.is_registered(_shm_leaks):
+        config.pluginmanager.register(_shm_leaks, "clusterkernel-shm-leaks")
     # A runner that starts the suite as a background job of a non-interactive shell
     # (job control off: CI runners, `cmd &` in a script) hands it SIGINT ignored, and
     # Python then leaves it ignored. The suite stands in for a kernel interrupt with
