@@ -10,16 +10,18 @@ bed is ``sge_testbed`` (tests/conftest.py).
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
+from tests._batch_beds import (
+    a_kept_job_outlives_its_kernel,
+    a_killed_kernel_leaves_nothing,
+    assert_job_gone,
+    stop_cancels_the_kept_job,
+)
 from tests._procs import wait_no_cluster_processes
 
 _CELL = """\
@@ -56,8 +58,7 @@ def test_the_magic_starts_ranks_in_a_grid_engine_job_and_stop_leaves_nothing(
     # every rank in one MPI world of 4, inside the job, on the job's slots
     assert here == {r: (r, 4, 4, job, True) for r in range(4)}, here
     magics.mpi("stop")
-    jobs, pids = sge_testbed.leftovers(timeout=20)
-    assert job not in jobs and not pids, (jobs, pids)
+    assert_job_gone(sge_testbed, job)
     left = wait_no_cluster_processes(20)
     assert not left, [p.cmdline() for p in left]
 
@@ -79,62 +80,15 @@ def test_an_exported_qsub_script_runs_on_the_jobs_ranks(sge_testbed, tmp_path):
     assert ranks == [f"[rank {r}] RANK {r} 4" for r in range(4)], out.read_text()
 
 
-_KERNEL = """
-import sys
-from clusterkernel import Cluster
-c = Cluster(n=2, launcher="sge").start()
-print("JOB", c.run_dir, c.job_id, flush=True)
-sys.stdin.read()
-"""
+_SGE = 'n=2, launcher="sge"'
 
 
 def test_a_killed_kernel_leaves_no_job_and_no_process(sge_testbed, no_shared_cluster):
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _KERNEL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    line = ""
-    while not line.startswith("JOB"):  # after the live "qw" line
-        line = proc.stdout.readline().strip("\r\n ").split("\r")[-1].strip()
-        assert line or proc.poll() is None, "the kernel process ended before its cluster started"
-    _, run_dir, job = line.split()
-    assert job in sge_testbed.jobs()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    jobs, pids = sge_testbed.leftovers(timeout=30)
-    assert job not in jobs and not pids, (jobs, pids)
-    deadline = time.monotonic() + 20
-    while os.path.isdir(run_dir) and time.monotonic() < deadline:
-        time.sleep(0.25)
-    assert not os.path.isdir(run_dir), "the guard left the cluster's run directory"
+    a_killed_kernel_leaves_nothing(sge_testbed, _SGE, timeout=30)
 
 
 def test_a_kept_job_survives_a_killed_kernel_and_stop_after_attach_cancels_it(
     sge_testbed, no_shared_cluster, tmp_path, monkeypatch
 ):
-    from clusterkernel import Cluster
-    from clusterkernel.client.cluster import _keep
-
-    monkeypatch.setenv("CLUSTERKERNEL_RUN_DIR", str(tmp_path / "runs"))
-    kernel = _KERNEL.replace('launcher="sge")', 'launcher="sge", keep="10m")').replace(
-        ".start()\n", '.start()\nc.run("zz = 7")\n'
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", kernel], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    line = ""
-    while not line.startswith("JOB"):
-        line = proc.stdout.readline().strip("\r\n ").split("\r")[-1].strip()
-        assert line or proc.poll() is None, "the kernel process ended before its cluster started"
-    _, run_dir, job = line.split()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    time.sleep(3)
-    assert job in sge_testbed.jobs(), "the kept job did not outlive the kernel"
-    [record] = _keep.kept()
-    assert record["job_id"] == job, record
-    cluster = Cluster.attach()
-    assert cluster.pull("zz") == {0: 7, 1: 7}
-    cluster.stop()
-    jobs, pids = sge_testbed.leftovers(timeout=20)
-    assert job not in jobs and not pids, (jobs, pids)
-    assert not os.path.isdir(run_dir)
+    kernel, _, cluster = a_kept_job_outlives_its_kernel(sge_testbed, _SGE, monkeypatch, tmp_path)
+    stop_cancels_the_kept_job(sge_testbed, kernel, cluster)

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import _thread
 import os
-import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 from clusterkernel import Cluster
+from tests._batch_beds import (
+    a_kept_job_outlives_its_kernel,
+    a_killed_kernel_leaves_nothing,
+    assert_job_gone,
+    stop_cancels_the_kept_job,
+)
 from tests._procs import wait_no_cluster_processes
 
 
@@ -25,8 +29,7 @@ def test_stop_cancels_the_job_and_leaves_nothing_on_either_node(slurm_testbed, _
     cluster = Cluster(n=2, launcher="slurm", nodes=2).start()
     job = cluster.job_id
     cluster.stop()
-    jobs, on1, on2 = slurm_testbed.leftovers(timeout=5)
-    assert job not in jobs and not on1 and not on2, (jobs, on1, on2)
+    assert_job_gone(slurm_testbed, job, timeout=5)
 
 
 def test_pending_job_is_shown_and_an_interrupt_cancels_it(slurm_testbed, capsys):
@@ -56,65 +59,22 @@ def test_pending_job_is_shown_and_an_interrupt_cancels_it(slurm_testbed, capsys)
     assert not jobs and not on1 and not on2, (jobs, on1, on2)
 
 
-_KERNEL = """
-import sys
-from clusterkernel import Cluster
-c = Cluster(n=2, launcher="slurm", nodes=2).start()
-print("JOB", c.run_dir, c.job_id, flush=True)
-sys.stdin.read()
-"""
+_SLURM = 'n=2, launcher="slurm", nodes=2'
 
 
 def test_a_killed_notebook_kernel_leaves_no_job_and_no_process(slurm_testbed):
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _KERNEL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    line = ""
-    while not line.startswith("JOB"):  # after the live "pending" line
-        line = proc.stdout.readline().strip("\r\n ").split("\r")[-1].strip()
-        assert line or proc.poll() is None, "the kernel process ended before its cluster started"
-    _, run_dir, job = line.split()
-    assert job in slurm_testbed.jobs() and os.path.isdir(run_dir)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    jobs, on1, on2 = slurm_testbed.leftovers(timeout=20)
-    assert job not in jobs and not on1 and not on2, (jobs, on1, on2)
-    deadline = time.monotonic() + 20
-    while os.path.isdir(run_dir) and time.monotonic() < deadline:
-        time.sleep(0.25)
-    assert not os.path.isdir(run_dir), "the guard left the cluster's run directory"
+    a_killed_kernel_leaves_nothing(slurm_testbed, _SLURM)
 
 
 def test_a_kept_job_survives_a_killed_kernel_and_stop_after_attach_cancels_it(
     slurm_testbed, tmp_path, monkeypatch
 ):
-    from clusterkernel.client.cluster import _keep
-
-    monkeypatch.setenv("CLUSTERKERNEL_RUN_DIR", str(tmp_path / "runs"))
-    kernel = _KERNEL.replace("nodes=2)", "nodes=2, keep='10m')").replace(
-        ".start()\n", '.start()\nc.run("zz = 7")\n'
+    kernel, record, cluster = a_kept_job_outlives_its_kernel(
+        slurm_testbed, _SLURM, monkeypatch, tmp_path
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", kernel], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    line = ""
-    while not line.startswith("JOB"):
-        line = proc.stdout.readline().strip("\r\n ").split("\r")[-1].strip()
-        assert line or proc.poll() is None, "the kernel process ended before its cluster started"
-    _, run_dir, job = line.split()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    time.sleep(3)
-    assert job in slurm_testbed.jobs(), "the kept job did not outlive the kernel"
-    [record] = _keep.kept()
-    assert record["job_id"] == job and record["where"].startswith(f"Slurm job {job}"), record
-    cluster = Cluster.attach()
-    assert cluster.pull("zz") == {0: 7, 1: 7}
+    assert record["where"].startswith(f"Slurm job {kernel.job}"), record
     assert sorted(row["host"] for row in cluster.status()) == ["node1", "node2"]
-    cluster.stop()
-    jobs, on1, on2 = slurm_testbed.leftovers(timeout=20)
-    assert job not in jobs and not on1 and not on2, (jobs, on1, on2)
-    assert not os.path.isdir(run_dir)
+    stop_cancels_the_kept_job(slurm_testbed, kernel, cluster)
 
 
 _IN_ALLOCATION = """
