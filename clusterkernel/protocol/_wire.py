@@ -16,7 +16,7 @@ GIL from the training loop. Packing a batch into arrays is done in C by
 
 :func:`encode` takes and :func:`decode` returns the same message dict::
 
-    {"v": 2, "rank": 0, "seq": 7, "pc": <perf_counter>, "wall": <time.time>,
+    {"v": 3, "rank": 0, "seq": 7, "pc": <perf_counter>, "wall": <time.time>,
      "lost": {"comm": 0, "scalar": 0, "span": 0},
      "comm": [(op, nbytes, algorithm, group_size, start, duration, wait), ...],  # COMM_FIELDS
      "scalar": [(step, time, {"loss": 0.4}), ...],
@@ -30,12 +30,13 @@ rank's ``perf_counter`` times into wall-clock times for a common timeline.
 the notebook's store keeps, so receiving costs no Python object per record)::
 
     "comm":   {"n": 3, "op": Cat(["all_reduce"], array("q", [0, 0, 0])),
-               "nbytes": array("q", ...), "alg": Cat(...), "group_size": array("q", ...),
-               "start": array("d", ...), "duration": ..., "wait": ...}
+               "nbytes": array("q", ...), "algorithm": Cat(...),
+               "group_size": array("q", ...), "start": array("d", ...), "duration": ...,
+               "wait": ...}
 
-(the comm columns follow :data:`~clusterkernel.protocol.records.COMM_LAYOUT`: a ``str``
-field is a :class:`Cat`, ``int`` ``"q"``, ``float`` ``"d"``; named as the fields are,
-but where :data:`~clusterkernel.protocol.records.WIRE_COLUMNS` says otherwise)
+(the comm columns are :data:`~clusterkernel.protocol.records.COMM_LAYOUT`'s fields, by
+the same names and in its order: a ``str`` field is a :class:`Cat`, ``int`` ``"q"``,
+``float`` ``"d"``)
     "scalar": {"n": 3, "step": array("q", ...), "time": array("d", ...),
                "values": {"loss": array("d", ...)}}   # or "dicts": [{...}, ...]
     "span":   {"n": 3, "name": Cat(...), "start": ..., "duration": ...}
@@ -55,9 +56,11 @@ from array import array
 from operator import itemgetter
 from typing import NamedTuple
 
-from clusterkernel.protocol.records import COMM_LAYOUT, KINDS, WIRE_COLUMNS
+from clusterkernel.protocol.records import COMM_FIELDS, COMM_LAYOUT, KINDS
 
-VERSION = 2
+# 3: the comm columns carry COMM_LAYOUT's own names (2 called ``algorithm`` ``alg``), so
+# a notebook and ranks of different installs are told apart, not mis-read
+VERSION = 3
 _TYPECODES = ("q", "d")  # the only array types a header may name
 
 
@@ -110,7 +113,7 @@ def to_columns(kind: str, rows: list) -> dict:
     if kind == "comm":
         cols = {"n": len(rows)}
         for (name, typ), values in zip(COMM_LAYOUT, zip(*rows)):
-            cols[WIRE_COLUMNS.get(name, name)] = _COLUMN_OF[typ](values)
+            cols[name] = _COLUMN_OF[typ](values)
         return cols
     if kind == "span":
         name, start, dur = zip(*rows)
@@ -123,9 +126,8 @@ def to_columns(kind: str, rows: list) -> dict:
     raise ValueError(f"unknown record kind {kind!r}; use one of {KINDS}")
 
 
-# a column of each field type of COMM_LAYOUT, and the comm columns' names in field order
+# a column of each field type of COMM_LAYOUT
 _COLUMN_OF = {"str": _cat, "int": _ints, "float": lambda values: array("d", values)}
-_COMM_COLUMNS = tuple(WIRE_COLUMNS.get(name, name) for name, _ in COMM_LAYOUT)
 
 
 def _seq(column) -> list:
@@ -144,7 +146,7 @@ def to_rows(kind: str, cols: dict) -> list[tuple]:
                 values = [{} for _ in range(cols["n"])]
         return list(zip(_seq(cols["step"]), _seq(cols["time"]), values))
     if kind == "comm":
-        names = _COMM_COLUMNS
+        names = COMM_FIELDS
     else:
         names = ("name", "start", "duration")
     return list(zip(*(_seq(cols[n]) for n in names)))

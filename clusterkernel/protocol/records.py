@@ -44,9 +44,6 @@ COMM_LAYOUT = (
     ("wait", "float"),
 )
 COMM_FIELDS = tuple(name for name, _ in COMM_LAYOUT)
-# A field's column name on the metric stream where it is not the field's own (the
-# wire's version 2, which the notebook's store reads, calls ``algorithm`` ``alg``)
-WIRE_COLUMNS = {"algorithm": "alg"}
 KINDS = ("comm", "scalar", "span")
 # The ipyparallel label of each cell the notebook sends (``Cluster.run``), the same on
 # every rank: the ranks mark their records with it, so each execution of a cell is one

@@ -16,6 +16,7 @@ import zmq
 from clusterkernel.client.dashboard import MetricsStore, Receiver
 from clusterkernel.client.mpiexec import MPIRuntime
 from clusterkernel.protocol import _wire
+from clusterkernel.protocol.records import COMM_FIELDS
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "workers" / "stream_ranks.py"
@@ -157,6 +158,10 @@ def test_wire_round_trip_is_exact_for_every_record_shape():
     }
     back = _wire.decode(b"k", _wire.encode(b"k", msg))
     assert back == {**msg, "seq": 2}
+    # the comm columns are the record layout's fields, by its names, in its order
+    cols = _wire.decode(b"k", _wire.encode(b"k", msg), columns=True)["comm"]
+    assert [k for k in cols if k != "n"] == list(COMM_FIELDS), list(cols)
+    assert cols["algorithm"].tolist() == ["ring"]
     floaty = {
         "v": _wire.VERSION,
         "rank": 0,

@@ -363,7 +363,7 @@ class MetricsStore:
         dur = np.asarray(_numeric(cols["duration"]), dtype=float)
         wait = np.asarray(_numeric(cols["wait"]), dtype=float)
         end = start + dur
-        algs = cols["alg"]
+        algs = cols["algorithm"]
         alg_codes = (
             np.asarray(_numeric(algs.codes), dtype=np.int64) if len(algs.names) > 1 else None
         )
