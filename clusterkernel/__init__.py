@@ -69,7 +69,7 @@ def current_cluster() -> Cluster | None:
         if cluster is not None:
             cluster.run("print('hi')")
     """
-    from clusterkernel.client.cluster import _session
+    from clusterkernel.client import _session
 
     return _session.cluster()
 

@@ -106,3 +106,56 @@ def test_rank_health_keeps_first_causes_and_only_its_owner_clears_it():
     assert (health.lost, health.dead) == (None, {1: "x"})
     health.restarted()
     assert (health.lost, health.dead) == (None, {})
+
+
+def _imports(path: Path, annotations: bool = True) -> list[str]:
+    """Every module ``path`` imports, lazy imports inside functions included (``from a
+    import b`` counts as ``a`` and ``a.b``); ``annotations=False`` leaves out the
+    ``if TYPE_CHECKING:`` blocks (no import when the code runs)."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = set()
+    if not annotations:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+                skip |= {id(sub) for stmt in node.body for sub in ast.walk(stmt)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.append(node.module)
+            out += [f"{node.module}.{alias.name}" for alias in node.names]
+    return out
+
+
+def test_the_dashboard_and_the_debugger_never_import_the_cluster():
+    """Issue 37 item 5: one way, cluster -> dashboard and debug. They are handed the cluster
+    (their own protocols type it) and what they call (the debugger's ``ask``). An import
+    for annotations only (``TYPE_CHECKING``) makes no cycle; better a protocol."""
+    found = {
+        f"{path.relative_to(PACKAGE)}: {name}"
+        for folder in ("dashboard", "debug")
+        for path in sorted((PACKAGE / "client" / folder).rglob("*.py"))
+        for name in _imports(path, annotations=False)
+        if name == "clusterkernel.client.cluster"
+        or name.startswith("clusterkernel.client.cluster.")
+    }
+    assert found == set()
+
+
+def test_the_magics_use_the_cluster_package_s_public_names_only():
+    """The magics import from ``clusterkernel.client.cluster`` what its ``__all__`` exports,
+    never a private module (``_keep``) or name of it."""
+    from clusterkernel.client import cluster
+
+    found = set()
+    for path in sorted((PACKAGE / "client" / "magics").rglob("*.py")):
+        for name in _imports(path):
+            if not name.startswith("clusterkernel.client.cluster"):
+                continue
+            tail = name.removeprefix("clusterkernel.client.cluster").lstrip(".")
+            if tail and (tail.startswith("_") or tail.split(".")[0] not in cluster.__all__):
+                found.add(f"{path.relative_to(PACKAGE)}: {name}")
+    assert found == set()

@@ -7,7 +7,7 @@ object, :class:`LaunchSettings`, which builds the launcher; ``_launch``, ``_batc
 (a scheduler's job, :mod:`clusterkernel.client.scheduler`),
 ``_guard``), the processes of a running cluster (``_lifecycle.Engines``), what every
 fresh set of ranks gets (``_torch``: torchrun's environment, the default group),
-``_session`` and ``_status``, one running cell (``runner``; its ``breakpoint()``
+``_status``, one running cell (``runner``; its ``breakpoint()``
 prompt is ``clusterkernel.client.debug._breakpoints``),
 what a failing or hung rank tells the user (``_rank_faults``, ``_jobreport``,
 ``_stacks``, ``_hangreport``), clusters kept past their session (``_keep``: the
@@ -38,8 +38,16 @@ Who calls whom, and who changes what:
   what they find, which the cluster records (``_rank_faults.lost_engines``: the ranks
   whose engines left; ``_torch.ranks_up``: each rank's GPUs). ``CellRun`` prompts at a
   ``breakpoint()`` through ``debug._breakpoints.Stops``, which opens a ``DebugSession``.
-- The magics drive the cluster through its public API only. A kept cluster's guard
-  process reads its record (``_keep``) and never calls back.
+- The magics drive the cluster through its public API only: ``Cluster`` and the
+  functions this package exports (the session's cluster, kept clusters, snapshot
+  reports). A kept cluster's guard process reads its record (``_keep``) and never
+  calls back.
+- The dependency is one way: this package imports ``client.dashboard`` and
+  ``client.debug``, never the reverse. They are handed what they need: the cluster
+  itself, typed by their own protocols (``dashboard.Streamed``, ``debug.Debugged``), and
+  the debugger a function that sends to the ranks (``_ipp.asker``). The session's
+  cluster, which ``Dashboard()`` defaults to, lives beside both
+  (``clusterkernel.client._session``).
   ``tests/cluster/test_ownership.py`` checks these rules in the source.
 
 Example (``cluster``: a running :class:`Cluster`, from ``Cluster(n=4).start()`` or
@@ -51,7 +59,26 @@ Example (``cluster``: a running :class:`Cluster`, from ``Cluster(n=4).start()`` 
 
 from __future__ import annotations
 
+from clusterkernel.client._session import cluster as current_cluster
+from clusterkernel.client._session import set_cluster as set_current_cluster
 from clusterkernel.client.cluster._cluster import CellInterrupted, Cluster, ClusterError, RankError
+from clusterkernel.client.cluster._follow import busy_ranks
+from clusterkernel.client.cluster._keep import describe_keep, kept, kept_report, set_origin
 from clusterkernel.client.cluster._launch_settings import LaunchSettings
+from clusterkernel.client.cluster._snapshot import summary as snapshot_summary
 
-__all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted", "LaunchSettings"]
+__all__ = [
+    "Cluster",
+    "ClusterError",
+    "RankError",
+    "CellInterrupted",
+    "LaunchSettings",
+    "current_cluster",
+    "set_current_cluster",
+    "kept",
+    "kept_report",
+    "describe_keep",
+    "set_origin",
+    "busy_ranks",
+    "snapshot_summary",
+]

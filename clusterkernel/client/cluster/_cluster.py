@@ -944,7 +944,10 @@ class Cluster:
         from clusterkernel.client.debug import DebugSession
 
         self._require_running()
-        return DebugSession(self, ranks, timeout=timeout)
+        from clusterkernel.client.cluster._ipp import asker
+        from clusterkernel.protocol._names import DEBUG_REQUEST
+
+        return DebugSession(self, ranks, timeout=timeout, ask=asker(self, DEBUG_REQUEST))
 
     def abort_torch_groups(self, ranks: list[int] | None = None) -> list[int]:
         """Abort the torch.distributed groups of ``ranks`` (default: live ones); the ranks

@@ -27,6 +27,18 @@ if TYPE_CHECKING:
 POLL = 0.25  # seconds between looks at the controller's record
 
 
+def busy_ranks(cluster: Cluster) -> list[int]:
+    """The ranks still running a cell sent before (by a session that detached or was
+    taken over): what :meth:`Cluster.follow <clusterkernel.Cluster.follow>` shows.
+
+    Example::
+
+        cluster = Cluster.attach()
+        busy_ranks(cluster)     # [0, 1, 2, 3]: the training cell runs on
+    """
+    return sorted(running(cluster))
+
+
 def running(cluster: Cluster) -> dict[int, str]:
     """``{rank: msg_id}`` of the request each rank has been sent and not finished."""
     status = cluster.client.queue_status(verbose=True)

@@ -27,9 +27,14 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from ipyparallel import util as _util
+
+if TYPE_CHECKING:
+    from clusterkernel.client.cluster import Cluster
 
 _ORIGINAL = _util._parse_date
 
@@ -75,6 +80,18 @@ def control_request(
             continue
         out[rank] = msg.get("content", {})
     return out
+
+
+def asker(cluster: Cluster, msg_type: str) -> Callable[[list[int], dict, float], dict[int, dict]]:
+    """``ask(ranks, content, timeout)``: :func:`control_request` of ``msg_type`` to those of
+    ``cluster``'s ranks (the engines they have when asked). What the debugger is given
+    (``client.debug.Ask``), so that it sends to ranks without importing this package."""
+
+    def ask(ranks: list[int], content: dict, timeout: float) -> dict[int, dict]:
+        engines = {rank: cluster.engine_id(rank) for rank in ranks}
+        return control_request(cluster.client, engines, msg_type, content, timeout)
+
+    return ask
 
 
 def pager_outputs(result) -> list[dict]:

@@ -66,7 +66,13 @@ def parse_keep(value: bool | str | float | int | None) -> float | None:
 
 
 def describe_keep(seconds: float | None) -> str:
-    """``"2h"``, ``"until stopped"``: a keep time as a user wrote it."""
+    """``"2h"``, ``"until stopped"``: a keep time as a user wrote it (``cluster.keep``).
+
+    Example::
+
+        describe_keep(7200.0)        # '2h'
+        describe_keep(math.inf)      # 'until stopped'
+    """
     if seconds is None:
         return "not kept"
     if math.isinf(seconds):
@@ -220,7 +226,12 @@ def kept(root: str | None = None) -> list[dict]:
     client holds it), ``idle_left`` (seconds until it stops; inf: never) and ``age``.
 
     Clusters whose ranks died while no one was attached keep only their record, with
-    ``ended`` saying why: listing reports them once and removes what is left."""
+    ``ended`` saying why: listing reports them once and removes what is left.
+
+    Example::
+
+        [(r["id"], r["attached"]) for r in kept()]   # [('482913', False)]
+    """
     out = []
     now = time.time()
     for run_dir in _owned_dirs(root or run_root()):
@@ -305,11 +316,36 @@ def add_arguments(parser) -> None:
     """``clusterkernel list`` takes no options."""
 
 
-def main(args) -> int:
-    """``clusterkernel list``: the table ``%mpi list`` shows; ended clusters are removed."""
+def kept_report() -> str:
+    """The table of this user's kept clusters (``%mpi list``, ``clusterkernel list``); a
+    cluster that ended while no one was attached is in it once, and what is left of it
+    is removed.
+
+    Example::
+
+        print(kept_report())    # id  ranks  where  age  stops in  client
+    """
     records = kept()
-    print(table(records))
+    text = table(records)
     for record in records:
         if record.get("ended"):
             remove_ended(record)
+    return text
+
+
+def set_origin(cluster, origin: str) -> None:
+    """Note in a running kept ``cluster``'s record who started it (``origin``: the MPI
+    kernel's own name), so that a restarted kernel finds it in :func:`kept` again.
+
+    Example::
+
+        set_origin(cluster, "kernel-3f2a")
+        [r["origin"] for r in kept()]     # ['kernel-3f2a']
+    """
+    update(cluster.run_dir, {"origin": origin})
+
+
+def main(args) -> int:
+    """``clusterkernel list``: the table ``%mpi list`` shows; ended clusters are removed."""
+    print(kept_report())
     return 0

@@ -60,7 +60,13 @@ def restore(cluster: Cluster, names: list[str] | None, ranks: list[int]) -> dict
 
 
 def summary(what: str, results: dict[int, dict]) -> str:
-    """One line per distinct outcome, ranks grouped."""
+    """One line per distinct outcome of :meth:`Cluster.snapshot <clusterkernel.Cluster.snapshot>`
+    (``what="snapshot"``) or ``restore`` (``"restore"``), ranks grouped.
+
+    Example::
+
+        print(summary("snapshot", cluster.snapshot(["step"])))   # [ranks 0-3] 1 variables saved
+    """
     key = "saved" if what == "snapshot" else "restored"
     lines: dict[str, list[int]] = {}
     for rank, res in results.items():

@@ -46,6 +46,7 @@ from clusterkernel.client.errors import (
 )
 from clusterkernel.client.output import RankOutput, Renderer, default_renderer
 from clusterkernel.client.profile import CellProfile, Profile
+from clusterkernel.protocol._names import DEBUG_REQUEST
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster
@@ -109,7 +110,8 @@ class CellRun:
         # before this line runs (the lookup would then make a new, empty one).
         mds = self.ar.metadata
         self._mds = mds if isinstance(mds, list) else [mds]
-        self._stops = Stops(cluster, self.ranks, self._mds, self.renderer)
+        ask = _ipp.asker(cluster, DEBUG_REQUEST)  # the debugger's way to the ranks
+        self._stops = Stops(cluster, self.ranks, self._mds, self.renderer, ask)
         self._pages: dict[int, list[dict]] | None = None  # obj? in the cell: each rank's page
         self._lost_seen = False  # a rank of a fault-tolerant job died during the cell
         self.started = time.monotonic()

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from clusterkernel.client.cluster import _session
+from clusterkernel.client import _session
 from clusterkernel.client.dashboard import _export
 from clusterkernel.client.dashboard._receiver import Receiver, lower_thread_priority
 from clusterkernel.client.dashboard._store import MetricsStore
@@ -30,9 +31,35 @@ TIMELINE_RATE = 1.0  # timeline redraws per second (it scrolls; faster is not re
 SLOW_RATE = 0.5  # throughput, comm and status tables, header: every 2 s
 
 if TYPE_CHECKING:
-    from clusterkernel.client.cluster import Cluster
     from clusterkernel.client.dashboard._terminal import TerminalProgress
     from clusterkernel.client.dashboard._views import DashboardView
+
+
+class Streamed(Protocol):
+    """What a dashboard needs of the cluster whose ranks stream to it (a
+    :class:`~clusterkernel.Cluster` is one). The cluster hands itself in; this package
+    never imports the cluster's (the cluster imports it, for ``cluster.dashboard()``).
+
+    Example::
+
+        Dashboard(cluster)   # cluster: a running clusterkernel.Cluster
+    """
+
+    @property
+    def running(self) -> bool: ...
+    @property
+    def lost(self) -> str | None: ...
+    @property
+    def multi_node(self) -> bool: ...
+    @property
+    def ranks(self) -> list[int]: ...
+    def view(self) -> Any: ...
+    def status(self) -> list[dict]: ...
+
+    # the dashboard's port: it tells its cluster that the ranks stream to it, and that
+    # it closes; the cluster tells it back only through ``ended`` (Cluster's docstring)
+    def _dashboard_streaming(self, dash: Dashboard, ended: Callable[[bool], None]) -> None: ...
+    def _dashboard_closed(self, dash: Dashboard) -> bool: ...
 
 
 class Dashboard:
@@ -75,7 +102,7 @@ class Dashboard:
 
     def __init__(
         self,
-        cluster: Cluster | None = None,
+        cluster: Streamed | None = None,
         *,
         rate: float = 5.0,
         window: float = 10.0,
@@ -300,6 +327,7 @@ class Dashboard:
             sent = view.throughput.update(store) > 0 or sent
             view.comm.update(store)
             view.status.update(store, self._cluster_states())
+            sent = view.profile.update(self.cluster) or sent  # a profiled cell's last seconds
             records = sum(sum(s["records"].values()) for s in status.values())
             lost = sum(s["lost"] + s["gaps"] for s in status.values())
             note = f"; {lost} records LOST (see status)" if lost else ""

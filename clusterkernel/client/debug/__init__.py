@@ -11,7 +11,9 @@ returns the answers by rank. A rank is debugged where it is:
 
 Commands travel on ipyparallel's signed control channel and are answered by each
 engine's control thread (:mod:`clusterkernel.rank._debugger`), so ranks on other hosts
-work, and a rank answers while its cell runs.
+work, and a rank answers while its cell runs. The cluster gives a session what it needs
+(itself, as :class:`Debugged`, and an :data:`Ask` that sends a request to its ranks):
+this package never imports the cluster's, which imports it.
 
 Example::
 
@@ -27,27 +29,40 @@ Example::
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
-from clusterkernel.client.cluster import _ipp
 from clusterkernel.client.errors import ClusterError, format_ranks, rank_label
-from clusterkernel.protocol._names import DEBUG_REQUEST
 
-if TYPE_CHECKING:
-    from clusterkernel.client.cluster import Cluster
+__all__ = ["DebugSession", "Answers", "Ask", "Debugged"]
 
-__all__ = ["DebugSession", "Answers"]
+Ask = Callable[[list[int], dict, float], dict[int, dict]]
+"""``ask(ranks, content, timeout)``: send the debugger request ``content`` to each of
+``ranks`` (its engine's control channel, :data:`clusterkernel.protocol._names.DEBUG_REQUEST`);
+``{rank: reply content}`` of those that answered within ``timeout``. The cluster makes it
+(``Cluster.debug``, the cell runner's breakpoint stops)."""
 
 
-def control_request(
-    client, engines: dict[int, int], content: dict, timeout: float
-) -> dict[int, dict]:
-    """Send a debug request to each engine (rank -> engine id); ``{rank: reply content}``.
+class Debugged(Protocol):
+    """What a debug session reads of its cluster (a :class:`~clusterkernel.Cluster` is one).
 
-    A rank that does not answer within ``timeout`` gets ``{"status": "timeout"}``.
+    Example::
+
+        DebugSession(cluster, [1], ask=ask)   # what cluster.debug([1]) does
     """
-    replies = _ipp.control_request(client, engines, DEBUG_REQUEST, content, timeout)
-    return {rank: replies.get(rank, {"status": "timeout"}) for rank in engines}
+
+    @property
+    def running(self) -> bool: ...
+    @property
+    def live_ranks(self) -> list[int]: ...
+    def engine_id(self, rank: int) -> int: ...
+
+
+def control_request(ask: Ask, ranks: list[int], content: dict, timeout: float) -> dict[int, dict]:
+    """:data:`Ask` ``ranks``; ``{rank: reply content}``, where a rank that does not answer
+    within ``timeout`` gets ``{"status": "timeout"}``."""
+    replies = ask(ranks, content, timeout)
+    return {rank: replies.get(rank, {"status": "timeout"}) for rank in ranks}
 
 
 class Answers(dict):
@@ -80,7 +95,8 @@ class DebugSession:
     ``"post-mortem"`` (its last traceback), ``"running"`` (it was at a breakpoint
     and runs on) or ``None`` (nothing to debug; its answers say so). ``errors`` has
     each failed rank's error line. ``state=`` given skips asking the ranks (the cell
-    runner knows a rank is at its breakpoint).
+    runner knows a rank is at its breakpoint). ``ask`` sends the requests to the ranks
+    (:data:`Ask`; the cluster gives it).
 
     Example::
 
@@ -92,12 +108,15 @@ class DebugSession:
 
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: Debugged,
         ranks: list[int] | None = None,
         timeout: float = 10.0,
         state: dict[int, str | None] | None = None,
+        *,
+        ask: Ask,
     ) -> None:
         self.cluster = cluster
+        self.ask = ask
         self.timeout = timeout
         self.id = uuid.uuid4().hex[:12]
         self._closed = False
@@ -130,8 +149,7 @@ class DebugSession:
         self.close()
 
     def _ask(self, content: dict, ranks: list[int], wait: float = 3.0) -> dict[int, dict]:
-        engines = {r: self.cluster.engine_id(r) for r in ranks}
-        return control_request(self.cluster.client, engines, content, wait)
+        return control_request(self.ask, ranks, content, wait)
 
     def send(self, command: str) -> Answers:
         """Run one pdb command on every rank of the session; ``{rank: output}``.

@@ -12,7 +12,7 @@ so a cell never hangs at a prompt nobody can see.
 
 Example (inside :class:`~clusterkernel.client.cluster.runner.CellRun`)::
 
-    stops = Stops(cluster, ranks, metadata, renderer)
+    stops = Stops(cluster, ranks, metadata, renderer, ask)   # ask: the cluster's (debug.Ask)
     spent = stops.check()     # prompts for new stops; seconds spent at the prompt
 """
 
@@ -21,19 +21,21 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from clusterkernel.client.debug import Answers, DebugSession, control_request
+from clusterkernel.client.debug import Answers, Ask, Debugged, DebugSession, control_request
 from clusterkernel.protocol._names import PAUSE_KEY
 
 if TYPE_CHECKING:
-    from clusterkernel.client.cluster import Cluster
     from clusterkernel.client.output import Renderer
 
 
 class Stops:
     """Breakpoint stops of one running cell: notice them, prompt, release them."""
 
-    def __init__(self, cluster: Cluster, ranks: list[int], mds: list[dict], renderer: Renderer):
+    def __init__(
+        self, cluster: Debugged, ranks: list[int], mds: list[dict], renderer: Renderer, ask: Ask
+    ):
         self.cluster = cluster
+        self.ask = ask  # the cluster's: requests to its ranks' debuggers
         self.ranks = ranks
         self.mds = mds
         self.renderer = renderer
@@ -55,9 +57,7 @@ class Stops:
             return 0.0
         started = time.monotonic()
         for rank, stop in new:
-            info = control_request(
-                self.cluster.client, {rank: self.cluster.engine_id(rank)}, {"op": "info"}, 3.0
-            )[rank]
+            info = control_request(self.ask, [rank], {"op": "info"}, 3.0)[rank]
             if info.get("seq", 0) > stop["seq"]:
                 continue  # stopped again since: that stop's notice is on its way
             self._seen[rank] = stop["seq"]
@@ -70,7 +70,7 @@ class Stops:
             self.renderer.notice(str(Answers({rank: text})))
 
     def _prompt(self, rank: int, where: str) -> None:
-        session = DebugSession(self.cluster, state={rank: "breakpoint"})
+        session = DebugSession(self.cluster, state={rank: "breakpoint"}, ask=self.ask)
         if self._no_input:
             self._run_on(session, rank)
             return
@@ -93,8 +93,7 @@ class Stops:
 
     def release(self, ranks: list[int]) -> list[int]:
         """End the pdb of each of ``ranks`` stopped at a breakpoint; the ranks released."""
-        engines = {r: self.cluster.engine_id(r) for r in ranks}
-        replies = control_request(self.cluster.client, engines, {"op": "release"}, 3.0)
+        replies = control_request(self.ask, ranks, {"op": "release"}, 3.0)
         return [r for r, reply in replies.items() if reply.get("released")]
 
 

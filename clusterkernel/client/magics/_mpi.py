@@ -29,7 +29,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, magics_class
 from IPython.core.magic_arguments import parse_argstring
 
-from clusterkernel.client.cluster import Cluster, _keep, _session
+from clusterkernel.client.cluster import Cluster, kept, set_current_cluster, set_origin
 from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.magics._args import (
     SUBCOMMANDS,
@@ -71,7 +71,7 @@ class MPIMagics(Subcommands, Magics):
     @cluster.setter
     def cluster(self, cluster: Cluster | None) -> None:
         self._cluster = cluster
-        _session.set_cluster(cluster)
+        set_current_cluster(cluster)
 
     def _stop_quietly(self) -> None:
         """At exit (a kernel shut down or restarted): stop the ranks, or leave kept ones."""
@@ -105,7 +105,7 @@ class MPIMagics(Subcommands, Magics):
         if self.origin is not None:
             mine = [
                 r
-                for r in _keep.kept()
+                for r in kept()
                 if r.get("origin") == self.origin and not r["attached"] and not r.get("ended")
             ]
             if mine:
@@ -115,7 +115,7 @@ class MPIMagics(Subcommands, Magics):
         print(f"Starting {n or 'the'} MPI ranks...", flush=True)
         self._sub_start(self.autostart)
         if self.origin is not None and self.cluster.keep is not None:
-            _keep.update(self.cluster.run_dir, {"origin": self.origin})
+            set_origin(self.cluster, self.origin)
 
     @cell_magic
     def local(self, line: str, cell: str):

@@ -19,8 +19,14 @@ from typing import TYPE_CHECKING
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
-from clusterkernel.client.cluster import Cluster, LaunchSettings, _follow, _keep
-from clusterkernel.client.cluster._snapshot import summary as snapshot_summary
+from clusterkernel.client.cluster import (
+    Cluster,
+    LaunchSettings,
+    busy_ranks,
+    describe_keep,
+    kept_report,
+    snapshot_summary,
+)
 from clusterkernel.client.errors import ClusterError, format_ranks, rank_label
 from clusterkernel.client.magics._args import (
     attach_args,
@@ -107,13 +113,13 @@ class Subcommands:
         kept = ""
         if cluster.keep is not None:
             kept = (
-                f"; kept {_keep.describe_keep(cluster.keep)} without a session as cluster "
+                f"; kept {describe_keep(cluster.keep)} without a session as cluster "
                 f"{cluster.id} (%mpi detach, %mpi attach)"
             )
         print(f"Started {cluster.n} MPI ranks ({cluster.launcher.describe()}){on}{group}{kept}.")
 
     def _sub_list(self, rest: str) -> None:
-        _keep.main(None)  # as `clusterkernel list`: ended ones are reported once, then removed
+        print(kept_report())  # as `clusterkernel list`: ended ones are told once, then removed
 
     def _sub_attach(self, rest: str) -> None:
         args = parse_argstring(attach_args, rest)
@@ -130,7 +136,7 @@ class Subcommands:
                 f"{cluster.replaced['host']}; that session is told at its next call."
             )
         print(f"Attached to {cluster.n} MPI ranks (cluster {cluster.id}).", flush=True)
-        busy = sorted(_follow.running(cluster))
+        busy = busy_ranks(cluster)
         if busy:
             print(
                 f"Rank{'s' if len(busy) > 1 else ''} {format_ranks(busy)} still running a cell "
@@ -146,7 +152,7 @@ class Subcommands:
         self.cluster = None
         self._sub_off("")
         print(
-            f"Detached; the ranks stay for {_keep.describe_keep(cluster.keep)} without a "
+            f"Detached; the ranks stay for {describe_keep(cluster.keep)} without a "
             "session. %mpi attach comes back."
         )
 
@@ -282,17 +288,36 @@ class Subcommands:
             print(f"[{rank_label(same)}]\n{text}")
 
     def _sub_profile(self, rest: str):
-        """%mpi profile start|stop: see ``profile_args``; stop shows the profile."""
-        from clusterkernel.client.profile import ProfileError
+        """%mpi profile start|stop|snapshots: see ``profile_args``; stop shows the profile."""
+        from clusterkernel.client.profile import ProfileError, parse_every, snapshots
 
         args = parse_argstring(profile_args, rest)
-        if args.action == "stop" and (args.torch or args.hz is not None):
-            raise UsageError("--torch and --hz go with %mpi profile start, not stop.")
+        if args.action != "start" and (args.torch or args.hz is not None or args.every):
+            raise UsageError("--torch, --hz and --every go with %mpi profile start.")
+        try:
+            every = None if args.every is None else parse_every(args.every)
+        except ValueError as e:
+            raise UsageError(f"{e}, e.g. %mpi profile start --every 60s") from None
         cluster = self._require_cluster()
         try:
+            if args.action == "snapshots":
+                from IPython.display import display
+
+                from clusterkernel.client.output import in_notebook
+
+                snaps = snapshots(cluster)
+                display(snaps) if in_notebook() else print(snaps)
+                return None
             if args.action == "start":
-                cluster.profile("start", torch=args.torch, hz=args.hz)
-                print("Profiling every rank; %mpi profile stop shows where the time went.")
+                cluster.profile("start", torch=args.torch, hz=args.hz, every=every)
+                print(
+                    "Profiling every rank; %mpi profile stop shows where the time went."
+                    + (
+                        f" A snapshot every {args.every.strip()}: %mpi profile snapshots."
+                        if every
+                        else ""
+                    )
+                )
                 return None
             cluster.profile("stop")
         except ProfileError as e:
