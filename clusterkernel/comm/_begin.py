@@ -82,14 +82,25 @@ def enter(
     g: Group, plan: Plan, tensor: torch.Tensor | None = None, nbytes: int = -1, depth: int = 3
 ) -> Call:
     """The :class:`~._handle.Call` of one call of ``plan`` on ``g``, after the check it
-    is due; its flight entry is noted before the check (a rank left waiting inside the
-    check, because it passed a new signature while the others passed an agreed one,
-    still shows this call).
+    is due (:func:`open_entry`, whose entry the call carries).
 
     ``tensor`` is the one the check describes; ``nbytes`` the bytes where they vary
     per call under one plan (all-to-all; -1: ``plan.size``). ``depth``: the frames
     between the flight recorder and the user's (``enter`` is called by the public
     call: 3).
+    """
+    return plan.call(open_entry(g, plan, tensor, nbytes, depth + 1), nbytes)
+
+
+def open_entry(
+    g: Group, plan: Plan, tensor: torch.Tensor | None = None, nbytes: int = -1, depth: int = 3
+) -> int | None:
+    """One call of ``plan`` on ``g`` begins: its flight entry (None while the flight
+    recorder is off), noted before the check the call is due (a rank left waiting
+    inside the check, because it passed a new signature while the others passed an
+    agreed one, still shows this call). A call whose plan holds all its record's fields
+    (all_reduce) keeps the entry and makes no :class:`~._handle.Call` unless it needs
+    one (:meth:`~._plan.Plan.call`); arguments as :func:`enter`'s.
     """
     flight = FLIGHT
     if flight.on:
@@ -100,7 +111,7 @@ def enter(
     if check_due(g, plan):
         _run_check(g, plan, tensor, entry)
         agreed(g, plan)  # agreed now: the next call (in C too) knows it
-    return plan.call(entry, nbytes)
+    return entry
 
 
 def step_entry(g: Group, what: str, nbytes: int = 0) -> int | None:

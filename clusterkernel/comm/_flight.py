@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import os
+import struct
 import sys
 
 import torch
@@ -88,6 +89,13 @@ I_INDEX, I_SEQ, I_NBYTES, I_PEER, I_LASTI, I_DONE = (
 O_OP, O_GROUP, O_DTYPE, O_CODE = (_O[n] for n in ("op", "group", "dtype", "code"))
 NI, NO = len(INT_FIELDS), len(OBJ_FIELDS)
 PEER_NONE = -2  # a collective's peer (None); -1 is "any source"
+# record() writes a slot's int row in one pack and its object row in one slice (not
+# field by field: a subscript of a memoryview costs as much as the whole pack), in the
+# order below; a layout that orders its fields otherwise must change record() too
+_WRITES = (("index", "seq", "nbytes", "peer", "lasti", "done"), ("op", "group", "dtype", "code"))
+if (INT_FIELDS, OBJ_FIELDS) != _WRITES:
+    raise ImportError(f"FlightRecorder.record writes {_WRITES}, the layout is {ENTRY_LAYOUT}")
+_pack = struct.Struct("=" + "q" * NI).pack_into  # one slot's int64 row
 
 
 class FlightRecorder:
@@ -157,7 +165,7 @@ class FlightRecorder:
             code = None if f is None else f.f_code
         # code and offset, not the frame: a frame would keep the caller's tensors alive
         lasti = 0 if f is None else f.f_lasti
-        ints, objs = self._i, self.objs
+        ints = self._i
         n = ints[0]
         # claimed before anything that may run other Python code (letting the slot's
         # old objects go may run a finalizer; another thread may then note a call):
@@ -166,17 +174,10 @@ class FlightRecorder:
         slot = n % self.size
         i = 1 + slot * NI
         o = slot * NO
-        ints[i + I_INDEX] = -1  # being written: a reader skips it
-        ints[i + I_SEQ] = seq
-        ints[i + I_NBYTES] = nbytes
-        ints[i + I_PEER] = peer
-        ints[i + I_LASTI] = lasti
-        ints[i + I_DONE] = 0
-        objs[o + O_OP] = op
-        objs[o + O_GROUP] = group
-        objs[o + O_DTYPE] = dtype
-        objs[o + O_CODE] = code
-        ints[i + I_INDEX] = n
+        ints[i] = -1  # being written (I_INDEX): a reader skips it
+        self.objs[o : o + NO] = (op, group, dtype, code)
+        # the whole int row at once, its index last of all writes: the entry is whole
+        _pack(self.ints, 8 * i, n, seq, nbytes, peer, lasti, 0)
         return n
 
     def done(self, entry: int) -> None:

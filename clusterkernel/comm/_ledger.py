@@ -10,8 +10,9 @@ handed both rings when it is configured and finds where each field goes from the
 no layout is written out twice.
 
 Calls open entries through their plan (:func:`~._begin.enter`) and close them with
-:func:`close`, the only writer of the comm layer's timing records, through
-:func:`~._handle.note` (or the C path, which writes the same rows).
+:func:`close` (through :func:`~._handle.note`) or :func:`close_plan` (a blocking
+call whose plan holds every field), the only writers of the comm layer's timing
+records (besides the C path, which writes the same rows).
 
 Example::
 
@@ -24,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from clusterkernel import metrics
 from clusterkernel.comm._flight import ENTRY_LAYOUT, FLIGHT
@@ -32,6 +34,8 @@ from clusterkernel.protocol.records import COMM_FIELDS
 ENTRY = tuple(name for name, _ in ENTRY_LAYOUT)
 # The timing record's layout is the metric record's (protocol/records.py, both sides share it).
 RECORD = COMM_FIELDS
+if TYPE_CHECKING:
+    from clusterkernel.comm._plan import Plan  # _plan imports this module
 
 now = time.perf_counter
 REC = metrics.recorder()
@@ -40,6 +44,7 @@ RING = REC.ring
 code = RING.code  # a name's code in the ring (plans keep their op's and algorithm's)
 _done = FLIGHT.done
 _write = RING.write
+_write_codes = RING.write_codes
 
 
 def close(
@@ -68,6 +73,25 @@ def close(
             start=t0,
             duration=dur,
             wait=dur if wait is None else wait,
+        )
+
+
+def close_plan(plan: Plan, entry: int | None, t0: float) -> None:
+    """:func:`close` for a blocking call that ran as ``plan`` says (its name, bytes,
+    algorithm and group size): the record is written with the codes the plan keeps, so
+    nothing is looked up or made per call (all_reduce's Python path)."""
+    if entry is not None:
+        _done(entry)
+    if REC.enabled:
+        dur = now() - t0
+        _write_codes(
+            op=plan.op_code,
+            nbytes=plan.size,
+            algorithm=plan.alg_code,
+            group_size=plan.gsize,
+            start=t0,
+            duration=dur,
+            wait=dur,
         )
 
 

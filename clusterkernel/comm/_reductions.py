@@ -20,7 +20,7 @@ import torch
 from mpi4py import MPI
 
 from clusterkernel.comm import _auto, _fastpath, _hier, _plan, _ring, _shm, _torchpath
-from clusterkernel.comm._begin import begin, enter
+from clusterkernel.comm._begin import begin, enter, open_entry
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
 from clusterkernel.comm._dtypes import (
     HUGE_THRESHOLD,
@@ -32,8 +32,10 @@ from clusterkernel.comm._dtypes import (
     unstage,
     wire,
 )
+from clusterkernel.comm._gate import GATE as _GATE
 from clusterkernel.comm._groups import WORLD, Group, member, resolve
-from clusterkernel.comm._handle import Call, Work, _now, note, run
+from clusterkernel.comm._handle import Call, Work, _now, run
+from clusterkernel.comm._ledger import close_plan
 from clusterkernel.comm._ops import (
     AVG,
     DATA_ALGORITHMS,
@@ -43,6 +45,7 @@ from clusterkernel.comm._ops import (
     op_for,
     parse_op,
 )
+from clusterkernel.comm._plan import own_memory
 from clusterkernel.comm._tensorlists import check_list, pack, same_dtype
 from clusterkernel.comm._torchpath import ROUTE as _ROUTE
 from clusterkernel.comm._torchpath import route_for, torch_group
@@ -98,15 +101,20 @@ def all_reduce(
             op_for(op, dtype_of(tensor).kind, tensor.dtype)  # raises if undefined
             call = begin(g, "all_reduce", tensor, op=op, alg=route[1])
             return _torchpath.all_reduce(g, tensor, op, route, async_op, call)
-    plan = _plan.find(g, key)
+    try:
+        plan = g._plans.get(key)
+    except TypeError:  # an unhashable algorithm: the new plan's checks say what is wrong
+        plan = None
     if plan is None:
         plan = _plan_all_reduce(g, tensor, op, algorithm, key)
     if plan.probe and g._shm is not None:  # a tensor in the group's shared memory?
         if _auto.zero_copy(g, tensor, plan.size, plan.alg) == "shm":
             key = (key[0], key[1], op, "shm", True)
             plan = g._plans.get(key) or _plan_all_reduce(g, tensor, op, "shm", key)
-    call = enter(g, plan, tensor)
-    return plan.run(plan, g, tensor, async_op, call, t0)
+    # the flight entry only: the plan holds the rest of the call's records (a Call is
+    # made only where a run needs one)
+    entry = open_entry(g, plan, tensor)
+    return plan.run(plan, g, tensor, async_op, entry, t0)
 
 
 def _plan_all_reduce(
@@ -154,8 +162,8 @@ def _plan_all_reduce(
     return _plan.keep(g, key, plan)
 
 
-def _run_mpi(plan, g: Group, tensor, async_op: bool, call: Call, t0: float) -> Work | None:
-    if _plan.own_memory(plan, tensor):
+def _run_mpi(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
+    if own_memory(plan, tensor):
         w = tensor  # zero copy: MPI works on the tensor's own memory
     else:
         w, _ = wire(tensor, reduce=True)
@@ -169,27 +177,31 @@ def _run_mpi(plan, g: Group, tensor, async_op: bool, call: Call, t0: float) -> W
         finish = partial(_finish_reduce, tensor, w, plan.divisor)
     c = g.comm
     if async_op:
-        return Work([c.Iallreduce(_IN_PLACE, spec, plan.mpi_op)], call, t0, finish, keep=(spec, w))
+        req = c.Iallreduce(_IN_PLACE, spec, plan.mpi_op)
+        return Work([req], plan.call(entry), t0, finish, keep=(spec, w))
     c.Allreduce(_IN_PLACE, spec, plan.mpi_op)
     if finish is not None:
         finish()
-    note(call, t0, None)
-    if plan.handles is not None:  # the C path's answer for the next call
+    close_plan(plan, entry, t0)
+    # the C path's answer for the next calls, decided once per plan and generation: what
+    # else it reads moves the gate on (an agreed signature stays agreed meanwhile)
+    if plan.handles is not None and plan.stamp != _GATE.stamp:
         _plan.admit(g, plan)
     return None
 
 
-def _run_ring(plan, g: Group, tensor, async_op: bool, call: Call, t0: float) -> Work | None:
-    w = tensor if _plan.own_memory(plan, tensor) else wire(tensor, reduce=True)[0]
-    return _ring.all_reduce(g, tensor, w, plan.info, plan.op, async_op, call)
+def _run_ring(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
+    w = tensor if own_memory(plan, tensor) else wire(tensor, reduce=True)[0]
+    return _ring.all_reduce(g, tensor, w, plan.info, plan.op, async_op, plan.call(entry))
 
 
-def _run_shm(plan, g: Group, tensor, async_op: bool, call: Call, t0: float) -> Work | None:
+def _run_shm(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
+    call = plan.call(entry)
     return _shm.all_reduce(g, tensor, _DTYPES[tensor.dtype], plan.op, async_op, call)
 
 
-def _run_hier(plan, g: Group, tensor, async_op: bool, call: Call, t0: float) -> Work | None:
-    return _hier.all_reduce(g, tensor, plan.op, async_op, call, plan)
+def _run_hier(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
+    return _hier.all_reduce(g, tensor, plan.op, async_op, plan.call(entry), plan)
 
 
 _RUNS = {"mpi": _run_mpi, "ring": _run_ring, "shm": _run_shm, "hier": _run_hier}

@@ -71,9 +71,29 @@ def _writer_source() -> str:
     )
 
 
+def _coded_writer_source() -> str:
+    """The source of :meth:`CommRing.write_codes`: :meth:`CommRing.write` for a caller
+    that holds its ``str`` fields' codes already (a plan keeps its op's and algorithm's),
+    so the write is the claim and one pack."""
+    args = ", ".join(name for name, _ in COMM_LAYOUT)
+    return (
+        f"def write_codes(self, {args}):\n"
+        "    count = self._count\n"
+        "    n = count[0]\n"
+        "    count[0] = n + 1\n"
+        "    try:\n"
+        f"        self._pack(self.mem, {HEADER} + (n % self.capacity) * {ROW}, {args})\n"
+        "    except BaseException:\n"
+        "        count[0] = n\n"
+        "        raise\n"
+    )
+
+
 _ns: dict = {}
 exec(_writer_source(), _ns)  # noqa: S102 - our own source, from the layout above
+exec(_coded_writer_source(), _ns)  # noqa: S102 - likewise
 _write = _ns["write"]
+_write_codes = _ns["write_codes"]
 
 
 def _offsets() -> tuple[tuple[str, str, int], ...]:
@@ -120,6 +140,9 @@ class CommRing:
     #: ``write(**fields)``: one record over the oldest slot, its fields by name
     #: (positional in the layout's order works too); made from the layout (_writer_source)
     write = _write
+    #: ``write_codes(**fields)``: :meth:`write` with each ``str`` field given as its
+    #: :meth:`code` (made from the layout, _coded_writer_source)
+    write_codes = _write_codes
 
     def append(self, row: tuple) -> None:
         """Write one record given as a tuple in the layout's order."""
