@@ -26,6 +26,27 @@ and waiting for other ranks from them).
 
 A job exported with ``--profile`` (``clusterkernel.client.export``) calls :func:`start`
 at its top and :func:`gather` at its end, on every rank, with no notebook around.
+
+**While the cell runs** (the dashboard's profile panel, ``%mpi profile start --every 60s``)
+the sampler thread also keeps, at no extra wake-ups of its own:
+
+- a **rolling window**: the stacks' seconds in one-second slices, the last
+  :data:`ROLLING_SLICES` of them (totals only: the panel shows top lines and the
+  straggler's difference, which need no time order);
+- with ``every``: a **snapshot** of each ``every`` seconds, cut by the sampler thread
+  itself at the window's end (the same dict as :meth:`Sampler.stop`'s, over that window,
+  so it exports like a whole profile; its timeline capped at :data:`SNAPSHOT_RUNS`),
+  held on the rank until the notebook says it has it (at most :data:`MAX_SNAPSHOTS`,
+  the oldest dropped and counted past that).
+
+The notebook reads both with :data:`PROFILE_PEEK` on the **control channel**, which
+ipykernel's control thread answers while the cell keeps the main thread busy (the
+same way :data:`PROFILE_REQUEST` collects a hung cell's samples). Why pull on the
+control channel rather than push on the dashboard's metric stream: the stream exists
+only while a dashboard is open, and ``cluster.profile("snapshots")`` must work from a
+script without one; a queued ``rank_call`` would wait for the cell to end; and the rank
+cuts its windows itself, so their edges do not depend on when the notebook asks (a
+notebook busy for a minute loses nothing, its next pull takes every snapshot since).
 """
 
 from __future__ import annotations
@@ -34,6 +55,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any
 
 DEFAULT_HZ = 100
@@ -54,12 +76,49 @@ _MACHINERY_DIRS = tuple(
     for name in ("ipykernel", "ipyparallel", "IPython", "zmq", "tornado", "traitlets", "asyncio")
 )
 _MACHINERY_FILES = tuple(
-    os.sep + name for name in ("threading.py", "selectors.py", "concurrent/futures/thread.py")
-)
+    os.sep + name
+    for name in ("threading.py", "selectors.py", "concurrent/futures/thread.py", "runpy.py")
+) + ("<frozen runpy>",)  # python -m ipyparallel.engine: else idle time counts as busy
 
 Frame = tuple[str, int, str]  # (file, line, function)
 MAX_RUNS = 200_000
 """Timeline runs kept per cell (a few MB); past it only the totals grow (``truncated``)."""
+SNAPSHOT_RUNS = 20_000
+"""Timeline runs kept per snapshot (``every``); past it only its totals grow."""
+MAX_SNAPSHOTS = 100
+"""Snapshots a rank holds that the notebook has not taken yet; past it the oldest go."""
+ROLLING_SLICE = 1.0
+"""Seconds per slice of the rolling window."""
+ROLLING_SLICES = 120
+"""Slices kept: the rolling window reaches back this many slices (two minutes)."""
+
+
+class _Window:
+    """The stacks and timeline of one snapshot's window (``every``); starts at ``t0``
+    (``perf_counter``), its timeline's starts counted from there."""
+
+    __slots__ = ("t0", "wall0", "index", "secs", "timeline", "runs", "samples", "comm_from")
+
+    def __init__(self, t0: float, wall0: float, comm_from: int | None) -> None:
+        self.t0, self.wall0, self.comm_from = t0, wall0, comm_from
+        self.index: dict[tuple[str, tuple[Frame, ...]], int] = {}
+        self.secs: list[float] = []
+        self.timeline: dict[str, list[list]] = {}
+        self.runs = 0
+        self.samples = 0
+
+    def add(self, key: tuple[str, tuple[Frame, ...]], at: float, dt: float) -> None:
+        idx = self.index.get(key)
+        if idx is None:
+            idx = self.index[key] = len(self.secs)
+            self.secs.append(0.0)
+        self.secs[idx] += dt
+        runs = self.timeline.setdefault(key[0], [])
+        if runs and runs[-1][0] == idx:
+            runs[-1][2] += dt
+        elif self.runs < SNAPSHOT_RUNS:
+            self.runs += 1
+            runs.append([idx, at - self.t0, dt])
 
 
 class Sampler:
@@ -72,8 +131,11 @@ class Sampler:
         data = s.stop()   # {"stacks": [[thread, [[file, line, func], ...], seconds], ...]}
     """
 
-    def __init__(self, hz: float = DEFAULT_HZ, main_ident: int | None = None) -> None:
+    def __init__(
+        self, hz: float = DEFAULT_HZ, main_ident: int | None = None, every: float | None = None
+    ) -> None:
         self.interval = 1.0 / hz
+        self.every = every  # seconds per snapshot (None: none cut)
         self.main_ident = threading.get_ident() if main_ident is None else main_ident
         self.stacks: dict[tuple[str, tuple[Frame, ...]], float] = {}
         self.samples = 0
@@ -89,12 +151,26 @@ class Sampler:
         self._t0 = 0.0
         self._t1 = 0.0
         self._wall0 = 0.0
+        # rolling window: finished one-second slices, the current one, its end
+        self._slices: deque[tuple[float, dict]] = deque(maxlen=ROLLING_SLICES)
+        self._slice: dict = {}
+        self._slice_t0 = 0.0
+        self._slice_end = 0.0
+        # snapshots (every): the window being filled, the cut ones not yet taken
+        self._window: _Window | None = None
+        self.snapshots: deque[dict] = deque()
+        self.dropped = 0  # snapshots dropped unread (MAX_SNAPSHOTS)
+        self._seq = 0
+        self._lock = threading.Lock()  # the slices and snapshots, read by peek()
 
     def start(self) -> Sampler:
         rec = _recorder()
         self._comm_from = None if rec is None else rec.total("comm")
         self._wall0 = time.time()
         self._t0 = time.perf_counter()
+        self._slice_t0, self._slice_end = self._t0, self._t0 + ROLLING_SLICE
+        if self.every:
+            self._window = _Window(self._t0, self._wall0, self._comm_from)
         self._thread.start()
         return self
 
@@ -103,6 +179,8 @@ class Sampler:
         self._done.set()
         self._thread.join()
         self._t1 = time.perf_counter()
+        if self._window is not None and self._window.samples:
+            self._cut(self._t1, partial=True)  # the last, shorter window
         # stacks in the order of self._index, so the timeline's indices point into them
         return {
             "stacks": [
@@ -118,7 +196,89 @@ class Sampler:
             "samples": self.samples,
             "hz": 1.0 / self.interval,
             "pid": os.getpid(),
+            "every": self.every,
+            "snapshots": list(self.snapshots),
+            "snapshots_dropped": self.dropped,
         }
+
+    # ---------------------------------------------------------------- windows
+    def _cut(self, now: float, partial: bool = False) -> None:
+        """End the current snapshot window at ``now`` (on the sampler thread, or in
+        stop() once it has ended) and begin the next."""
+        win = self._window
+        assert win is not None
+        keys = list(win.index)
+        comm, nxt = None, win.comm_from
+        rec = _recorder()
+        if rec is not None and win.comm_from is not None:
+            items, nxt, _lost = rec.read("comm", win.comm_from)
+            comm = [list(t) for t in items if t[4] >= win.t0]
+        snap = {
+            "stacks": [
+                [thread, [list(f) for f in stack], round(win.secs[i], 6)]
+                for i, (thread, stack) in enumerate(keys)
+            ],
+            "timeline": win.timeline,
+            "truncated": win.runs >= SNAPSHOT_RUNS,
+            "t0": win.t0,
+            "wall0": win.wall0,
+            "comm": comm,
+            "seconds": now - win.t0,
+            "samples": win.samples,
+            "hz": 1.0 / self.interval,
+            "pid": os.getpid(),
+            "seq": self._seq,
+            "partial": partial,
+        }
+        self._seq += 1
+        self._window = _Window(now, win.wall0 + (now - win.t0), nxt)
+        with self._lock:
+            self.snapshots.append(snap)
+            while len(self.snapshots) > MAX_SNAPSHOTS:
+                self.snapshots.popleft()
+                self.dropped += 1
+
+    def peek(self, window: float | None = None, since: int = -1) -> dict:
+        """What the sampler holds now, without stopping it (any thread): the rolling
+        ``window`` (the last ``window`` seconds' stacks, None: not asked for) and the
+        snapshots after ``since`` (the snapshots up to ``since`` are dropped: the
+        notebook has them).
+
+        Example::
+
+            s.peek(window=10, since=-1)   # {"window": {"stacks": [...], ...}, "snapshots": [...]}
+        """
+        with self._lock:
+            while self.snapshots and self.snapshots[0]["seq"] <= since:
+                self.snapshots.popleft()
+            snaps = list(self.snapshots)
+            slices = list(self._slices)
+            current = self._slice.copy()  # atomic under the GIL: the thread goes on adding
+            slice_t0 = self._slice_t0
+        out: dict[str, Any] = {
+            "snapshots": snaps,
+            "dropped": self.dropped,
+            "pid": os.getpid(),
+            "wall0": self._wall0,
+            "every": self.every,
+            "running": not self._done.is_set(),
+        }
+        if window is not None:
+            # the finished slices that end within the window, and the current one
+            now = time.perf_counter()
+            parts = [(t, d) for t, d in slices if t >= now - window - ROLLING_SLICE / 2]
+            parts.append((slice_t0, current))
+            total: dict[tuple, float] = {}
+            for _t, part in parts:
+                for key, secs in part.items():
+                    total[key] = total.get(key, 0.0) + secs
+            out["window"] = {
+                "stacks": [[t, [list(f) for f in st], round(v, 6)] for (t, st), v in total.items()],
+                "seconds": max(now - parts[0][0], 0.0),
+                "end": time.time(),
+                "pid": os.getpid(),
+            }
+        return out
 
     def _comm(self) -> list[list] | None:
         """The comm timing records written during the cell (COMM_FIELDS order)."""
@@ -135,13 +295,29 @@ class Sampler:
             now = time.perf_counter()
             self.sample(now - last, me)
             last = now
+            if now >= self._slice_end:
+                self._next_slice(now)
+            win = self._window
+            if win is not None and now - win.t0 >= self.every:
+                self._cut(now)
         self.sample(time.perf_counter() - last, me)  # the last stretch, up to stop()
+
+    def _next_slice(self, now: float) -> None:
+        with self._lock:
+            self._slices.append((self._slice_t0, self._slice))
+            self._slice, self._slice_t0 = {}, now
+        self._slice_end = now + ROLLING_SLICE
 
     def sample(self, dt: float, skip: int | None = None) -> None:
         """Add ``dt`` seconds (the time up to now) to every sampled thread's current stack."""
         self.samples += 1
-        start = time.perf_counter() - dt - self._t0
+        at = time.perf_counter() - dt
+        start = at - self._t0
         names = {t.ident: t.name for t in threading.enumerate()}
+        win = self._window
+        if win is not None:
+            win.samples += 1
+        piece = self._slice
         for ident, frame in sys._current_frames().items():
             if ident == skip:
                 continue
@@ -156,6 +332,9 @@ class Sampler:
                 idx = self._index[key] = len(self._index)
                 self.stacks[key] = 0.0
             self.stacks[key] += dt
+            piece[key] = piece.get(key, 0.0) + dt
+            if win is not None:
+                win.add(key, at, dt)
             runs = self.timeline.setdefault(thread, [])
             if runs and runs[-1][0] == idx:
                 runs[-1][2] += dt
@@ -247,6 +426,10 @@ PROFILE_REQUEST = "clusterkernel_profile_request"
 answered by ipykernel's control thread while the cell still runs (a hang under
 ``--timeout``), so what was sampled comes back before the rank is freed or restarted."""
 PROFILE_REPLY = "clusterkernel_profile_reply"
+PROFILE_PEEK = "clusterkernel_profile_peek"
+"""A control-channel request answered with :func:`peek` (content: its keywords), the
+sampler left running: the rolling window and snapshots while a cell runs."""
+PEEK_REPLY = "clusterkernel_profile_peek_reply"
 
 
 def _install_control_handler() -> None:
@@ -256,7 +439,7 @@ def _install_control_handler() -> None:
         return
     kernel = getattr(ipython.get_ipython(), "kernel", None)
     handlers = getattr(kernel, "control_handlers", None)
-    if handlers is None or PROFILE_REQUEST in handlers:
+    if handlers is None or PROFILE_PEEK in handlers:
         return
 
     def answer(stream, ident, parent) -> None:
@@ -266,12 +449,23 @@ def _install_control_handler() -> None:
             reply = {"status": "error", "error": f"{type(e).__name__}: {e}"}
         kernel.session.send(stream, PROFILE_REPLY, reply, parent, ident)
 
+    def answer_peek(stream, ident, parent) -> None:
+        content = parent.get("content") or {}
+        try:
+            reply = {"status": "ok", **peek(content.get("window"), content.get("since", -1))}
+        except Exception as e:  # reply anyway: the notebook's poller waits for it
+            reply = {"status": "error", "error": f"{type(e).__name__}: {e}"}
+        kernel.session.send(stream, PEEK_REPLY, reply, parent, ident)
+
     handlers[PROFILE_REQUEST] = answer
+    handlers[PROFILE_PEEK] = answer_peek
 
 
-def start(hz: float = DEFAULT_HZ, torch: bool = False) -> bool:
+def start(hz: float = DEFAULT_HZ, torch: bool = False, every: float | None = None) -> int:
     """Start sampling this rank (called on the thread that will run the cell);
-    ``torch``: also torch.profiler's CPU ops (``--profile torch``).
+    ``torch``: also torch.profiler's CPU ops (``--profile torch``); ``every``: cut a
+    snapshot every so many seconds (:func:`peek` hands them out). Returns this
+    process's pid (the notebook tells a rank restarted since by it).
 
     A sampler left from a cell whose ``stop`` never came is replaced.
 
@@ -286,8 +480,22 @@ def start(hz: float = DEFAULT_HZ, torch: bool = False) -> bool:
     # torch.profiler first: its start imports and sets up for a second or more, which
     # is not the cell's time
     _torch = _TorchOps() if torch else None
-    _current = Sampler(hz=hz).start()
-    return True
+    _current = Sampler(hz=hz, every=every).start()
+    return os.getpid()
+
+
+def peek(window: float | None = None, since: int = -1) -> dict:
+    """The running sampler's rolling window and new snapshots (:meth:`Sampler.peek`),
+    or ``{"running": False}`` when none runs; it is left running.
+
+    Example::
+
+        peek(window=10)["window"]["stacks"]   # the last 10 s, as stop()'s "stacks"
+    """
+    sampler = _current
+    if sampler is None:
+        return {"running": False, "snapshots": [], "pid": os.getpid()}
+    return sampler.peek(window, since)
 
 
 def stop() -> dict | None:

@@ -20,6 +20,7 @@ import ipywidgets as w
 import numpy as np
 
 from clusterkernel.client.dashboard._plot import Plot, Series
+from clusterkernel.client.dashboard._profile_view import ProfilePanel
 from clusterkernel.client.dashboard._store import MetricsStore, blocked_differs
 from clusterkernel.client.dashboard._thin import thin
 
@@ -400,7 +401,8 @@ def _flex(widget: w.Widget, basis: str) -> None:
 
 
 class DashboardView:
-    """All panels in one widget: loss and throughput, timeline, comm, status.
+    """All panels in one widget: loss and throughput, timeline, comm, status, and the
+    profile of a profiled cell (``_profile_view``).
 
     Rows wrap: at a notebook's full width loss and throughput (and the two tables)
     sit side by side; in a narrow one (JupyterLab's file browser open) one above
@@ -415,6 +417,7 @@ class DashboardView:
         self.timeline = TimelinePanel(window)
         self.comm = CommPanel()
         self.status = StatusPanel()
+        self.profile = ProfilePanel()
         # The stylesheet in a widget of its own, sent once: a <style> element
         # replaced with the header's text every update makes the browser restyle
         # the whole page each time.
@@ -430,6 +433,7 @@ class DashboardView:
                 # side by side where both fit, one above the other where not: a table
                 # never draws over its neighbour
                 w.HBox([self.comm.widget, self.status.widget], layout=w.Layout(**row)),
+                self.profile.widget,
             ],
             layout=w.Layout(width="100%", overflow="hidden"),
         )

@@ -174,14 +174,25 @@ def where_args(line):
 
 
 @magic_arguments()
-@argument("action", choices=("start", "stop"), help="start sampling, or stop and show")
+@argument(
+    "action",
+    choices=("start", "stop", "snapshots"),
+    help="start sampling, stop and show, or list the snapshots (--every)",
+)
 @argument("--torch", action="store_true", help="also torch.profiler's CPU ops (start)")
 @argument("--hz", type=float, help="samples per second (start; default 100)")
+@argument(
+    "--every",
+    metavar="DURATION",
+    help="also keep a snapshot of each window of this length, e.g. 60s, 5m, 1h (start)",
+)
 def profile_args(line):
     """%mpi profile: profile every rank over the cells between start and stop.
 
     stop shows what the slowest rank does more, each rank's top lines and flame graph
     (cluster.profile_result; .save("x.speedscope.json") or .save("x.json") to export).
+    With --every 60s a snapshot of each minute is kept: %mpi profile snapshots lists
+    them (cluster.profile_result.snapshots[i], each exported with .save as well).
     """
 
 

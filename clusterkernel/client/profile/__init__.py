@@ -21,17 +21,32 @@ calls, split into moving data and waiting for other ranks), and a flame graph
 (``cluster.profile("start"|"stop")``) profiles every cell in between;
 ``profile.save("x.speedscope.json")`` / ``profile.save("x.trace.json")`` export it.
 
+**While it runs**: the dashboard's profile panel shows each rank's top lines over the
+last 10 s and the straggler's difference, and ``every=`` (``%mpi profile start --every
+60s``) keeps a :class:`Snapshot` of each window, for a cell that runs for hours:
+:func:`snapshots` (``profile.snapshots`` at stop), each exported like a profile
+(``_live`` says how they travel).
+
 Example::
 
     run = cluster.run(code, profile=True)
     p = cluster.profile_result
     p.top(0)[0]            # ProfileEntry(file=..., line=12, function='hot', seconds=1.9, ...)
+    cluster.profile("start", every="60s")    # then snapshots(cluster)[-1].save("m.json")
     p.difference()[0]      # the line the slowest rank spends the most extra time on
     print(p)               # the tables as text
 """
 
 from clusterkernel.client.profile._collect import CellProfile, ProfileError, control, running
 from clusterkernel.client.profile._collectives import CollectiveTime
+from clusterkernel.client.profile._live import (
+    LiveProfile,
+    Snapshot,
+    Snapshots,
+    current,
+    parse_every,
+    snapshots,
+)
 from clusterkernel.client.profile._model import CELL, DifferenceEntry, Profile, ProfileEntry
 
 __all__ = [
@@ -39,9 +54,15 @@ __all__ = [
     "CellProfile",
     "CollectiveTime",
     "DifferenceEntry",
+    "LiveProfile",
     "Profile",
     "ProfileEntry",
     "ProfileError",
+    "Snapshot",
+    "Snapshots",
     "control",
+    "current",
+    "parse_every",
     "running",
+    "snapshots",
 ]

@@ -21,6 +21,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from clusterkernel.client.profile import _live
 from clusterkernel.client.profile._model import Profile
 from clusterkernel.protocol._rank_call import rank_call
 
@@ -48,7 +49,9 @@ class CellProfile:
     """The profile of one running cell (or a by-hand session): started on its ranks,
     collected by :meth:`finish`.
 
-    ``torch=True`` also runs torch.profiler (CPU ops) on each rank (``--profile torch``).
+    ``torch=True`` also runs torch.profiler (CPU ops) on each rank (``--profile torch``);
+    ``every``: each rank also cuts a snapshot every so many seconds, pulled while the
+    cell runs (``_live``; the profile's ``snapshots`` at the end).
 
     Example::
 
@@ -63,6 +66,7 @@ class CellProfile:
         ranks: list[int],
         hz: float | None = None,
         torch: bool = False,
+        every: float | None = None,
     ) -> None:
         session = _sessions.get(cluster)
         if session is not None:
@@ -76,8 +80,14 @@ class CellProfile:
         kwargs: dict[str, Any] = {} if hz is None else {"hz": hz}
         if torch:
             kwargs["torch"] = True
+        if every is not None:
+            kwargs["every"] = every
         self._started = cluster.view(self.ranks).apply_async(rank_call, _START, **kwargs)
         self._early: dict[int, dict] = {}
+        # the dashboard's panel and the snapshots read the running profile through it
+        self.live = _live.LiveProfile(cluster, self.ranks, every)
+        self.live.begin(self._started)
+        _live._running[cluster] = self.live
 
     def collect_now(self, timeout: float = 3.0) -> None:
         """Stop the samplers of ranks still running the cell and keep what they
@@ -103,7 +113,15 @@ class CellProfile:
 
     def finish(self, timeout: float = 10.0, show: bool = True) -> Profile:
         """Stop every rank's sampler and gather the samples; ranks that do not answer
-        within ``timeout`` (gone, restarted) are listed as missing."""
+        within ``timeout`` (gone, restarted) are listed as missing, with why; one whose
+        snapshots (``every``) were pulled before keeps what they hold."""
+        live = self.live
+        live.close()
+        if live.wanted and not self._early:  # the panel's last picture: up to the cell's end
+            try:
+                live.pull(window=_live.WINDOW, timeout=1.0)
+            except Exception:  # the profile comes first
+                pass
         asked: dict[int, Any] = {}
         got: dict[int, dict] = dict(self._early)
         for r in self.ranks:
@@ -123,7 +141,20 @@ class CellProfile:
                         got[r] = data
             except Exception:  # a lost engine answers with an error
                 pass
-        profile = Profile(got, missing=[r for r in self.ranks if r not in got])
+        for r, data in got.items():  # the snapshots the rank still held
+            live.absorb(r, data.pop("snapshots", None) or [], data.get("snapshots_dropped", 0))
+        missing = [r for r in self.ranks if r not in got]
+        notes = _live.lost_reasons(self.cluster, live, missing) if missing else {}
+        for r in missing:
+            kept = live.merged(r)
+            if kept is not None:
+                got[r] = kept
+                notes[r] += f"; kept what its snapshots hold, up to {_live._clock(kept['until'])}"
+        profile = Profile(got, missing=[r for r in missing if r not in got], notes=notes)
+        profile.snapshots = live.snapshots()
+        if _live._running.get(self.cluster) is live:
+            del _live._running[self.cluster]
+        _live._ended[self.cluster] = live
         if show:
             profile.show()
         return profile
@@ -144,26 +175,39 @@ def control(
     *,
     torch: bool = False,
     hz: float | None = None,
+    every: float | str | None = None,
     show: bool = True,
 ) -> Profile | None:
     """``start``: sample every live rank from now on; ``stop``: end it, show the
     profile and return it (:meth:`Cluster.profile` keeps it as ``profile_result``).
 
+    ``every`` (seconds, or ``"60s"``, ``"5m"``, ``"1h"``; start only): also keep a
+    snapshot of every rank over each such window, pulled while cells run, so a
+    slowdown at hour two can be read afterwards: :func:`snapshots` (while it runs
+    and after), ``profile.snapshots`` (at stop); each a Profile with its start and end.
+
     Example::
 
-        control(cluster, "start")
+        control(cluster, "start", every="1m")
         cluster.run(code)
-        control(cluster, "stop").slowest
+        p = control(cluster, "stop")
+        p.slowest, p.snapshots[0].start
     """
     if hz is not None and not 0 < hz <= 1000:
         raise ProfileError(f"hz is samples per second, above 0 and at most 1000, not {hz}")
+    try:
+        secs = None if every is None else _live.parse_every(every)
+    except ValueError as e:
+        raise ProfileError(str(e)) from None
+    if action == "stop" and secs is not None:
+        raise ProfileError("every goes with start (cluster.profile('start', every=60)), not stop")
     if action == "start":
         if cluster in _sessions:
             raise ProfileError(
                 "a profile is already running: stop it first (%mpi profile stop, "
                 "cluster.profile('stop'))"
             )
-        session = CellProfile(cluster, list(cluster.live_ranks), hz=hz, torch=torch)
+        session = CellProfile(cluster, list(cluster.live_ranks), hz=hz, torch=torch, every=secs)
         session._started.wait(10.0)  # sampling has begun on every rank when this returns
         _sessions[cluster] = session
         return None
@@ -175,4 +219,7 @@ def control(
                 "cluster.profile('start')), or profile one cell with %%mpi --profile"
             )
         return session.finish(show=show)
-    raise ProfileError(f"profile action is 'start' or 'stop', not {action!r}")
+    raise ProfileError(
+        f"profile action is 'start' or 'stop', not {action!r} (the snapshots of a profile "
+        "started with every=...: clusterkernel.client.profile.snapshots(cluster))"
+    )

@@ -84,7 +84,9 @@ class Profile:
     """Each rank's sampled stacks over one cell; tables per rank and the straggler's difference.
 
     ``ranks``: ``{rank: data}`` as each rank's sampler returned it; ``missing``:
-    ranks that gave none (gone, restarted). ``str(profile)`` is the text shown under
+    ranks that gave none (gone, restarted); ``notes``: ``{rank: why}`` for ranks whose
+    samples were lost or cut short; ``snapshots``: the windows of a profile started
+    with ``every`` (``_live.Snapshot``), else empty. ``str(profile)`` is the text shown under
     the cell in a terminal, ``_repr_html_`` the notebook's.
 
     Example::
@@ -94,9 +96,16 @@ class Profile:
         p.top(2, n=5)                 # rank 2's five lines with the most time
     """
 
-    def __init__(self, ranks: dict[int, dict], missing: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        ranks: dict[int, dict],
+        missing: list[int] | None = None,
+        notes: dict[int, str] | None = None,
+    ) -> None:
         self.ranks = dict(sorted(ranks.items()))
         self.missing = sorted(missing or [])
+        self.notes = dict(sorted((notes or {}).items()))
+        self.snapshots: list = []
         self._own = {r: _own_lines(d) for r, d in self.ranks.items()}
         self._split: dict[int, CollectiveTime] | None = None
 
@@ -216,9 +225,16 @@ class Profile:
             )
             out.append(_text_table(_TOP_HEAD, [_top_row(e) for e in self.top(rank)]))
         out += self._difference_text()
-        if self.missing:
-            out.append(f"No profile from rank {format_ranks(self.missing)} (gone or restarted).")
+        out += self._lost_lines()
         return "\n".join(out)
+
+    def _lost_lines(self) -> list[str]:
+        """Which ranks' samples were lost or cut short, and why."""
+        out = [f"Rank {r}: {why}." for r, why in self.notes.items()]
+        rest = [r for r in self.missing if r not in self.notes]
+        if rest:
+            out.append(f"No profile from rank {format_ranks(rest)} (gone or restarted).")
+        return out
 
     def __repr__(self) -> str:
         return f"<Profile ranks={format_ranks(list(self.ranks))} slowest={self.slowest}>"
@@ -258,8 +274,7 @@ class Profile:
             )
         parts.append(f"<div style='display:flex;flex-wrap:wrap'>{''.join(cells)}</div>")
         parts.append(self._flames_html())
-        if self.missing:
-            parts.append(f"<i>No profile from rank {format_ranks(self.missing)}.</i>")
+        parts += [f"<div><i>{html.escape(line)}</i></div>" for line in self._lost_lines()]
         return "<div class='ck-profile'>" + "".join(parts) + "</div>"
 
     def _flames_html(self) -> str:
