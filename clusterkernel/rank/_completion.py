@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import inspect
 
+from clusterkernel.protocol import _ipykernel
+
 # the most top-level names sent back for the client's cache (a namespace can be huge)
 MAX_NAMES = 5000
 
@@ -34,16 +36,17 @@ def complete(kernel, content: dict) -> dict:
     """``{"reply": <complete_reply content>, "names": [...]}`` for ``content``'s code
     (only ``names`` when ``content["names_only"]``: the client's cache after a cell)."""
     if content.get("names_only"):
-        return {"names": names(kernel.shell)}
+        return {"names": names(_ipykernel.shell_of(kernel))}
     code = content.get("code", "")
-    reply = _settled(kernel.do_complete(code, content.get("cursor_pos", len(code))))
-    return {"reply": reply, "names": names(kernel.shell)}
+    reply = _settled(_ipykernel.complete(kernel, code, content.get("cursor_pos", len(code))))
+    return {"reply": reply, "names": names(_ipykernel.shell_of(kernel))}
 
 
 def inspect_name(kernel, content: dict) -> dict:
     """``{"reply": <inspect_reply content>}`` for the name at the cursor in ``content``'s code."""
     code = content.get("code", "")
-    reply = kernel.do_inspect(
+    reply = _ipykernel.inspect(
+        kernel,
         code,
         content.get("cursor_pos", len(code)),
         content.get("detail_level", 0),

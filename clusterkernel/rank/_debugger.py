@@ -33,6 +33,7 @@ import sys
 import threading
 from collections import OrderedDict
 
+from clusterkernel.protocol import _ipykernel
 from clusterkernel.protocol._names import DEBUG_REPLY, DEBUG_REQUEST, PAUSE_KEY
 from clusterkernel.rank._frames import frame_locals
 
@@ -272,7 +273,7 @@ def _breakpoint_hook(*args, **kwargs) -> None:
 
 # ---------------------------------------------------------------- the request
 def _reply(kernel, stream, ident, parent, content: dict) -> None:
-    kernel.session.send(stream, DEBUG_REPLY, content, parent, ident)
+    _ipykernel.send_reply(kernel, stream, DEBUG_REPLY, content, parent, ident)
 
 
 def _on_request(kernel, stream, ident, parent) -> None:
@@ -317,7 +318,6 @@ def _breakpoint_command(kernel, stream, ident, parent, content: dict) -> None:
         reply = {"status": "ok", "kind": "breakpoint", "paused": False, "error": "running"}
         _reply(kernel, stream, ident, parent, reply)
         return
-    loop = stream.io_loop
     sent = []
 
     def send(output: str, paused: bool, note: str = "") -> None:  # on the control thread
@@ -328,7 +328,7 @@ def _breakpoint_command(kernel, stream, ident, parent, content: dict) -> None:
         _reply(kernel, stream, ident, parent, {**reply, "seq": _pipe.seq, "note": note})
 
     def answer(output: str, paused: bool) -> None:  # on the main thread
-        loop.add_callback(send, output, paused)
+        _ipykernel.on_control_thread(stream, send, output, paused)
 
     def expire() -> None:
         if not sent:
@@ -337,7 +337,7 @@ def _breakpoint_command(kernel, stream, ident, parent, content: dict) -> None:
 
     cmd = _Command(content.get("command", ""), answer)
     _pipe.commands.put(cmd)
-    loop.call_later(float(content.get("timeout", 10.0)), expire)
+    _ipykernel.later_on_control_thread(stream, float(content.get("timeout", 10.0)), expire)
 
 
 def _end_of_cell(result=None) -> None:
@@ -352,10 +352,12 @@ def _end_of_cell(result=None) -> None:
 
 def install(kernel) -> None:
     """Arm breakpoints and the debug request on this engine (from ``_engine_setup``)."""
-    kernel.control_handlers[DEBUG_REQUEST] = lambda stream, ident, parent: _on_request(
-        kernel, stream, ident, parent
+    _ipykernel.answer_control(
+        kernel,
+        DEBUG_REQUEST,
+        lambda stream, ident, parent: _on_request(kernel, stream, ident, parent),
     )
     sys.breakpointhook = _breakpoint_hook
-    events = kernel.shell.events
+    events = _ipykernel.shell_of(kernel).events
     if _end_of_cell not in events.callbacks["post_run_cell"]:
         events.register("post_run_cell", _end_of_cell)

@@ -19,12 +19,13 @@ and notes the job's /dev/shm file names for the guard (:mod:`clusterkernel.proto
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 import socket
 import sys
 import threading
 
-from clusterkernel.protocol import _oom, _shm_names
+from clusterkernel.protocol import _ipykernel, _oom, _shm_names
 from clusterkernel.protocol._names import (
     COMPLETE_REPLY,
     COMPLETE_REQUEST,
@@ -87,7 +88,7 @@ def _on_stack_request(kernel, stream, ident, parent) -> None:
         reply = {"status": "ok", "rank": _rank, "frames": frames, "flight": _flight(frames)}
     except Exception as e:
         reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
-    kernel.session.send(stream, STACK_REPLY, reply, parent, ident)
+    _ipykernel.send_reply(kernel, stream, STACK_REPLY, reply, parent, ident)
 
 
 def _flight(frames: list[dict]) -> list[dict]:
@@ -125,37 +126,36 @@ def _answering(kernel, reply_type: str, answer):
             reply = {"status": "ok", "rank": _rank, **answer(parent.get("content", {}))}
         except Exception as e:
             reply = {"status": "error", "rank": _rank, "error": f"{type(e).__name__}: {e}"}
-        kernel.session.send(stream, reply_type, reply, parent, ident)
+        _ipykernel.send_reply(kernel, stream, reply_type, reply, parent, ident)
 
     return handler
 
 
 def _install_stack_handler() -> None:
-    try:
-        from IPython import get_ipython
-    except ImportError:
+    kernel = _ipykernel.kernel_of()
+    if kernel is None:
         return
-    shell = get_ipython()
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None or not hasattr(kernel, "control_handlers"):
-        return
-    kernel.control_handlers[STACK_REQUEST] = lambda stream, ident, parent: _on_stack_request(
-        kernel, stream, ident, parent
+    answer = functools.partial(_ipykernel.answer_control, kernel)
+    answer(
+        STACK_REQUEST,
+        lambda stream, ident, parent: _on_stack_request(kernel, stream, ident, parent),
     )
-    kernel.control_handlers[TORCH_ABORT_REQUEST] = _answering(
-        kernel, TORCH_ABORT_REPLY, _torch_abort
-    )
-    kernel.control_handlers[GPU_REQUEST] = _answering(kernel, GPU_REPLY, _gpu)
+    answer(TORCH_ABORT_REQUEST, _answering(kernel, TORCH_ABORT_REPLY, _torch_abort))
+    answer(GPU_REQUEST, _answering(kernel, GPU_REPLY, _gpu))
     from clusterkernel.rank import _warnings  # warnings name the cell, not a temp file
 
-    _warnings.install(shell)
+    _warnings.install(_ipykernel.shell_of(kernel))
     from clusterkernel.rank import _completion  # Tab and Shift-Tab on rank-side names
 
-    kernel.control_handlers[COMPLETE_REQUEST] = _answering(
-        kernel, COMPLETE_REPLY, lambda content: _completion.complete(kernel, content)
+    answer(
+        COMPLETE_REQUEST,
+        _answering(kernel, COMPLETE_REPLY, lambda content: _completion.complete(kernel, content)),
     )
-    kernel.control_handlers[INSPECT_REQUEST] = _answering(
-        kernel, INSPECT_REPLY, lambda content: _completion.inspect_name(kernel, content)
+    answer(
+        INSPECT_REQUEST,
+        _answering(
+            kernel, INSPECT_REPLY, lambda content: _completion.inspect_name(kernel, content)
+        ),
     )
     from clusterkernel.rank import _debugger  # breakpoint() and post-mortem, same channel
 

@@ -20,6 +20,8 @@ import asyncio
 import functools
 import threading
 
+from clusterkernel.protocol import _ipykernel
+
 # The control requests JupyterLab sends for comms over subshells.
 _SUBSHELL_REQUESTS = ("create_subshell_request", "delete_subshell_request")
 
@@ -33,16 +35,16 @@ class _CellBusyGuard:
         self.parent: dict | None = None  # the running cell's execute_request
         self.lock = threading.Lock()
         for msg_type in _SUBSHELL_REQUESTS:
-            handler = kernel.control_handlers.get(msg_type)
+            handler = _ipykernel.control_handler(kernel, msg_type)
             if handler is not None:
-                kernel.control_handlers[msg_type] = self._wrap(handler)
+                _ipykernel.answer_control(kernel, msg_type, self._wrap(handler))
         shell.events.register("post_run_cell", self._cell_ended)
 
     def arm(self) -> None:
         """Called on the main thread while a cell runs: guard this cell."""
-        parent = self.kernel.get_parent("shell")
+        parent = _ipykernel.running_request(self.kernel)
         with self.lock:
-            if parent and parent.get("header", {}).get("msg_type") == "execute_request":
+            if parent.get("header", {}).get("msg_type") == "execute_request":
                 self.parent = parent
 
     def _cell_ended(self, result=None) -> None:
@@ -66,7 +68,7 @@ class _CellBusyGuard:
     def _reassert(self) -> None:
         with self.lock:
             if self.parent is not None:
-                self.kernel._publish_status("busy", "shell", parent=self.parent)
+                _ipykernel.publish_busy(self.kernel, self.parent)
 
 
 _GUARD: _CellBusyGuard | None = None
@@ -83,14 +85,9 @@ def keep_cell_busy() -> None:
         keep_cell_busy()   # in _ipython_display_, before display(widget)
     """
     global _GUARD
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython is a client-side dependency
-        return
-    shell = get_ipython()
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None or not hasattr(kernel, "control_handlers"):
+    kernel = _ipykernel.kernel_of()
+    if kernel is None:
         return
     if _GUARD is None or _GUARD.kernel is not kernel:
-        _GUARD = _CellBusyGuard(kernel, shell)
+        _GUARD = _CellBusyGuard(kernel, _ipykernel.shell_of(kernel))
     _GUARD.arm()

@@ -10,7 +10,7 @@ kernel's own answer. Completion never starts ranks and never runs what is typed.
 
 ipykernel offers no hook for its ``complete_reply`` and ``inspect_reply``, so
 :func:`install` wraps this kernel's ``do_complete`` and ``do_inspect`` (the
-instance's, not the class's); anything that is not a rank cell goes to ipykernel's
+instance's, not the class's, through :mod:`clusterkernel.protocol._ipykernel`); anything that is not a rank cell goes to ipykernel's
 own method unchanged, and :func:`uninstall` puts them back.
 
 Example::
@@ -27,6 +27,7 @@ from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.magics._args import cell_args, ranks_arg
+from clusterkernel.protocol import _ipykernel
 
 TIMEOUT = 1.0  # seconds a rank may take before Tab answers from its last listed names
 
@@ -53,10 +54,9 @@ class RankCompletion:
 
     def __init__(self, shell, cluster_of: Callable[[], Any]) -> None:
         self.shell = shell
-        self.kernel = shell.kernel
+        self.kernel = _ipykernel.kernel_of(shell)
         self.cluster_of = cluster_of  # the session's cluster now (None: none started)
-        self.own_complete = self.kernel.do_complete
-        self.own_inspect = self.kernel.do_inspect
+        self.own_complete, self.own_inspect = _ipykernel.completion_methods(self.kernel)
 
     def _target(self, code: str, cursor_pos: int | None):
         cluster = self.cluster_of()
@@ -73,7 +73,8 @@ class RankCompletion:
             return None
         return cluster, rank, offset, cursor
 
-    def do_complete(self, code: str, cursor_pos: int | None):
+    def complete(self, code: str, cursor_pos: int | None):
+        """The kernel's ``do_complete``: a rank's answer in a rank cell, else its own."""
         target = self._target(code, cursor_pos)
         if target is None:
             return self.own_complete(code, cursor_pos)
@@ -87,7 +88,8 @@ class RankCompletion:
                 reply["matches"] = sorted(set(reply["matches"]) | set(own.get("matches", [])))
         return reply
 
-    def do_inspect(self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections=()):
+    def inspect(self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections=()):
+        """The kernel's ``do_inspect``: a rank's answer in a rank cell, else its own."""
         target = self._target(code, cursor_pos)
         if target is None:
             return self.own_inspect(code, cursor_pos, detail_level, omit_sections)
@@ -124,13 +126,12 @@ def _shifted(reply: dict, offset: int) -> dict:
 def install(shell, cluster_of: Callable[[], Any]) -> RankCompletion | None:
     """Answer Tab and Shift-Tab in rank cells from the ranks; None outside a Jupyter kernel
     (a terminal IPython has no kernel to answer for)."""
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None or not hasattr(kernel, "do_complete"):
+    kernel = _ipykernel.kernel_of(shell)
+    if kernel is None:
         return None
     uninstall(shell)
     wrapper = RankCompletion(shell, cluster_of)
-    kernel.do_complete = wrapper.do_complete
-    kernel.do_inspect = wrapper.do_inspect
+    _ipykernel.set_completion_methods(kernel, wrapper.complete, wrapper.inspect)
     shell.events.register("post_run_cell", wrapper.after_cell)
     kernel._clusterkernel_completion = wrapper
     return wrapper
@@ -138,11 +139,10 @@ def install(shell, cluster_of: Callable[[], Any]) -> RankCompletion | None:
 
 def uninstall(shell) -> None:
     """Give the kernel its own ``do_complete`` and ``do_inspect`` back."""
-    kernel = getattr(shell, "kernel", None)
+    kernel = _ipykernel.kernel_of(shell)
     wrapper = getattr(kernel, "_clusterkernel_completion", None)
     if wrapper is None:
         return
-    kernel.do_complete = wrapper.own_complete
-    kernel.do_inspect = wrapper.own_inspect
+    _ipykernel.set_completion_methods(kernel, wrapper.own_complete, wrapper.own_inspect)
     shell.events.unregister("post_run_cell", wrapper.after_cell)
     del kernel._clusterkernel_completion
