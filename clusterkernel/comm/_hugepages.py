@@ -3,8 +3,8 @@
 Open MPI moves large shared-memory messages with single-copy kernel calls whose
 cost grows with the number of pages touched. numpy asks the kernel for huge pages
 on arrays of 4 MB and more; torch's CPU allocator does not, and a 4 MB allreduce
-on torch memory measured ~1.3x slower than on numpy memory here (2 ranks), and
-~1.8x slower than on memory fully backed by huge pages.
+on torch memory is markedly slower than on numpy memory, and slower still than on
+memory fully backed by huge pages (BENCHMARKS.md, issue 3, the huge pages note).
 
 So a buffer that keeps coming back (gradients, every step) is collapsed into huge
 pages once, with ``madvise(MADV_COLLAPSE)`` (Linux 6.1+), the third time it is

@@ -2,9 +2,9 @@
 
 Why not SVG (bqplot, which the dashboard used first): with the browser on the same
 cores as the ranks, drawing is what the dashboard costs the training. bqplot's loss
-panel took ~30 ms of Chromium's CPU per picture (15 % of a core at 5 Hz, 2 lines,
-software rendering) and each 1 Hz timeline picture more; a canvas redraw of the same
-points is a few milliseconds (``benchmarks/bench_dashboard_draw.py``).
+panel alone took a large share of a core at 5 pictures a second, and a canvas redraw
+of the same points a small fraction of that (``benchmarks/bench_dashboard_draw.py``;
+the figures: BENCHMARKS.md, issue 6, "Where the browser's time goes").
 
 The kernel side is only data: axis ranges set by the caller, and all series' points
 as one float64 buffer (a binary frame on the widget comm, not JSON), sent in one

@@ -3,7 +3,8 @@ the reductions, and the barriers between phases.
 
 A step generator yields ``[Ibarrier request]`` where every rank must have finished
 the phase before anyone reads what it wrote (``Win.Sync`` on both sides of it, as
-the MPI shared-memory model asks), and is driven by :func:`._shm._run`.
+the MPI shared-memory model asks), and is driven in the segment's turn by
+:func:`clusterkernel.comm._turns.run` (after :func:`~clusterkernel.comm._turns.issue`).
 All-reduce has its own pipeline (:mod:`.pipe`).
 """
 
