@@ -11,8 +11,9 @@ fresh set of ranks gets (``_torch``: torchrun's environment, the default group),
 prompt is ``clusterkernel.client.debug._breakpoints``),
 what a failing or hung rank tells the user (``_rank_faults``, ``_jobreport``,
 ``_stacks``, ``_hangreport``), clusters kept past their session (``_keep``: the
-record, list, claim; ``_follow``: a cell another session left running) and Tab
-answered by a rank (``_namespace``).
+record, list, claim; ``_follow``: a cell another session left running), the ranks'
+variables (``_data``: push, pull; ``_snapshot``) and Tab answered by a rank
+(``_namespace``).
 
 Who calls whom, and who changes what:
 
@@ -32,11 +33,14 @@ Who calls whom, and who changes what:
   cluster that the ranks stream to it and that it closes (``_dashboard_streaming``,
   ``_dashboard_closed``: the one private port, kept in ``Cluster``); the cluster
   tells it that its streams ended only through the callback it gave then.
-- The helpers (``_rank_faults``, ``_torch``, ``_namespace``, ``_follow``,
-  ``_stacks``, ``_hangreport``, ``debug._breakpoints``) are the bodies of Cluster's and
-  CellRun's methods: they take the cluster, read it the same public way and return
-  what they find, which the cluster records (``_rank_faults.lost_engines``: the ranks
-  whose engines left; ``_torch.ranks_up``: each rank's GPUs). ``CellRun`` prompts at a
+- The helpers (``_rank_faults``, ``_torch``, ``_namespace``, ``_follow``, ``_data``,
+  ``_snapshot``, ``_stacks``, ``_hangreport``, ``debug._breakpoints``) are the bodies of
+  Cluster's and CellRun's methods: they take the cluster, read it the same public way
+  and return what they find, which the cluster records (``_rank_faults.lost_engines``:
+  the ranks whose engines left; ``_torch.ranks_up``: each rank's GPUs). A method that
+  changes nothing of the cluster is its helper's function, bound in the class by name
+  (``push = _data.push``; ``stacks``, ``debug``, ``complete``, ``snapshot``...); those
+  that change its state are written in ``_cluster.py``. ``CellRun`` prompts at a
   ``breakpoint()`` through ``debug._breakpoints.Stops``, which opens a ``DebugSession``.
 - The magics drive the cluster through its public API only: ``Cluster`` and the
   functions this package exports (the session's cluster, kept clusters, snapshot

@@ -1,12 +1,12 @@
-"""An MPI engine set: ipyparallel engines, one per rank (client side).
+"""``Cluster``: ``n`` MPI ranks as ipyparallel engines, driven from the notebook (client side).
 
-:class:`Cluster` wraps ``ipyparallel.Cluster``: ipyparallel owns the controller,
-the processes and the transport; this class adds what a notebook user of an MPI
-job needs on top: a launcher (``mpiexec`` here or on a host list, or a Slurm
-job), the engine-id to rank map, fast and clear start-up errors, status per rank,
-a guard process that stops the cluster if the notebook kernel dies, stacks of
-busy ranks on any host, pdb on ranks (:meth:`debug`), its live dashboard
-(:meth:`dashboard`), and :meth:`run`, the call behind ``%%mpi``.
+ipyparallel owns the controller, the processes and the transport; ``Cluster`` is the
+façade a notebook user of an MPI job drives, over named parts beside it (this
+package's docstring lists them): it owns the cluster's state and alone changes it
+(start, stop, restart, attach, respawn, the dashboard its ranks stream to). A method
+that only reads the cluster through its public API and acts on its ranks is its part's
+function, taking the cluster, bound here by name (``push = _data.push``): the part is
+the method, docstring and all, and ``test_ownership`` checks that it changes nothing.
 
 Example::
 
@@ -18,18 +18,15 @@ Example::
 from __future__ import annotations
 
 import logging
-import math
 import os
-import signal
-import socket
 import sys
-import time as _time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
 from clusterkernel.client.cluster import (
+    _data,
     _follow,
     _keep,
     _namespace,
@@ -37,7 +34,6 @@ from clusterkernel.client.cluster import (
     _rank_faults,
     _respawn,
     _snapshot,
-    _stacks,
     _torch,
 )
 from clusterkernel.client.cluster._health import RankHealth
@@ -46,7 +42,6 @@ from clusterkernel.client.cluster._lifecycle import Engines
 from clusterkernel.client.cluster._namespace import RankNames
 from clusterkernel.client.cluster._status import RankStatus
 from clusterkernel.client.errors import CellInterrupted, ClusterError, RankError, format_ranks
-from clusterkernel.protocol import _oom
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster._launch import Launcher
@@ -152,15 +147,8 @@ class Cluster:
         **scheduler_options: Any,
     ) -> None:
         _torch.check_backend_name(backend)
+        _preflight.check_gpus_per_rank(gpus_per_rank)
         self.keep = _keep.parse_keep(keep)  # seconds, inf, or None: not kept
-        if gpus_per_rank is not None and (
-            not isinstance(gpus_per_rank, int)
-            or isinstance(gpus_per_rank, bool)
-            or gpus_per_rank < 0
-        ):
-            raise ValueError(
-                f"gpus_per_rank must be 0 (no binding) or more, got {gpus_per_rank!r}."
-            )
         # the one place the launch options are named: from here on they travel as one
         # object, the launcher's settings
         self.launcher = launcher_for(
@@ -184,21 +172,15 @@ class Cluster:
             "start_timeout": start_timeout, "torch": torch, "backend": backend,
             "gpus_per_rank": gpus_per_rank, "gpu_share": gpu_share,
         }  # fmt: skip
-        self.n = self.launcher.n
-        self.multi_node = self.launcher.multi_node
-        self.env = dict(env or {})
-        self.timeout = timeout
-        self.start_timeout = start_timeout
-        self.guard = guard
-        self.log_level = log_level
+        self.n, self.multi_node = self.launcher.n, self.launcher.multi_node
+        self.env, self.timeout, self.start_timeout = dict(env or {}), timeout, start_timeout
+        self.guard, self.log_level = guard, log_level
         self.fault_tolerant = self.launcher.settings.fault_tolerant
         if respawn and not self.fault_tolerant:
             raise ValueError("respawn=True needs fault_tolerant=True (the launcher given says no).")
         self.auto_respawn = respawn  # after a cell that saw a rank die, respawn it
-        self.torch = bool(torch or backend)
-        self.backend = backend
-        self.gpus_per_rank = gpus_per_rank
-        self.gpu_share = gpu_share
+        self.torch, self.backend = bool(torch or backend), backend
+        self.gpus_per_rank, self.gpu_share = gpus_per_rank, gpu_share
 
         self._engines: Engines | None = None  # the processes, while running
         self.gpus: dict[int, list[int]] = {}  # rank -> its GPUs, from the binding at start
@@ -262,21 +244,20 @@ class Cluster:
         self._health.started()
         try:
             self._engines = Engines.start(
-                self.launcher,
-                _torch.engine_env(self.env, group=self.torch),
-                log_level=self.log_level,
-                guard=self.guard,
-                start_timeout=self.start_timeout,
-                keep=self.keep if self.guard else None,
-                progress=progress,
-            )
+                self.launcher, _torch.engine_env(self.env, group=self.torch),
+                log_level=self.log_level, guard=self.guard, start_timeout=self.start_timeout,
+                keep=self.keep if self.guard else None, progress=progress,
+            )  # fmt: skip
             try:
                 if progress is not None:
                     n, step = self.n, "; making the torch.distributed group" if self.torch else ""
                     progress(f"Starting {n} MPI ranks: {n} of {n} registered{step}")
                 self._ranks_up()
                 if self.keep is not None:
-                    self._write_record()
+                    guard = self._engines.guard
+                    guard_pid = guard.pid if guard is not None else None
+                    record = _keep.new_record(self, self._settings, guard_pid)
+                    _keep.write(self.run_dir, record)
             except BaseException:
                 self._teardown()
                 raise
@@ -284,169 +265,6 @@ class Cluster:
             if progress is not None:
                 progress(None)
         return self
-
-    # ------------------------------------------------------------------ keep / attach
-    @property
-    def id(self) -> str | None:
-        """The id ``%mpi list`` shows and :meth:`attach` takes (None when stopped)."""
-        return _keep.cluster_id(self.run_dir) if self.run_dir else None
-
-    def _write_record(self) -> None:
-        engines = self._engines
-        hosts = ", ".join(sorted({info["host"] for info in engines.rank_info.values()}))
-        system = getattr(self.launcher, "system", None)
-        title = system.title if system is not None else "batch"
-        where = f"{title} job {self.job_id} on {hosts}" if self.job_id else hosts
-        record = {
-            "id": self.id,
-            "uid": os.getuid(),
-            "created": _time.time(),
-            "keep_s": None if math.isinf(self.keep) else self.keep,
-            "n": self.n,
-            "where": where,
-            "job_id": self.job_id,
-            "settings": self._settings,
-            "run_dir": engines.run_dir,
-            "cluster_file": engines.cluster_file,
-            "rank_info": engines.rank_info,
-            "guard_pid": engines.guard.pid if engines.guard is not None else None,
-            "guard_host": socket.gethostname(),
-            "client": _keep.me(),
-            "idle_since": None,
-            "ended": None,
-        }
-        _keep.write(engines.run_dir, record)
-
-    @classmethod
-    def attach(cls, cluster_id: str | None = None, force: bool = False) -> Cluster:
-        """Connect to a cluster started with ``keep`` (by this user, on this host): the
-        ranks and their variables as they were. ``cluster_id``: as :func:`kept` lists it;
-        may be left out when there is one. A cluster another live session drives is
-        refused unless ``force`` (a takeover: that session is told at its next call;
-        ``cluster.replaced`` names it here).
-
-        Example::
-
-            # not run: needs a cluster another process started with keep=
-            cluster = Cluster.attach()      # %mpi attach
-            cluster.pull("model_state")
-        """
-        try:
-            record = _keep.find(cluster_id)
-        except ValueError as e:
-            raise ClusterError(str(e)) from None
-        if record.get("ended"):
-            _keep.remove_ended(record)
-            raise ClusterError(
-                f"Kept cluster {record['id']} ended while no one was attached: "
-                f"{record['ended']}. What was left of it is removed; start a new one."
-            )
-        if record.get("guard_host") != socket.gethostname():
-            raise ClusterError(
-                f"Attach to cluster {record['id']} from {record['guard_host']}, where it was "
-                "started: its guard runs there and watches who is attached."
-            )
-        settings = dict(record["settings"], n=record["n"])
-        cluster = cls(**settings, keep=True if record["keep_s"] is None else record["keep_s"])
-        try:
-            cluster.replaced = _keep.claim(record["run_dir"], force)
-        except ValueError as e:
-            raise ClusterError(str(e)) from None
-        try:
-            cluster._engines = Engines.attach(
-                cluster.launcher,
-                record["run_dir"],
-                record["cluster_file"],
-                record["rank_info"],
-                _torch.engine_env(cluster.env, group=cluster.torch),
-                keeper_pid=record.get("guard_pid"),
-                log_level=cluster.log_level,
-            )
-        except BaseException:
-            _keep.release(record["run_dir"])
-            raise
-        return cluster
-
-    def follow(self) -> list[int]:
-        """Show, by rank and live, the output of a cell that a previous session sent and
-        the ranks still run (after :meth:`attach`), until it ends; the ranks that ran it
-        (``[]``: none did). A kernel interrupt interrupts that cell on the ranks.
-
-        Example::
-
-            # not run: needs a cluster another process started with keep=, busy in a cell
-            cluster = Cluster.attach()
-            cluster.follow()      # the training loop's prints, as they come, until it ends
-        """
-        self._require_running()
-        cells = _follow.running(self)
-        if cells:
-            _follow.follow(self, cells)
-        return sorted(cells)
-
-    def detach(self) -> None:
-        """Leave a kept cluster running (its ranks, variables, Slurm job) and let go of it:
-        it stops after its keep time without a client; :meth:`attach` comes back.
-
-        Example::
-
-            kept = Cluster(n=2, keep="10m").start()
-            kept.detach()                    # %mpi detach: the ranks run on
-            Cluster.attach(kept.id).stop()   # back again, and stopped
-        """
-        self._require_running()
-        if self.keep is None:
-            raise ClusterError(
-                "This cluster was not started with keep: detaching would leave ranks no one "
-                "can reach. Stop it (%mpi stop), or start with --keep 2h (keep='2h')."
-            )
-        _keep.release(self._engines.run_dir)
-        self._let_go()
-
-    def _let_go(self) -> None:
-        """Forget the processes without stopping them (the guard keeps them)."""
-        try:
-            if self._engines is not None:
-                self._engines.detach()
-        finally:
-            self._forget_ranks()
-
-    def taken_over_note(self) -> str:
-        """What a session that was taken over says (``taken_over_by`` is set)."""
-        taken = self.taken_over_by or {}
-        return (
-            f"Another session (pid {taken.get('pid')} on {taken.get('host')}) took this kept "
-            "cluster over with attach --force; this one has let go of it. "
-            "%mpi attach --force takes it back."
-        )
-
-    def _taken_over(self) -> dict | None:
-        """The session that took this kept cluster over, if one did (we then let go)."""
-        if self.keep is None or self._engines is None:
-            return None
-        holder = _keep.holder(self._engines.run_dir)
-        if holder is None or holder.get("pid") == os.getpid():
-            return None
-        self._let_go()
-        self.taken_over_by = holder
-        return holder
-
-    def _ranks_up(self) -> None:
-        """What every fresh set of ranks gets: torchrun's environment, and the group if asked."""
-        self.gpus = _torch.ranks_up(self, self.backend if self.torch else False)
-
-    def _ranks_going_down(self) -> None:
-        """Before the ranks stop: destroy the torch.distributed groups of idle ranks."""
-        if not self.lost:
-            _torch.ranks_going_down(self)
-
-    def job_ended(self) -> bool:
-        """Whether the MPI job under the engines has ended (False when stopped)."""
-        return self._engines is not None and self._engines.ended()
-
-    def job_output(self, lines: int = 40) -> str:
-        """The last ``lines`` of what the launcher (mpiexec, srun, the Slurm job) said."""
-        return self._engines.output(lines) if self._engines is not None else ""
 
     def stop(self) -> None:
         """Stop every rank and the controller; return once their processes are gone.
@@ -459,6 +277,30 @@ class Cluster:
             self._ranks_going_down()
         finally:
             self._teardown()
+
+    def restart(self) -> None:
+        """Stop all ranks (stuck ones included) and start a full set again.
+
+        Engine state is lost: re-run imports and setup cells afterwards. With
+        ``torch=True`` the new ranks get a new default process group.
+        """
+        if not self.running:
+            raise ClusterError("The cluster is not running; use start() (%mpi start).")
+        self._ranks_going_down()
+        self._engines.restart()
+        self._health.restarted()
+        self._ranks_up()
+        if self.keep is not None:
+            _keep.update(self._engines.run_dir, {"rank_info": self._engines.rank_info})
+
+    def _ranks_up(self) -> None:
+        """What every fresh set of ranks gets: torchrun's environment, and the group if asked."""
+        self.gpus = _torch.ranks_up(self, self.backend if self.torch else False)
+
+    def _ranks_going_down(self) -> None:
+        """Before the ranks stop: destroy the torch.distributed groups of idle ranks."""
+        if not self.lost:
+            _torch.ranks_going_down(self)
 
     def _teardown(self) -> None:
         try:
@@ -477,49 +319,99 @@ class Cluster:
         if ended is not None:  # after the ranks, so its last picture shows them stopped
             ended(True)
 
-    def restart(self) -> None:
-        """Stop all ranks (stuck ones included) and start a full set again.
+    def job_ended(self) -> bool:
+        """Whether the MPI job under the engines has ended (False when stopped)."""
+        return self._engines is not None and self._engines.ended()
 
-        Engine state is lost: re-run imports and setup cells afterwards. With
-        ``torch=True`` the new ranks get a new default process group.
-        """
-        if not self.running:
-            raise ClusterError("The cluster is not running; use start() (%mpi start).")
-        self._ranks_going_down()
-        self._engines.restart()
-        self._health.restarted()
-        self._ranks_up()
-        if self.keep is not None:
-            _keep.update(self._engines.run_dir, {"rank_info": self._engines.rank_info})
+    def job_output(self, lines: int = 40) -> str:
+        """The last ``lines`` of what the launcher (mpiexec, srun, the Slurm job) said."""
+        return self._engines.output(lines) if self._engines is not None else ""
 
-    def snapshot(self, names: list[str] | None = None) -> dict[int, dict]:
-        """Each live rank keeps ``names`` (default: every picklable variable) in a private
-        file on its node, for :meth:`restore` or ``respawn(from_snapshot=True)``; the
-        files go when the cluster stops. ``{rank: {"saved", "skipped", "bytes"}}``.
+    def processes(self) -> list[int]:
+        """Pids of every local process of this cluster (controller, mpiexec, ranks...)."""
+        return self._engines.processes() if self._engines is not None else []
 
-        Example::
+    # ------------------------------------------------------------ keep / attach (_keep)
+    @property
+    def id(self) -> str | None:
+        """The id ``%mpi list`` shows and :meth:`attach` takes (None when stopped)."""
+        return _keep.cluster_id(self.run_dir) if self.run_dir else None
 
-            cluster.run("step = 7")
-            cluster.snapshot(["step"])[0]["saved"]     # ['step']
-        """
-        self._require_running()
-        return _snapshot.snapshot(self, names)
-
-    def restore(self, names: list[str] | None = None) -> dict[int, dict]:
-        """Every live rank loads its last :meth:`snapshot` (``names`` of it, or all), e.g.
-        after :meth:`restart`; DataParallel models are attached to the ranks again.
+    @classmethod
+    def attach(cls, cluster_id: str | None = None, force: bool = False) -> Cluster:
+        """Connect to a cluster started with ``keep`` (by this user, on this host): the
+        ranks and their variables as they were. ``cluster_id``: as :func:`kept` lists it;
+        may be left out when there is one. A cluster another live session drives is
+        refused unless ``force`` (a takeover: that session is told at its next call;
+        ``cluster.replaced`` names it here).
 
         Example::
 
-            cluster.run("step = 7")
-            cluster.snapshot(["step"])
-            cluster.run("step = 0")                   # or a restart: every variable gone
-            cluster.restore(["step"])[0]["restored"]  # ['step']
-            cluster.pull("step")[0]                   # 7
+            # not run: needs a cluster another process started with keep=
+            cluster = Cluster.attach()      # %mpi attach
+            cluster.pull("model_state")
         """
-        self._require_running()
-        return _snapshot.restore(self, names, self.live_ranks)
+        record = _keep.to_attach(cluster_id)
+        settings = dict(record["settings"], n=record["n"])
+        cluster = cls(**settings, keep=True if record["keep_s"] is None else record["keep_s"])
+        try:
+            cluster.replaced = _keep.claim(record["run_dir"], force)
+        except ValueError as e:
+            raise ClusterError(str(e)) from None
+        try:
+            cluster._engines = Engines.attach(
+                cluster.launcher, record["run_dir"], record["cluster_file"], record["rank_info"],
+                _torch.engine_env(cluster.env, group=cluster.torch),
+                keeper_pid=record.get("guard_pid"), log_level=cluster.log_level,
+            )  # fmt: skip
+        except BaseException:
+            _keep.release(record["run_dir"])
+            raise
+        return cluster
 
+    follow = _follow.follow
+
+    def detach(self) -> None:
+        """Leave a kept cluster running (its ranks, variables, Slurm job) and let go of it:
+        it stops after its keep time without a client; :meth:`attach` comes back.
+
+        Example::
+
+            kept = Cluster(n=2, keep="10m").start()
+            kept.detach()                    # %mpi detach: the ranks run on
+            Cluster.attach(kept.id).stop()   # back again, and stopped
+        """
+        self.require_running()
+        if self.keep is None:
+            raise ClusterError(
+                "This cluster was not started with keep: detaching would leave ranks no one "
+                "can reach. Stop it (%mpi stop), or start with --keep 2h (keep='2h')."
+            )
+        _keep.release(self._engines.run_dir)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Forget the processes without stopping them (the guard keeps them)."""
+        try:
+            if self._engines is not None:
+                self._engines.detach()
+        finally:
+            self._forget_ranks()
+
+    taken_over_note = _keep.taken_over_note
+
+    def _taken_over(self) -> dict | None:
+        """The session that took this kept cluster over, if one did (we then let go)."""
+        if self.keep is None or self._engines is None:
+            return None
+        holder = _keep.holder(self._engines.run_dir)
+        if holder is None or holder.get("pid") == os.getpid():
+            return None
+        self._let_go()
+        self.taken_over_by = holder
+        return holder
+
+    # ------------------------------------------------- faults (_respawn, _rank_faults)
     def respawn(
         self, source: int | None = None, timeout: float = 120.0, from_snapshot: bool = False
     ) -> Respawned:
@@ -573,28 +465,6 @@ class Cluster:
         if self.keep is not None:
             _keep.update(self._engines.run_dir, {"rank_info": self._engines.rank_info})
 
-    def torch_group(self) -> dict[int, dict]:
-        """Each rank's default torch.distributed group: ``{rank: {"backend", "rank",
-        "world_size", "master"}}`` (empty dicts where a rank has none)."""
-        self._require_running()
-        return _torch.describe(self)
-
-    def torch_reinit(self, backend: str | None = None) -> dict[int, dict]:
-        """A new default torch.distributed group in the live ranks, their variables kept.
-
-        Destroys what is left of the old group (or an aborted one), gives rank 0 a
-        fresh port, and makes the group again (``backend``: default the last one).
-        Models wrapped in DDP/FSDP hold the old group: wrap them again. Returns each
-        rank's group (``{rank: {"backend": "gloo", "world_size": 4, ...}}``).
-
-        Example::
-
-            cluster.torch_reinit()      # %mpi torch-reinit
-        """
-        _torch.check_backend_name(backend)
-        self._require_running()
-        return _torch.reinit(self, backend)
-
     @property
     def lost(self) -> str | None:
         """Why the whole engine set is gone (until :meth:`restart`), or None."""
@@ -609,11 +479,24 @@ class Cluster:
         """Record that the whole engine set is gone (until :meth:`restart`)."""
         self._health.job_ended(why)
 
+    def mark_dead(self, ranks: list[int], why: str) -> None:
+        """Record ranks of a fault-tolerant job as dead (the job carries on)."""
+        self._health.ranks_died(ranks, why)
+
+    frames = _rank_faults.frames
+    stacks = _rank_faults.stacks
+    dead_ranks = _rank_faults.dead_ranks
+    out_of_memory = _rank_faults.out_of_memory
+    signal = _rank_faults.signal
+    interrupt = _rank_faults.interrupt
+    abort_torch_groups = _rank_faults.abort_torch_groups
+    debug = _rank_faults.debug
+
     # ------------------------------------------------------------------ ranks
     @property
     def client(self) -> ipp.Client:
         """The ipyparallel client (engine ids equal to ranks are not guaranteed)."""
-        self._require_running()
+        self.require_running()
         assert self._engines is not None and self._engines.client is not None
         return self._engines.client
 
@@ -643,17 +526,15 @@ class Cluster:
             self._health.ranks_died(gone, "its process exited between cells")
         return [r for r in self.ranks if not self._health.is_dead(r)]
 
-    def mark_dead(self, ranks: list[int], why: str) -> None:
-        """Record ranks of a fault-tolerant job as dead (the job carries on)."""
-        self._health.ranks_died(ranks, why)
-
     def engine_id(self, rank: int) -> int:
-        self._require_running()
+        """The engine id of ``rank``; a clear error for a dead rank or one that does not exist."""
+        self.require_running()
         if self._health.is_dead(rank):
+            live = self.live_ranks
             raise ClusterError(
-                f"Rank {rank} died ({self._health.why_dead(rank)}); ranks "
-                f"{format_ranks(self.live_ranks)} still run. %mpi respawn --from "
-                f"{self.live_ranks[0]} (cluster.respawn(source=...)) brings it back."
+                f"Rank {rank} died ({self._health.why_dead(rank)}); ranks {format_ranks(live)} "
+                f"still run. %mpi respawn --from {live[0]} (cluster.respawn(source=...)) "
+                "brings it back."
             )
         try:
             return self._engines.engine_of[rank]
@@ -661,10 +542,8 @@ class Cluster:
             raise ValueError(f"Rank {rank} does not exist; ranks are 0..{self.n - 1}.") from None
 
     def rank_of(self, engine_id: int) -> int:
-        for rank, eid in self.engine_of.items():
-            if eid == engine_id:
-                return rank
-        raise KeyError(engine_id)
+        """The rank whose engine is ``engine_id`` (KeyError: none)."""
+        return {eid: rank for rank, eid in self.engine_of.items()}[engine_id]
 
     def view(self, ranks: list[int] | None = None) -> ipp.DirectView:
         """A DirectView of the engines for ``ranks`` (default: live ones), in rank order."""
@@ -673,7 +552,9 @@ class Cluster:
         view.label = getattr(self, "_cell_label", None)  # the ranks' name of the cell (run())
         return view
 
-    def _require_running(self) -> None:
+    def require_running(self) -> None:
+        """Raise :class:`ClusterError`, saying what to do, unless this cluster's ranks run
+        and this session drives them (another may have taken a kept cluster over)."""
         if self._taken_over() is not None or self.taken_over_by is not None:
             raise ClusterError(self.taken_over_note())
         if not self.running:
@@ -681,14 +562,13 @@ class Cluster:
         if self.lost:
             raise ClusterError(f"{self.lost} Run %mpi restart (cluster.restart()).")
 
-    # ------------------------------------------------------------------ status
     def status(self) -> list[dict]:
         """One dict per rank: rank, host, pid, state, cpu %, memory (MiB), and ``gpu``
         (name, memory, utilisation) where the ranks are bound to GPUs.
 
         CPU and memory are read for ranks on this machine; on other hosts they are None.
         """
-        self._require_running()
+        self.require_running()
         rows = self._status.rows(self.client, self._engines.rank_info, self.multi_node)
         if self.gpus:  # name, memory, utilisation of each rank's GPU
             gpu = _torch.gpu_status(self)
@@ -696,73 +576,17 @@ class Cluster:
                 row["gpu"] = gpu.get(row["rank"])
         return rows
 
-    def processes(self) -> list[int]:
-        """Pids of every local process of this cluster (controller, mpiexec, ranks...)."""
-        return self._engines.processes() if self._engines is not None else []
-
-    # ------------------------------------------------------------------ data
-    def push(self, namespace: dict, ranks: list[int] | None = None) -> None:
-        """Copy ``namespace`` into every rank's globals (pickled, like ``%px`` push).
-
-        A value that cannot be pickled is a ``TypeError`` naming it, before anything is sent.
-        """
-        view = self.view(ranks)
-        try:
-            view.push(namespace, block=True)
-        except Exception as e:
-            raise _rank_faults.push_failure(namespace, e) from None
-
-    def pull(self, name: str, ranks: list[int] | None = None) -> dict[int, Any]:
-        """``{rank: value}`` of the global ``name`` on each (live) rank."""
-        ranks = self.live_ranks if ranks is None else list(ranks)
-        try:
-            values = self.view(ranks).pull(name, block=True)
-        except ipp.error.CompositeError as e:
-            raise RankError(_rank_faults.pull_failures(self, e)) from None
-        return dict(zip(ranks, values))
+    # ------------------------------------ the ranks' variables (_data, _snapshot, _torch)
+    push = _data.push
+    pull = _data.pull
+    snapshot = _snapshot.snapshot
+    restore = _snapshot.restore
+    torch_group = _torch.torch_group
+    torch_reinit = _torch.torch_reinit
 
     # ------------------------------------------------------------------ run
-    def complete(
-        self, code: str, cursor_pos: int | None = None, rank: int = 0, timeout: float = 1.0
-    ) -> dict:
-        """What Tab offers at ``cursor_pos`` (default: the end) in ``code`` on rank ``rank``:
-        a Jupyter ``complete_reply`` content (``matches``, ``cursor_start``, ``cursor_end``).
-
-        The rank's own IPython completer answers, through its control channel, so a rank
-        busy in a cell answers too; one that does not within ``timeout`` seconds gets the
-        top-level names it listed last (``metadata["clusterkernel"]["from"] == "cache"``).
-        Nothing in ``code`` is run.
-
-        Example::
-
-            cluster.run("import torch")
-            cluster.complete("torch.zer")["matches"]    # ['zero_', 'zeros', 'zeros_like']
-        """
-        self._require_running()
-        self.engine_id(rank)  # clear error for a rank that does not exist
-        cursor = len(code) if cursor_pos is None else cursor_pos
-        return _namespace.complete(self, code, cursor, rank, timeout)
-
-    def inspect(
-        self,
-        code: str,
-        cursor_pos: int | None = None,
-        detail_level: int = 0,
-        rank: int = 0,
-        timeout: float = 1.0,
-    ) -> dict:
-        """What Shift-Tab / ``name?`` (``detail_level=1``: ``name??``) shows for the name at
-        ``cursor_pos`` in ``code`` on rank ``rank``: a Jupyter ``inspect_reply`` content
-        (``found``, ``data``). ``found`` is False when the rank does not answer in time.
-
-        Example::
-
-            cluster.inspect("model")["data"]["text/plain"]   # rank 0's model, as model? shows it
-        """
-        self._require_running()
-        self.engine_id(rank)
-        cursor = len(code) if cursor_pos is None else cursor_pos
-        return _namespace.inspect(self, code, cursor, detail_level, rank, timeout)
+    complete = _namespace.complete
+    inspect = _namespace.inspect
 
     def run(
         self,
@@ -797,9 +621,11 @@ class Cluster:
         from clusterkernel.client.cluster.runner import CellFaults, CellRun
         from clusterkernel.protocol.records import CELL_LABEL
 
-        self._require_running()
-        explicit = ranks is not None
-        ranks = self.live_ranks if ranks is None else sorted(set(ranks))
+        self.require_running()
+        explicit, ranks = (
+            ranks is not None,
+            self.live_ranks if ranks is None else sorted(set(ranks)),
+        )
         new = self._health.untold() if not explicit else []
         if new:  # a death between cells is always told, once, before the next cell
             print(_respawn.death_notice(self, new), file=sys.stderr)
@@ -810,13 +636,12 @@ class Cluster:
             dash.show()
         # one name per cell, the same on every rank: the dashboard's runs (CELL_LABEL)
         self._cell_label = f"{CELL_LABEL}{secrets.token_hex(6)}"
+        faults = CellFaults(
+            job_ended=self._health.job_ended, ranks_died=self._health.ranks_died,
+            ranks_stuck=lambda _ranks: self.restart(),
+        )  # fmt: skip
         run = None
         try:
-            faults = CellFaults(
-                job_ended=self._health.job_ended,
-                ranks_died=self._health.ranks_died,
-                ranks_stuck=lambda _ranks: self.restart(),
-            )
             run = CellRun(self, code, ranks, renderer=renderer, faults=faults, profile=profile)
             if not block:
                 return run
@@ -850,7 +675,7 @@ class Cluster:
         """
         from clusterkernel.client.profile import control
 
-        self._require_running()
+        self.require_running()
         profile = control(self, action, **options)
         if profile is not None:
             self.profile_result = profile
@@ -897,85 +722,3 @@ class Cluster:
             return False
         self._dashboard, self._dashboard_ended = None, None
         return True
-
-    # --------------------------------------------------------- fault handling
-    def frames(self, ranks: list[int], with_locals: bool = False) -> dict[int, list[dict]]:
-        """Each rank's main-thread frames, outermost first, while it runs a cell.
-
-        Works while a rank is blocked inside an MPI call and for ranks on any host
-        (the engine's control thread answers). A rank that cannot answer (its
-        control thread starved by C code holding the GIL) is asked through
-        ``faulthandler`` instead, if it runs on this machine; if neither works,
-        it is missing from the result.
-        """
-        return _rank_faults.frames(self, ranks, with_locals)
-
-    def stacks(
-        self,
-        ranks: list[int],
-        code: str | None = None,
-        with_locals: bool = False,
-        all_frames: bool = False,
-    ) -> dict[int, str]:
-        """Each rank's stack as text, the cell's lines first (see :meth:`frames`).
-
-        ``code`` (the cell's source) fills in the text of cell lines; clusterkernel's
-        own frames show only with ``all_frames``.
-        """
-        return _rank_faults.stacks(self, ranks, code, with_locals, all_frames)
-
-    def debug(self, ranks: list[int] | None = None, timeout: float = 10.0):
-        """A :class:`~clusterkernel.client.debug.DebugSession`: pdb on ``ranks``, one command at a time.
-
-        Each rank is debugged at its ``breakpoint()`` if a running cell stopped
-        there, else post-mortem on its last failed cell. Default ranks: those at a
-        breakpoint, else those with a traceback. ``timeout``: seconds a command may
-        take before its answer says the rank runs on.
-
-        Example::
-
-            try:  # ranks 1 and 3 fail: post-mortem on them
-                cluster.run("x = 10 * comm.rank()\\nassert comm.rank() not in (1, 3)")
-            except RankError:
-                pass
-            with cluster.debug(ranks=[1, 3]) as dbg:
-                dbg.send("p x")      # {1: "10", 3: "30"}
-        """
-        from clusterkernel.client.debug import DebugSession
-
-        self._require_running()
-        from clusterkernel.client.cluster._ipp import asker
-        from clusterkernel.protocol._names import DEBUG_REQUEST
-
-        return DebugSession(self, ranks, timeout=timeout, ask=asker(self, DEBUG_REQUEST))
-
-    def abort_torch_groups(self, ranks: list[int] | None = None) -> list[int]:
-        """Abort the torch.distributed groups of ``ranks`` (default: live ones); the ranks
-        that had one. Frees ranks blocked in a gloo or NCCL collective whose peers
-        abort too; their variables stay. :meth:`torch_reinit` makes a new group.
-        """
-        ranks = self.live_ranks if ranks is None else ranks
-        return _stacks.abort_torch_groups(self.client, {r: self.engine_id(r) for r in ranks})
-
-    def signal(self, sig: int, ranks: list[int] | None = None) -> None:
-        """Send ``sig`` to the given ranks only (through each engine's nanny)."""
-        ranks = self.live_ranks if ranks is None else ranks
-        self.client.send_signal(int(sig), targets=[self.engine_id(r) for r in ranks], block=True)
-
-    def interrupt(self, ranks: list[int]) -> None:
-        self.signal(signal.SIGINT, ranks)
-
-    def out_of_memory(self, ranks: list[int]) -> list[int]:
-        """Those of ``ranks`` (on this host) in whose memory cgroup the kernel's
-        out-of-memory killer has struck since they started (see :mod:`clusterkernel.protocol._oom`)."""
-        here = socket.gethostname()
-        info = self.rank_info
-        return [
-            r
-            for r in ranks
-            if info.get(r, {}).get("host") == here and _oom.killed_since(info[r].get("oom"))
-        ]
-
-    def dead_ranks(self) -> tuple[list[int], str] | None:
-        """If the MPI job has ended, ``(ranks that died first, the launcher's report)``."""
-        return _rank_faults.dead_ranks(self)

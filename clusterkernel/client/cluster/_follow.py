@@ -5,13 +5,14 @@ sent (``Cluster.attach``). That cell's replies and live output travel to the cli
 that sent it; what any client can read is the controller's record of every request:
 ipyparallel's hub stores each request's stdout and stderr as the engine writes them
 (``Client.db_query``) and says which requests an engine still has queued
-(``Client.queue_status``). :func:`running` finds the cell; :func:`follow` polls its
-record and shows each rank's output through the usual renderer until it ends.
+(``Client.queue_status``). :func:`running` finds the cell; :func:`stream` polls its
+record and shows each rank's output through the usual renderer until it ends;
+:func:`follow` is ``Cluster.follow``, both.
 
 Example::
 
     cells = running(cluster)          # {rank: msg_id} of the cell still running
-    follow(cluster, cells)            # its output, by rank, until it ends
+    stream(cluster, cells)            # its output, by rank, until it ends
 """
 
 from __future__ import annotations
@@ -50,7 +51,25 @@ def running(cluster: Cluster) -> dict[int, str]:
     return out
 
 
-def follow(cluster: Cluster, cells: dict[int, str], renderer: Renderer | None = None) -> None:
+def follow(cluster: Cluster) -> list[int]:
+    """Show, by rank and live, the output of a cell that a previous session sent and
+    the ranks still run (after :meth:`attach`), until it ends; the ranks that ran it
+    (``[]``: none did). A kernel interrupt interrupts that cell on the ranks.
+
+    Example::
+
+        # not run: needs a cluster another process started with keep=, busy in a cell
+        cluster = Cluster.attach()
+        cluster.follow()      # the training loop's prints, as they come, until it ends
+    """
+    cluster.require_running()
+    cells = running(cluster)
+    if cells:
+        stream(cluster, cells)
+    return sorted(cells)
+
+
+def stream(cluster: Cluster, cells: dict[int, str], renderer: Renderer | None = None) -> None:
     """Show the output of ``cells`` (from :func:`running`) by rank until they have ended.
 
     A kernel interrupt interrupts them on the ranks, as it would the session's own cell.

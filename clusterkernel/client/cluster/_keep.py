@@ -33,6 +33,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 from clusterkernel.client._pids import pid_alive
+from clusterkernel.client.errors import ClusterError
 
 RECORD = "kept.json"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -273,6 +274,64 @@ def find(cluster_id_: str | None, root: str | None = None) -> dict:
     raise ValueError(
         f"No kept cluster {cluster_id_!r} of yours (it may have expired or been stopped). "
         f"Kept now: {ids} (%mpi list)."
+    )
+
+
+def new_record(cluster, settings: dict, guard_pid: int | None) -> dict:
+    """The record of ``cluster``, kept and just started (``settings``: what ``attach``
+    needs to make it again; ``guard_pid``: its guard process, here)."""
+    rank_info = cluster.rank_info
+    hosts = ", ".join(sorted({info["host"] for info in rank_info.values()}))
+    system = getattr(cluster.launcher, "system", None)
+    title = system.title if system is not None else "batch"
+    return {
+        "id": cluster.id,
+        "uid": os.getuid(),
+        "created": time.time(),
+        "keep_s": None if math.isinf(cluster.keep) else cluster.keep,
+        "n": cluster.n,
+        "where": f"{title} job {cluster.job_id} on {hosts}" if cluster.job_id else hosts,
+        "job_id": cluster.job_id,
+        "settings": settings,
+        "run_dir": cluster.run_dir,
+        "cluster_file": cluster.cluster_file,
+        "rank_info": rank_info,
+        "guard_pid": guard_pid,
+        "guard_host": socket.gethostname(),
+        "client": me(),
+        "idle_since": None,
+        "ended": None,
+    }
+
+
+def to_attach(cluster_id_: str | None) -> dict:
+    """The record of the kept cluster ``Cluster.attach`` takes (see :func:`find`); a
+    :class:`ClusterError` says why none can be (what is left of an ended one is removed)."""
+    try:
+        record = find(cluster_id_)
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
+    if record.get("ended"):
+        remove_ended(record)
+        raise ClusterError(
+            f"Kept cluster {record['id']} ended while no one was attached: "
+            f"{record['ended']}. What was left of it is removed; start a new one."
+        )
+    if record.get("guard_host") != socket.gethostname():
+        raise ClusterError(
+            f"Attach to cluster {record['id']} from {record['guard_host']}, where it was "
+            "started: its guard runs there and watches who is attached."
+        )
+    return record
+
+
+def taken_over_note(cluster) -> str:
+    """What a session that was taken over says (``taken_over_by`` is set)."""
+    taken = cluster.taken_over_by or {}
+    return (
+        f"Another session (pid {taken.get('pid')} on {taken.get('host')}) took this kept "
+        "cluster over with attach --force; this one has let go of it. "
+        "%mpi attach --force takes it back."
     )
 
 

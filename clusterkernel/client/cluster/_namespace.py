@@ -7,7 +7,7 @@ long cell or waits in MPI; the answer is that kernel's own ``complete_reply`` /
 that does not answer within ``timeout`` (a C call holding the GIL, a dead rank) is
 served from the top-level names it listed last: those come with every answer and,
 for a rank completion has asked once, after every cell (:meth:`RankNames.refresh`,
-which does not wait for its reply).
+which does not wait for its reply). Both are ``Cluster``'s methods of those names.
 
 Example::
 
@@ -108,8 +108,25 @@ def _ask(cluster: Cluster, rank: int, msg_type: str, content: dict, timeout: flo
     return answer
 
 
-def complete(cluster: Cluster, code: str, cursor_pos: int, rank: int, timeout: float) -> dict:
-    """A ``complete_reply`` content for ``code`` as rank ``rank`` sees it (see the module)."""
+def complete(
+    cluster: Cluster, code: str, cursor_pos: int | None = None, rank: int = 0, timeout: float = 1.0
+) -> dict:
+    """What Tab offers at ``cursor_pos`` (default: the end) in ``code`` on rank ``rank``:
+    a Jupyter ``complete_reply`` content (``matches``, ``cursor_start``, ``cursor_end``).
+
+    The rank's own IPython completer answers, through its control channel, so a rank
+    busy in a cell answers too; one that does not within ``timeout`` seconds gets the
+    top-level names it listed last (``metadata["clusterkernel"]["from"] == "cache"``).
+    Nothing in ``code`` is run.
+
+    Example::
+
+        cluster.run("import torch")
+        cluster.complete("torch.zer")["matches"]    # ['zero_', 'zeros', 'zeros_like']
+    """
+    cluster.require_running()
+    cluster.engine_id(rank)  # clear error for a rank that does not exist
+    cursor_pos = len(code) if cursor_pos is None else cursor_pos
     names = cluster.rank_names
     answer = _ask(
         cluster, rank, COMPLETE_REQUEST, {"code": code, "cursor_pos": cursor_pos}, timeout
@@ -134,19 +151,23 @@ def complete(cluster: Cluster, code: str, cursor_pos: int, rank: int, timeout: f
 def inspect(
     cluster: Cluster,
     code: str,
-    cursor_pos: int,
-    detail_level: int,
-    rank: int,
-    timeout: float,
-    omit_sections: tuple[str, ...] = (),
+    cursor_pos: int | None = None,
+    detail_level: int = 0,
+    rank: int = 0,
+    timeout: float = 1.0,
 ) -> dict:
-    """An ``inspect_reply`` content for the name at the cursor, as rank ``rank`` sees it."""
-    content = {
-        "code": code,
-        "cursor_pos": cursor_pos,
-        "detail_level": detail_level,
-        "omit_sections": list(omit_sections),
-    }
+    """What Shift-Tab / ``name?`` (``detail_level=1``: ``name??``) shows for the name at
+    ``cursor_pos`` in ``code`` on rank ``rank``: a Jupyter ``inspect_reply`` content
+    (``found``, ``data``). ``found`` is False when the rank does not answer in time.
+
+    Example::
+
+        cluster.inspect("model")["data"]["text/plain"]   # rank 0's model, as model? shows it
+    """
+    cluster.require_running()
+    cluster.engine_id(rank)
+    cursor_pos = len(code) if cursor_pos is None else cursor_pos
+    content = {"code": code, "cursor_pos": cursor_pos, "detail_level": detail_level}
     answer = _ask(cluster, rank, INSPECT_REQUEST, content, timeout)
     if answer is None:
         return {"status": "ok", "found": False, "data": {}, "metadata": {}}

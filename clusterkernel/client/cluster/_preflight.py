@@ -47,6 +47,15 @@ def nvidia_device_visible(environ: Mapping[str, str]) -> bool:
     return os.path.exists("/dev/nvidia0") or os.path.exists("/proc/driver/nvidia/gpus")
 
 
+def check_gpus_per_rank(gpus_per_rank: int | None) -> None:
+    """Raise ``ValueError`` unless ``gpus_per_rank`` is None (the default binding) or an
+    int of 0 (no binding) or more: checked before the launch options are."""
+    if gpus_per_rank is not None and (
+        not isinstance(gpus_per_rank, int) or isinstance(gpus_per_rank, bool) or gpus_per_rank < 0
+    ):
+        raise ValueError(f"gpus_per_rank must be 0 (no binding) or more, got {gpus_per_rank!r}.")
+
+
 def check_local(
     launcher: Launcher,
     *,

@@ -1,7 +1,9 @@
-"""What is wrong on a cluster's ranks: their stacks, who died, what failed (client side).
+"""What is wrong on a cluster's ranks, and what frees them (client side).
 
-The bodies of ``Cluster.frames``, ``stacks`` and ``dead_ranks``, which ranks were
-lost between cells, and the failures of a ``pull``. They read the cluster and never
+``Cluster``'s methods ``frames``, ``stacks``, ``dead_ranks``, ``out_of_memory``,
+``signal``, ``interrupt``, ``abort_torch_groups`` and ``debug`` are this module's
+functions of those names, and :func:`lost_engines` says which ranks were lost between
+cells. They read the cluster through its public API and act on its ranks, but never
 change it (what they find, the cluster records itself). Each rank's frames come from
 its engine's control thread (works inside MPI calls and on any host), else from
 ``faulthandler`` for a rank on this machine whose control thread cannot answer; a job
@@ -9,24 +11,34 @@ that ended is read from the launcher's report.
 
 Example::
 
-    _rank_faults.stacks(cluster, [1, 3], code=cell)   # {1: "...", 3: "..."}
-    _rank_faults.dead_ranks(cluster)                  # None, or ([2], report)
+    cluster.stacks([1, 3], code=cell)   # {1: "...", 3: "..."}: _rank_faults.stacks
+    cluster.dead_ranks()                # None, or ([2], report)
 """
 
 from __future__ import annotations
 
+import signal as _signal
+import socket
 from typing import TYPE_CHECKING
 
-from clusterkernel.client.cluster import _jobreport, _stacks
-from clusterkernel.client.errors import RankFailure, group_failures
-from clusterkernel.protocol._names import STACK_SIGNAL
+from clusterkernel.client.cluster import _ipp, _jobreport, _stacks
+from clusterkernel.protocol import _oom
+from clusterkernel.protocol._names import DEBUG_REQUEST, STACK_SIGNAL
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster
+    from clusterkernel.client.debug import DebugSession
 
 
-def frames(cluster: Cluster, ranks: list[int], with_locals: bool) -> dict[int, list[dict]]:
-    """``{rank: frames}`` of the ranks that answered, outermost frame first."""
+def frames(cluster: Cluster, ranks: list[int], with_locals: bool = False) -> dict[int, list[dict]]:
+    """Each rank's main-thread frames, outermost first, while it runs a cell.
+
+    Works while a rank is blocked inside an MPI call and for ranks on any host
+    (the engine's control thread answers). A rank that cannot answer (its
+    control thread starved by C code holding the GIL) is asked through
+    ``faulthandler`` instead, if it runs on this machine; if neither works,
+    it is missing from the result.
+    """
     engines = {r: cluster.engine_id(r) for r in ranks}
     out = _stacks.request_frames(cluster.client, engines, with_locals=with_locals)
     missing = [r for r in ranks if r not in out]
@@ -42,9 +54,18 @@ def frames(cluster: Cluster, ranks: list[int], with_locals: bool) -> dict[int, l
 
 
 def stacks(
-    cluster: Cluster, ranks: list[int], code: str | None, with_locals: bool, all_frames: bool
+    cluster: Cluster,
+    ranks: list[int],
+    code: str | None = None,
+    with_locals: bool = False,
+    all_frames: bool = False,
 ) -> dict[int, str]:
-    """``{rank: stack as text}`` for every rank in ``ranks``, a note for those that did not answer."""
+    """Each rank's stack as text, the cell's lines first (see :meth:`frames`); a note for
+    a rank that did not answer.
+
+    ``code`` (the cell's source) fills in the text of cell lines; clusterkernel's
+    own frames show only with ``all_frames``.
+    """
     found = frames(cluster, ranks, with_locals)
     return {
         r: _stacks.format_stack(found[r], code, all_frames=all_frames, with_locals=with_locals)
@@ -71,35 +92,58 @@ def lost_engines(
     return [r for r, eid in engine_of.items() if eid not in ids and r not in dead]
 
 
-def pull_failures(cluster: Cluster, err) -> list[RankFailure]:
-    """The failures of a pull, from ipyparallel's ``CompositeError``, grouped by rank."""
-    items = []
-    for ename, evalue, _tb, engine_info in err.elist:
-        eid = (engine_info or {}).get("engine_id")
-        try:
-            rank = cluster.rank_of(eid)
-        except KeyError:
-            rank = -1
-        # A failed pull is a missing or unpicklable name: the traceback would
-        # only show ipyparallel's internals.
-        items.append((rank, "error", f"{ename}: {evalue}", ""))
-    return group_failures(items)
+def out_of_memory(cluster: Cluster, ranks: list[int]) -> list[int]:
+    """Those of ``ranks`` (on this host) in whose memory cgroup the kernel's
+    out-of-memory killer has struck since they started (see :mod:`clusterkernel.protocol._oom`)."""
+    here = socket.gethostname()
+    info = cluster.rank_info
+    return [
+        r
+        for r in ranks
+        if info.get(r, {}).get("host") == here and _oom.killed_since(info[r].get("oom"))
+    ]
 
 
-def push_failure(namespace: dict, err: Exception) -> Exception:
-    """What a failed push says: the variables that cannot be pickled, by name and type."""
-    import ipyparallel as ipp
+def signal(cluster: Cluster, sig: int, ranks: list[int] | None = None) -> None:
+    """Send ``sig`` to the given ranks only (through each engine's nanny)."""
+    ranks = cluster.live_ranks if ranks is None else ranks
+    engines = [cluster.engine_id(r) for r in ranks]
+    cluster.client.send_signal(int(sig), targets=engines, block=True)
 
-    bad = []
-    for name, value in namespace.items():
-        try:
-            ipp.serialize.serialize_object(value)
-        except Exception as e:
-            kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
-            bad.append(f"{name} ({kind}): {e}")
-    if not bad:
-        return err
-    return TypeError(
-        f"cannot send to the ranks: {'; '.join(bad)}. Make such a value on the ranks in a "
-        "%%mpi cell, or push the plain values it is made from."
-    )
+
+def interrupt(cluster: Cluster, ranks: list[int]) -> None:
+    """A kernel interrupt (SIGINT) to ``ranks``: their cells raise KeyboardInterrupt."""
+    signal(cluster, _signal.SIGINT, ranks)
+
+
+def abort_torch_groups(cluster: Cluster, ranks: list[int] | None = None) -> list[int]:
+    """Abort the torch.distributed groups of ``ranks`` (default: live ones); the ranks
+    that had one. Frees ranks blocked in a gloo or NCCL collective whose peers
+    abort too; their variables stay. :meth:`torch_reinit` makes a new group.
+    """
+    ranks = cluster.live_ranks if ranks is None else ranks
+    return _stacks.abort_torch_groups(cluster.client, {r: cluster.engine_id(r) for r in ranks})
+
+
+def debug(cluster: Cluster, ranks: list[int] | None = None, timeout: float = 10.0) -> DebugSession:
+    """A :class:`~clusterkernel.client.debug.DebugSession`: pdb on ``ranks``, one command at a time.
+
+    Each rank is debugged at its ``breakpoint()`` if a running cell stopped
+    there, else post-mortem on its last failed cell. Default ranks: those at a
+    breakpoint, else those with a traceback. ``timeout``: seconds a command may
+    take before its answer says the rank runs on.
+
+    Example::
+
+        try:  # ranks 1 and 3 fail: post-mortem on them
+            cluster.run("x = 10 * comm.rank()\\nassert comm.rank() not in (1, 3)")
+        except RankError:
+            pass
+        with cluster.debug(ranks=[1, 3]) as dbg:
+            dbg.send("p x")      # {1: "10", 3: "30"}
+    """
+    from clusterkernel.client.debug import DebugSession
+
+    cluster.require_running()
+    # the debugger is handed its way to the ranks: it never imports this package
+    return DebugSession(cluster, ranks, timeout=timeout, ask=_ipp.asker(cluster, DEBUG_REQUEST))

@@ -193,7 +193,7 @@ def respawn(
     elif from_snapshot:
         from clusterkernel.client.cluster import _snapshot
 
-        loaded = _snapshot.restore(cluster, None, dead)  # re-attaches the models too
+        loaded = _snapshot.restore_on(cluster, None, dead)  # re-attaches the models too
         report.copied = sorted({n for res in loaded.values() for n in res["restored"]})
         report.from_snapshot = True
     else:

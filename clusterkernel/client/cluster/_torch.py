@@ -5,7 +5,8 @@ At every start and restart each rank gets torchrun's environment
 with ``Cluster(torch=True)``, the default process group; before ranks stop their
 groups are destroyed; ``torch_reinit`` makes a new group in the live ranks. The
 rank-side functions are called by name (``clusterkernel.protocol._rank_call``): the notebook
-never imports torch.distributed for this.
+never imports torch.distributed for this. :func:`torch_group` and :func:`torch_reinit` are
+``Cluster``'s methods of those names (they read the cluster through its public API).
 
 Example::
 
@@ -136,8 +137,10 @@ def ranks_going_down(cluster: Cluster, timeout: float = 5.0) -> None:
         pass
 
 
-def describe(cluster: Cluster) -> dict[int, dict]:
-    """``torchdist.describe`` on every rank: ``{rank: its group}``."""
+def torch_group(cluster: Cluster) -> dict[int, dict]:
+    """Each rank's default torch.distributed group: ``{rank: {"backend", "rank",
+    "world_size", "master"}}`` (empty dicts where a rank has none)."""
+    cluster.require_running()
     return _call_all(
         cluster,
         "Reading the torch.distributed group",
@@ -146,8 +149,20 @@ def describe(cluster: Cluster) -> dict[int, dict]:
     )
 
 
-def reinit(cluster: Cluster, backend: str | None) -> dict[int, dict]:
-    """``torchdist.reinit`` on every rank: ``{rank: its new group}``."""
+def torch_reinit(cluster: Cluster, backend: str | None = None) -> dict[int, dict]:
+    """A new default torch.distributed group in the live ranks, their variables kept.
+
+    Destroys what is left of the old group (or an aborted one), gives rank 0 a
+    fresh port, and makes the group again (``backend``: default the last one).
+    Models wrapped in DDP/FSDP hold the old group: wrap them again. Returns each
+    rank's group (``{rank: {"backend": "gloo", "world_size": 4, ...}}``).
+
+    Example::
+
+        cluster.torch_reinit()      # %mpi torch-reinit
+    """
+    check_backend_name(backend)
+    cluster.require_running()
     return _call_all(
         cluster,
         "Re-making the torch.distributed process group",
