@@ -33,6 +33,7 @@ typedef int (*allreduce_ptr)(const void *, void *, int, void *, void *, void *);
 typedef int (*allreduce_int)(const void *, void *, int, int, int, int);
 
 enum { RECORD_LEN = 7 };
+enum { MEMO_SLOTS = 8 }; /* remembered plans (a power of two) */
 /* a field of the comm record's layout as the ring stores it (metrics/_ring.py) */
 enum { F_CODE, F_INT, F_FLOAT };
 
@@ -61,6 +62,13 @@ static struct {
     Py_ssize_t ring_cap, ring_row, ring_head;
     Py_ssize_t r_op, r_nbytes, r_alg, r_gsize, r_start, r_dur, r_wait;
     PyObject *user_code; /* the last caller's code found outside clusterkernel (held) */
+    /* The last plans found, by what their key was made of (see memo_find): a call that
+     * matches one by identity skips making the key tuple and the dict look-up. */
+    struct memo {
+        PyObject *plans, *dtype, *op, *alg, *plan; /* held: their addresses stay theirs */
+        Py_ssize_t numel;
+        int cpu;
+    } memo[MEMO_SLOTS];
 } S;
 
 static PyObject *n_dtype, *n_is_cpu, *n_numel, *n_is_contiguous, *n_data_ptr,
@@ -210,6 +218,51 @@ static int same_int(PyObject *a, PyObject *b)
                       PyObject_RichCompareBool(a, b, Py_EQ) == 1);
 }
 
+/* The remembered slot for a key made of these parts. */
+static struct memo *memo_slot(PyObject *dtype, Py_ssize_t numel)
+{
+    return &S.memo[((size_t)numel ^ ((uintptr_t)dtype >> 4)) & (MEMO_SLOTS - 1)];
+}
+
+static void memo_clear(struct memo *m)
+{
+    Py_CLEAR(m->plans);
+    Py_CLEAR(m->dtype);
+    Py_CLEAR(m->op);
+    Py_CLEAR(m->alg);
+    Py_CLEAR(m->plan);
+}
+
+/* The plan remembered for the key (dtype, numel, op, algorithm, cpu) in the dict
+ * `plans` (borrowed), or NULL. Exact: every part is compared by identity (an
+ * identical object is an equal one, so the dict would find the same key), the dict by
+ * identity too (held, so no other dict takes its address), and a plan is remembered
+ * only while it is the dict's: a plan dropped from it (_plan.drop: a cleared cache)
+ * has plan.fast None, and try_fast_here forgets a remembered plan whose answer is not
+ * current. */
+static PyObject *memo_find(struct memo *m, PyObject *plans, PyObject *dtype, Py_ssize_t numel,
+                           PyObject *op, PyObject *alg, int cpu)
+{
+    if (m->plan != NULL && m->plans == plans && m->dtype == dtype && m->numel == numel &&
+        m->op == op && m->alg == alg && m->cpu == cpu)
+        return m->plan;
+    return NULL;
+}
+
+static void memo_keep(struct memo *m, PyObject *plans, PyObject *dtype, Py_ssize_t numel,
+                      PyObject *op, PyObject *alg, int cpu, PyObject *plan)
+{
+    struct memo was = *m; /* let go once the slot is whole (a dealloc may run code) */
+    m->plans = Py_NewRef(plans);
+    m->dtype = Py_NewRef(dtype);
+    m->op = Py_NewRef(op);
+    m->alg = Py_NewRef(alg);
+    m->plan = Py_NewRef(plan);
+    m->numel = numel;
+    m->cpu = cpu;
+    memo_clear(&was);
+}
+
 /* The call done here: 1; left to the Python path (nothing done): 0; an error: -1.
  * Decides nothing itself: the group's plan for the call's key (_reductions.py makes
  * it) holds the Python rules' answer (_plan.admit): plan.fast, the handles of MPI's
@@ -220,6 +273,8 @@ static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algor
 {
     PyObject *dtype = NULL, *cpu = NULL, *numel = NULL, *key = NULL;
     PyObject *plans = NULL, *plan = NULL, *fast = NULL, *v = NULL;
+    struct memo *memo = NULL;
+    int remembered = 1; /* plan came from the memo */
     int64_t entry_n = -1, *irow;
     PyObject **orow;
     PyObject *code = NULL, *ptr_obj = NULL, *size = NULL, *count = NULL;
@@ -239,21 +294,30 @@ static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algor
         PyErr_Clear(); /* not a tensor (a numpy array has a dtype): as above */
         goto fallback;
     }
-    /* _reductions.all_reduce's key: (dtype, numel, op, algorithm, is_cpu) */
-    if ((key = PyTuple_Pack(5, dtype, numel, op, algorithm, cpu)) == NULL)
+    Py_ssize_t n_el = PyLong_AsSsize_t(numel);
+    if (n_el == -1 && PyErr_Occurred())
         goto error;
+    int cpu_flag = cpu == Py_True ? 1 : cpu == Py_False ? 0 : -1;
     if ((plans = attr(g, S.at_plans, n_plans)) == NULL)
         goto error;
     if (!PyDict_CheckExact(plans))
         goto fallback;
-    plan = PyDict_GetItemWithError(plans, key); /* borrowed; a bad key: the Python path */
-    if (plan == NULL || !Py_IS_TYPE(plan, (PyTypeObject *)S.plan_type))
-        goto fallback_or_error;
+    memo = memo_slot(dtype, n_el);
+    plan = memo_find(memo, plans, dtype, n_el, op, algorithm, cpu_flag);
+    if (plan == NULL) {
+        remembered = 0;
+        /* _reductions.all_reduce's key: (dtype, numel, op, algorithm, is_cpu) */
+        if ((key = PyTuple_Pack(5, dtype, numel, op, algorithm, cpu)) == NULL)
+            goto error;
+        plan = PyDict_GetItemWithError(plans, key); /* borrowed; a bad key: Python's */
+        if (plan == NULL || !Py_IS_TYPE(plan, (PyTypeObject *)S.plan_type))
+            goto fallback_or_error;
+    }
     Py_INCREF(plan);
     if ((fast = attr(plan, S.at_fast, n_fast)) == NULL)
         goto error;
     if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 3)
-        goto fallback; /* None: not a call for this path */
+        goto stale; /* None: not a call for this path */
     { /* the answer is current: decided since the gate last moved */
         PyObject *now_stamp = attr(S.gate, S.at_gate_stamp, n_stamp);
         if (now_stamp == NULL)
@@ -265,8 +329,10 @@ static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algor
             goto error;
         Py_CLEAR(v);
         if (!r)
-            goto fallback;
+            goto stale;
     }
+    if (!remembered && cpu_flag >= 0)
+        memo_keep(memo, plans, dtype, n_el, op, algorithm, cpu_flag, plan);
     /* the plan's one per-call condition: MPI works on the tensor's own memory */
     if ((v = PyObject_CallMethodNoArgs(t, n_is_contiguous)) == NULL)
         goto error;
@@ -394,6 +460,10 @@ static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algor
     S.hits++;
     goto done;
 
+stale: /* the plan's answer says Python: forget it here until it is the dict's again */
+    if (remembered && memo != NULL)
+        memo_clear(memo);
+    goto fallback;
 fallback_or_error:
     if (PyErr_Occurred())
         goto error;
@@ -591,6 +661,8 @@ static void release(void)
         S.ring_base = NULL;
     }
     Py_CLEAR(S.user_code);
+    for (int i = 0; i < MEMO_SLOTS; i++)
+        memo_clear(&S.memo[i]);
 }
 
 /* Where each name of `names` (a tuple of str) sits in the layout `fields`; -1 if

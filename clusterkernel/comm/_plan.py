@@ -266,9 +266,27 @@ def keep(g: Group, key: tuple, plan: Plan) -> Plan:
     """Remember ``plan`` under ``key`` on ``g``; returns it."""
     plans = g._plans
     if len(plans) >= MAX_PLANS:
-        plans.clear()
+        _drop_all(plans)
+    old = plans.get(key)
+    if old is not None:
+        _drop(old)
     plans[key] = plan
     return plan
+
+
+def _drop(plan: Plan) -> None:
+    """``plan`` leaves its group's cache: the C path never runs it again (it may still
+    remember it by its key's parts, until it finds ``fast`` None), and :func:`admit`,
+    which reads ``handles`` after its stamp, never gives it back (a Python call of it
+    still in flight in another thread)."""
+    plan.handles = None
+    plan.fast = None
+
+
+def _drop_all(plans: dict) -> None:
+    for plan in plans.values():
+        _drop(plan)
+    plans.clear()
 
 
 def agreed(g: Group, plan: Plan) -> bool:
@@ -315,4 +333,4 @@ def admit(g: Group, plan: Plan) -> None:
 
 def forget(g: Group) -> None:
     """Drop ``g``'s plans (its ``auto`` rules changed: :func:`~clusterkernel.comm.tune`)."""
-    g._plans.clear()
+    _drop_all(g._plans)

@@ -280,6 +280,45 @@ def test_a_plan_follows_the_groups_auto_rules():
     agree(hits == 0 and alg == "ring" and bool((t == SIZE**2).all()), f"{hits} {alg} {t[:2]}")
 
 
+def test_a_tensor_resized_in_place_takes_its_new_sizes_plan():
+    # The C path remembers plans by their key's parts (issue 37 item 4): a tensor
+    # resized between calls is reduced, and recorded, at its new size.
+    t = torch.ones(16)
+    comm.all_reduce(t)
+    comm.all_reduce(t)
+    t.resize_(4)
+    comm.all_reduce(t.fill_(1.0))
+    hits = _hits_of(lambda: comm.all_reduce(t.fill_(1.0)))
+    rec = metrics.recorder().comm[-1]
+    agree(hits == 1 and rec[1] == 16 and bool((t == SIZE).all()), f"{hits} {rec} {t}")
+
+
+def test_a_cleared_plan_cache_is_not_run_from_the_c_paths_memory():
+    # A plan the C path remembers leaves the group's cache when it fills up: the next
+    # call plans again in Python, the one after runs the new plan in C.
+    from clusterkernel.comm import _plan
+    from clusterkernel.comm._groups import WORLD
+
+    t = torch.ones(16)
+    comm.all_reduce(t)
+    comm.all_reduce(t)
+    key = (torch.float32, 16, comm.SUM, "auto", True)
+    old = WORLD._plans[key]
+    kept = _plan.MAX_PLANS
+    _plan.MAX_PLANS = len(WORLD._plans)  # the next new plan clears the cache
+    try:
+        comm.all_reduce(torch.ones(7919))
+    finally:
+        _plan.MAX_PLANS = kept
+    first = _hits_of(lambda: comm.all_reduce(t))
+    second = _hits_of(lambda: comm.all_reduce(t))
+    new = WORLD._plans.get(key)
+    agree(
+        first == 0 and second == 1 and new is not None and new is not old and old.fast is None,
+        f"{first} {second} {new} {old.fast}",
+    )
+
+
 def test_an_error_reading_the_dtype_is_not_swallowed():
     class RaisesOnce:  # e.g. a KeyboardInterrupt landing in a property
         calls = 0
