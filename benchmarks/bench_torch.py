@@ -1,6 +1,6 @@
 """Issue 22: your torch.distributed code in %%mpi cells vs the same code under torchrun.
 
-Two questions, each side by side in one run, rounds interleaved:
+Each part side by side in one run, rounds interleaved:
 
 - ``ddp``: DDP (gloo, CPU) training throughput of one training function, run by
   ``torchrun --standalone --nproc-per-node N`` and in a ``Cluster(n=N, torch=True)``
@@ -13,9 +13,9 @@ Two questions, each side by side in one run, rounds interleaved:
   sides run under clusterkernel's sampler (``cluster.run(..., profile=True)``; under
   torchrun the sampler an exported ``--profile`` job starts, ``clusterkernel.rank.
   _profile``) and count CPU seconds during ``train`` (after a one-step call, so both
-  processes are warm): each rank's threads by name
-  (``/proc/self/task``), the processes around the ranks (the notebook's client, the
-  controller, ``mpiexec``; torchrun's agent, read by its worker from ``/proc``).
+  processes are warm): each rank's threads by name (``/proc/self/task``), the
+  processes around the ranks (the notebook's client, the controller, the launcher;
+  torchrun's agent, read by its worker from ``/proc``).
 - ``start``: ``Cluster(n=4).start()`` vs ``Cluster(n=4, torch=True).start()`` (the
   group made on every rank), each stopped again, and the ``--torch`` start with
   torch.distributed's import left to the group's set-up (``CLUSTERKERNEL_PREIMPORT=""``,
