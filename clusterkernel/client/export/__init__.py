@@ -24,9 +24,11 @@ Example::
 
 from __future__ import annotations
 
-# the work, in named parts: cells to a script, the schedulers' job files, the command
+# the work, in named parts: cells to a script, the schedulers' job files, the command.
+# Every name the module had is here (the magics and the command line use those outside
+# __all__); __all__ is what ``from clusterkernel.export import *`` gives.
 from clusterkernel.client.export._cellcode import ExportError
-from clusterkernel.client.export._cli import (
+from clusterkernel.client.export._cli import (  # noqa: F401
     EXPORT_ARGS,
     JOB_FILES,
     PROFILE_OPTION,
@@ -40,7 +42,7 @@ from clusterkernel.client.export._cli import (
 )
 from clusterkernel.client.export._jobfile import job_script, sbatch_script, write_job
 from clusterkernel.client.export._run import add_run_arguments, run_main
-from clusterkernel.client.export._script import (
+from clusterkernel.client.export._script import (  # noqa: F401
     export_cells,
     live_pushes,
     notebook_ranks,
