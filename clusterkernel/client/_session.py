@@ -26,8 +26,8 @@ def cluster() -> Any:
 
     Example::
 
-        cluster = current_cluster()   # clusterkernel.client.cluster's name for it
-        cluster.n if cluster is not None else 0
+        from clusterkernel.client.cluster import current_cluster
+        current_cluster()      # the Cluster of %mpi start; None before it and after %mpi stop
     """
     return _cluster
 
@@ -37,8 +37,10 @@ def set_cluster(cluster: Any) -> None:
 
     Example::
 
-        set_current_cluster(Cluster(n=2).start())   # what %mpi start does
-        set_current_cluster(None)                   # %mpi stop
+        from clusterkernel.client.cluster import current_cluster, set_current_cluster
+        set_current_cluster(cluster)      # what %mpi start does with the one it started
+        current_cluster() is cluster      # True
+        set_current_cluster(None)         # %mpi stop
     """
     global _cluster
     _cluster = cluster

@@ -34,8 +34,8 @@ def busy_ranks(cluster: Cluster) -> list[int]:
 
     Example::
 
-        cluster = Cluster.attach()
-        busy_ranks(cluster)     # [0, 1, 2, 3]: the training cell runs on
+        from clusterkernel.client.cluster import busy_ranks
+        busy_ranks(cluster)     # []
     """
     return sorted(running(cluster))
 

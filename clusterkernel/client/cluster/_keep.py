@@ -71,8 +71,9 @@ def describe_keep(seconds: float | None) -> str:
 
     Example::
 
-        describe_keep(7200.0)        # '2h'
-        describe_keep(math.inf)      # 'until stopped'
+        from clusterkernel.client.cluster import describe_keep
+        describe_keep(7200.0)          # '2h'
+        describe_keep(float("inf"))    # 'until stopped'
     """
     if seconds is None:
         return "not kept"
@@ -231,7 +232,8 @@ def kept(root: str | None = None) -> list[dict]:
 
     Example::
 
-        [(r["id"], r["attached"]) for r in kept()]   # [('482913', False)]
+        from clusterkernel.client.cluster import kept
+        [(r["id"], r["attached"]) for r in kept()]   # say [('482913', False)]
     """
     out = []
     now = time.time()
@@ -382,7 +384,8 @@ def kept_report() -> str:
 
     Example::
 
-        print(kept_report())    # id  ranks  where  age  stops in  client
+        from clusterkernel.client.cluster import kept_report
+        print(kept_report())    # a line per kept cluster: id, ranks, where, age, stops in, client
     """
     records = kept()
     text = table(records)
@@ -398,8 +401,8 @@ def set_origin(cluster, origin: str) -> None:
 
     Example::
 
-        set_origin(cluster, "kernel-3f2a")
-        [r["origin"] for r in kept()]     # ['kernel-3f2a']
+        from clusterkernel.client.cluster import set_origin
+        set_origin(cluster, "kernel-3f2a")   # kept(): its record has origin 'kernel-3f2a'
     """
     update(cluster.run_dir, {"origin": origin})
 

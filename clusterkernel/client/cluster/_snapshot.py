@@ -90,7 +90,9 @@ def summary(what: str, results: dict[int, dict]) -> str:
 
     Example::
 
-        print(summary("snapshot", cluster.snapshot(["step"])))   # [ranks 0-3] 1 variables saved
+        from clusterkernel.client.cluster import snapshot_summary
+        cluster.run("step = 7")
+        print(snapshot_summary("snapshot", cluster.snapshot(["step"])))  # [ranks 0-3] 1 variables saved
     """
     key = "saved" if what == "snapshot" else "restored"
     lines: dict[str, list[int]] = {}
