@@ -36,13 +36,21 @@ pytestmark = [
 EPOCHS = 25  # 32 steps each: 800 points per rank, below the drawn max of 1000
 RUNNING_JS = """() => Array.from(document.querySelectorAll('.jp-CodeCell'))
     .map(c => (c.querySelector('.jp-InputPrompt') || {}).textContent || '')"""
+# The dashboard's profile panel as the browser shows it (the last dashboard on the page)
+PROFILE_PANEL_JS = """() => {
+    const el = Array.from(document.querySelectorAll('.ck-dashboard .ck-profile-panel')).pop();
+    return el ? el.innerText : '';
+}"""
 
 
 def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster, tmp_path):
     nb = notebook(
         "%load_ext clusterkernel",
         "%mpi start -n 4",
-        "import clusterkernel\ndash = clusterkernel.Dashboard(max_points=1000)\ndash",
+        # profiled from here on (the profile panel shows it; no profile under the cell,
+        # which would push the last cells out of JupyterLab's text)
+        "import clusterkernel\ndash = clusterkernel.Dashboard(max_points=1000)\n"
+        "%mpi profile start\ndash",
         train_cell(EPOCHS, magic="%%mpi"),
         "dash.sync()\nprint('steps', sorted(len(s) for s, _ in dash.store.series('loss').values()))",
         "%mpi stop",
@@ -50,6 +58,7 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
     nbformat.write(nb, tmp_path / "x.ipynb")
     ARTIFACTS.mkdir(exist_ok=True)
     samples = []  # (time, points per line, prompts) while the training cell runs
+    panel_texts = []  # the profile panel's text while it runs
     with jupyter_lab(tmp_path) as (base, token), browser_page() as page:
         page.goto(f"{base}/lab/tree/x.ipynb?token={token}")
         page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
@@ -63,11 +72,14 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
             states.add(page.evaluate(LOSS_STATE_JS))
             training = len(prompts) > 3 and "*" in prompts[3]
             samples.append((time.monotonic(), points, training))
+            if training:
+                panel_texts.append(page.evaluate(PROFILE_PANEL_JS))
             if len(prompts) > 5 and prompts[5].strip() not in ("[ ]:", "[*]:", "[]:"):
                 break  # the last cell ran
             time.sleep(0.1)
         page.screenshot(path=str(ARTIFACTS / "dashboard_lab.png"), full_page=True)
         final = page.evaluate(LOSS_POINTS_JS)
+        panel_final = page.evaluate(PROFILE_PANEL_JS)
         pixels = page.evaluate(LOSS_PIXELS_JS, [rank_color(r) for r in range(4)])
         rows = page.evaluate(TIMELINE_ROWS_JS)
         # read at full width: in a narrow window the taller dashboard pushes the last
@@ -91,6 +103,11 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
     assert "steps [800, 800, 800, 800]".replace("800", str(steps)) in text
     assert final == [steps] * 4, final  # every step of every rank is drawn at the end
     assert len(states) > 3  # the browser saw the picture change several times
+    # the profile panel: each rank's top lines while the profiled cell ran (the time
+    # lands on the cell's trainer.fit line, function <module>: the Trainer is a library)
+    live = [t for t in panel_texts if "profile, last" in t and "cell line" in t]
+    assert live and "<module>" in live[-1] and "rank 3" in live[-1], panel_texts[-3:]
+    assert "rank 0" in panel_final, panel_final
     assert min(pixels) > 50, f"pixels of each rank's colour on the loss canvas: {pixels}"
     # the timeline's rows as drawn: rank 0 on top, then 1, 2, 3 downwards
     assert [label for label, _ in rows] == ["0", "1", "2", "3"], rows

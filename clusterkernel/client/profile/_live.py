@@ -238,6 +238,8 @@ class LiveProfile:
         next_snap = time.monotonic() + (self.every or 0.0)
         next_window = 0.0
         while not self._stop.wait(0.25):
+            if not self.cluster.running:
+                return  # stopped with the profile still on: nothing left to pull
             now = time.monotonic()
             panel = now < self._wanted_until and now >= next_window
             snaps = self.every is not None and now >= next_snap
