@@ -622,10 +622,8 @@ class Cluster:
         from clusterkernel.protocol.records import CELL_LABEL
 
         self.require_running()
-        explicit, ranks = (
-            ranks is not None,
-            self.live_ranks if ranks is None else sorted(set(ranks)),
-        )
+        explicit = ranks is not None
+        ranks = self.live_ranks if ranks is None else sorted(set(ranks))
         new = self._health.untold() if not explicit else []
         if new:  # a death between cells is always told, once, before the next cell
             print(_respawn.death_notice(self, new), file=sys.stderr)
