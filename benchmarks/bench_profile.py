@@ -20,8 +20,12 @@ Two more parts, on real ranks:
   ready to show (every rank's sampler stopped and collected, the HTML with the flame
   graphs and the text built), for a cell of ``--cell-seconds`` of Python work;
 - ``--part ddp``: ``bench_torch.py``'s DDP training function (gloo, 2 ranks) in a
-  cell with and without ``profile=True`` (and ``profile="torch"``), samples/s as a
-  ratio to the unprofiled cell, rounds interleaved with the A/A control::
+  cell with and without ``profile=True`` (and ``profile="torch"``), and inside
+  ``cluster.profile("start", every=...)`` (snapshots cut on the ranks and pulled while
+  the cell runs; ``--every``, default 0.5 s: several per cell, far more often than
+  the minutes a long run would use) with and without the dashboard panel's rolling
+  window pulled (every 2 s), samples/s as a ratio to the unprofiled cell, rounds
+  interleaved with the A/A control::
 
     flock /tmp/ck-mpi.lock .venv/bin/python benchmarks/bench_profile.py --part show --ranks 4 16
     flock /tmp/ck-mpi.lock .venv/bin/python benchmarks/bench_profile.py --part ddp --rounds 5
@@ -144,14 +148,16 @@ def part_show(sizes: list[int], rounds: int, seconds: float) -> None:
             cluster.stop()
 
 
-def part_ddp(rounds: int, n: int = 2, steps: int = 200) -> None:
+def part_ddp(rounds: int, n: int = 2, steps: int = 200, every: float = 0.5) -> None:
     """bench_torch.py's DDP training cell: samples/s with profiling on / off."""
     import contextlib
     import io
+    import threading
 
     import bench_torch
 
     from clusterkernel import Cluster
+    from clusterkernel.client.profile import current
 
     cluster = Cluster(n=n, torch=True, env={"OMP_NUM_THREADS": "1"}).start()
     try:
@@ -163,14 +169,43 @@ def part_ddp(rounds: int, n: int = 2, steps: int = 200) -> None:
                 cluster.run(f"rate = train(steps={steps})", profile=profile)
             return cluster.pull("rate")[0]
 
+        def rate_every(panel: bool) -> float:
+            """Inside profile start/stop with ``every``; ``panel``: as a dashboard's
+            profile panel on show asks (LiveProfile.want, every 2 s: its rolling window)."""
+            cluster.profile("start", every=every)
+            stop = threading.Event()
+
+            def ask() -> None:
+                while not stop.wait(1.0):
+                    current(cluster).want()
+
+            asker = threading.Thread(target=ask, daemon=True)
+            if panel:
+                current(cluster).want()
+                asker.start()
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    cluster.run(f"rate = train(steps={steps})")
+            finally:
+                stop.set()
+                if panel:
+                    asker.join()
+                p = cluster.profile("stop", show=False)
+            counts.append(len(p.snapshots))
+            return cluster.pull("rate")[0]
+
+        counts: list[int] = []
         ways = {
             "off": lambda: rate(False),
             "off again": lambda: rate(False),
             "--profile": lambda: rate(True),
             "--profile torch": lambda: rate("torch"),
+            f"every {every:g}s": lambda: rate_every(False),
+            f"every {every:g}s + panel": lambda: rate_every(True),
         }
         got = h.interleaved(ways, rounds)
         print(f"\nDDP gloo, {n} ranks, {steps} steps: off {h.median(got['off']):.0f} samples/s")
+        print(f"snapshots per cell with every {every:g}s: {sorted(counts)}")
         aa = h.paired(got["off again"], got["off"])
         for way in list(ways)[1:]:
             # a rate: the cost is off / way (>1 means slower with profiling)
@@ -188,6 +223,7 @@ def main() -> None:
     ap.add_argument("--pyinstrument-path", help="a directory holding pyinstrument")
     ap.add_argument("--ranks", type=int, nargs="+", default=[4], help="show part: sizes")
     ap.add_argument("--cell-seconds", type=float, default=3.0, help="show part: cell length")
+    ap.add_argument("--every", type=float, default=0.5, help="ddp part: seconds per snapshot")
     args = ap.parse_args()
     if args.part == "show":
         with h.mpi_lock():
@@ -197,7 +233,7 @@ def main() -> None:
         return
     if args.part == "ddp":
         with h.mpi_lock():
-            part_ddp(args.rounds)
+            part_ddp(args.rounds, every=args.every)
         return
     if args.pyinstrument_path:
         sys.path.insert(0, args.pyinstrument_path)
