@@ -145,6 +145,22 @@ def test_the_dashboard_and_the_debugger_never_import_the_cluster():
     assert found == set()
 
 
+def test_loading_the_dashboard_and_the_debugger_loads_no_cluster_module():
+    """The same, as run: nothing they load, themselves or through another package
+    (``client.profile``...), loads ``clusterkernel.client.cluster``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, clusterkernel.client.dashboard, clusterkernel.client.debug._breakpoints\n"
+        "import clusterkernel.client.debug._prompt\n"
+        "print(sorted(m for m in sys.modules if m.startswith('clusterkernel.client.cluster')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_the_magics_use_the_cluster_package_s_public_names_only():
     """The magics import from ``clusterkernel.client.cluster`` what its ``__all__`` exports,
     never a private module (``_keep``) or name of it."""
