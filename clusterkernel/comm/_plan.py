@@ -22,10 +22,11 @@ entry (tests/test_seam.py reads the source for it).
 **Admission rules, each written once, here or in** :mod:`._dtypes`: whether a check is
 due (:func:`check_due`), whether MPI works on the tensor's own memory
 (:func:`own_memory`; the plan's part, :func:`~._dtypes.direct`), and that halves reduce
-in float32 (:func:`~._dtypes.reduced`). :func:`admit` applies them after each Python
-call of a plan and leaves the C path its answer in ``plan.fast`` (the handles, or None),
-stamped with :data:`GATE`'s generation, which every change of the check mode, of forced
-staging or of a group's agreed set moves on. Plans are local
+in float32 (:func:`~._dtypes.reduced`). :func:`admit` applies them after a blocking
+Python call of a plan whose answer is not current and leaves the C path its answer in
+``plan.fast`` (the handles, or None), stamped with :data:`GATE`'s generation, which
+every change of the check mode, of forced staging or of a group's agreed set moves on
+(so once per plan and generation). Plans are local
 (each rank makes its own); whether the group has *agreed* on a signature is
 :mod:`._check`'s business, and a plan only caches the answer (:func:`agreed`), so
 every member still decides to check or not from the same agreed set.
@@ -42,7 +43,10 @@ torch.distributed (:mod:`._torchpath`, through :func:`~._begin.begin`), and
 The C fast path reads all_reduce's plans (``Plan.fast``, ``Plan.stamp``): it runs a
 call only where the plan's answer is current and says MPI's own allreduce on the
 tensor's memory (a contiguous tensor), with the plan's handles, and hands every other
-call to Python. The rules live here, not in C.
+call to Python. The rules live here, not in C. The C path remembers a few plans by
+their key's parts (skipping the key's tuple and the dict look-up): a plan that leaves
+its group's cache is dropped (:func:`keep`, :func:`forget`: ``fast`` and ``handles``
+None), so a remembered one is never run after it.
 
 Example::
 
@@ -321,8 +325,8 @@ def admit(g: Group, plan: Plan) -> None:
     """Leave the C path its answer for ``plan``'s next calls: ``fast`` the handles where
     the plan runs MPI on the tensor's own memory with nothing due before (no check) and
     nothing after, else None; stamped with :data:`GATE`'s generation. Called after a
-    Python call of a plan that has ``handles`` (the C path takes the plan's calls from
-    the next one)."""
+    blocking Python call of a plan that has ``handles`` where ``plan.stamp`` is not the
+    gate's (the C path takes the plan's calls from the next one)."""
     stamp = GATE.stamp  # read first: a change while the rules are read leaves it stale
     ok = plan.direct and not STAGING.force and not check_due(g, plan)
     # the answer, then its stamp, with no call between (another thread's C path may run
