@@ -109,7 +109,7 @@ def test_the_panel_s_model_follows_a_running_profiled_cell(cluster: Cluster):
     assert not panel.update(cluster)  # unchanged: nothing redrawn
 
 
-def test_every_input_parsed_or_told_what_to_write(cluster: Cluster):
+def test_every_input_parsed_or_told_what_to_write(cluster: Cluster, capsys):
     assert [parse_every(x) for x in ("60s", "5m", "1h", "90", "500ms", 2)] == [
         60.0,
         300.0,
@@ -135,6 +135,9 @@ def test_every_input_parsed_or_told_what_to_write(cluster: Cluster):
         with pytest.raises(ProfileError, match="60s"):
             cluster.profile("start", every="1 fortnight")
         assert not _running_sampler(cluster)  # nothing was started by the bad input
+        # the last profile (the panel test's cell) had no every: none to list, and how
+        sh.run_line_magic("mpi", "profile snapshots")
+        assert "No snapshots (profile with every=" in capsys.readouterr().out
     finally:
         magics.cluster = None
 
