@@ -165,3 +165,37 @@ def test_a_restart_between_start_and_stop_is_told_and_snapshots_kept(cluster: Cl
     out = capsys.readouterr().out
     assert "Rank 2: restarted or respawned" in out
     assert not _running_sampler(cluster)
+
+
+def test_the_rank_sampler_s_window_and_bounded_snapshots(monkeypatch):
+    """The rank side alone (no ranks): the rolling window holds only its last seconds,
+    and snapshots nobody takes are bounded, the dropped ones counted."""
+    from clusterkernel.rank import _profile
+
+    monkeypatch.setattr(_profile, "ROLLING_SLICE", 0.1)
+    monkeypatch.setattr(_profile, "MAX_SNAPSHOTS", 3)
+
+    def early_work():
+        time.sleep(0.6)
+
+    def late_work():
+        time.sleep(0.6)
+
+    s = _profile.Sampler(hz=200, every=0.1).start()
+    try:
+        early_work()
+        late_work()
+        peek = s.peek(window=0.2)
+    finally:
+        data = s.stop()
+    funcs = {stack[-1][2] for _t, stack, _secs in peek["window"]["stacks"] if stack}
+    assert "late_work" in funcs and "early_work" not in funcs, funcs
+    assert peek["running"] and len(peek["snapshots"]) == 3 and peek["dropped"] >= 5, peek
+    seqs = [snap["seq"] for snap in peek["snapshots"]]
+    assert seqs == sorted(seqs) and seqs[-1] >= 8, seqs  # the newest kept
+    # taken up to seqs[1]: the rank drops those, keeps the rest
+    assert [x["seq"] for x in s.peek(since=seqs[1])["snapshots"]][:1] == [seqs[2]]
+    # the whole profile is untouched by the windows: both functions, all the time
+    whole = {stack[-1][2] for _t, stack, _secs in data["stacks"] if stack}
+    assert {"early_work", "late_work"} <= whole, whole
+    assert data["snapshots"][-1]["partial"]
