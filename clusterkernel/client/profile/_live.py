@@ -52,9 +52,11 @@ PANEL_HOLD = 6.0
 """A panel's ask (:meth:`LiveProfile.want`) holds this long: a dashboard closed stops the pulls."""
 KEEP = 1000
 """Snapshot windows kept in the notebook (the oldest go first): 16 h at ``every=60``."""
-KEEP_TIMELINES = 50
+KEEP_TIMELINES = 10
 """The newest windows keep their timelines; older ones only their totals (their
-speedscope export is then by weight, their Chrome trace has no Python boxes)."""
+speedscope export is then by weight, their Chrome trace has no Python boxes). A
+minute's timeline at 100 Hz is up to 6,000 runs per thread and rank (~1 MB): the
+totals of 1,000 windows take less than ten timelines do."""
 PULL_TIMEOUT = 3.0
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
