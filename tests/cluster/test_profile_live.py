@@ -140,6 +140,12 @@ def test_every_input_parsed_or_told_what_to_write(cluster: Cluster, capsys):
         # the last profile (the panel test's cell) had no every: none to list, and how
         sh.run_line_magic("mpi", "profile snapshots")
         assert "No snapshots (profile with every=" in capsys.readouterr().out
+        # as the issue writes it: start is the default action
+        sh.run_line_magic("mpi", "profile --every 1m")
+        assert _running_sampler(cluster)
+        assert "A snapshot every 1m" in capsys.readouterr().out
+        p = cluster.profile("stop", show=False)
+        assert p.snapshots[-1].partial and sorted(p.snapshots[-1].ranks) == [0, 1, 2, 3]
     finally:
         magics.cluster = None
 

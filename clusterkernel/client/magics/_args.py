@@ -176,8 +176,11 @@ def where_args(line):
 @magic_arguments()
 @argument(
     "action",
+    nargs="?",
+    default="start",
     choices=("start", "stop", "snapshots"),
-    help="start sampling, stop and show, or list the snapshots (--every)",
+    help="start sampling (the default: %%mpi profile --every 60s), stop and show, or "
+    "list the snapshots (--every)",
 )
 @argument("--torch", action="store_true", help="also torch.profiler's CPU ops (start)")
 @argument("--hz", type=float, help="samples per second (start; default 100)")
