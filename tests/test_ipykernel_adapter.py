@@ -52,7 +52,6 @@ KERNEL_PY = "client/kernel.py"
 # modules that still touch an internal themselves, each owned by another change in
 # flight today (issue 37): they move to the adapter's functions, and leave this list
 PENDING = {
-    "metrics/__init__.py": {"get_parent"},  # -> _ipykernel.running_request
     "rank/_profile.py": {"control_handlers", "session.send"},  # -> answer_control, send_reply
 }
 

@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from clusterkernel.metrics._ring import CommRing
+from clusterkernel.protocol._ipykernel import running_request
 from clusterkernel.protocol.records import (
     CELL_LABEL,
     KINDS,
@@ -356,7 +357,7 @@ def _cell_name(shell) -> str:
     """The cell this engine runs now: the label ``%%mpi`` gave it (the same on every
     rank), else the engine's execution count (a cell sent some other way)."""
     try:
-        label = (shell.kernel.get_parent("shell").get("metadata") or {}).get("label")
+        label = (running_request(shell.kernel).get("metadata") or {}).get("label")
     except Exception:
         label = None
     if isinstance(label, str) and label.startswith(CELL_LABEL):
@@ -375,7 +376,7 @@ def _follow_cells(rec: Recorder) -> None:
         return
     shell.events.register("pre_run_cell", lambda info=None: rec.mark_cell(_cell_name(shell)))
     try:
-        running = shell.kernel.get_parent("shell").get("header", {}).get("msg_type")
+        running = running_request(shell.kernel).get("header", {}).get("msg_type")
     except Exception:
         running = None
     if running == "execute_request":  # made inside a cell: that cell has begun
