@@ -1,6 +1,8 @@
-"""Cluster owns its state (issue 28 item 1), read from the source: outside
-``client/cluster/_cluster.py`` no module writes a Cluster's fields or reaches for its private
-names, but for the dashboard's port; and the cluster's helpers do not change it.
+"""Cluster owns its state (issue 28 item 1), through its parts (issue 37 item 5), read from
+the source: outside ``client/cluster/_cluster.py`` no module writes a Cluster's fields or
+reaches for its private names, but for the dashboard's port; each part of it (``PARTS``)
+owns its own fields, which no other module, Cluster's included, writes or reads; and the
+cluster's helpers do not change it.
 
 What the cluster package's docstring says about who calls whom, checked where a
 test can: it parses the code (no cluster is started).
@@ -20,6 +22,15 @@ OWNER = PACKAGE / "client" / "cluster" / "_cluster.py"
 DASHBOARD_PORT = {"_dashboard_streaming", "_dashboard_closed"}
 # public settings a caller may set (``%mpi timeout`` sets the watchdog)
 SETTINGS = {"timeout"}
+# the parts Cluster holds, each the owner of one piece of its state: {module: class}
+PARTS = {
+    "client/cluster/_rankmap.py": "RankMap",
+    "client/cluster/_health.py": "RankHealth",
+    "client/cluster/_keeping.py": "Keeping",
+    "client/cluster/_dashboard_port.py": "DashboardPort",
+    "client/cluster/_run.py": "Cells",
+    "client/cluster/_status.py": "RankStatus",
+}
 # what Cluster's own reports and actions are; its helpers must not call them
 CHANGES = {"mark_lost", "mark_dead", "restart", "start", "stop", "detach"}
 
@@ -77,15 +88,65 @@ def test_helpers_report_and_the_cluster_acts():
     assert {m: c for m, c in calls.items() if c and not m.startswith("client/magics/")} == {}
 
 
-def test_the_cluster_tells_its_dashboard_only_through_its_callback():
-    tree = ast.parse(OWNER.read_text())
-    names = {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id in ("dash", "old")
+def _fields(module: str, cls: str) -> set[str]:
+    """The fields class ``cls`` of ``module`` sets on itself (``self.x = ...``)."""
+    tree = ast.parse((PACKAGE / module).read_text())
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    return {
+        sub.attr
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.Attribute)
+        and isinstance(sub.ctx, ast.Store)
+        and isinstance(sub.value, ast.Name)
+        and sub.value.id == "self"
     }
+
+
+def test_each_part_owns_its_fields():
+    """A part's fields are private, and only its own methods touch them (``self.x``): no
+    other module, not Cluster's nor another part's, writes or reads them; they change
+    through the part's methods and are read through its properties. (By name: any
+    ``obj._field`` of a part's field names in the client, ``self._x`` of other classes
+    being their own.)"""
+    public = {f"{m}: {f}" for m, c in PARTS.items() for f in _fields(m, c) if f[0] != "_"}
+    assert public == set()
+    found = set()
+    for module, cls in PARTS.items():
+        fields = _fields(module, cls)
+        assert fields, f"{module}: {cls} holds nothing"
+        for path in sorted((PACKAGE / "client").rglob("*.py")):
+            where = str(path.relative_to(PACKAGE))
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Attribute) and node.attr in fields):
+                    continue
+                if isinstance(node.value, ast.Name) and node.value.id == "self":
+                    continue  # a class's own field (the part's, in its module)
+                found.add(f"{where}:{node.lineno}: {ast.unparse(node)} ({cls}'s)")
+    assert found == set()
+
+
+def test_the_cluster_holds_its_parts():
+    """Cluster makes each part once and keeps it (the façade's fields), and hands no part to
+    anyone but the part that needs another (``Cells``: the rank map its faults go to)."""
+    fields = _fields("client/cluster/_cluster.py", "Cluster")
+    assert {"_ranks", "_keeping", "_port", "_cells", "_status"} <= fields
+    assert not fields & {"_engines", "_health", "_dashboard", "_cell_label", "replaced"}
+
+
+def test_the_cluster_tells_its_dashboard_only_through_its_callback():
+    """The cluster's side of the dashboard: the port (and a cell, which shows it) call only
+    a Dashboard's public methods; what ended is said through the callback it gave."""
+    names = set()
+    for module in ("_cluster.py", "_dashboard_port.py", "_run.py"):
+        tree = ast.parse((OWNER.parent / module).read_text())
+        names |= {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("dash", "old")
+        }
     assert names <= {"closed", "attach", "show", "cell_finished"}, names
 
 
@@ -106,6 +167,22 @@ def test_rank_health_keeps_first_causes_and_only_its_owner_clears_it():
     assert (health.lost, health.dead) == (None, {1: "x"})
     health.restarted()
     assert (health.lost, health.dead) == (None, {})
+
+
+def test_the_rank_map_answers_for_no_ranks_and_keeps_why_they_went():
+    from clusterkernel.client.cluster._rankmap import RankMap
+
+    ranks = RankMap()
+    assert (ranks.running, ranks.ranks, ranks.engine_of, ranks.live_ranks(None)) == (
+        False, [], {}, [],
+    )  # fmt: skip
+    ranks.mark_lost("The MPI job ended: rank 1 died.")
+    ranks.mark_dead([1], "x")
+    ranks.dead[2] = "edited from outside"  # a copy
+    ranks.stop()  # nothing runs: stops nothing, forgets the dead, keeps why the set went
+    assert (ranks.lost, ranks.dead, ranks.job_output(), ranks.processes()) == (
+        "The MPI job ended: rank 1 died.", {}, "", [],
+    )  # fmt: skip
 
 
 def _imports(path: Path, annotations: bool = True) -> list[str]:

@@ -15,13 +15,33 @@ record, list, claim; ``_follow``: a cell another session left running), the rank
 variables (``_data``: push, pull; ``_snapshot``) and Tab answered by a rank
 (``_namespace``).
 
+``Cluster`` is a façade over named parts, each the owner of one piece of its state
+(``_facade`` makes its properties and methods that a part answers, docstrings and
+signatures the part's):
+
+- ``_rankmap.RankMap``: the ranks, the processes while they run (one
+  ``_lifecycle.Engines``) and their health (``_health.RankHealth``: the lost engine
+  set, the dead ranks): ``ranks``, ``engine_of``, ``live_ranks``, ``engine_id``,
+  ``lost``, ``dead``, ``respawn``...;
+- ``_keeping.Keeping``: the keep time and the takeover record (``keep``,
+  ``replaced``, ``taken_over_by``), writing and claiming the kept record (``_keep``);
+- ``_dashboard_port.DashboardPort``: the one dashboard the ranks stream to;
+- ``_run.Cells``: a cell run (``run``, ``profile``), the running cell's name, the last
+  profile; ``_status.RankStatus``: ``status`` (each rank's process, for its CPU %).
+
+Why parts and not one class: the state is four unrelated things (processes, keep,
+dashboard, cells) with their own rules, each now read and changed in one small
+module; ``Cluster`` keeps its settings (``n``, ``env``, ``timeout``...), ``gpus`` and
+``rank_names``, and what changes several parts at once (``start``, ``stop``,
+``restart``, ``attach``, ``detach``, ``ranks_respawned``), so the order of those
+steps is written in one place.
+
 Who calls whom, and who changes what:
 
-- ``Cluster`` owns its state and alone changes it: one ``_lifecycle.Engines`` while
-  it runs (start, restart, stop, attach, detach), its ``_health.RankHealth`` (the lost
-  engine set, the dead ranks), the dashboard its ranks stream to, ``gpus``,
-  ``rank_names``. Nothing outside ``_cluster.py`` writes a field of it (the magics
-  set the public ``timeout`` setting).
+- ``Cluster`` owns its state through its parts and alone changes it: a part's fields
+  are its own (no other module, ``Cluster``'s included, writes or reads them: they
+  change through its methods); nothing outside ``_cluster.py`` writes a field of
+  ``Cluster`` (the magics set the public ``timeout`` setting).
 - ``Cluster`` makes ``runner.CellRun`` (``run``), ``client.debug.DebugSession`` (``debug``)
   and ``Dashboard`` (``dashboard``, ``run(dashboard=True)``) and calls their public
   methods. They read the cluster through its public methods and properties
@@ -31,8 +51,9 @@ Who calls whom, and who changes what:
   stuck for good through the ``runner.CellFaults`` the cluster gave it, and the
   cluster marks itself lost, records them or restarts. A ``Dashboard`` tells its
   cluster that the ranks stream to it and that it closes (``_dashboard_streaming``,
-  ``_dashboard_closed``: the one private port, kept in ``Cluster``); the cluster
-  tells it that its streams ended only through the callback it gave then.
+  ``_dashboard_closed``: the one private port, ``Cluster``'s, handed to its
+  ``DashboardPort``); the cluster tells it that its streams ended only through the
+  callback it gave then.
 - The helpers (``_rank_faults``, ``_torch``, ``_namespace``, ``_follow``, ``_data``,
   ``_snapshot``, ``_stacks``, ``_hangreport``, ``debug._breakpoints``) are the bodies of
   Cluster's and CellRun's methods: they take the cluster, read it the same public way
@@ -40,8 +61,8 @@ Who calls whom, and who changes what:
   the ranks whose engines left; ``_torch.ranks_up``: each rank's GPUs). A method that
   changes nothing of the cluster is its helper's function, bound in the class by name
   (``push = _data.push``; ``stacks``, ``debug``, ``complete``, ``snapshot``...); those
-  that change its state are written in ``_cluster.py``. ``CellRun`` prompts at a
-  ``breakpoint()`` through ``debug._breakpoints.Stops``, which opens a ``DebugSession``.
+  that change its state are its parts' methods or written in ``_cluster.py``.
+  ``CellRun`` prompts at a ``breakpoint()`` through ``debug._breakpoints.Stops``, which opens a ``DebugSession``.
 - The magics drive the cluster through its public API only: ``Cluster`` and the
   functions this package exports (the session's cluster, kept clusters, snapshot
   reports). A kept cluster's guard process reads its record (``_keep``) and never

@@ -1,12 +1,13 @@
 """``Cluster``: ``n`` MPI ranks as ipyparallel engines, driven from the notebook (client side).
 
 ipyparallel owns the controller, the processes and the transport; ``Cluster`` is the
-façade a notebook user of an MPI job drives, over named parts beside it (this
-package's docstring lists them): it owns the cluster's state and alone changes it
-(start, stop, restart, attach, respawn, the dashboard its ranks stream to). A method
-that only reads the cluster through its public API and acts on its ranks is its part's
-function, taking the cluster, bound here by name (``push = _data.push``): the part is
-the method, docstring and all, and ``test_ownership`` checks that it changes nothing.
+façade a notebook user of an MPI job drives. It holds its settings and its named parts,
+each the owner of one piece of its state (the package docstring says which and why),
+and hands each question or call to the part that owns it (``_facade``: the part's
+docstring and signature are the method's); what changes several parts at once (start,
+stop, restart, attach, detach) is written here, telling the parts in order. A method
+that only reads the cluster's public API is its helper's function bound by name
+(``push = _data.push``).
 
 Example::
 
@@ -18,8 +19,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -32,22 +31,21 @@ from clusterkernel.client.cluster import (
     _namespace,
     _preflight,
     _rank_faults,
-    _respawn,
     _snapshot,
     _torch,
 )
-from clusterkernel.client.cluster._health import RankHealth
+from clusterkernel.client.cluster._dashboard_port import DashboardPort
+from clusterkernel.client.cluster._facade import part_method, part_property
+from clusterkernel.client.cluster._keeping import Keeping
 from clusterkernel.client.cluster._launch_settings import LaunchSettings, launcher_for
-from clusterkernel.client.cluster._lifecycle import Engines
 from clusterkernel.client.cluster._namespace import RankNames
+from clusterkernel.client.cluster._rankmap import RankMap
+from clusterkernel.client.cluster._run import Cells
 from clusterkernel.client.cluster._status import RankStatus
-from clusterkernel.client.errors import CellInterrupted, ClusterError, RankError, format_ranks
+from clusterkernel.client.errors import CellInterrupted, ClusterError, RankError
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster._launch import Launcher
-    from clusterkernel.client.cluster._respawn import Respawned
-    from clusterkernel.client.cluster.runner import CellRun
-    from clusterkernel.client.dashboard import Dashboard
 
 __all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted"]
 
@@ -120,8 +118,7 @@ class Cluster:
         cluster = Cluster.attach()          # the same ranks, their variables intact
     """
 
-    profile_result = None
-    """The :class:`~clusterkernel.client.profile.Profile` of the last ``run(..., profile=True)``."""
+    profile_result = part_property("_cells", Cells, "profile_result")
 
     def __init__(
         self,
@@ -148,7 +145,7 @@ class Cluster:
     ) -> None:
         _torch.check_backend_name(backend)
         _preflight.check_gpus_per_rank(gpus_per_rank)
-        self.keep = _keep.parse_keep(keep)  # seconds, inf, or None: not kept
+        self._keeping = Keeping(keep)  # the keep time; who else drove these ranks
         # the one place the launch options are named: from here on they travel as one
         # object, the launcher's settings
         self.launcher = launcher_for(
@@ -182,14 +179,11 @@ class Cluster:
         self.torch, self.backend = bool(torch or backend), backend
         self.gpus_per_rank, self.gpu_share = gpus_per_rank, gpu_share
 
-        self._engines: Engines | None = None  # the processes, while running
         self.gpus: dict[int, list[int]] = {}  # rank -> its GPUs, from the binding at start
         self._status = RankStatus()
-        self._health = RankHealth()  # the lost engine set, dead ranks: lost, dead
-        self._dashboard: Dashboard | None = None  # the one the ranks stream to
-        self._dashboard_ended: Callable[[bool], None] | None = None  # what it asked to be told
-        self.replaced: dict | None = None  # the session attach(force=True) took over from
-        self.taken_over_by: dict | None = None  # the session that took this one's place
+        self._ranks = RankMap()  # the processes while running; the lost set, dead ranks
+        self._port = DashboardPort()  # the dashboard the ranks stream to
+        self._cells = Cells(self._ranks, self.restart)  # the running cell's name, last profile
         self.rank_names = RankNames()  # what Tab offers while a rank cannot answer
 
     # ------------------------------------------------------------------ lifecycle
@@ -203,26 +197,11 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    @property
-    def running(self) -> bool:
-        return self._engines is not None
-
-    @property
-    def job_id(self) -> str | None:
-        """The batch job of the engines (``launcher="slurm"``/``"sge"`` outside an
-        allocation), else None."""
-        engine_set = self._engines.engine_set if self._engines is not None else None
-        return getattr(engine_set, "job_id", None) or None
-
-    @property
-    def run_dir(self) -> str | None:
-        """The private directory of this cluster's files (None when stopped)."""
-        return self._engines.run_dir if self._engines is not None else None
-
-    @property
-    def cluster_file(self) -> str | None:
-        """ipyparallel's cluster file, from which a client can connect (None when stopped)."""
-        return self._engines.cluster_file if self._engines is not None else None
+    running = part_property("_ranks", RankMap, "running")
+    job_id = part_property("_ranks", RankMap, "job_id")
+    run_dir = part_property("_ranks", RankMap, "run_dir")
+    cluster_file = part_property("_ranks", RankMap, "cluster_file")
+    _engines = part_property("_ranks", RankMap, "engines")  # tests, benchmarks read it
 
     def start(self, progress: Callable[[str | None], Any] | None = None) -> Cluster:
         """Start the controller and ``n`` ranks; return ``self``.
@@ -241,9 +220,8 @@ class Cluster:
             raise ClusterError(
                 "This cluster is already running. Use restart() (%mpi restart) or stop() first."
             )
-        self._health.started()
         try:
-            self._engines = Engines.start(
+            self._ranks.start(
                 self.launcher, _torch.engine_env(self.env, group=self.torch),
                 log_level=self.log_level, guard=self.guard, start_timeout=self.start_timeout,
                 keep=self.keep if self.guard else None, progress=progress,
@@ -253,11 +231,8 @@ class Cluster:
                     n, step = self.n, "; making the torch.distributed group" if self.torch else ""
                     progress(f"Starting {n} MPI ranks: {n} of {n} registered{step}")
                 self._ranks_up()
-                if self.keep is not None:
-                    guard = self._engines.guard
-                    guard_pid = guard.pid if guard is not None else None
-                    record = _keep.new_record(self, self._settings, guard_pid)
-                    _keep.write(self.run_dir, record)
+                guard = self._ranks.engines.guard
+                self._keeping.started(self, self._settings, guard.pid if guard else None)
             except BaseException:
                 self._teardown()
                 raise
@@ -287,11 +262,9 @@ class Cluster:
         if not self.running:
             raise ClusterError("The cluster is not running; use start() (%mpi start).")
         self._ranks_going_down()
-        self._engines.restart()
-        self._health.restarted()
+        self._ranks.restart()
         self._ranks_up()
-        if self.keep is not None:
-            _keep.update(self._engines.run_dir, {"rank_info": self._engines.rank_info})
+        self._keeping.ranks_changed(self.run_dir, self.rank_info)
 
     def _ranks_up(self) -> None:
         """What every fresh set of ranks gets: torchrun's environment, and the group if asked."""
@@ -302,36 +275,25 @@ class Cluster:
         if not self.lost:
             _torch.ranks_going_down(self)
 
-    def _teardown(self) -> None:
+    def _teardown(self, let_go: bool = False) -> None:
+        """Stop the processes, or (``let_go``) leave them to a kept cluster's guard; either
+        way this object no longer drives ranks."""
         try:
-            if self._engines is not None:
-                self._engines.teardown()
+            self._ranks.stop(let_go)
         finally:
-            self._forget_ranks()
+            self.gpus = {}
+            self.rank_names.forget()
+            self._port.stopped()  # after the ranks, so its last picture shows them stopped
 
-    def _forget_ranks(self) -> None:
-        """This object no longer drives ranks (stopped, or left to a kept cluster's guard)."""
-        self._engines = None
-        self._health.forgotten()
-        self.gpus = {}
-        self.rank_names.forget()
-        ended, self._dashboard, self._dashboard_ended = self._dashboard_ended, None, None
-        if ended is not None:  # after the ranks, so its last picture shows them stopped
-            ended(True)
-
-    def job_ended(self) -> bool:
-        """Whether the MPI job under the engines has ended (False when stopped)."""
-        return self._engines is not None and self._engines.ended()
-
-    def job_output(self, lines: int = 40) -> str:
-        """The last ``lines`` of what the launcher (mpiexec, srun, the Slurm job) said."""
-        return self._engines.output(lines) if self._engines is not None else ""
-
-    def processes(self) -> list[int]:
-        """Pids of every local process of this cluster (controller, mpiexec, ranks...)."""
-        return self._engines.processes() if self._engines is not None else []
+    job_ended = part_method("_ranks", RankMap.job_ended, cluster=False)
+    job_output = part_method("_ranks", RankMap.job_output, cluster=False)
+    processes = part_method("_ranks", RankMap.processes, cluster=False)
 
     # ------------------------------------------------------------ keep / attach (_keep)
+    keep = part_property("_keeping", Keeping, "keep")
+    replaced = part_property("_keeping", Keeping, "replaced")
+    taken_over_by = part_property("_keeping", Keeping, "taken_over_by")
+
     @property
     def id(self) -> str | None:
         """The id ``%mpi list`` shows and :meth:`attach` takes (None when stopped)."""
@@ -354,12 +316,9 @@ class Cluster:
         record = _keep.to_attach(cluster_id)
         settings = dict(record["settings"], n=record["n"])
         cluster = cls(**settings, keep=True if record["keep_s"] is None else record["keep_s"])
+        cluster._keeping.claim(record["run_dir"], force)
         try:
-            cluster.replaced = _keep.claim(record["run_dir"], force)
-        except ValueError as e:
-            raise ClusterError(str(e)) from None
-        try:
-            cluster._engines = Engines.attach(
+            cluster._ranks.attach(
                 cluster.launcher, record["run_dir"], record["cluster_file"], record["rank_info"],
                 _torch.engine_env(cluster.env, group=cluster.torch),
                 keeper_pid=record.get("guard_pid"), log_level=cluster.log_level,
@@ -382,106 +341,40 @@ class Cluster:
             Cluster.attach(kept.id).stop()   # back again, and stopped
         """
         self.require_running()
-        if self.keep is None:
-            raise ClusterError(
-                "This cluster was not started with keep: detaching would leave ranks no one "
-                "can reach. Stop it (%mpi stop), or start with --keep 2h (keep='2h')."
-            )
-        _keep.release(self._engines.run_dir)
-        self._let_go()
-
-    def _let_go(self) -> None:
-        """Forget the processes without stopping them (the guard keeps them)."""
-        try:
-            if self._engines is not None:
-                self._engines.detach()
-        finally:
-            self._forget_ranks()
+        self._keeping.release(self.run_dir)
+        self._teardown(let_go=True)
 
     taken_over_note = _keep.taken_over_note
 
     def _taken_over(self) -> dict | None:
         """The session that took this kept cluster over, if one did (we then let go)."""
-        if self.keep is None or self._engines is None:
-            return None
-        holder = _keep.holder(self._engines.run_dir)
-        if holder is None or holder.get("pid") == os.getpid():
-            return None
-        self._let_go()
-        self.taken_over_by = holder
+        holder = self._keeping.taken_over(self.run_dir)
+        if holder is not None:
+            self._teardown(let_go=True)
         return holder
 
     # ------------------------------------------------- faults (_respawn, _rank_faults)
-    def respawn(
-        self, source: int | None = None, timeout: float = 120.0, from_snapshot: bool = False
-    ) -> Respawned:
-        """Bring dead ranks back: the job is N ranks again, with the same rank numbers.
-
-        Needs ``fault_tolerant=True`` (Open MPI's ULFM). The survivors are the same
-        processes, every variable kept; each new rank starts empty, or with a copy of
-        rank ``source``'s picklable variables (torch modules and optimizers included;
-        the report names what could not be copied), or with ``from_snapshot=True`` each
-        from its own last :meth:`snapshot`. comm's groups are made again, and
-        with ``torch=True`` a new default group spans the N ranks (DDP models on the
-        survivors: ``torchdist.rewrap``). Returns a report; ``report.ranks`` is empty
-        when no rank had died.
-
-        Example::
-
-            import os, signal, time
-            with Cluster(n=2, fault_tolerant=True) as ft:
-                ft.run("x = 41")
-                os.kill(ft.rank_info[1]["pid"], signal.SIGKILL)   # rank 1 dies
-                while ft.live_ranks != [0]:
-                    time.sleep(0.1)
-                print(ft.respawn(source=0).summary())   # %mpi respawn --from 0
-                ft.pull("x")                            # {0: 41, 1: 41}
-        """
-        if from_snapshot and source is not None:
-            raise ValueError("respawn: give source= or from_snapshot=True, not both.")
-        dead = _respawn.check(self, source)
-        if not dead:
-            return _respawn.Respawned(source=source)
-        try:
-            return _respawn.respawn(self, self._engines, dead, source, timeout, from_snapshot)
-        except _respawn.RespawnFailed as e:
-            for rank, why in e.died.items():
-                self._health.ranks_died([rank], why)
-            raise
+    respawn = part_method("_ranks", RankMap.respawn)
 
     def ranks_respawned(self, ranks: list[int]) -> None:
         """New processes of ``ranks`` joined the job (``_respawn``): alive again; the
         torch.distributed group that spanned the dead ones is closed on the survivors
         and everything a fresh set of ranks gets is given to all of them."""
-        self._health.revived(ranks)
+        self._ranks.revived(ranks)
         survivors = [r for r in self.ranks if r not in ranks]
         try:
             self.abort_torch_groups(survivors)  # it still waits for the dead processes
         except Exception:  # no torch.distributed on the ranks: nothing to close
             pass
         self._ranks_up()
-        if self._dashboard is not None and not self._dashboard.closed:
-            self._dashboard.attach()
-        if self.keep is not None:
-            _keep.update(self._engines.run_dir, {"rank_info": self._engines.rank_info})
+        self._port.ranks_back()
+        self._keeping.ranks_changed(self.run_dir, self.rank_info)
 
-    @property
-    def lost(self) -> str | None:
-        """Why the whole engine set is gone (until :meth:`restart`), or None."""
-        return self._health.lost
+    lost = part_property("_ranks", RankMap, "lost")
+    dead = part_property("_ranks", RankMap, "dead")
 
-    @property
-    def dead(self) -> dict[int, str]:
-        """``{rank: how it died}``: ranks of a fault-tolerant job that died (a copy)."""
-        return self._health.dead
-
-    def mark_lost(self, why: str) -> None:
-        """Record that the whole engine set is gone (until :meth:`restart`)."""
-        self._health.job_ended(why)
-
-    def mark_dead(self, ranks: list[int], why: str) -> None:
-        """Record ranks of a fault-tolerant job as dead (the job carries on)."""
-        self._health.ranks_died(ranks, why)
+    mark_lost = part_method("_ranks", RankMap.mark_lost, cluster=False)
+    mark_dead = part_method("_ranks", RankMap.mark_dead, cluster=False)
 
     frames = _rank_faults.frames
     stacks = _rank_faults.stacks
@@ -497,59 +390,32 @@ class Cluster:
     def client(self) -> ipp.Client:
         """The ipyparallel client (engine ids equal to ranks are not guaranteed)."""
         self.require_running()
-        assert self._engines is not None and self._engines.client is not None
-        return self._engines.client
+        engines = self._ranks.engines
+        assert engines is not None and engines.client is not None
+        return engines.client
 
-    @property
-    def ranks(self) -> list[int]:
-        """Every rank of the job, dead ones (fault-tolerant jobs) included."""
-        return sorted(self._engines.engine_of) if self._engines is not None else []
-
-    @property
-    def engine_of(self) -> dict[int, int]:
-        """``{rank: engine id}`` of the running ranks (a copy)."""
-        return dict(self._engines.engine_of) if self._engines is not None else {}
-
-    @property
-    def rank_info(self) -> dict[int, dict]:
-        """``{rank: {"rank", "host", "pid", "engine", "oom"}}`` as each rank reported at start
-        (``oom``: its memory cgroup's OOM-kill counter then, see :meth:`out_of_memory`)."""
-        return dict(self._engines.rank_info) if self._engines is not None else {}
+    ranks = part_property("_ranks", RankMap, "ranks")
+    engine_of = part_property("_ranks", RankMap, "engine_of")
+    rank_info = part_property("_ranks", RankMap, "rank_info")
 
     @property
     def live_ranks(self) -> list[int]:
         """The ranks cells run on by default: all but those that died."""
-        if self.fault_tolerant and self.running:
-            # Its nanny has told the controller, which unregistered the engine; the
-            # job itself lives on (fault-tolerant only).
-            gone = _rank_faults.lost_engines(self.engine_of, self.client.ids, self._health.dead)
-            self._health.ranks_died(gone, "its process exited between cells")
-        return [r for r in self.ranks if not self._health.is_dead(r)]
+        # a fault-tolerant job's rank whose engine the controller lost died between cells
+        return self._ranks.live_ranks((lambda: self.client.ids) if self.fault_tolerant else None)
 
     def engine_id(self, rank: int) -> int:
         """The engine id of ``rank``; a clear error for a dead rank or one that does not exist."""
         self.require_running()
-        if self._health.is_dead(rank):
-            live = self.live_ranks
-            raise ClusterError(
-                f"Rank {rank} died ({self._health.why_dead(rank)}); ranks {format_ranks(live)} "
-                f"still run. %mpi respawn --from {live[0]} (cluster.respawn(source=...)) "
-                "brings it back."
-            )
-        try:
-            return self._engines.engine_of[rank]
-        except KeyError:
-            raise ValueError(f"Rank {rank} does not exist; ranks are 0..{self.n - 1}.") from None
+        return self._ranks.engine_id(rank, self.n, lambda: self.live_ranks)
 
-    def rank_of(self, engine_id: int) -> int:
-        """The rank whose engine is ``engine_id`` (KeyError: none)."""
-        return {eid: rank for rank, eid in self.engine_of.items()}[engine_id]
+    rank_of = part_method("_ranks", RankMap.rank_of, cluster=False)
 
     def view(self, ranks: list[int] | None = None) -> ipp.DirectView:
         """A DirectView of the engines for ``ranks`` (default: live ones), in rank order."""
         ranks = self.live_ranks if ranks is None else list(ranks)
         view = self.client[[self.engine_id(r) for r in ranks]]
-        view.label = getattr(self, "_cell_label", None)  # the ranks' name of the cell (run())
+        view.label = self._cells.label  # the ranks' name of the cell (run())
         return view
 
     def require_running(self) -> None:
@@ -562,19 +428,7 @@ class Cluster:
         if self.lost:
             raise ClusterError(f"{self.lost} Run %mpi restart (cluster.restart()).")
 
-    def status(self) -> list[dict]:
-        """One dict per rank: rank, host, pid, state, cpu %, memory (MiB), and ``gpu``
-        (name, memory, utilisation) where the ranks are bound to GPUs.
-
-        CPU and memory are read for ranks on this machine; on other hosts they are None.
-        """
-        self.require_running()
-        rows = self._status.rows(self.client, self._engines.rank_info, self.multi_node)
-        if self.gpus:  # name, memory, utilisation of each rank's GPU
-            gpu = _torch.gpu_status(self)
-            for row in rows:
-                row["gpu"] = gpu.get(row["rank"])
-        return rows
+    status = part_method("_status", RankStatus.status)
 
     # ------------------------------------ the ranks' variables (_data, _snapshot, _torch)
     push = _data.push
@@ -584,139 +438,12 @@ class Cluster:
     torch_group = _torch.torch_group
     torch_reinit = _torch.torch_reinit
 
-    # ------------------------------------------------------------------ run
+    # ------------------------------------------- cells, the dashboard (_run, _dashboard_port)
     complete = _namespace.complete
     inspect = _namespace.inspect
-
-    def run(
-        self,
-        code: str,
-        ranks: list[int] | None = None,
-        timeout: float | None = None,
-        block: bool = True,
-        renderer=None,
-        dashboard: bool = False,
-        profile: bool = False,
-    ) -> CellRun:
-        """Run ``code`` on the ranks, streaming each rank's output; the call behind ``%%mpi``.
-
-        Raises :class:`RankError` naming the failing ranks, and
-        :class:`CellInterrupted` on a kernel interrupt or when ``timeout``
-        (default: ``self.timeout``) passes; stuck ranks are reported with their
-        stacks and freed, by a restart if nothing else works.
-
-        With ``block=False`` returns a :class:`~clusterkernel.client.cluster.runner.CellRun` at
-        once; call its ``wait()`` to stream and collect.
-
-        ``dashboard=True`` (``%%mpi --dashboard``) shows :meth:`dashboard` first
-        and, when the cell has run, collects its last records into it.
-
-        ``profile=True`` (``%%mpi --profile``) samples every rank's Python stacks while
-        the cell runs and shows, under it, each rank's top lines and what the slowest
-        rank does more than the median rank; the :class:`~clusterkernel.client.profile.Profile`
-        is kept as ``cluster.profile_result`` (also when the cell raised or was stopped).
-        """
-        import secrets
-
-        from clusterkernel.client.cluster.runner import CellFaults, CellRun
-        from clusterkernel.protocol.records import CELL_LABEL
-
-        self.require_running()
-        explicit = ranks is not None
-        ranks = self.live_ranks if ranks is None else sorted(set(ranks))
-        new = self._health.untold() if not explicit else []
-        if new:  # a death between cells is always told, once, before the next cell
-            print(_respawn.death_notice(self, new), file=sys.stderr)
-        for r in ranks:
-            self.engine_id(r)  # clear error for a rank that does not exist
-        dash = self.dashboard() if dashboard else None
-        if dash is not None:
-            dash.show()
-        # one name per cell, the same on every rank: the dashboard's runs (CELL_LABEL)
-        self._cell_label = f"{CELL_LABEL}{secrets.token_hex(6)}"
-        faults = CellFaults(
-            job_ended=self._health.job_ended, ranks_died=self._health.ranks_died,
-            ranks_stuck=lambda _ranks: self.restart(),
-        )  # fmt: skip
-        run = None
-        try:
-            run = CellRun(self, code, ranks, renderer=renderer, faults=faults, profile=profile)
-            if not block:
-                return run
-            try:
-                return run.wait(timeout=self.timeout if timeout is None else timeout)
-            except RankError as e:
-                self._health.untold()  # ranks that died in this cell: its error names them
-                if self.auto_respawn and self.running and self._health.dead:
-                    e.note = "\n".join(n for n in (e.note, _respawn.after_death(self)) if n)
-                raise
-        finally:
-            if dash is not None and block:
-                dash.cell_finished()
-            if profile and block:
-                self.profile_result = run.profile if run is not None else None
-
-    def profile(self, action: str = "start", **options: Any):
-        """``%mpi profile start|stop``: sample every rank over the cells in between.
-
-        ``"start"`` starts every live rank's sampler (``torch=True``: torch.profiler's
-        CPU ops too); ``"stop"`` ends it, shows the :class:`~clusterkernel.client.profile.
-        Profile` and returns it (also kept as ``profile_result``). Misuse (stop without
-        start, start twice) raises :class:`~clusterkernel.client.profile.ProfileError`.
-        ``options`` go to :func:`clusterkernel.client.profile.control` (``torch``, ``hz``, ...).
-
-        Example::
-
-            cluster.profile("start")
-            cluster.run("import time; time.sleep(0.1)")
-            p = cluster.profile("stop")
-        """
-        from clusterkernel.client.profile import control
-
-        self.require_running()
-        profile = control(self, action, **options)
-        if profile is not None:
-            self.profile_result = profile
-        return profile
-
-    # ------------------------------------------------------------------ dashboard
-    def dashboard(self) -> Dashboard:
-        """This cluster's live dashboard, streaming; made on first use.
-
-        One per cluster: ``%mpi dashboard`` and ``%%mpi --dashboard`` show this one,
-        so every cell that asks for it shows the same live panels. It stops when
-        the cluster stops (its panels keep their last picture); after
-        :meth:`restart` this call makes the new ranks stream to it.
-
-        Example::
-
-            dash = cluster.dashboard()
-            dash.show()                 # the panels, or a progress line in a terminal
-            cluster.run("import clusterkernel; clusterkernel.log(step=0, loss=1.0)")
-            dash.sync(); dash.records("scalar")
-        """
-        from clusterkernel.client.dashboard import Dashboard
-
-        dash = self._dashboard
-        if dash is None or dash.closed:
-            return Dashboard(self)  # becomes this cluster's (_dashboard_streaming)
-        dash.attach()  # after a restart the new ranks need their streams
-        return dash
-
-    # The dashboard's port: a Dashboard tells its cluster these two things, and the
-    # cluster tells it only through the ``ended`` callback it gave (never its methods).
-    def _dashboard_streaming(self, dash: Dashboard, ended: Callable[[bool], None]) -> None:
-        """``dash`` now receives the ranks' records: it is this cluster's. ``ended(stopped)``
-        is called once its streams end: ``ended(False)`` when a newer dashboard takes
-        over, ``ended(True)`` when the cluster stops or lets go of its ranks."""
-        old, old_ended = self._dashboard, self._dashboard_ended
-        self._dashboard, self._dashboard_ended = dash, ended
-        if old is not None and old is not dash and old_ended is not None:
-            old_ended(False)
-
-    def _dashboard_closed(self, dash: Dashboard) -> bool:
-        """``dash`` is closing: True if it was this cluster's (it no longer is)."""
-        if self._dashboard is not dash:
-            return False
-        self._dashboard, self._dashboard_ended = None, None
-        return True
+    run = part_method("_cells", Cells.run)
+    profile = part_method("_cells", Cells.profile)
+    dashboard = part_method("_port", DashboardPort.dashboard)
+    # the one private port: a Dashboard tells its cluster these two things
+    _dashboard_streaming = part_method("_port", DashboardPort.streaming, cluster=False)
+    _dashboard_closed = part_method("_port", DashboardPort.closed, cluster=False)

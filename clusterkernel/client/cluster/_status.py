@@ -9,7 +9,11 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 import psutil
+
+from clusterkernel.client.cluster import _torch
 
 
 class RankStatus:
@@ -21,6 +25,20 @@ class RankStatus:
 
     def __init__(self) -> None:
         self._procs: dict[int, psutil.Process] = {}
+
+    def status(self, cluster: Any) -> list[dict]:
+        """One dict per rank: rank, host, pid, state, cpu %, memory (MiB), and ``gpu``
+        (name, memory, utilisation) where the ranks are bound to GPUs.
+
+        CPU and memory are read for ranks on this machine; on other hosts they are None.
+        """
+        cluster.require_running()
+        rows = self.rows(cluster.client, cluster.rank_info, cluster.multi_node)
+        if cluster.gpus:  # name, memory, utilisation of each rank's GPU
+            gpu = _torch.gpu_status(cluster)
+            for row in rows:
+                row["gpu"] = gpu.get(row["rank"])
+        return rows
 
     def rows(self, client, rank_info: dict[int, dict], multi_node: bool) -> list[dict]:
         """One dict per rank (rank, host, pid, state, cpu, memory_mib), in rank order."""
