@@ -178,10 +178,11 @@ def test_a_restart_between_start_and_stop_is_told_and_snapshots_kept(cluster: Cl
 def test_the_rank_sampler_s_window_and_bounded_snapshots(monkeypatch):
     """The rank side alone (no ranks): the rolling window holds only its last seconds,
     and snapshots nobody takes are bounded, the dropped ones counted."""
-    from clusterkernel.rank import _profile
+    from clusterkernel.rank import _profile, _profile_window
 
-    monkeypatch.setattr(_profile, "ROLLING_SLICE", 0.1)
-    monkeypatch.setattr(_profile, "MAX_SNAPSHOTS", 3)
+    # the window's own constants, where its code reads them
+    monkeypatch.setattr(_profile_window, "ROLLING_SLICE", 0.1)
+    monkeypatch.setattr(_profile_window, "MAX_SNAPSHOTS", 3)
 
     def early_work():
         time.sleep(0.6)
