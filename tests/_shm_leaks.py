@@ -41,9 +41,16 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not _leaks:
+    # only what outlived the session: the shared cluster's segments outlive the test
+    # that started it and go when the session's fixtures stop it
+    still = _segments()
+    lines = [
+        f"{nodeid}: {' '.join(left)}"
+        for nodeid, names in _leaks.items()
+        if (left := [n for n in names if n in still])
+    ]
+    if not lines:
         return
-    lines = [f"{nodeid}: {' '.join(names)}" for nodeid, names in _leaks.items()]
     terminalreporter.write_sep("-", "Open MPI segments left in /dev/shm, by test")
     for line in lines:
         terminalreporter.write_line(line)

@@ -245,6 +245,8 @@ class Engines:
         self.ipp.stop_engines_sync()
         self.launcher.stopped(engine_set, timeout=30)
         _end(old_procs, grace=_NANNY_GRACE)
+        if self.run_dir:  # the old job's segments: its prterun was stopped, not left to end
+            _shm_names.remove(self.run_dir)
         self.ipp.start_engines_sync(self.n)
         self.ipp.update_cluster_file()
         self._wait_for_new_engines(old_pids)
