@@ -46,6 +46,7 @@ static struct {
     intptr_t in_place;
     /* owned references, set by configure() */
     PyObject *world, *group_type, *plan_type, *sum, *gate, *flight, *ours, *rec, *error;
+    PyObject *ring; /* the timing records' ring (a CommRing), whose memory ring_base is */
     /* where __slots__ attributes live in their objects (-1: look them up by name) */
     Py_ssize_t at_plans, at_calls, at_flight_on;
     Py_ssize_t at_fast, at_stamp, at_count, at_psize, at_gate_stamp;
@@ -149,14 +150,15 @@ static long long int_attr(PyObject *obj, Py_ssize_t off, PyObject *name)
     return r;
 }
 
-/* The flight ring's storage now (it is replaced when resized): its int64 rows (after
+/* Flight recorder fr's storage now (it is replaced when resized; fr is S.flight or
+ * another recorder of its type): its int64 rows (after
  * the count of entries ever noted), its object list's items and its size in slots. 1
  * when it is as configured, 0 when not (the Python path notes the call), -1 on error. */
-static int flight_rows(int64_t **ints, PyObject ***objs, Py_ssize_t *slots)
+static int flight_rows(PyObject *fr, int64_t **ints, PyObject ***objs, Py_ssize_t *slots)
 {
-    PyObject *ib = attr(S.flight, S.at_ints, n_ints);
-    PyObject *ol = ib ? attr(S.flight, S.at_objs, n_objs) : NULL;
-    long long size = ol ? int_attr(S.flight, S.at_fsize, n_size) : -1;
+    PyObject *ib = attr(fr, S.at_ints, n_ints);
+    PyObject *ol = ib ? attr(fr, S.at_objs, n_objs) : NULL;
+    long long size = ol ? int_attr(fr, S.at_fsize, n_size) : -1;
     int r = -1;
     if (size == -1 && PyErr_Occurred())
         goto out;
@@ -178,12 +180,12 @@ out:
 
 /* The next slot of the flight ring, taken: its rows and its entry's index (see
  * flight_rows for the result). */
-static int flight_slot(int64_t **irow, PyObject ***orow, int64_t *index)
+static int flight_slot(PyObject *fr, int64_t **irow, PyObject ***orow, int64_t *index)
 {
     int64_t *ints;
     PyObject **objs;
     Py_ssize_t slots;
-    int r = flight_rows(&ints, &objs, &slots);
+    int r = flight_rows(fr, &ints, &objs, &slots);
     if (r <= 0)
         return r;
     int64_t n = ints[0];
@@ -201,7 +203,7 @@ static int flight_find(int64_t index, int64_t **irow)
     int64_t *ints;
     PyObject **objs;
     Py_ssize_t slots;
-    int r = flight_rows(&ints, &objs, &slots);
+    int r = flight_rows(S.flight, &ints, &objs, &slots);
     if (r <= 0)
         return r;
     int64_t *row = ints + 1 + (Py_ssize_t)(index % slots) * S.ni;
@@ -209,6 +211,50 @@ static int flight_find(int64_t index, int64_t **irow)
         return 0;
     *irow = row;
     return 1;
+}
+
+/* Write a taken slot (flight_slot) as entry `index`, not done yet: its index -1 first
+ * (a reader skips it), the int fields, the objects, its index last (the entry is
+ * whole); the slot's previous objects are let go once it is whole, as freeing one may
+ * run Python code, which must find the ring consistent. The Python path's writer too
+ * (flight_write), so both paths write an entry alike. */
+static void flight_fill(int64_t *irow, PyObject **orow, int64_t index, int64_t seq,
+                        int64_t nbytes, int64_t peer, int64_t lasti, PyObject *op,
+                        PyObject *group, PyObject *dtype, PyObject *code)
+{
+    irow[S.i_index] = -1;
+    irow[S.i_seq] = seq;
+    irow[S.i_nbytes] = nbytes;
+    irow[S.i_peer] = peer;
+    irow[S.i_lasti] = lasti;
+    irow[S.i_done] = 0;
+    PyObject *was[4] = {orow[S.o_op], orow[S.o_group], orow[S.o_dtype], orow[S.o_code]};
+    orow[S.o_op] = Py_NewRef(op);
+    orow[S.o_group] = Py_NewRef(group);
+    orow[S.o_dtype] = Py_NewRef(dtype);
+    orow[S.o_code] = Py_NewRef(code);
+    irow[S.i_index] = index;
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(was[i]);
+}
+
+/* One timing record over the oldest row of the configured ring (ring_layout), the
+ * count moved on after the row is whole. Both paths' writer (record_write). */
+static void ring_put(int64_t op, int64_t nbytes, int64_t alg, int64_t gsize, double start,
+                     double dur, double wait)
+{
+    int64_t n;
+    memcpy(&n, S.ring_base, sizeof n);
+    char *at = S.ring_base + S.ring_head + (n % S.ring_cap) * S.ring_row;
+    memcpy(at + S.r_op, &op, 8);
+    memcpy(at + S.r_alg, &alg, 8);
+    memcpy(at + S.r_gsize, &gsize, 8);
+    memcpy(at + S.r_nbytes, &nbytes, 8);
+    memcpy(at + S.r_start, &start, 8);
+    memcpy(at + S.r_dur, &dur, 8);
+    memcpy(at + S.r_wait, &wait, 8);
+    n++;
+    memcpy(S.ring_base, &n, sizeof n);
 }
 
 /* a == b for two Python ints (0 when either is not one) */
@@ -375,25 +421,11 @@ static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algor
         if (nbytes == -1 && PyErr_Occurred())
             goto error;
         /* one slot of the flight recorder's preallocated ring, written in place */
-        r = flight_slot(&irow, &orow, &entry_n);
+        r = flight_slot(S.flight, &irow, &orow, &entry_n);
         if (r <= 0)
             goto fallback_or_error; /* a ring not as configured: the Python path */
-        irow[S.i_index] = -1;       /* being written: a reader skips it */
-        irow[S.i_seq] = k;
-        irow[S.i_nbytes] = nbytes;
-        irow[S.i_peer] = S.peer_none;
-        irow[S.i_lasti] = PyFrame_GetLasti(caller);
-        irow[S.i_done] = 0;
-        /* the previous entry's objects are let go once the slot is whole: freeing
-         * one may run Python code, which must find the ring consistent */
-        PyObject *was[4] = {orow[S.o_op], orow[S.o_group], orow[S.o_dtype], orow[S.o_code]};
-        orow[S.o_op] = Py_NewRef(n_all_reduce);
-        orow[S.o_group] = Py_NewRef(g);
-        orow[S.o_dtype] = Py_NewRef(dtype);
-        orow[S.o_code] = Py_NewRef(code);
-        irow[S.i_index] = entry_n;
-        for (int i = 0; i < 4; i++)
-            Py_XDECREF(was[i]);
+        flight_fill(irow, orow, entry_n, k, nbytes, S.peer_none, PyFrame_GetLasti(caller),
+                    n_all_reduce, g, dtype, code);
     }
     if ((ptr_obj = PyObject_CallMethodNoArgs(t, n_data_ptr)) == NULL)
         goto error;
@@ -443,18 +475,7 @@ static int try_fast_here(PyObject *t, PyObject *g, PyObject *op, PyObject *algor
         int64_t rec_bytes = PyLong_AsLongLong(size);
         if (rec_bytes == -1 && PyErr_Occurred())
             goto error;
-        int64_t n;
-        memcpy(&n, S.ring_base, sizeof n);
-        char *at = S.ring_base + S.ring_head + (n % S.ring_cap) * S.ring_row;
-        memcpy(at + S.r_op, &row[0], 8);
-        memcpy(at + S.r_alg, &row[1], 8);
-        memcpy(at + S.r_gsize, &row[2], 8);
-        memcpy(at + S.r_nbytes, &rec_bytes, 8);
-        memcpy(at + S.r_start, &t0, 8);
-        memcpy(at + S.r_dur, &dur, 8);
-        memcpy(at + S.r_wait, &dur, 8); /* blocking: it waited throughout */
-        n++;
-        memcpy(S.ring_base, &n, sizeof n);
+        ring_put(row[0], rec_bytes, row[1], row[2], t0, dur, dur); /* blocking: all wait */
     }
     r = 1;
     S.hits++;
@@ -660,6 +681,7 @@ static void release(void)
         PyBuffer_Release(&S.ring_view);
         S.ring_base = NULL;
     }
+    Py_CLEAR(S.ring);
     Py_CLEAR(S.user_code);
     for (int i = 0; i < MEMO_SLOTS; i++)
         memo_clear(&S.memo[i]);
@@ -758,6 +780,7 @@ static int ring_layout(PyObject *ring)
         return -1;
     }
     S.ring_base = S.ring_view.buf;
+    S.ring = Py_NewRef(ring);
     return 0;
 }
 
@@ -846,7 +869,78 @@ static PyObject *fast_hits(PyObject *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(S.hits);
 }
 
+/* args[i] as an int64 into *out; 0, or -1 with an error set */
+static int int64_arg(PyObject *v, int64_t *out)
+{
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
+/* flight_write(recorder, seq, op, group, nbytes, dtype, peer, code, lasti) -> entry:
+ * FlightRecorder.record's write (what it worked out from the caller: the sequence
+ * number, the peer (PEER_NONE for a collective), the caller's code and offset), done
+ * as the C path writes its own entries. Every value is read before the slot is taken:
+ * a bad one leaves the ring as it was. */
+static PyObject *fast_flight_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t seq, nbytes, peer, lasti, index, *irow;
+    PyObject **orow;
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "flight_write takes 9 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (S.flight == NULL || !Py_IS_TYPE(args[0], Py_TYPE(S.flight))) {
+        PyErr_SetString(PyExc_TypeError, "flight_write writes a configured FlightRecorder");
+        return NULL;
+    }
+    if (int64_arg(args[1], &seq) < 0 || int64_arg(args[4], &nbytes) < 0 ||
+        int64_arg(args[6], &peer) < 0 || int64_arg(args[8], &lasti) < 0)
+        return NULL;
+    int r = flight_slot(args[0], &irow, &orow, &index);
+    if (r <= 0) {
+        if (r == 0)
+            PyErr_SetString(PyExc_ValueError, "the recorder's ring is not as configured");
+        return NULL;
+    }
+    flight_fill(irow, orow, index, seq, nbytes, peer, lasti, args[2], args[3], args[5], args[7]);
+    return PyLong_FromLongLong(index);
+}
+
+/* record_write(ring, op, nbytes, algorithm, group_size, start, duration, wait):
+ * CommRing.write_codes into the configured ring, as the C path writes its records.
+ * Every value is read before the row is taken: a bad one records nothing. */
+static PyObject *fast_record_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t op, nbytes, alg, gsize;
+    double t[3];
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "record_write takes 8 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (S.ring_base == NULL || args[0] != S.ring) {
+        PyErr_SetString(PyExc_ValueError, "record_write writes the configured ring only");
+        return NULL;
+    }
+    if (int64_arg(args[1], &op) < 0 || int64_arg(args[2], &nbytes) < 0 ||
+        int64_arg(args[3], &alg) < 0 || int64_arg(args[4], &gsize) < 0)
+        return NULL;
+    for (int i = 0; i < 3; i++)
+        if ((t[i] = PyFloat_AsDouble(args[5 + i])) == -1.0 && PyErr_Occurred())
+            return NULL;
+    ring_put(op, nbytes, alg, gsize, t[0], t[1], t[2]);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"flight_write", (PyCFunction)(void (*)(void))fast_flight_write, METH_FASTCALL,
+     "flight_write(recorder, seq, op, group, nbytes, dtype, peer, code, lasti) -> int: "
+     "one flight entry, written as the C path writes its own."},
+    {"record_write", (PyCFunction)(void (*)(void))fast_record_write, METH_FASTCALL,
+     "record_write(ring, op, nbytes, algorithm, group_size, start, duration, wait): one "
+     "timing record (CommRing.write_codes) into the configured ring."},
     {"hits", fast_hits, METH_NOARGS, "hits() -> int: calls done by the fast path so far."},
     {"configure", (PyCFunction)(void (*)(void))fast_configure, METH_VARARGS | METH_KEYWORDS,
      "configure(...): MPI_Allreduce's address, handles and comm's state objects."},

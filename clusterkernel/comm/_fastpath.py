@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from mpi4py import MPI
 
+from clusterkernel.comm import _flight, _ledger
 from clusterkernel.comm._dtypes import DType
 from clusterkernel.comm._flight import FLIGHT, INT_FIELDS, OBJ_FIELDS, OURS, PEER_NONE
 from clusterkernel.comm._gate import GATE
@@ -90,6 +91,26 @@ def _configure() -> bool:
 
 
 _READY = _configure()
+
+
+def writers(on: bool = True) -> bool:
+    """Let the Python path (every call the C path does not take) write its flight
+    entries and all_reduce's timing records through the C path's own writers (on), or
+    in Python (off); returns whether they were on. Both write the same slots and rows
+    (tests/comm); through C a write costs about half (BENCHMARKS.md, issue 37 item 4,
+    run 4). Off where the extension is absent.
+
+    Example: ``was = writers(False)`` ... ``writers(was)``.
+    """
+    was = _flight.use_writer(None) is not None
+    _ledger.use_writer(None)
+    if on and _READY:
+        _flight.use_writer(_fast.flight_write)
+        _ledger.use_writer(_fast.record_write)
+    return was
+
+
+writers(_READY)
 
 
 def handles(g: Group, info: DType, mpi_op: MPI.Op) -> tuple[int, int, int] | None:

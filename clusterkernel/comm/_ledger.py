@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from clusterkernel import metrics
@@ -45,6 +46,22 @@ code = RING.code  # a name's code in the ring (plans keep their op's and algorit
 _done = FLIGHT.done
 _write = RING.write
 _write_codes = RING.write_codes
+# The C extension's writer of a record (``_fast.record_write``), where it is built and
+# configured (use_writer, from _fastpath): RING.write_codes done in C. None: Python's.
+_c_write: Callable[..., None] | None = None
+
+
+def use_writer(write: Callable[..., None] | None = None) -> Callable[..., None] | None:
+    """Write :func:`close`'s and :func:`close_plan`'s records with ``write``
+    (``_fast.record_write``: the ring, then op, nbytes, algorithm, group_size, start,
+    duration and wait, names as their codes) or in Python (None); returns the writer
+    used until now. Both write the same row (``tests/comm``).
+
+    Example: ``was = use_writer(None)`` (Python's) ... ``use_writer(was)``.
+    """
+    global _c_write
+    was, _c_write = _c_write, write
+    return was
 
 
 def close(
@@ -65,6 +82,10 @@ def close(
         _done(entry)
     if REC.enabled:  # Recorder.timing's write, without its call
         dur = now() - t0
+        if _c_write is not None:  # as close_plan's, the names given as their codes
+            wait = dur if wait is None else wait
+            _c_write(RING, code(name), nbytes, code(alg), gsize, t0, dur, wait)
+            return
         _write(
             op=name,
             nbytes=nbytes,
@@ -84,6 +105,9 @@ def close_plan(plan: Plan, entry: int | None, t0: float) -> None:
         _done(entry)
     if REC.enabled:
         dur = now() - t0
+        if _c_write is not None:  # op, nbytes, algorithm, group_size, start, duration, wait
+            _c_write(RING, plan.op_code, plan.size, plan.alg_code, plan.gsize, t0, dur, dur)
+            return
         _write_codes(
             op=plan.op_code,
             nbytes=plan.size,

@@ -94,3 +94,54 @@ def test_timing_ring_is_not_shared_with_a_forked_process():
     assert status == 0
     assert ring.total() == 1
     assert ring.rows(0, 4) == [("all_reduce", 8, "mpi", 2, 1.0, 1e-6, 1e-6)]
+
+
+def test_the_c_writers_write_what_the_python_writers_write():
+    # Where the extension is built, the Python path writes both rings through the C
+    # path's writers (_fastpath.writers); forced off, through the Python ones: the
+    # same bytes and objects either way.
+    import pytest
+
+    from clusterkernel.comm import _fast, _fastpath, _flight, _ledger
+    from clusterkernel.comm._flight import FlightRecorder
+    from clusterkernel.comm._groups import WORLD
+
+    if not _fastpath.available():
+        pytest.skip("the C extension is not built here")
+
+    def note(fr, op, nbytes, dtype, peer):  # one call site: the same code and offset
+        return fr.record(WORLD, op, nbytes, dtype, peer, depth=1)
+
+    calls = [("all_reduce", 64, "f32", None), ("send", 8, None, 1), ("recv", 0, "i8", -1)]
+    ring, vals = _ledger.RING, (ring_code := _ledger.code("all_reduce"), 64, 0, 2, 1.5, 2e-6, 3e-6)
+    rows, flights = {}, {}
+    was = _fastpath.writers(True)
+    try:
+        for on in (True, False):
+            _fastpath.writers(on)
+            assert (_flight._c_write, _ledger._c_write) == (
+                (_fast.flight_write, _fast.record_write) if on else (None, None)
+            )
+            fr, calls_before = FlightRecorder(size=4), WORLD._calls
+            entries = [note(fr, *call) for call in calls * 2]  # laps the ring of 4
+            fr.done(entries[-2])
+            WORLD._calls = calls_before  # the same sequence numbers both times
+            flights[on] = (entries, bytes(fr.ints), fr.objs, fr.snapshot())
+            n = ring.total()
+            (_fast.record_write if on else lambda r, *v: r.write_codes(*v))(ring, *vals)
+            at = ring.header + (n % ring.capacity) * ring.row_size
+            rows[on] = (ring.total() - n, ring.mem[at : at + ring.row_size])
+    finally:
+        _fastpath.writers(was)
+    assert flights[True] == flights[False]
+    assert flights[True][0] == list(range(6)) and flights[True][3][-2]["done"]
+    assert rows[True] == rows[False] == (1, rows[False][1])
+    assert ring.rows(ring.total() - 1, ring.total())[0][:2] == ("all_reduce", 64)
+    assert ring_code == ring.code("all_reduce")
+    # a bad value is refused before anything is written (as the Python writers do)
+    n = ring.total()
+    with pytest.raises(TypeError):
+        _fast.record_write(ring, ring_code, 8.5, 0, 2, 1.0, 1e-6, 1e-6)
+    with pytest.raises(ValueError, match="configured ring"):
+        _fast.record_write(CommRing(capacity=4), ring_code, 8, 0, 2, 1.0, 1e-6, 1e-6)
+    assert ring.total() == n

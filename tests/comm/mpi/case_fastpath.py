@@ -369,3 +369,31 @@ def test_a_thread_recording_beside_the_fast_path_loses_no_record():
         sys.setswitchinterval(old)
     got = rec.total("comm") - before
     agree(hits == 200 and got == 200 + written[0], f"{hits} {got} {written}")
+
+
+def test_the_python_path_writes_the_same_records_through_the_c_writers():
+    # The Python path (the C path off: async calls, DataParallel's hooks) writes both
+    # rings through the C path's writers where the extension is built; forced back to
+    # its Python writers it leaves the same flight entries and timing records.
+    t = torch.ones(300)
+    store = metrics.recorder().comm
+    got = {}
+    _fastpath.enable(False)
+    try:
+        for on in (True, False):
+            was = _fastpath.writers(on)
+            try:
+                comm.all_reduce(t)
+                comm.all_reduce(t, op=comm.AVG, async_op=True).wait()
+                comm.barrier()
+            finally:
+                _fastpath.writers(was)
+            entries = [{k: v for k, v in e.items() if k != "seq"} for e in comm.flight()[-3:]]
+            records = [(r[:4], 0 < r[5] and 0 <= r[6] <= r[5]) for r in store[-3:]]
+            got[on] = (entries, records, [e["seq"] for e in comm.flight()[-3:]])
+    finally:
+        _fastpath.enable(True)
+    on, off = got[True], got[False]
+    ok = on[:2] == off[:2] and all(e["done"] for e in on[0])
+    ok = ok and [s + 3 for s in on[2]] == off[2]  # one sequence across both
+    agree(ok, repr(got))
