@@ -128,6 +128,7 @@ _RECORD_BUILDERS = {
     "record": {"comm/_begin.py"},  # FLIGHT.record: a flight entry (enter, step_entry)
     "_write": {"comm/_ledger.py"},  # the recorder ring's write: timing records (ledger.close)
     "_write_codes": {"comm/_ledger.py"},  # the same with the plan's codes (ledger.close_plan)
+    "_c_write": {"comm/_ledger.py"},  # the same rows written by the C extension's writer
     "timing": set(),  # Recorder.timing: a user's own records, never comm's
 }
 
