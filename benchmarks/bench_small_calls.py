@@ -24,6 +24,9 @@ float32 allreduces of 64 B and of 4 KB:
 - ``python``: ``default`` with the C fast path off (``_fastpath.enable(False)``)
 - ``avg-async``: ``comm.all_reduce(t, op=comm.AVG, async_op=True).wait()``, the
   shape of DataParallel's bucket hook
+- ``python-pyw``, ``avg-async-pyw``: ``python`` and ``avg-async`` with the Python
+  path's ring writers in Python (``_fastpath.writers(False)``: what runs where the
+  extension is not built) instead of the C extension's
 
 A time is the slowest rank's mean per call in one round; the table shows the
 median over rounds, and ratios to ``mpi4py`` are paired per round (median and
@@ -59,6 +62,8 @@ VARIANTS = [
     "bare",
     "python",
     "avg-async",
+    "python-pyw",
+    "avg-async-pyw",
 ]
 
 
@@ -79,7 +84,8 @@ def worker(rounds: int) -> None:
         comm.set_check("off" if variant in ("bare", "no-check") else "new")
         rec.enabled = variant not in ("bare", "no-record")
         if _fastpath.available():
-            _fastpath.enable(variant != "python")
+            _fastpath.enable(not variant.startswith("python"))
+            _fastpath.writers(not variant.endswith("-pyw"))
 
     def loop(variant: str, t, a) -> None:
         allreduce, in_place = world.Allreduce, MPI.IN_PLACE
@@ -89,7 +95,7 @@ def worker(rounds: int) -> None:
         elif variant == "mpi4py-tensor":
             for _ in range(ITERS):
                 allreduce(in_place, t.numpy())
-        elif variant == "avg-async":
+        elif variant.startswith("avg-async"):
             avg, all_reduce = comm.AVG, comm.all_reduce
             for _ in range(ITERS):
                 all_reduce(t, op=avg, async_op=True).wait()
@@ -140,16 +146,23 @@ def report(res: dict) -> str:
         lines.append(f"{nbytes} B | " + " | ".join(_ratio(per, v) for v in VARIANTS[1:]))
     parts = [("flight entry", "no-flight"), ("check", "no-check"), ("timing record", "no-record")]
     parts += [("all three", "bare"), ("C path vs Python", "python")]
+    writers = [("python", "python-pyw"), ("avg-async", "avg-async-pyw")]
     lines += ["", f"{res['ranks']} ranks: cost per call | " + " | ".join(p for p, _ in parts)]
     lines.append("---|" * len(parts) + "---")
     for nbytes, per in res["results"].items():
         cells = [_cost(per, without) for _, without in parts]
         lines.append(f"{nbytes} B | " + " | ".join(cells))
+    lines += ["", f"{res['ranks']} ranks: ring writers in Python minus in C | python | avg-async"]
+    lines.append("---|---|---")
+    for nbytes, per in res["results"].items():
+        cells = [_cost(per, c, py) for c, py in writers]
+        lines.append(f"{nbytes} B | " + " | ".join(cells))
     return "\n".join(lines)
 
 
-def _cost(per: dict, without: str) -> str:
-    diffs = [(a - b) * 1e6 for a, b in zip(per["default"], per[without])]
+def _cost(per: dict, without: str, base: str = "default") -> str:
+    """``base`` minus ``without``, paired per round (median microseconds)."""
+    diffs = [(a - b) * 1e6 for a, b in zip(per[base], per[without])]
     return f"{h.median(diffs):+.2f} us"
 
 
