@@ -60,6 +60,23 @@ def job_prefixes(maps: str | None = None) -> list[str]:
     return sorted(found)
 
 
+def mapped_by(pids: list[int]) -> set[str]:
+    """The job prefixes of the /dev/shm files that the processes ``pids`` have mapped
+    now (those it may not read, or that are gone, give none).
+
+    A rank notes its prefixes once, at set-up, when Open MPI may not have made every
+    segment yet; the client reads its own ranks' maps again just before it stops them.
+    """
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        found.update(job_prefixes(maps))
+    return found
+
+
 def note(run_dir: str, rank: int) -> None:
     """Write this rank's job prefixes into ``run_dir`` (quietly nothing if it is missing,
     as on a node that does not share the client's file system)."""

@@ -308,6 +308,12 @@ class Engines:
             p for p in map(_process, self.processes()) if p is not None and p.pid not in spared
         ]
         nannies = [p for p in procs if _is_nanny(p)]  # named while they still run
+        # the job's segments as its ranks map them now (a rank noted its own at set-up,
+        # perhaps before Open MPI made them all): a scheduler's cancel kills prterun
+        ours = [p.pid for p in procs] + (
+            [p.pid for p in marked(self.run_dir)] if self.run_dir else []
+        )
+        segments = _shm_names.mapped_by(ours)
         engine_set = self.engine_set
         if self.client is not None:
             try:
@@ -339,6 +345,7 @@ class Engines:
             # prterun removes the job's shared-memory segments, but not a rank's whose
             # process was SIGKILLed (the out-of-memory killer): the names the ranks noted
             _shm_names.remove(self.run_dir)
+        _shm_names.remove_prefixed(segments)
         remove_run_dir(self.run_dir)
         self.run_dir = None
         self.rank_info = {}
