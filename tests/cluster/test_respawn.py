@@ -89,6 +89,35 @@ def test_two_ranks_a_rank_killed_mid_cell_comes_back_with_a_copy(_shared_holder)
     assert not wait_no_cluster_processes(20)
 
 
+def test_start_respawn_as_typed_respawns_after_the_cell_that_saw_a_death(_shared_holder, capsys):
+    """``%mpi start --respawn`` typed in a shell, as the README and the help write it."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import clusterkernel.client.magics as ck_magics
+
+    _stop_shared(_shared_holder)
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "clusterkernel")
+    magics = ck_magics._magics
+    try:
+        shell.run_line_magic("mpi", "start -n 2 --respawn")
+        started = magics.cluster
+        assert started.fault_tolerant and started.auto_respawn
+        assert "Started 2 MPI ranks" in capsys.readouterr().out
+        shell.run_cell_magic("mpi", "", "import os, signal\nfrom clusterkernel import comm")
+        os.kill(started.rank_info[1]["pid"], signal.SIGKILL)
+        _wait_dead(started, [1])
+        shell.run_cell_magic("mpi", "", "print('here', comm.rank())")
+        said = capsys.readouterr()
+        assert "Rank 1 died" in said.err and "Rank 1 respawned in" in said.err, said
+        shell.run_cell_magic("mpi", "", "from clusterkernel import comm\nprint('back', comm.rank())")
+        assert "[rank 1] back 1" in capsys.readouterr().out
+    finally:
+        shell.run_line_magic("mpi", "stop")
+        magics.cluster = None
+    assert not wait_no_cluster_processes(20)
+
+
 @pytest.fixture(scope="module")
 def ft(_shared_holder):
     """A 4-rank fault-tolerant cluster with torch's default group (the shared one stopped)."""

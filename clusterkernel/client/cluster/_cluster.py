@@ -152,7 +152,7 @@ class Cluster:
             launcher,
             LaunchSettings(
                 n=n, hosts=hosts, hostfile=hostfile, mpiexec=mpiexec,
-                controller_ip=controller_ip, fault_tolerant=fault_tolerant or respawn,
+                controller_ip=controller_ip, fault_tolerant=fault_tolerant, respawn=respawn,
                 **scheduler_options,
             ),
         )  # fmt: skip
@@ -173,9 +173,7 @@ class Cluster:
         self.env, self.timeout, self.start_timeout = dict(env or {}), timeout, start_timeout
         self.guard, self.log_level = guard, log_level
         self.fault_tolerant = self.launcher.settings.fault_tolerant
-        if respawn and not self.fault_tolerant:
-            raise ValueError("respawn=True needs fault_tolerant=True (the launcher given says no).")
-        self.auto_respawn = respawn  # after a cell that saw a rank die, respawn it
+        self.auto_respawn = self.launcher.settings.respawn  # implies fault_tolerant
         self.torch, self.backend = bool(torch or backend), backend
         self.gpus_per_rank, self.gpu_share = gpus_per_rank, gpu_share
 

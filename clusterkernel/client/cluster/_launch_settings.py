@@ -77,19 +77,22 @@ class LaunchSettings:
     launcher: str | None = None
     controller_ip: str | None = None
     fault_tolerant: bool = False
+    # after a cell that saw a rank die, bring it back (needs, so implies, fault_tolerant)
+    respawn: bool = False
     # the scheduler's options given, as sorted (name, value) pairs; defaults left out
     scheduler_options: tuple[tuple[str, Any], ...] = field(default=())
 
     def __init__(
         self, n: int | None = None, hosts: str | list[str] | tuple[str, ...] | None = None,
         hostfile: str | None = None, mpiexec: str | None = None, launcher: str | None = None,
-        controller_ip: str | None = None, fault_tolerant: bool = False,
+        controller_ip: str | None = None, fault_tolerant: bool = False, respawn: bool = False,
         scheduler_options: tuple[tuple[str, Any], ...] = (), **options: Any,
     ) -> None:  # fmt: skip
         for name, value in (
             ("n", n), ("hosts", tuple(hosts) if isinstance(hosts, list) else hosts),
             ("hostfile", hostfile), ("mpiexec", mpiexec), ("launcher", launcher),
-            ("controller_ip", controller_ip), ("fault_tolerant", fault_tolerant),
+            ("controller_ip", controller_ip), ("fault_tolerant", fault_tolerant or respawn),
+            ("respawn", respawn),
         ):  # fmt: skip
             object.__setattr__(self, name, value)
         options = {**dict(scheduler_options), **options}

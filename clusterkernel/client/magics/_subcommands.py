@@ -86,11 +86,10 @@ class Subcommands:
             )
         if args.no_gpu_binding and args.gpus_per_rank:
             raise UsageError("--no-gpu-binding and --gpus-per-rank contradict each other.")
-        args.fault_tolerant = args.fault_tolerant or args.respawn
         try:
             cluster = Cluster(
-                launcher=LaunchSettings.from_args(args),  # -n, --scheduler, --hosts, ...
-                respawn=args.respawn,
+                # every launch option, -n to --respawn, on the one settings object
+                launcher=LaunchSettings.from_args(args),
                 timeout=args.timeout,
                 torch=args.torch,
                 backend=args.backend,
