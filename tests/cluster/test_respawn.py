@@ -110,7 +110,9 @@ def test_start_respawn_as_typed_respawns_after_the_cell_that_saw_a_death(_shared
         shell.run_cell_magic("mpi", "", "print('here', comm.rank())")
         said = capsys.readouterr()
         assert "Rank 1 died" in said.err and "Rank 1 respawned in" in said.err, said
-        shell.run_cell_magic("mpi", "", "from clusterkernel import comm\nprint('back', comm.rank())")
+        shell.run_cell_magic(
+            "mpi", "", "from clusterkernel import comm\nprint('back', comm.rank())"
+        )
         assert "[rank 1] back 1" in capsys.readouterr().out
     finally:
         shell.run_line_magic("mpi", "stop")
