@@ -1,8 +1,10 @@
 """The head of every script ``clusterkernel export`` writes (not imported: its text is copied).
 
 Runs on each rank of the batch job: labels every line the rank prints ``[rank N] ``
-as the notebook does, ends the whole job when a rank raises (a rank left waiting in
-a collective would hang the others until the time limit), runs ``!cmd`` lines, and
+as the notebook does, gives it torchrun's environment (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ...) and its GPU by the call that gives the notebook's
+ranks theirs, ends the whole job when a rank raises (a rank left waiting in a
+collective would hang the others until the time limit), runs ``!cmd`` lines, and
 keeps matplotlib off any display.
 """
 
@@ -15,6 +17,8 @@ import traceback
 os.environ.setdefault("MPLBACKEND", "Agg")  # a batch job has no display: figures are not shown
 
 from mpi4py import MPI  # noqa: E402  (after MPLBACKEND)
+
+from clusterkernel.torchdist._gpu import prepare_rank  # noqa: E402
 
 RANK = MPI.COMM_WORLD.Get_rank()
 
@@ -53,6 +57,10 @@ def _abort(kind, value, tb):
 
 
 sys.excepthook = _abort
+
+# what every notebook rank gets at start: torchrun's environment (torch.distributed's
+# init_process_group() finds it), and its GPU by LOCAL_RANK where the host has GPUs
+prepare_rank()
 
 
 def _system(cmd):

@@ -6,6 +6,8 @@ The export test starts the shared cluster: run it under the machine-wide lock.
 from __future__ import annotations
 
 import ast
+import os
+import shlex
 import subprocess
 import sys
 
@@ -16,6 +18,8 @@ from IPython.core.interactiveshell import InteractiveShell
 import clusterkernel.client.magics as ck_magics
 from clusterkernel.__main__ import main as cli_main
 from clusterkernel.client.magics import _args
+from tests._labels import per_rank_lines
+from tests._mpirun import kill_session
 
 
 @pytest.fixture
@@ -47,7 +51,10 @@ def test_export_from_a_live_session(shell, cluster, tmp_path, capsys):
     assert shell.run_line_magic("mpi", "pull val --rank 2") == 14
     job, sb = tmp_path / "job.py", tmp_path / "job.sbatch"
     _run(shell, f"%mpi export {job} --sbatch {sb} --time 5 --partition debug")
-    assert f"Wrote {job}, {sb}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"Wrote {job}, {sb}" in printed
+    assert f"Run it on 4 ranks:  {sys.executable} -m clusterkernel run -n 4 {job}" in printed
+    assert f"or submit it:     sbatch {sb}" in printed
 
     script = job.read_text()
     assigned = {
@@ -142,3 +149,48 @@ def test_a_pushed_lambda_never_blocks_the_export_and_the_job_runs_it(
         "[rank 1] f 10",
     ], out + err
     assert "NameError: name 'plus1' is not defined" in err
+
+
+# torchrun's variables; MASTER_PORT is a fresh free port at every start, the job's too
+TORCHRUN = "RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK NODE_RANK GROUP_WORLD_SIZE"
+ENV_CELL = (
+    "%%mpi\nimport os\n"
+    f"print('env', *(f'{{k}}={{os.environ.get(k)}}' for k in {TORCHRUN.split() + ['MASTER_ADDR']}),"
+    " 'port', os.environ.get('MASTER_PORT', '').isdigit())"
+)
+
+
+def test_the_job_gets_torchruns_environment_as_the_notebooks_ranks_do(
+    shell, cluster, tmp_path, capsys
+):
+    ck_magics._magics.cluster = cluster
+    capsys.readouterr()
+    _run(shell, ENV_CELL)
+    notebook = sorted(per_rank_lines(capsys.readouterr().out))
+    assert (
+        0,
+        "env RANK=0 LOCAL_RANK=0 WORLD_SIZE=4 LOCAL_WORLD_SIZE=4 GROUP_RANK=0 "
+        "NODE_RANK=0 GROUP_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 port True",
+    ) in notebook
+    job = tmp_path / "job.py"
+    _run(shell, f"%mpi export {job}")
+    run_line = capsys.readouterr().out.splitlines()[1]
+    assert run_line.startswith("Run it on 4 ranks:  "), run_line
+    # the printed command, as a user pastes it into a shell without the venv
+    proc = subprocess.Popen(
+        ["bash", "-c", run_line.split(":  ", 1)[1]],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        raise AssertionError(f"{run_line} hung") from None
+    assert proc.returncode == 0, err
+    assert sorted(per_rank_lines(out)) == notebook, (out, err)
+    assert shlex.split(run_line.split(":  ", 1)[1])[-1] == str(job)

@@ -40,8 +40,14 @@ from clusterkernel.client.export._cli import (  # noqa: F401
     read_notebook,
     sbatch_args,
 )
-from clusterkernel.client.export._jobfile import job_script, sbatch_script, write_job
-from clusterkernel.client.export._run import add_run_arguments, run_main
+from clusterkernel.client.export._jobfile import (
+    job_ranks,
+    job_script,
+    sbatch_script,
+    write_job,
+    written_text,
+)
+from clusterkernel.client.export._run import add_run_arguments, run_command, run_main
 from clusterkernel.client.export._script import (  # noqa: F401
     export_cells,
     live_pushes,
@@ -56,6 +62,9 @@ __all__ = [
     "sbatch_script",
     "job_script",
     "write_job",
+    "written_text",
+    "job_ranks",
+    "run_command",
     "live_pushes",
     "add_run_arguments",
     "run_main",

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from clusterkernel.client import scheduler
 from clusterkernel.client.export._cellcode import ExportError
-from clusterkernel.client.export._jobfile import _exporters, write_job
+from clusterkernel.client.export._jobfile import _exporters, job_ranks, write_job, written_text
 from clusterkernel.client.export._profilecode import PROFILE_KINDS
 
 
@@ -129,6 +129,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         cells, kernel_ranks, kernel_torch, failed = read_notebook(nb)
         names = [f"code cell {i}" for i in range(1, len(cells) + 1)]
+        job = job_args(args)
         written = write_job(
             cells,
             Path(args.output or nb.with_suffix(".py")),
@@ -138,10 +139,10 @@ def main(args: argparse.Namespace) -> int:
             auto=kernel_ranks is not None,
             torch=(True, None) if kernel_torch else None,
             failed=set() if args.include_failed else failed,
-            **job_args(args),
+            **job,
         )
     except ExportError as e:
         print(f"clusterkernel export: {e}", file=sys.stderr)
         return 2
-    print("Wrote " + ", ".join(map(str, written)))
+    print(written_text(written, job_ranks(cells, kernel_ranks), job))
     return 0

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from clusterkernel.client import scheduler
 from clusterkernel.client.export._cellcode import ExportError
+from clusterkernel.client.export._run import run_command
 from clusterkernel.client.export._script import export_cells, notebook_ranks
 from clusterkernel.client.mpiexec import QUIET_OSC, MPINotFoundError, find_mpiexec
 from clusterkernel.client.scheduler import DEFAULT_TIME
@@ -138,7 +139,7 @@ def write_job(
     ``profile``: as :func:`export_cells` (``--profile``).
     """
     path = Path(path)
-    ranks = ranks or notebook_ranks(cells) or 4
+    ranks = job_ranks(cells, ranks)
     text = export_cells(
         cells,
         pushed,
@@ -167,6 +168,37 @@ def write_job(
     for target, body in written:
         target.write_text(body)
     return [path, *(target for target, _ in written)]
+
+
+def job_ranks(cells: list[str], ranks: int | None = None) -> int:
+    """The ranks an exported job runs on: ``ranks`` (the live cluster's), else the cells'
+    ``%mpi start -n``, else 4."""
+    return ranks or notebook_ranks(cells) or 4
+
+
+def written_text(written: list[Path], ranks: int, job: dict | None = None) -> str:
+    """What an export prints: the files written, the command that runs the job here, and
+    the one that submits each scheduler's file ``job`` names (``sbatch="job.sbatch"``, as
+    :func:`write_job` takes them).
+
+    Example::
+
+        job = {"sbatch": "job.sbatch"}
+        print(written_text(write_job(cells, "job.py", **job), 4, job))
+        # Wrote job.py, job.sbatch
+        # Run it on 4 ranks:  /opt/venv/bin/python -m clusterkernel run -n 4 /home/me/job.py
+        #   or submit it:     sbatch job.sbatch
+    """
+    lines = [
+        "Wrote " + ", ".join(map(str, written)),
+        f"Run it on {ranks} ranks:  {run_command(ranks, Path(written[0]).resolve())}",
+    ]
+    for _, system in _exporters():
+        target = (job or {}).get(_file_dest(system))
+        if target is not None and system.submit_command:
+            submit = shlex.join([system.submit_command[0], str(target)])
+            lines.append(f"  or submit it:     {submit}")
+    return "\n".join(lines)
 
 
 def _exporters():

@@ -39,13 +39,24 @@ def job_command(n: int, script: str | Path, python: str | None = None) -> list[s
     return [os.path.abspath(rt.mpiexec), *flags, python or sys.executable, str(script)]
 
 
+def run_command(n: int, script: str | Path) -> str:
+    """The command that runs ``script`` on ``n`` ranks here, as a shell line: ``clusterkernel
+    run`` through this Python (absolute paths: it runs from any folder, venv active or not).
+
+    Example::
+
+        run_command(2, "/home/me/job.py")   # '/opt/venv/bin/python -m clusterkernel run -n 2 /home/me/job.py'
+    """
+    return shlex.join([sys.executable, "-m", "clusterkernel", "run", "-n", str(n), str(script)])
+
+
 def run_lines(n: int, script: str | Path) -> list[str]:
     """The header lines of an exported job that say how to run it, each runnable as
     printed on this machine: ``clusterkernel run`` through this Python, the plain
     ``mpiexec`` line (when one is found), and Slurm's ``srun``."""
     py = shlex.quote(sys.executable)
     job = shlex.quote(str(script))
-    lines = [f"# Run it on {n} ranks:  {py} -m clusterkernel run -n {n} {job}"]
+    lines = [f"# Run it on {n} ranks:  {run_command(n, script)}"]
     try:
         lines.append(f"#   or by hand:       {shlex.join(job_command(n, script))}")
     except MPINotFoundError:

@@ -3,7 +3,9 @@
 :func:`export_cells` walks the cells in order: a rank cell (``%%mpi``, or any cell
 while ``%mpi on`` is in effect) becomes its code, a client cell a comment, a ``%mpi
 push`` the value it sends (:mod:`~clusterkernel.client.export._pushcode`); the job's
-prelude, torchrun's environment and ``--profile``'s sampler go first. Re-exported by
+prelude (torchrun's environment on every rank, as the notebook's ranks have it), the
+default process group where ``%mpi start --torch`` made one, and ``--profile``'s
+sampler go first. Re-exported by
 :mod:`clusterkernel.client.export`.
 
 Example::
@@ -96,13 +98,8 @@ def torch_use(cells: list[str]) -> tuple[bool, bool, str | None]:
 
 def _torch_block(made: bool, backend: str | None) -> str:
     """The script's lines that give every rank what %mpi start gave it."""
-    lines = [
-        "# torchrun's environment on every rank (RANK, LOCAL_RANK, MASTER_ADDR, ...), as",
-        "# %mpi start gives it: torch.distributed.init_process_group() finds it there.",
-        "from clusterkernel import torchdist as _torchdist  # noqa: E402",
-        "",
-        "_torchdist.torchrun_env()",
-    ]
+    # torchrun's environment is the prelude's, as every rank's: here the group and its end
+    lines = ["from clusterkernel import torchdist as _torchdist  # noqa: E402", ""]
     if made:
         lines += [
             "# %mpi start --torch made the default process group",
@@ -160,9 +157,8 @@ def export_cells(
     ``script_name``: the job's path as its run line names it (:func:`write_job` gives
     the absolute one, so the line runs from any folder).
     ``torch``: (the ranks had a default group made for them, its backend), as the live
-    cluster knows it; default: read from the cells' ``%mpi start``. A notebook that
-    uses torch.distributed gets torchrun's environment on every rank, as in the
-    notebook. ``profile`` (``"python"`` or ``"torch"``, ``--profile``): every rank is
+    cluster knows it; default: read from the cells' ``%mpi start``. Every rank gets
+    torchrun's environment and its GPU, as in the notebook. ``profile`` (``"python"`` or ``"torch"``, ``--profile``): every rank is
     sampled over the job and the profile written at its end (:func:`profile_block`).
     Raises :class:`ExportError` for what a plain script cannot run.
     """

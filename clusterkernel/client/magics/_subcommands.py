@@ -372,6 +372,7 @@ class Subcommands:
         auto = getattr(self, "autostart", None) is not None  # the MPI kernel: cells on the ranks
         # cells that raised or were interrupted (history index = execution count)
         failed = set() if args.include_failed else set(getattr(self, "failed_cells", ()))
+        job = export.job_args(args)  # --sbatch, --qsub, --nodes, --time, ...: by name
         try:
             written = export.write_job(
                 cells,
@@ -383,11 +384,11 @@ class Subcommands:
                 auto=auto,
                 failed=failed,
                 torch=(self.cluster.torch, self.cluster.backend) if live else None,
-                **export.job_args(args),  # --sbatch, --qsub, --nodes, --time, ...: by name
+                **job,
             )
         except export.ExportError as e:
             raise UsageError(str(e)) from None
-        print("Wrote " + ", ".join(map(str, written)))
+        print(export.written_text(written, export.job_ranks(cells, running), job))
 
     def _sub_dashboard(self, rest: str) -> None:
         self._require_cluster().dashboard().show()
