@@ -65,6 +65,7 @@ SLOW: dict[str, float] = {
     "tests/cluster/test_respawn.py::test_respawn_when_nothing_died_is_a_clear_no_op": 13,
     "tests/cluster/test_multi_host.py::test_a_dead_rank_on_the_other_host_is_respawned_there": 19,
     "tests/cluster/test_respawn.py::test_data_parallel_killed_at_step_50_resumes_to_the_undisturbed_weights": 10,
+    "tests/cluster/test_respawn.py::test_cell_functions_change_the_ranks_globals_after_a_restore_and_a_respawn": 11,
     "tests/cluster/test_respawn.py::test_a_rank_that_dies_in_the_copy_is_told_and_a_further_respawn_works": 19,
     "tests/cluster/test_respawn.py::test_two_ranks_a_rank_killed_mid_cell_comes_back_with_a_copy": 11,
     "tests/torchdist/test_on_ranks.py::test_a_rank_wedged_in_c_code_holding_the_gil_is_named_and_restarted": 14,

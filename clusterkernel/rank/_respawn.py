@@ -12,7 +12,8 @@ under the dead rank's engine id.
 
 :func:`copy_namespace` then gives the new ranks the picklable variables of a
 survivor (one pickle, so an optimizer keeps pointing at its model's parameters),
-sent over MPI, not through the controller.
+sent over MPI, not through the controller, into their user namespace itself
+(:mod:`clusterkernel.rank._variables`).
 
 Example (what ``cluster.respawn(source=0)`` runs; the client side is
 ``clusterkernel.client.cluster._respawn``)::
@@ -31,10 +32,8 @@ import sys
 import threading
 import time
 
+from clusterkernel.rank._variables import pickled, put_back, user_namespace
 from clusterkernel.rank._world import replace, world
-
-# names IPython and ipyparallel put in every namespace
-_NOT_COPIED = {"In", "Out", "exit", "quit", "get_ipython", "open"}
 
 
 def _group_keys() -> list:
@@ -128,64 +127,6 @@ def _ranks(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
-def _namespace() -> dict:
-    """The engine's user namespace (a plain script's: ``__main__``'s)."""
-    if "IPython" in sys.modules:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is not None:
-            return shell.user_ns
-    return vars(sys.modules["__main__"])
-
-
-def _hidden() -> set[str]:
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    return set(shell.user_ns_hidden) if shell is not None else set()
-
-
-def _dumps(value) -> bytes:
-    try:
-        import cloudpickle  # functions and classes defined in cells, by value
-    except ImportError:
-        return pickle.dumps(value, protocol=5)
-    return cloudpickle.dumps(value, protocol=5)
-
-
-def _pickled(ns: dict) -> tuple[bytes, list[str], dict[str, str]]:
-    """``(blob, names, skipped)``: one pickle of ``ns``'s picklable variables and modules
-    (by name), the names in it, and why the rest are not.
-
-    One pickle, so objects shared between variables stay shared; made once when every
-    value pickles, else again without the values that do not.
-    """
-    hidden = _hidden()
-    values, modules, skipped = {}, {}, {}
-    for name, value in ns.items():
-        if name.startswith("_") or name in _NOT_COPIED or name in hidden:
-            continue
-        if type(value) is type(os):
-            modules[name] = value.__name__
-            continue
-        if "torch.nn.parallel" in sys.modules:  # a DDP model goes as its module
-            from clusterkernel.torchdist._rewrap import for_copy
-
-            value = for_copy(value)
-        values[name] = value
-    try:
-        blob = _dumps((values, modules))
-    except Exception:
-        for name in list(values):
-            try:
-                _dumps(values[name])
-            except Exception as e:
-                skipped[name] = f"{type(values.pop(name)).__name__}: {e}"[:200]
-        blob = _dumps((values, modules))
-    return blob, sorted([*values, *modules]), skipped
-
-
 def copy_namespace(source: int, targets: list[int]) -> dict:
     """Run on ``source`` and every rank in ``targets`` at once: the targets get the
     source's picklable variables (modules imported again by name).
@@ -199,7 +140,7 @@ def copy_namespace(source: int, targets: list[int]) -> dict:
     me = comm.Get_rank()
     tag = 7311
     if me == source:
-        blob, names, skipped = _pickled(_namespace())
+        blob, names, skipped = pickled(user_namespace())
         for t in targets:
             comm.send(len(blob), dest=t, tag=tag)
             comm.Send([blob, MPI.BYTE], dest=t, tag=tag)
@@ -207,14 +148,7 @@ def copy_namespace(source: int, targets: list[int]) -> dict:
     size = comm.recv(source=source, tag=tag)
     buf = bytearray(size)
     comm.Recv([buf, MPI.BYTE], source=source, tag=tag)
-    values, modules = pickle.loads(buf)
-    import importlib
-
-    ns = _namespace()
-    for name, module in modules.items():
-        ns[name] = importlib.import_module(module)
-    ns.update(values)
-    return {"copied": sorted([*values, *modules])}
+    return {"copied": put_back(*pickle.loads(buf))}
 
 
 def rebuild() -> list[int]:

@@ -4,13 +4,17 @@
 models and optimizers included; one pickle, so shared objects stay shared) to a file
 of its own in the cluster's private run directory; ``%mpi restore`` loads them back
 into the same or new processes (after ``%mpi restart``, or ``respawn
---from-snapshot`` for a rank that died). The files go with the run directory when the
-cluster stops. A file is loaded only if this user owns it and nobody else may write
-it: unpickling runs code, so only the user's own ranks' files are trusted.
+--from-snapshot`` for a rank that died), into the user namespace itself: functions
+defined in cells keep ``globals()`` as theirs (``_variables``). The file holds the list
+of its names, then the variables, so what a snapshot holds is read without loading it.
+The files go with the run directory when the cluster stops. A file is loaded only if
+this user owns it and nobody else may write it: unpickling runs code, so only the
+user's own ranks' files are trusted.
 
 Example (what the client runs on every rank)::
 
     save("/home/me/.clusterkernel/clusters/cluster-123456", ["model", "opt"])
+    held("/home/me/.clusterkernel/clusters/cluster-123456")    # ['model', 'opt']
     load("/home/me/.clusterkernel/clusters/cluster-123456")
 """
 
@@ -19,8 +23,9 @@ from __future__ import annotations
 import os
 import pickle
 import stat
+from typing import BinaryIO
 
-from clusterkernel.rank._respawn import _namespace, _pickled
+from clusterkernel.rank._variables import pickled, put_back, user_namespace
 from clusterkernel.rank._world import world
 
 
@@ -34,15 +39,16 @@ def save(run_dir: str, names: list[str] | None = None) -> dict:
 
     Returns ``{"saved": [...], "skipped": {name: why}, "missing": [...], "bytes": n}``.
     """
-    ns = _namespace()
+    ns = user_namespace()
     missing = [n for n in names or [] if n not in ns]
     chosen = ns if names is None else {n: ns[n] for n in names if n in ns}
-    blob, saved, skipped = _pickled(chosen)
+    blob, saved, skipped = pickled(chosen)
     target = path(run_dir, world().Get_rank())
     os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
     tmp = f"{target}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
+        pickle.dump(saved, f, protocol=5)
         f.write(blob)
     os.replace(tmp, target)  # a rank that dies while writing leaves the last snapshot whole
     return {
@@ -53,35 +59,37 @@ def save(run_dir: str, names: list[str] | None = None) -> dict:
     }
 
 
-def load(run_dir: str, names: list[str] | None = None) -> dict:
-    """Load this rank's snapshot (``names`` of it, or all) into its namespace.
-
-    Returns ``{"restored": [...], "missing": [...]}``; raises FileNotFoundError when
-    this rank has no snapshot, PermissionError for a file it must not trust.
-    """
-    import importlib
-
+def _open(run_dir: str) -> BinaryIO:
+    """This rank's snapshot file, opened after the checks, at the list of its names."""
     source = path(run_dir, world().Get_rank())
     if not os.path.exists(source):
         raise FileNotFoundError(
             f"rank {world().Get_rank()} has no snapshot: %mpi snapshot (cluster.snapshot()) "
             "keeps one"
         )
-    with open(source, "rb") as f:
-        info = os.fstat(f.fileno())
-        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise PermissionError(f"{source}: not this user's own private file; not loaded")
+    f = open(source, "rb")  # noqa: SIM115 (the caller closes it)
+    info = os.fstat(f.fileno())
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        f.close()
+        raise PermissionError(f"{source}: not this user's own private file; not loaded")
+    return f
+
+
+def held(run_dir: str) -> list[str]:
+    """The names this rank's snapshot holds (its variables are not loaded)."""
+    with _open(run_dir) as f:
+        return pickle.load(f)
+
+
+def load(run_dir: str, names: list[str] | None = None) -> dict:
+    """Load this rank's snapshot (``names`` of it, or all) into its user namespace.
+
+    Returns ``{"restored": [...], "missing": [...]}``; raises FileNotFoundError when
+    this rank has no snapshot, PermissionError for a file it must not trust.
+    """
+    with _open(run_dir) as f:
+        pickle.load(f)  # the names
         values, modules = pickle.load(f)
     wanted = set(names) if names is not None else None
     missing = sorted(wanted - {*values, *modules}) if wanted is not None else []
-    ns = _namespace()
-    restored = []
-    for name, module in modules.items():
-        if wanted is None or name in wanted:
-            ns[name] = importlib.import_module(module)
-            restored.append(name)
-    for name, value in values.items():
-        if wanted is None or name in wanted:
-            ns[name] = value
-            restored.append(name)
-    return {"restored": sorted(restored), "missing": missing}
+    return {"restored": put_back(values, modules, wanted), "missing": missing}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 
-from clusterkernel.rank._respawn import _namespace as _user_namespace
+from clusterkernel.rank._variables import user_namespace as _user_namespace
 
 # DDP's settings that its constructor takes under the same name as its attribute
 _SAME_NAME = (

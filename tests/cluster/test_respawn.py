@@ -524,6 +524,85 @@ def test_a_rank_comes_back_from_its_own_snapshot_and_a_restart_restores_all(ft: 
         ft.respawn(source=0, from_snapshot=True)
 
 
+# helpers that change a global, reached in every way a restored object can hold one
+_HELPERS = """
+import functools
+step = 0
+def advance(k=1):
+    global step
+    step += k
+class Stepper:
+    def go(self):
+        advance()
+def make(k):
+    def inner():
+        advance(k)
+    return inner
+stepper = Stepper()
+helpers = {"twice": make(2), "all": [advance, functools.partial(advance, 3), lambda: advance(4)]}
+"""
+_ADVANCE = "for _ in range(10):\n    advance()\n"
+_EVERY_WAY = "stepper.go(); helpers['twice'](); helpers['all'][1](); helpers['all'][2]()\n"  # +10
+_BOUND = """
+fs = [advance, Stepper.go, type(stepper).go, helpers["twice"], helpers["all"][0],
+      helpers["all"][1].func, helpers["all"][2]]
+bound = [f.__globals__ is globals() for f in fs]
+"""
+
+
+def _each_rank(cluster: Cluster, name: str) -> set:
+    return set(map(repr, cluster.pull(name).values()))
+
+
+def test_cell_functions_change_the_ranks_globals_after_a_restore_and_a_respawn(ft: Cluster):
+    ft.run(_HELPERS + _ADVANCE)
+    ft.snapshot()
+    ft.restore()  # every variable loaded again: new function objects
+    ft.run(_ADVANCE + _EVERY_WAY + _BOUND)
+    assert _each_rank(ft, "bound") == {repr([True] * 7)}
+    assert ft.pull("step") == dict.fromkeys(range(4), 30)
+    # across a respawn: rank 2 killed between cells, back with rank 0's variables
+    os.kill(ft.rank_info[2]["pid"], signal.SIGKILL)
+    _wait_dead(ft, [2])
+    assert ft.respawn(source=0).ranks == [2]
+    ft.run(_ADVANCE + _EVERY_WAY + _BOUND)
+    assert _each_rank(ft, "bound") == {repr([True] * 7)}
+    assert ft.pull("step") == dict.fromkeys(range(4), 50)
+    # a function restored alone leaves the live values it names as they are
+    ft.snapshot(["advance", "step"])
+    ft.run("step = 100")
+    ft.restore(["advance"])
+    ft.run("advance()")
+    assert ft.pull("step") == dict.fromkeys(range(4), 101)
+    # and after a restart brings the globals it names that the new process lacks
+    ft.restart()
+    ft.restore(["advance"])
+    ft.run("advance()\nbound = advance.__globals__ is globals()")
+    assert ft.pull("step") == dict.fromkeys(range(4), 51)
+    assert set(ft.pull("bound").values()) == {True}
+
+
+def test_a_name_no_snapshot_holds_fails_and_restores_nothing(ft: Cluster):
+    ft.run("kept = 1\nlater = 2")
+    ft.snapshot(["kept"])
+    ft.run("kept = 5")
+    with pytest.raises(ClusterError) as info:
+        ft.restore(["kept", "nosuchvar"])
+    said = str(info.value)
+    assert "no rank's snapshot holds nosuchvar; nothing was restored" in said, said
+    assert "The snapshot holds: kept." in said, said
+    assert set(ft.pull("kept").values()) == {5}  # nothing loaded
+    with pytest.raises(ClusterError, match="Did you mean kept"):
+        ft.restore(["kpet"])
+    # snapshot: a name no rank has fails before any file is written
+    with pytest.raises(ClusterError) as info:
+        ft.snapshot(["later", "latter_typo"])
+    assert "no rank has a variable latter_typo; nothing was saved" in str(info.value)
+    assert "Did you mean later?" in str(info.value)
+    ft.restore()
+    assert set(ft.pull("kept").values()) == {1}  # the last snapshot, whole
+
+
 def test_the_magics_respawn_by_hand_and_after_the_cell_that_saw_a_death(ft: Cluster, capsys):
     from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell
@@ -539,12 +618,19 @@ def test_the_magics_respawn_by_hand_and_after_the_cell_that_saw_a_death(ft: Clus
         assert "No rank has died: nothing to respawn." in capsys.readouterr().out
         with pytest.raises(UsageError, match="ranks are 0..3"):
             shell.run_line_magic("mpi", "respawn --from 9")
-        ft.run("mine = 1")
-        shell.run_line_magic("mpi", "snapshot mine nothing_here")
-        shell.run_line_magic("mpi", "restore mine")
+        shell.run_cell_magic("mpi", "", "n = 1\ndef bump():\n    global n\n    n += 1")
+        shell.run_line_magic("mpi", "snapshot n bump")
+        shell.run_line_magic("mpi", "restore")
+        shell.run_cell_magic("mpi", "", "bump()\nprint(n, bump.__globals__ is globals())")
         out = capsys.readouterr().out
-        assert "[ranks 0-3] 1 variables saved (0.0 MiB); not found: nothing_here" in out, out
-        assert "[ranks 0-3] 1 variables restored" in out, out
+        assert "[ranks 0-3] 2 variables saved (0.0 MiB)" in out, out
+        assert "[ranks 0-3] 2 variables restored" in out, out
+        assert "2 True" in out and "False" not in out, out
+        with pytest.raises(UsageError, match="no rank's snapshot holds nosuchvar") as info:
+            shell.run_line_magic("mpi", "restore nosuchvar")
+        assert "The snapshot holds: bump, n." in str(info.value)
+        with pytest.raises(UsageError, match="no rank has a variable nothing_here"):
+            shell.run_line_magic("mpi", "snapshot n nothing_here")
         ft.auto_respawn = True  # what %mpi start --respawn sets
         os.kill(ft.rank_info[3]["pid"], signal.SIGKILL)
         _wait_dead(ft, [3])

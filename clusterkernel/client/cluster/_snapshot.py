@@ -3,7 +3,10 @@
 Each rank writes its own picklable variables to a private file in the cluster's run
 directory (``clusterkernel.rank._snapshot``) and loads them back later, into the same
 processes, fresh ones after a restart, or a rank respawned from its own snapshot.
-Nothing travels through the notebook; the files go when the cluster stops.
+Nothing travels through the notebook; the files go when the cluster stops. A name
+that no rank has (``snapshot``) or no rank's snapshot holds (``restore``) fails the
+call before any file is written or variable loaded: a typo must not quietly replace the
+last snapshot or leave the cell to run on without the variable.
 
 Example::
 
@@ -13,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import difflib
 from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
@@ -40,10 +44,31 @@ def _on_ranks(cluster: Cluster, ranks: list[int], what: str, *args) -> dict[int,
         raise ClusterError(f"{what} failed: {said}") from None
 
 
+def _nowhere(cluster: Cluster, names: list[str], what: str, *call) -> tuple[list[str], set]:
+    """``(missing, known)``: the ``names`` that no live rank's ``call`` (a rank-side
+    function listing names) returns, and all those it returns."""
+    found = _on_ranks(cluster, cluster.live_ranks, what, *call)
+    known = set().union(*map(set, found.values()))
+    return [n for n in dict.fromkeys(names) if n not in known], known
+
+
+def _close(missing: list[str], known: set) -> str:
+    near = [n for m in missing for n in difflib.get_close_matches(m, known, n=1)]
+    return f" Did you mean {', '.join(near)}?" if near else ""
+
+
+def _listed(names: set, most: int = 30) -> str:
+    shown = sorted(names)
+    more = f" and {len(shown) - most} more" if len(shown) > most else ""
+    return ", ".join(shown[:most]) + more if shown else "nothing"
+
+
 def snapshot(cluster: Cluster, names: list[str] | None = None) -> dict[int, dict]:
     """Each live rank keeps ``names`` (default: every picklable variable) in a private
     file on its node, for :meth:`restore` or ``respawn(from_snapshot=True)``; the
-    files go when the cluster stops. ``{rank: {"saved", "skipped", "bytes"}}``.
+    files go when the cluster stops. ``{rank: {"saved", "skipped", "missing", "bytes"}}``
+    (``missing``: names this rank lacks that another has). A name no rank has is a
+    ``ClusterError``, and nothing is written.
 
     Example::
 
@@ -51,6 +76,15 @@ def snapshot(cluster: Cluster, names: list[str] | None = None) -> dict[int, dict
         cluster.snapshot(["step"])[0]["saved"]     # ['step']
     """
     cluster.require_running()
+    if names:
+        missing, known = _nowhere(
+            cluster, names, "Snapshot", "clusterkernel.rank._variables:variables"
+        )
+        if missing:
+            raise ClusterError(
+                f"Snapshot: no rank has a variable {', '.join(missing)}; nothing was "
+                f"saved (the last snapshot is kept).{_close(missing, known)}"
+            )
     return _on_ranks(
         cluster, cluster.live_ranks, "Snapshot", "clusterkernel.rank._snapshot:save",
         cluster.run_dir, names,
@@ -58,8 +92,11 @@ def snapshot(cluster: Cluster, names: list[str] | None = None) -> dict[int, dict
 
 
 def restore(cluster: Cluster, names: list[str] | None = None) -> dict[int, dict]:
-    """Every live rank loads its last :meth:`snapshot` (``names`` of it, or all), e.g.
-    after :meth:`restart`; DataParallel models are attached to the ranks again.
+    """Every live rank loads its last :meth:`snapshot` (``names`` of it, or all) into
+    its namespace, e.g. after :meth:`restart`; DataParallel models are attached to the
+    ranks again, and functions defined in cells keep the ranks' ``globals()`` as theirs.
+    ``{rank: {"restored", "missing"}}`` (``missing``: names of another rank's snapshot).
+    A name no rank's snapshot holds is a ``ClusterError``, and nothing is loaded.
 
     Example::
 
@@ -70,6 +107,16 @@ def restore(cluster: Cluster, names: list[str] | None = None) -> dict[int, dict]
         cluster.pull("step")[0]                   # 7
     """
     cluster.require_running()
+    if names:
+        missing, known = _nowhere(
+            cluster, names, "Restoring the snapshot", "clusterkernel.rank._snapshot:held",
+            cluster.run_dir,
+        )  # fmt: skip
+        if missing:
+            raise ClusterError(
+                f"Restore: no rank's snapshot holds {', '.join(missing)}; nothing was "
+                f"restored. The snapshot holds: {_listed(known)}.{_close(missing, known)}"
+            )
     return restore_on(cluster, names, cluster.live_ranks)
 
 
