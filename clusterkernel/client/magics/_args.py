@@ -324,32 +324,10 @@ def _options(parser: argparse.ArgumentParser) -> str:
 SUBCOMMANDS = _summary()
 
 
-# The end of %mpi?: a session as typed, in order (a %%mpi cell's body indented under
-# it); tests/test_docs_run.py runs every line of it.
-EXAMPLES = """\
-Examples (a session, in this order):
-  %mpi start -n 2 --timeout 120
-  %%mpi --profile
-      import torch
-      from clusterkernel import comm
-      t = torch.full((3,), float(comm.rank()))
-      comm.all_reduce(t, op=comm.SUM)
-  cluster.profile_result.save("cell.speedscope.json")
-  %mpi push lr=0.01
-  %mpi pull t --rank 1
-  %mpi status
-  %mpi snapshot t
-  %mpi restart
-  %mpi restore t
-  %mpi export job.py --sbatch job.sbatch
-  %mpi stop
-"""
-
-
 def mpi_help() -> str:
-    """The text of ``%mpi?``: the summary, each parser's options, then examples."""
+    """The text of ``%mpi?``: the summary, then each parser's options."""
     parts = ["Run code on MPI ranks from IPython.", "", SUBCOMMANDS]
     for first, prog in HELP_ROWS:
         if not isinstance(first, str):
             parts += [f"Options of {prog}:", _options(first.parser), ""]
-    return "\n".join([*parts, EXAMPLES])
+    return "\n".join(parts)

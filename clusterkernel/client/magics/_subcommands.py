@@ -104,7 +104,6 @@ class Subcommands:
         except ClusterError as e:
             raise UsageError(str(e)) from None
         self.cluster = cluster
-        self._bind_cluster_name(cluster)
         where = sorted({row["host"] for row in cluster.status()})
         on = f" on {len(where)} nodes ({', '.join(where)})" if len(where) > 1 else ""
         group = ""
@@ -118,20 +117,6 @@ class Subcommands:
             )
         print(f"Started {cluster.n} MPI ranks ({cluster.launcher.describe()}){on}{group}{kept}.")
 
-    def _bind_cluster_name(self, cluster: Cluster) -> None:
-        """``cluster`` in the user's namespace, as the docs write it (``cluster.profile_result``,
-        ``cluster.respawn(...)``). A ``cluster`` of the user's own stays: a note says so."""
-        ns = self.shell.user_ns
-        held = ns.get("cluster")
-        # a Cluster no longer running is an earlier start's (or one the user stopped)
-        if held is None or (isinstance(held, Cluster) and not held.running):
-            ns["cluster"] = cluster
-        elif held is not cluster:
-            print(
-                f"Note: your own `cluster` ({type(held).__name__}) is left as it is; "
-                "these ranks' Cluster is clusterkernel.current_cluster()."
-            )
-
     def _sub_list(self, rest: str) -> None:
         print(kept_report())  # as `clusterkernel list`: ended ones are told once, then removed
 
@@ -144,7 +129,6 @@ class Subcommands:
             )
         cluster = Cluster.attach(args.id, force=args.force)  # ClusterError: a message
         self.cluster = cluster
-        self._bind_cluster_name(cluster)
         if cluster.replaced:
             print(
                 f"Took cluster {cluster.id} over from pid {cluster.replaced['pid']} on "
