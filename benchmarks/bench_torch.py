@@ -1,21 +1,35 @@
 """Issue 22: your torch.distributed code in %%mpi cells vs the same code under torchrun.
 
-Each part side by side in one run, rounds interleaved:
+Each part side by side in one run, rounds interleaved. Both sides make torch's default
+group with the same backend (the torchrun side is given the ranks' own
+``dist.get_backend_config()``: ``cpu:gloo,cuda:nccl`` on a GPU, ``gloo`` on CPU):
 
-- ``ddp``: DDP (gloo, CPU) training throughput of one training function, run by
+- ``ddp``: DDP training throughput of one training function, run by
   ``torchrun --standalone --nproc-per-node N`` and in a ``Cluster(n=N, torch=True)``
   through ``cluster.run`` (what a ``%%mpi`` cell does). Samples/s = samples trained
   by all ranks / the slowest rank's time; warm-up steps are not timed. The cluster is
   started once (start time is the other question). Target: >= 0.98x torchrun.
-- ``ddp --aa``: the same, with a second torchrun each round, so the torchrun/torchrun
-  ratio (A/A: the same side twice) shows how far two identical runs differ here.
-- ``where`` (issue 36 item 8 on CPU): where each side's time goes in that training. Both
+  ``--model``: ``mlp`` (a few small kernels a step: launch-bound on a GPU, where what
+  the process around the loop costs shows), ``transformer`` (one pre-norm encoder block
+  in bf16: compute-bound on a GPU), or both, each torchrun process running the cases
+  in the same order the cells do. Each side also reports the timed loop's CPU per step
+  (the main thread's, the process's) and the cores it may run on.
+- ``ddp --aa`` (always with ``--device cuda``): a second torchrun each round, so the
+  torchrun/torchrun ratio (A/A: the same side twice) shows how far two identical runs
+  differ here. ``--rank-env``: a third torchrun with the ``TORCH*`` variables the
+  ranks have (the flight recorder, NCCL's timing): is a gap those?
+- ``ddp --profile-torch``: the first model's case plain and profiled on both sides,
+  ``%%mpi --profile torch`` (``cluster.run(..., profile="torch")``) against
+  ``torch.profiler`` with the same activities around the same call under torchrun
+  (its trace exported, as ours is); the cost as plain / profiled samples/s (the loop)
+  and profiled / plain seconds (the call: the cell as the notebook waits for it).
+- ``where`` (issue 36 item 8): where each side's time goes in that training. Both
   sides run under clusterkernel's sampler (``cluster.run(..., profile=True)``; under
   torchrun the sampler an exported ``--profile`` job starts, ``clusterkernel.rank.
   _profile``) and count CPU seconds during ``train`` (after a one-step call, so both
   processes are warm): each rank's threads by name (``/proc/self/task``), the
   processes around the ranks (the notebook's client, the controller, the launcher;
-  torchrun's agent, read by its worker from ``/proc``).
+  torchrun's agent, read by its worker from ``/proc``). The A/A control as ``ddp``'s.
 - ``start``: ``Cluster(n=4).start()`` vs ``Cluster(n=4, torch=True).start()`` (the
   group made on every rank), each stopped again, and the ``--torch`` start with
   torch.distributed's import left to the group's set-up (``CLUSTERKERNEL_PREIMPORT=""``,
@@ -26,7 +40,10 @@ Run from the repository root, under the MPI lock, on a quiet machine::
     flock /tmp/ck-mpi.lock python benchmarks/bench_torch.py [--part ddp|start|all] [--rounds 5]
     flock /tmp/ck-mpi.lock python benchmarks/bench_torch.py --part ddp --aa --rounds 9
     flock /tmp/ck-mpi.lock python benchmarks/bench_torch.py --part where --rounds 5
-    python benchmarks/bench_torch.py --part ddp --device cuda --ranks 1 --batch 4096 --steps 1000  # GPU
+    # on a GPU (benchmarks/gpu_check.sh runs these):
+    python benchmarks/bench_torch.py --part ddp --device cuda --ranks 1 \\
+        --model mlp,transformer --profile-torch --profile-steps 300 --rank-env
+    python benchmarks/bench_torch.py --part where --device cuda --ranks 1 --rounds 3
 """
 
 from __future__ import annotations
@@ -42,9 +59,12 @@ from pathlib import Path
 
 import _harness as h
 
-# One training function, the same text for both sides.
+# One training function, the same text for both sides. Two models: ``mlp``, a few
+# small kernels a step (launch-bound on a GPU: what the process around the loop costs
+# shows here), and ``transformer``, one pre-norm encoder block in bf16 (compute-bound on
+# a GPU). ``train.last`` keeps what the timed loop cost this process's CPU.
 _TRAIN = """
-def train(steps=200, warmup=10, batch=64, device="cpu"):
+def train(steps=200, warmup=10, batch=64, device="cpu", model="mlp"):
     import os, time, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     if device == "cuda":
@@ -52,37 +72,78 @@ def train(steps=200, warmup=10, batch=64, device="cpu"):
         torch.cuda.set_device(device)
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     torch.manual_seed(0)
-    teacher = torch.nn.Linear(256, 10).to(device)
-    net = torch.nn.Sequential(
-        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-        torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(device)
+    g = torch.Generator(device=device).manual_seed(dist.get_rank())
+    if model == "mlp":
+        teacher = torch.nn.Linear(256, 10).to(device)
+        net = torch.nn.Sequential(
+            torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+            torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(device)
+
+        def loss_of(ddp):
+            x = torch.randn(batch, 256, generator=g, device=device)
+            y = teacher(x).argmax(1)
+            return torch.nn.functional.cross_entropy(ddp(x), y)
+    else:  # "transformer": batch sequences of seq tokens
+        width, seq, heads = (2048, 512, 16) if device != "cpu" else (64, 32, 4)
+        net = torch.nn.TransformerEncoderLayer(
+            width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True
+        ).to(device, torch.bfloat16)
+
+        def loss_of(ddp):
+            x = torch.randn(batch, seq, width, generator=g, device=device, dtype=torch.bfloat16)
+            return ddp(x).float().square().mean()
     ddp = DDP(net)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    g = torch.Generator(device=device).manual_seed(dist.get_rank())
     for step in range(warmup + steps):
         if step == warmup:
             sync()
             dist.barrier()
-            t0 = time.perf_counter()
-        x = torch.randn(batch, 256, generator=g, device=device)
-        y = teacher(x).argmax(1)
+            t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        loss_of(ddp).backward()
         opt.step()
     sync()
     elapsed = time.perf_counter() - t0
+    train.last = {"main_cpu": time.thread_time() - c0, "cpu": time.process_time() - p0,
+                  "wall": elapsed, "cores": len(os.sched_getaffinity(0))}
     slowest = torch.tensor([elapsed], device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return steps * batch * dist.get_world_size() / slowest.item()
 """
 
+# The torchrun side: the default group made with the backend the cluster's ranks have
+# (their ``dist.get_backend_config()``: like with like), then the same calls the
+# %%mpi side makes, in the same order, in one process: each case, then (with a profile
+# case) that case plain and under torch.profiler with the settings ``--profile torch``
+# uses (CPU ops, CUDA kernels where there is a GPU), its trace exported as ours is.
 _TORCHRUN_MAIN = """
-import json, sys, torch.distributed as dist
-device, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-dist.init_process_group("nccl" if device == "cuda" else "gloo")
-rate = train(steps=steps, device=device, batch=batch)
+import json, os, sys, tempfile, time, torch, torch.distributed as dist
+device, backend, cases, prof_case = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+dist.init_process_group(backend)
+
+
+def timed(case):
+    w0 = time.perf_counter()
+    rate = train(device=device, **case)
+    return {"rate": rate, "call": time.perf_counter() - w0, **train.last}
+
+
+out = {"backend": dist.get_backend_config(), "cases": [timed(c) for c in cases]}
+if prof_case:
+    from torch.profiler import ProfilerActivity, profile
+    out["plain"] = timed(prof_case)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    w0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        rate = train(device=device, **prof_case)
+    last = train.last
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    prof.export_chrome_trace(path)
+    os.unlink(path)
+    out["profiled"] = {"rate": rate, "call": time.perf_counter() - w0, **last}
 if dist.get_rank() == 0:
-    print("RATE", json.dumps(rate), flush=True)
+    print("RATE", json.dumps(out), flush=True)
 dist.destroy_process_group()
 """
 
@@ -133,11 +194,12 @@ def train_where(**kw):
 _TORCHRUN_WHERE = """
 import json, sys, torch.distributed as dist
 from clusterkernel.rank import _profile
-device, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-dist.init_process_group("gloo")
+device, backend, case = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+dist.init_process_group(backend)
 _profile.start()  # as an exported --profile job does
-got = train_where(steps=steps, device=device, batch=batch)
+got = train_where(device=device, **case)
 got["profile"] = _profile.stop()
+got["backend"] = dist.get_backend_config()
 every = [None] * dist.get_world_size()
 dist.all_gather_object(every, got)
 if dist.get_rank() == 0:
@@ -145,20 +207,31 @@ if dist.get_rank() == 0:
 dist.destroy_process_group()
 """
 
+# what a case is when --batch/--steps are not given: (batch, steps) by model and device
+_SIZES = {
+    ("mlp", "cpu"): (64, 200),
+    ("mlp", "cuda"): (4096, 600),
+    ("transformer", "cpu"): (4, 20),
+    ("transformer", "cuda"): (32, 60),
+}
 
-def _torchrun(n: int, script: Path, device: str, batch: int, steps: int, tag: str = "RATE"):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+def cases_for(models: list[str], device: str, batch: int | None, steps: int | None) -> list[dict]:
+    """The train() keyword arguments of each model's case."""
+    out = []
+    for model in models:
+        b, s = _SIZES[model, device]
+        out.append({"model": model, "batch": batch or b, "steps": steps or s})
+    return out
+
+
+def _torchrun(
+    n: int, script: Path, device: str, backend: str, *args: str, tag="RATE", env: dict | None = None
+):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     torchrun = [sys.executable, "-m", "torch.distributed.run"]  # the torchrun command
     out = subprocess.run(
-        [
-            *torchrun,
-            "--standalone",
-            f"--nproc-per-node={n}",
-            str(script),
-            device,
-            str(batch),
-            str(steps),
-        ],
+        [*torchrun, "--standalone", f"--nproc-per-node={n}", str(script), device, backend, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -170,58 +243,180 @@ def _torchrun(n: int, script: Path, device: str, batch: int, steps: int, tag: st
     raise RuntimeError(f"torchrun gave no {tag}:\n{out.stdout}\n{out.stderr}")
 
 
-def _cluster_rate(cluster, device: str, batch: int, steps: int) -> float:
-    cluster.run(f"rate = train(steps={steps}, device={device!r}, batch={batch})")
-    return cluster.pull("rate")[0]
+def _backend(cluster) -> str:
+    """The backend config of the cluster's default group (``cpu:gloo,cuda:nccl``, ``gloo``)."""
+    cluster.run("import torch.distributed as dist\nck_backend = dist.get_backend_config()")
+    return cluster.pull("ck_backend")[0]
+
+
+def _rank_env(cluster) -> dict[str, str]:
+    """The ``TORCH*`` variables the ranks have and this process has not (what the cluster
+    sets for torch on its ranks: the flight recorder, NCCL's timing)."""
+    cluster.run(
+        "import os\nck_env = {k: v for k, v in os.environ.items() if k.startswith('TORCH')}"
+    )
+    return {k: v for k, v in cluster.pull("ck_env")[0].items() if os.environ.get(k) != v}
+
+
+def _timed_cell(cluster, code: str, profile=False) -> float:
+    import contextlib
+    import io
+
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):  # a profile's tables
+        cluster.run(code, profile=profile)
+    return time.perf_counter() - t0
+
+
+def _cluster_side(cluster, device: str, cases: list[dict], prof_case: dict | None) -> dict:
+    """The calls torchrun's script makes, each a cell of its own, in the same order."""
+
+    def one(case: dict, profile=False) -> dict:
+        call = _timed_cell(
+            cluster,
+            f"ck_r = train(device={device!r}, **{case!r})\nck_r = (ck_r, train.last)",
+            profile,
+        )
+        rate, last = cluster.pull("ck_r")[0]
+        return {"rate": rate, "call": call, **last}
+
+    out = {"cases": [one(c) for c in cases]}
+    if prof_case:
+        out["plain"] = one(prof_case)
+        out["profiled"] = one(prof_case, profile="torch")
+    return out
+
+
+def _band(xs: list[float], digits: int = 3) -> str:
+    med, q1, q3 = h.median(xs), *h.middle_half(xs)
+    return f"{med:.{digits}f}x [{q1:.{digits}f}-{q3:.{digits}f}]"
 
 
 def part_ddp(
-    n: int, rounds: int, device: str = "cpu", batch: int = 64, steps: int = 200, aa: bool = False
+    n: int,
+    rounds: int,
+    device: str = "cpu",
+    cases: list[dict] | None = None,
+    aa: bool = False,
+    prof_case: dict | None = None,
+    rank_env: bool = False,
 ) -> None:
+    """Each case (and the profile pair) on both sides, rounds interleaved; the A/A
+    control with ``aa`` (always on a GPU); with ``rank_env`` a torchrun more each round
+    with the ``TORCH*`` variables the ranks get (is a gap theirs?)."""
     from clusterkernel import Cluster
 
+    cases = cases or cases_for(["mlp"], device, None, None)
+    aa = aa or device == "cuda"
+    sides = ["torchrun", "%%mpi"] + ["torchrun again"] * aa + [_RANK_ENV] * rank_env
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "train_ddp.py"
         script.write_text(_TRAIN + _TORCHRUN_MAIN)
         cluster = Cluster(n=n, torch=True, env={"OMP_NUM_THREADS": "1"}).start()
         try:
             cluster.run(_TRAIN)
-            ours, theirs, again = [], [], []
-            sides = ("torchrun", "cluster", "torchrun again") if aa else ("torchrun", "cluster")
+            backend = _backend(cluster)
+            print(f"the ranks' group: {backend}; torchrun's made with the same", flush=True)
+            extra = _rank_env(cluster) if rank_env else {}
+            if rank_env:
+                print(f"{_RANK_ENV}: {extra}", flush=True)
+            args = (json.dumps(cases), json.dumps(prof_case))
             for r in range(rounds):
-                got = {}
                 for side in h.order(sides, r):
-                    got[side] = (
-                        _torchrun(n, script, device, batch, steps)
-                        if side.startswith("torchrun")
-                        else _cluster_rate(cluster, device, batch, steps)
-                    )
-                ours.append(got["cluster"])
-                theirs.append(got["torchrun"])
-                again.append(got.get("torchrun again", float("nan")))
+                    if side == "%%mpi":
+                        got = _cluster_side(cluster, device, cases, prof_case)
+                    else:
+                        env = extra if side == _RANK_ENV else None
+                        got = _torchrun(n, script, device, backend, *args, env=env)
+                        if got["backend"] != backend:
+                            raise RuntimeError(
+                                f"torchrun's group is {got['backend']}, ours {backend}"
+                            )
+                    runs[side].append(got)
                 print(
-                    f"round {r + 1}: %%mpi {got['cluster']:.0f} samples/s, torchrun "
-                    f"{got['torchrun']:.0f} samples/s, ratio {got['cluster'] / got['torchrun']:.3f}"
-                    + (f", torchrun again {again[-1]:.0f} samples/s" if aa else ""),
+                    f"round {r + 1}: "
+                    + "; ".join(
+                        f"{c['model']} "
+                        + ", ".join(f"{s} {runs[s][-1]['cases'][i]['rate']:.0f}" for s in sides)
+                        for i, c in enumerate(cases)
+                    )
+                    + " samples/s",
                     flush=True,
                 )
         finally:
             cluster.stop()
-    ratio = h.paired(ours, theirs)
-    if aa:
-        control = h.paired(again, theirs)
+    _ddp_table(runs, device, cases, aa)
+    if prof_case:
+        _profile_table(runs, prof_case, aa)
+
+
+_RANK_ENV = "torchrun, ranks' env"
+
+
+def _ddp_table(runs: dict[str, list[dict]], device: str, cases: list[dict], aa: bool) -> None:
+    """Per case, a row per side: medians of rounds, the ratio to torchrun paired per round,
+    and what the timed loop cost the process's CPU (its main thread, all its threads)."""
+
+    def col(side: str, i: int, key: str) -> list[float]:
+        return [run["cases"][i][key] for run in runs[side]]
+
+    print(
+        f"\n{device}, {len(runs['%%mpi'])} rounds: medians; ratios paired per round [middle half]"
+    )
+    for i, c in enumerate(cases):
+        print(f"\n{c['model']}, batch {c['batch']} per rank, {c['steps']} timed steps:")
         print(
-            f"\nA/A (torchrun again / torchrun): {h.fmt_ratio(control, 3)}; %%mpi / torchrun "
-            f"{h.fmt_ratio(ratio, 3)}: within noise? {h.aa_verdict(ratio, control)}"
+            "| side | samples/s | / torchrun | main thread CPU ms/step | process CPU ms/step "
+            "| wall ms/step | cores |"
         )
+        print("|---|---|---|---|---|---|---|")
+        for side in runs:
+
+            def per_step(key: str, side: str = side, i: int = i, c: dict = c) -> str:
+                return f"{1000 * h.median(col(side, i, key)) / c['steps']:.3f}"
+
+            ratio = h.paired(col(side, i, "rate"), col("torchrun", i, "rate"))
+            print(
+                f"| {side} | {h.median(col(side, i, 'rate')):.0f} "
+                f"| {'-' if side == 'torchrun' else h.fmt_ratio(ratio, 3)} "
+                f"| {per_step('main_cpu')} | {per_step('cpu')} | {per_step('wall')} "
+                f"| {h.median(col(side, i, 'cores')):.0f} |"
+            )
+        if aa:
+            ratio = h.paired(col("%%mpi", i, "rate"), col("torchrun", i, "rate"))
+            control = h.paired(col("torchrun again", i, "rate"), col("torchrun", i, "rate"))
+            print(f"{c['model']}: %%mpi within noise? {h.aa_verdict(ratio, control)}")
+
+
+def _profile_table(runs: dict[str, list[dict]], case: dict, aa: bool) -> None:
+    """What profiling costs each side: plain / profiled loop rate, profiled / plain call
+    time (the call: the cell as the notebook waits for it, or torchrun's call with its
+    trace exported), both per round."""
     print(
-        f"\n{device}, batch {batch} per rank:\n| ranks | %%mpi samples/s (median) | torchrun samples/s (median) | ratio (median of rounds) | middle half |"
+        f"\nprofiled ({case['model']} batch {case['batch']} x {case['steps']} steps): "
+        "cost = plain / profiled samples/s (the loop), profiled / plain seconds (the call)"
     )
+    print("| side | loop cost | call cost | call plain s | call profiled s |")
     print("|---|---|---|---|---|")
-    print(
-        f"| {n} | {h.median(ours):.0f} | {h.median(theirs):.0f} | "
-        f"{ratio[0]:.3f}x | {ratio[1]:.3f}-{ratio[2]:.3f} |"
-    )
+    names = {"%%mpi": "%%mpi --profile torch", "torchrun": "torch.profiler under torchrun",
+             "torchrun again": "torch.profiler under torchrun, again"}  # fmt: skip
+    loop, call = {}, {}
+    for side, rs in runs.items():
+        loop[side] = [r["plain"]["rate"] / r["profiled"]["rate"] for r in rs]
+        call[side] = [r["profiled"]["call"] / r["plain"]["call"] for r in rs]
+        print(
+            f"| {names.get(side, side)} | {_band(loop[side])} | {_band(call[side])} "
+            f"| {h.median(r['plain']['call'] for r in rs):.3f} "
+            f"| {h.median(r['profiled']['call'] for r in rs):.3f} |"
+        )
+    for what, got in (("loop", loop), ("call", call)):
+        ours = [a / b for a, b in zip(got["%%mpi"], got["torchrun"])]
+        line = f"ours / torch's own, {what} cost: {_band(ours)}"
+        if aa:
+            again = [a / b for a, b in zip(got["torchrun again"], got["torchrun"])]
+            line += f" (A/A {_band(again)})"
+        print(line)
 
 
 # train()'s loop, by line: _TRAIN starts both the cell and the torchrun script, so its
@@ -253,7 +448,7 @@ def _role(proc) -> str:
     return proc.name()
 
 
-def _cluster_where(cluster, device: str, batch: int, steps: int) -> dict:
+def _cluster_where(cluster, device: str, case: dict) -> dict:
     import contextlib
     import io
 
@@ -263,9 +458,7 @@ def _cluster_where(cluster, device: str, batch: int, steps: int) -> dict:
     before = {p.pid: h.cpu_seconds([p]) for p in procs}
     c0 = time.process_time()
     with contextlib.redirect_stdout(io.StringIO()):  # the profile shown under the cell
-        cluster.run(
-            f"where = train_where(steps={steps}, device={device!r}, batch={batch})", profile=True
-        )
+        cluster.run(f"where = train_where(device={device!r}, **{case!r})", profile=True)
     client = time.process_time() - c0
     around: dict[str, float] = {"client": client}
     for p in procs:
@@ -277,9 +470,11 @@ def _cluster_where(cluster, device: str, batch: int, steps: int) -> dict:
     return {"ranks": [every[r] for r in sorted(every)], "around": around}
 
 
-def _torchrun_where(n: int, script: Path, device: str, batch: int, steps: int) -> dict:
+def _torchrun_where(n: int, script: Path, device: str, backend: str, case: dict) -> dict:
     c0 = time.process_time()
-    every = _torchrun(n, script, device, batch, steps, tag="WHERE")
+    every = _torchrun(n, script, device, backend, json.dumps(case), tag="WHERE")
+    if every[0]["backend"] != backend:
+        raise RuntimeError(f"torchrun's group is {every[0]['backend']}, ours {backend}")
     # the agent is each worker's parent: its CPU during train(), as rank 0 read it
     around = {"client": time.process_time() - c0, "agent": every[0]["parent"]}
     return {"ranks": every, "around": around}
@@ -342,22 +537,30 @@ def _where_table(runs: dict[str, list[dict]], steps: int) -> None:
         )
 
 
-def part_where(n: int, rounds: int, device: str = "cpu", batch: int = 64, steps: int = 200) -> None:
+def part_where(
+    n: int, rounds: int, device: str = "cpu", case: dict | None = None, aa: bool = False
+) -> None:
+    """Both sides under the sampler; the A/A control (a second torchrun) with ``aa``,
+    always on a GPU."""
     from clusterkernel import Cluster
 
-    runs: dict[str, list[dict]] = {"%%mpi": [], "torchrun": []}
+    case = case or cases_for(["mlp"], device, None, None)[0]
+    sides = ["%%mpi", "torchrun"] + (["torchrun again"] if aa or device == "cuda" else [])
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "train_where.py"
         script.write_text(_TRAIN + _WHERE + _TORCHRUN_WHERE)
         cluster = Cluster(n=n, torch=True, env={"OMP_NUM_THREADS": "1"}).start()
         try:
             cluster.run(_TRAIN + _WHERE + "import os\nck_pid = os.getpid()\n")
+            backend = _backend(cluster)
+            print(f"the ranks' group: {backend}; torchrun's made with the same", flush=True)
             for r in range(rounds):
                 for side in h.order(list(runs), r):
                     runs[side].append(
-                        _torchrun_where(n, script, device, batch, steps)
-                        if side == "torchrun"
-                        else _cluster_where(cluster, device, batch, steps)
+                        _torchrun_where(n, script, device, backend, case)
+                        if side.startswith("torchrun")
+                        else _cluster_where(cluster, device, case)
                     )
                 rates = {s: min(d["rate"] for d in runs[s][-1]["ranks"]) for s in runs}
                 print(
@@ -370,8 +573,12 @@ def part_where(n: int, rounds: int, device: str = "cpu", batch: int = 64, steps:
             cluster.stop()
     ours = [run["ranks"][0]["rate"] for run in runs["%%mpi"]]
     theirs = [run["ranks"][0]["rate"] for run in runs["torchrun"]]
-    print(f"\nboth sampled: %%mpi / torchrun {h.fmt_ratio(h.paired(ours, theirs), 3)}")
-    _where_table(runs, steps)
+    line = f"\nboth sampled: %%mpi / torchrun {h.fmt_ratio(h.paired(ours, theirs), 3)}"
+    if "torchrun again" in runs:
+        again = [run["ranks"][0]["rate"] for run in runs["torchrun again"]]
+        line += f"; A/A: torchrun again / torchrun {h.fmt_ratio(h.paired(again, theirs), 3)}"
+    print(line)
+    _where_table(runs, case["steps"])
 
 
 # the three starts: ranks only; --torch as shipped (torch.distributed imported while
@@ -418,15 +625,31 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2, help="ranks for the ddp part")
     parser.add_argument("--start-ranks", type=int, default=4, help="ranks for the start part")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="ddp part: cuda trains on the ranks' GPUs over NCCL")  # fmt: skip
-    parser.add_argument("--batch", type=int, default=64, help="ddp part: samples per rank per step")
-    parser.add_argument("--steps", type=int, default=200, help="ddp part: timed steps per round")
+                        help="ddp/where: cuda trains on the ranks' GPUs (A/A control always on)")  # fmt: skip
+    parser.add_argument("--model", default="mlp",
+                        help="ddp/where: mlp (launch-bound on a GPU), transformer (one bf16 "
+                             "block, compute-bound), or both: mlp,transformer (where: the first)")  # fmt: skip
+    parser.add_argument("--batch", type=int, help="samples per rank per step (default by model)")
+    parser.add_argument("--steps", type=int, help="timed steps per call (default by model)")
+    parser.add_argument("--profile-torch", action="store_true",
+                        help="ddp part: the first model also plain and profiled on both sides: "
+                             "%%%%mpi --profile torch vs torch.profiler under torchrun")  # fmt: skip
+    parser.add_argument("--profile-steps", type=int, help="steps of the profiled calls")
+    parser.add_argument("--rank-env", action="store_true",
+                        help="ddp part: a torchrun more each round with the ranks' TORCH* variables")  # fmt: skip
     args = parser.parse_args()
+    models = args.model.split(",")
+    if unknown := [m for m in models if m not in ("mlp", "transformer")]:
+        parser.error(f"--model {','.join(unknown)}: use mlp, transformer or mlp,transformer")
+    cases = cases_for(models, args.device, args.batch, args.steps)
+    prof_case = None
+    if args.profile_torch:
+        prof_case = {**cases[0], "steps": args.profile_steps or cases[0]["steps"]}
     with h.mpi_lock():
         if args.part in ("ddp", "all"):
-            part_ddp(args.ranks, args.rounds, args.device, args.batch, args.steps, args.aa)
+            part_ddp(args.ranks, args.rounds, args.device, cases, args.aa, prof_case, args.rank_env)
         if args.part == "where":
-            part_where(args.ranks, args.rounds, args.device, args.batch, args.steps)
+            part_where(args.ranks, args.rounds, args.device, cases[0], args.aa)
         if args.part in ("start", "all"):
             part_start(args.start_ranks, args.rounds)
 

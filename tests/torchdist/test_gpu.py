@@ -1,7 +1,8 @@
 """GPU ranks for real: run where CUDA GPUs are at hand (``pytest -m gpu``); skipped elsewhere.
 
 Correct at any GPU count: with one GPU the NCCL tests run one rank, and the shared-GPU
-test runs one rank more than there are GPUs. What they showed on a GPU machine is in
+test runs one rank more than there are GPUs. The respawn test runs two fault-tolerant
+ranks on GPU 0 (the helpers and checks of ``tests/cluster/test_respawn.py``'s DDP case). What they showed on a GPU machine is in
 BENCHMARKS.md ("GPU ranks").
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clusterkernel import Cluster
+from clusterkernel import Cluster, RankError
+from tests._procs import wait_no_cluster_processes
 
 pytestmark = [
     pytest.mark.gpu,
@@ -140,3 +142,72 @@ def test_fsdp2_and_dtensor_on_gpus(gpu_cluster: Cluster):
     assert all(gpu_cluster.pull("sharded").values())
     assert set(gpu_cluster.pull("full").values()) == {sum(range(4 * n))}
     assert set(gpu_cluster.pull("local").values()) == {4}
+
+
+# a DDP model on the rank's GPU, data by step and rank; rank 1 is killed at step 20
+_RESPAWN_TRAIN = """
+import os, signal, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).cuda()
+ddp = DDP(net)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+step = 0
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 6, generator=g).cuda(), torch.randn(8, 1, generator=g).cuda()
+"""
+
+_RESPAWN_LOOP = """
+while step < 40:
+    if DIE and step == 20 and dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    x, y = batch(step, dist.get_rank())
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    opt.step()
+    step += 1
+weights = torch.cat([p.detach().flatten() for p in net.parameters()]).cpu()
+"""
+
+_WHERE = """
+import os, torch, torch.distributed as dist
+where = (torch.cuda.current_device(), os.environ.get("CLUSTERKERNEL_GPUS"), dist.get_backend(),
+         dist.get_world_size(), next(net.parameters()).device.type if "net" in dir() else None,
+         os.getpid())
+"""
+
+
+def test_a_gpu_rank_killed_mid_ddp_is_respawned_on_its_gpu_and_trains_on(no_shared_cluster):
+    """Two fault-tolerant ranks on GPU 0 (``gpu_share``: a gloo group moving CUDA
+    tensors): rank 1 killed in a DDP loop, respawned from rank 0; the new process is
+    bound to its predecessor's GPU, the group is made again over both, and the DDP
+    model trains on to the weights of an undisturbed run."""
+    c = Cluster(
+        n=2, torch=True, gpu_share=True, fault_tolerant=True, env={"OMP_NUM_THREADS": "1"}
+    ).start()
+    try:
+        assert c.gpus == {0: [0], 1: [0]}
+        c.run(_RESPAWN_TRAIN + "DIE = False\n" + _RESPAWN_LOOP)
+        undisturbed = c.pull("weights")[0]
+        c.run(_RESPAWN_TRAIN + "DIE = True\n" + _WHERE)
+        before = c.pull("where")
+        assert before[1][:4] == (0, "0", "gloo", 2), before
+        with pytest.raises(RankError) as info:
+            c.run(_RESPAWN_LOOP, timeout=120)
+        assert [f.ranks for f in info.value.failures if f.kind == "died"] == [[1]]
+        assert c.pull("step", ranks=[0]) == {0: 20}  # the step that failed
+        report = c.respawn(source=0)
+        assert report.ranks == [1] and "ddp" in report.ddp, report.summary()
+        c.run(_WHERE)
+        after = c.pull("where")
+        assert after[1][:5] == before[1][:5], (before, after)  # its GPU, gloo, 2 ranks, CUDA model
+        assert (
+            after[1][5] != before[1][5] and after[0][5] == before[0][5]
+        )  # new process, same survivor
+        c.run("DIE = False\n" + _RESPAWN_LOOP)
+        for rank, weights in c.pull("weights").items():
+            assert (weights - undisturbed).abs().max().item() < 1e-5, rank
+    finally:
+        c.stop()
+    assert not wait_no_cluster_processes(20)
