@@ -180,14 +180,139 @@ def docstring_examples() -> list[Example]:
 
 def readme_examples() -> list[Example]:
     """The ```python blocks of the README and of the user docs in ``docs/``, each named
-    by its file and the line of its opening fence."""
+    by its file and the line of its opening fence. A block marked not run in the doc
+    (``<!-- not run: why -->`` before its fence) carries that as its ``# not run`` line."""
+    docs = ["README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]
     out = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        text = path.read_text()
-        where = str(path.relative_to(ROOT))
-        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+    for block in doc_blocks(docs):
+        if block.lang == "python":
+            code = block.code + (f"# not run: {block.not_run}\n" if block.not_run else "")
+            out.append(Example(block.name, "README", block.where, code))
+    return out
+
+
+# ------------------------------------------------------ the user docs' fenced blocks
+
+# the user docs whose every fenced block runs (tests/test_docs_run.py; the python ones
+# through tests/test_examples.py); docs/ARCHITECTURE.md's blocks are diagrams
+RUN_DOCS = ("README.md", "docs/GUIDE.md")
+# the comment on the line before a fence that says the block is not run here, and why
+NOT_RUN_NOTE = re.compile(r"^<!-- not run: (\S.*?) -->$")
+# ... or which other test runs it (the set-up commands, the quick start's last command)
+CHECKED_NOTE = re.compile(r"^<!-- checked by (tests/\S+\.py)\b.*-->$")
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block of a user doc, where it is and what it is."""
+
+    where: str  # the doc, relative to the repository: ``README.md``
+    line: int  # the line of its opening fence
+    section: str  # the ``## `` title it is under ('' above the first)
+    lang: str  # ``python``, ``bash``, or '' (an IPython session: ``In [1]: ...``)
+    code: str
+    note: str = ""  # the HTML comment on the line before the fence
+
+    @property
+    def name(self) -> str:
+        return f"{self.where}:{self.line}"
+
+    @property
+    def not_run(self) -> str | None:
+        """Why the block cannot run here (``<!-- not run: why -->``), else None."""
+        m = NOT_RUN_NOTE.match(self.note)
+        return m.group(1) if m else None
+
+    @property
+    def checked_by(self) -> str | None:
+        """The test file that runs this block (``<!-- checked by tests/x.py -->``)."""
+        m = CHECKED_NOTE.match(self.note)
+        return m.group(1) if m else None
+
+
+def doc_blocks(docs: tuple[str, ...] | list[str] = RUN_DOCS) -> list[Block]:
+    """Every fenced block of ``docs``, in document order.
+
+    Example::
+
+        [b.name for b in doc_blocks(["README.md"]) if b.lang == ""][0]   # 'README.md:10'
+    """
+    out = []
+    for where in docs:
+        text = (ROOT / where).read_text()
+        for m in _FENCE.finditer(text):
             line = text.count("\n", 0, m.start()) + 1
-            out.append(Example(f"{where}:{line}", "README", where, m.group(1)))
+            before = text[: m.start()].rstrip("\n").rpartition("\n")[2].strip()
+            titles = re.findall(r"^## (.+)$", text[: m.start()], re.M)
+            note = before if before.startswith("<!--") else ""
+            section = titles[-1] if titles else ""
+            out.append(Block(where, line, section, m.group(1), m.group(2), note))
+    return out
+
+
+@dataclass(frozen=True)
+class Typed:
+    """One input of an IPython session as a user types it, and the output shown under it."""
+
+    where: str  # ``README.md:12``: the doc and line of its prompt
+    number: int  # the ``In [N]`` number (0 where the text shows none)
+    code: str  # a line, a magic, or a cell (``%%mpi`` and its body)
+    shown: tuple[str, ...] = ()  # the output lines the doc shows under it
+
+
+_PROMPT = re.compile(r"^In \[(\d+)\]: ?(.*)$")
+_MORE = re.compile(r"^\s*\.\.\.: ?(.*)$")
+
+
+def session_inputs(block: Block) -> list[Typed]:
+    """An IPython-session block's inputs: ``In [N]: ...`` and its ``   ...:`` lines; the
+    other lines are the output shown under the input above them.
+
+    Example::
+
+        b = Block("x.md", 1, "", "", "In [1]: %mpi status\nrank ...\n")
+        session_inputs(b)[0].code   # '%mpi status'
+    """
+    out: list[Typed] = []
+    for i, text in enumerate(block.code.rstrip("\n").split("\n")):
+        where = f"{block.where}:{block.line + 1 + i}"
+        prompt, more = _PROMPT.match(text), _MORE.match(text)
+        if prompt:
+            out.append(Typed(where, int(prompt.group(1)), prompt.group(2)))
+        elif more and out:
+            last = out[-1]
+            out[-1] = Typed(last.where, last.number, f"{last.code}\n{more.group(1)}", last.shown)
+        elif out:
+            last = out[-1]
+            out[-1] = Typed(last.where, last.number, last.code, (*last.shown, text))
+        else:
+            raise ValueError(f"{where}: a session block must start with an In [N]: prompt")
+    return out
+
+
+def help_inputs(text: str) -> list[Typed]:
+    """The example lines of ``%mpi?`` (its ``Examples`` part, to its end): each line
+    indented by 2 is an input, lines indented by 6 the body of the ``%%`` cell above.
+
+    Example::
+
+        help_inputs("Examples:\n  %mpi start -n 2\n")[0].code   # '%mpi start -n 2'
+    """
+    head = re.search(r"^Examples\b.*:$", text, re.M)
+    if head is None:
+        return []
+    first = text.count("\n", 0, head.start()) + 2
+    out: list[Typed] = []
+    for i, line in enumerate(text[head.end() :].strip("\n").split("\n")):
+        where = f"%mpi help, line {first + i}"
+        if line.startswith("      ") and out:
+            last = out[-1]
+            out[-1] = Typed(last.where, 0, f"{last.code}\n{line[6:]}")
+        elif line.startswith("  ") and line.strip():
+            out.append(Typed(where, 0, line.strip()))
+        elif line.strip():
+            break  # the examples end where the text goes on unindented
     return out
 
 
