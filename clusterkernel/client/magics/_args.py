@@ -1,30 +1,22 @@
 """The ``%mpi`` subcommands' and ``%%mpi``'s argument parsers, and the help made from them.
 
 Usage and options in ``%mpi?`` and in error messages come from these parsers, so a
-new option shows up there by itself. :func:`parse` is how every magic reads its
-options: a typo gets "did you mean", a bad number says what to write.
-:func:`ranks_arg` reads ``--ranks``.
+new option shows up there by itself. :func:`ranks_arg` reads ``--ranks``.
 
 Example::
 
-    parse(start_args, "-n 4 --timeout 60").n             # 4
-    parse(start_args, "--fault-tolerent")                # UsageError: %mpi start: unknown
-                                                         # option --fault-tolerent. Did you
-                                                         # mean --fault-tolerant? ...
+    from IPython.core.magic_arguments import parse_argstring
+    parse_argstring(start_args, "-n 4 --timeout 60").n    # 4
     ranks_arg("0,2-3")                                   # [0, 2, 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
-import math
-from collections.abc import Callable, Iterable
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import (
     MagicHelpFormatter,
-    arg_split,
     argument,
     magic_arguments,
 )
@@ -50,58 +42,6 @@ def ranks_arg(text: str | None) -> list[int] | None:
     return sorted(ranks)
 
 
-def _number(
-    kind: type,
-    flag: str,
-    what: str,
-    example: str,
-    least: float,
-    above: bool = False,
-    hint: str = "",
-) -> Callable[[str], float]:
-    """An argparse ``type`` for ``flag``: a finite ``kind`` of at least ``least`` (more
-    than it when ``above``); anything else is refused saying what to write."""
-
-    def check(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not math.isfinite(value) or value < least or above and value == least:
-            raise argparse.ArgumentTypeError(
-                f"{flag} takes {what}, e.g. {flag} {example}{hint}; got {text}"
-            )
-        return value
-
-    check.__name__ = kind.__name__
-    return check
-
-
-def _duration(text: str) -> str:
-    """``--every``: a duration ``parse_every`` reads (60s, 5m, 1h), kept as typed."""
-    from clusterkernel.client.profile import parse_every
-
-    try:
-        parse_every(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
-_RANKS = _number(int, "-n", "a number of ranks, 1 or more", "4", 1)
-_NO_WATCHDOG = " (leave it out for no watchdog)"
-_TIMEOUT = _number(float, "--timeout", "seconds above 0", "60", 0, above=True, hint=_NO_WATCHDOG)
-_GPUS = _number(int, "--gpus-per-rank", "a number of GPUs, 1 or more", "2", 1,
-                hint=" (--no-gpu-binding for none)")  # fmt: skip
-_FROM = _number(int, "--from", "a rank number", "0", 0)
-_RANK = _number(int, "--rank", "a rank number", "0", 0)
-_HZ = _number(float, "--hz", "samples per second above 0", "100", 0, above=True)
-# %mpi timeout S | off
-timeout_seconds = _number(
-    float, "%mpi timeout", "seconds above 0", "60", 0, above=True, hint=" (or off for none)"
-)
-
-
 def _scheduler_arguments(func):
     """``@argument`` for each scheduler option ``%mpi start`` takes, declared once by the
     schedulers' classes (:mod:`clusterkernel.client.scheduler`); an option several
@@ -114,7 +54,7 @@ def _scheduler_arguments(func):
 @magic_arguments()
 @argument(
     "-n",
-    type=_RANKS,
+    type=int,
     help="number of MPI ranks (default 4, or the Slurm allocation's tasks inside one)",
 )
 @argument(
@@ -127,7 +67,7 @@ def _scheduler_arguments(func):
 @argument("--hosts", help='hosts and slots for several machines, e.g. "a:2,b:2"')
 @argument("--hostfile", help="an MPI hostfile")
 @argument("--mpiexec", help="path of mpiexec (default: next to python, then PATH)")
-@argument("--timeout", type=_TIMEOUT, help="default watchdog for every %%%%mpi cell, seconds")
+@argument("--timeout", type=float, help="default watchdog for every %%%%mpi cell, seconds")
 @argument(
     "--fault-tolerant",
     action="store_true",
@@ -146,7 +86,7 @@ def _scheduler_arguments(func):
 )
 @argument(
     "--gpus-per-rank",
-    type=_GPUS,
+    type=int,
     metavar="K",
     help="GPUs per rank, by LOCAL_RANK (default: 1 where a host has GPUs)",
 )
@@ -182,7 +122,7 @@ def attach_args(line):
 @argument(
     "--from",
     dest="source",
-    type=_FROM,
+    type=int,
     metavar="R",
     help="copy live rank R's variables into the new ranks (default: they start empty)",
 )
@@ -243,10 +183,9 @@ def where_args(line):
     "list the snapshots (--every)",
 )
 @argument("--torch", action="store_true", help="also torch.profiler's CPU ops (start)")
-@argument("--hz", type=_HZ, help="samples per second (start; default 100)")
+@argument("--hz", type=float, help="samples per second (start; default 100)")
 @argument(
     "--every",
-    type=_duration,
     metavar="DURATION",
     help="also keep a snapshot of each window of this length, e.g. 60s, 5m, 1h (start)",
 )
@@ -276,14 +215,14 @@ def debug_args(line):
 
 @magic_arguments()
 @argument("name", help="variable to pull from the ranks")
-@argument("--rank", type=_RANK, help="pull from this rank only (returns the bare value)")
+@argument("--rank", type=int, help="pull from this rank only (returns the bare value)")
 def pull_args(line):
     """%mpi pull: fetch a variable from the ranks as {rank: value}."""
 
 
 @magic_arguments()
 @argument("--ranks", help="comma-separated ranks to run on, e.g. 0,2 (default: all)")
-@argument("--timeout", type=_TIMEOUT, help="watchdog in seconds: report stacks, interrupt, free")
+@argument("--timeout", type=float, help="watchdog in seconds: report stacks, interrupt, free")
 @argument("--noblock", action="store_true", help="return a CellRun at once; .wait() later")
 @argument("--dashboard", action="store_true", help="show the live dashboard while the cell runs")
 @argument(
@@ -357,7 +296,6 @@ HELP_ROWS = [
     (profile_args, "%mpi profile"),
     (debug_args, "%mpi debug"),
     ("%mpi timeout S | off", "default watchdog for %%mpi cells"),
-    ("%mpi help [subcommand]", "this list, or one subcommand's options (%mpi? shows them all)"),
     ("%mpi dashboard", "live per-rank loss, comm, timeline, status"),
     (export_args, "%mpi export"),
     (cell_args, "%%mpi"),
@@ -376,130 +314,6 @@ def _summary() -> str:
         what = (parser.description or "").strip().split("\n")[0].partition(": ")[2].rstrip(".")
         lines += [f"  {usage}", f"      {what}"]
     return "\n".join(lines) + "\n"
-
-
-def parse(func: Callable, line: str) -> argparse.Namespace:
-    """The options of ``line`` by the parser of magic ``func`` (``start_args``, ...).
-
-    A mistake is one short :class:`UsageError` naming the magic: an unknown option with
-    the nearest one (``Did you mean --fault-tolerant?``), a bad choice with the nearest
-    choice, a bad number with what to write. A value that starts with ``-`` is a value
-    (``--every -5s`` is read as ``--every=-5s``, and refused as that).
-    """
-    parser = func.parser
-    parser.exit_on_error = False  # argparse's own errors come here, with the option named
-    try:
-        argv = arg_split(line, strict=True)
-        args, extra = parser.parse_known_args(argv)
-    except argparse.ArgumentError as e:
-        retry = _joined(argv, e) if "expected one argument" in e.message else None
-        if retry is not None:
-            return parse(func, retry)
-        raise UsageError(f"{parser.prog}: {_explain(parser, e)}") from None
-    except (UsageError, ValueError) as e:  # required arguments missing; unclosed quotes
-        raise UsageError(f"{parser.prog}: {e}. {_usage(parser)}") from None
-    if extra:
-        raise UsageError(f"{parser.prog}: {_unknown(parser, extra)}")
-    return args
-
-
-def _joined(argv: list[str], e: argparse.ArgumentError) -> str | None:
-    """``argv`` as a line with the option's next word as its value (``--every=-5s``), when
-    that word starts with ``-`` and is no option; else None."""
-    flags = (e.argument_name or "").split("/")
-    for i, word in enumerate(argv[:-1]):
-        if word in flags and argv[i + 1].startswith("-") and "=" not in word:
-            return " ".join([*argv[:i], f"{word}={argv[i + 1]}", *argv[i + 2 :]])
-    return None
-
-
-def _explain(parser: argparse.ArgumentParser, e: argparse.ArgumentError) -> str:
-    """argparse's message for one option, short: our own types' messages name the option."""
-    name, message = e.argument_name or "", e.message
-    if message.startswith(name.split("/")[-1] + " "):
-        return message
-    action = next((a for a in parser._actions if name in _names(a)), None)
-    if action is not None and action.choices and "invalid choice" in message:
-        given = message.split("'")[1]
-        near = _nearest(given, action.choices)
-        choices = ", ".join(map(str, action.choices))
-        return f"{name} {given!r} is not one of {choices}." + (
-            f" Did you mean {near!r}?" if near else ""
-        )
-    if action is not None and "expected" in message:
-        return f"{name} needs a value: {(action.help or '').replace('%%', '%')}"
-    return f"{name}: {message}"
-
-
-def _names(action: argparse.Action) -> tuple[str, ...]:
-    return ("/".join(action.option_strings), str(action.metavar), action.dest)
-
-
-def _unknown(parser: argparse.ArgumentParser, extra: list[str]) -> str:
-    """What is wrong with the words the parser did not take: each unknown option with the
-    nearest known one (the word after it is taken for its value), other words named."""
-    options = [o for a in parser._actions for o in a.option_strings]
-    said, guessed, after_option = [], True, False
-    for word in extra:
-        if word.startswith("-"):
-            near = _nearest(word.partition("=")[0], options)
-            guessed = guessed and near is not None
-            said.append(f"unknown option {word}." + (f" Did you mean {near}?" if near else ""))
-            after_option = "=" not in word
-        elif not after_option:
-            said.append(f"unexpected {word!r}.")
-            guessed = False
-        else:
-            after_option = False
-    return " ".join(said) + ("" if guessed else f" {_usage(parser)}")
-
-
-def _nearest(given: str, known: Iterable[str]) -> str | None:
-    """The known word nearest ``given`` (a typo of it), or None."""
-    near = difflib.get_close_matches(given, [str(k) for k in known], n=1, cutoff=0.6)
-    return near[0] if near else None
-
-
-def _usage(parser: argparse.ArgumentParser) -> str:
-    """The parser's usage on one line where it is short, else where to read it."""
-    usage = " ".join(parser.format_usage().split())
-    if len(usage) <= 80:
-        return f"Usage: {usage}"
-    return f"%mpi help {parser.prog.split()[-1]} lists its options."
-
-
-def unknown_subcommand(given: str, known: Iterable[str]) -> str:
-    """The message for ``%mpi strat``: the nearest subcommand, or them all on one line.
-
-    Example::
-
-        unknown_subcommand("strat", ["start", "stop"])
-        # "Unknown subcommand 'strat'. Did you mean 'start'? (%mpi help lists them)"
-    """
-    known = sorted(known)
-    near = _nearest(given, known)
-    if near:
-        return f"Unknown subcommand {given!r}. Did you mean {near!r}? (%mpi help lists them)"
-    return f"Unknown subcommand {given!r}; %mpi takes {', '.join(known)} (%mpi help lists them)."
-
-
-def help_text(name: str, known: Iterable[str]) -> str:
-    """``%mpi help``: every subcommand; ``%mpi help start``: its usage and options.
-    ``known``: the subcommands' names (a name not among them is an error)."""
-    name = name.strip().removeprefix("%mpi").strip()
-    if not name:
-        return SUBCOMMANDS + "Each one's options: %mpi help <subcommand>; all of them: %mpi?\n"
-    if name in ("%%mpi", "cell"):
-        return cell_args.parser.format_help()
-    if name not in known:
-        raise UsageError(unknown_subcommand(name, known))
-    for first, second in HELP_ROWS:
-        words = (first if isinstance(first, str) else second).split()
-        if name in (after for before, after in zip(words, words[1:]) if before == "%mpi"):
-            if isinstance(first, str):
-                return f"{first}\n    {second}\n"
-            return first.parser.format_help()
-    return f"%mpi {name}\n"
 
 
 def _options(parser: argparse.ArgumentParser) -> str:
