@@ -69,6 +69,7 @@ from __future__ import annotations
 
 from clusterkernel.comm._alltoall import all_to_all, all_to_all_single
 from clusterkernel.comm._auto import auto_choice
+from clusterkernel.comm._auto.adapt import auto_state
 from clusterkernel.comm._auto.tune import tune
 from clusterkernel.comm._check import check_enabled, check_mode, set_check
 from clusterkernel.comm._dtypes import cuda_aware, force_staging
@@ -148,6 +149,7 @@ __all__ = [
     "all_to_all",
     "all_to_all_single",
     "auto_choice",
+    "auto_state",
     "barrier",
     "broadcast",
     "broadcast_object",

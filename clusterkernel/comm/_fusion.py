@@ -162,9 +162,26 @@ def all_reduce_coalesced(
         raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
     buckets = _buckets_for(key, bucket_bytes, tensors, op)
     nbytes = sum(b.nbytes for b in buckets)
+    arm = None
     if algorithm == "auto":
         biggest = max((b.nbytes for b in buckets), default=0)
         algorithm = _auto.pick(g, "all_reduce_coalesced", tensors[0], biggest) if tensors else "mpi"
+        if tensors and tensors[0].is_cpu:  # device tensors: MPI (pick), nothing to adapt
+            arm = _auto.adaptive(g, "all_reduce_coalesced", biggest)
+        if arm is not None:  # the group's arm: the same algorithm on every member
+            algorithm = arm.current if async_op else arm.next()
+    if arm is None or async_op:
+        return _run_buckets(g, c, tensors, buckets, key, nbytes, op, algorithm, async_op)
+    t0 = _now()
+    _run_buckets(g, c, tensors, buckets, key, nbytes, op, algorithm, False)
+    arm.took(g, algorithm, _now() - t0)
+    return None
+
+
+def _run_buckets(
+    g: Group, c: MPI.Intracomm, tensors: Sequence[torch.Tensor], buckets: list[_Bucket],
+    key: tuple, nbytes: int, op: ReduceOp, algorithm: str, async_op: bool,
+) -> Work | None:  # fmt: skip
     call = begin(
         g,
         "all_reduce_coalesced",

@@ -50,6 +50,7 @@ class Group:
         "_shm",
         "_hier",
         "_auto",
+        "_adapt",
         "_stale",
         "__weakref__",
     )
@@ -74,6 +75,7 @@ class Group:
         self._shm = None  # the shared-memory segment of algorithm="shm" (_shm.segment)
         self._hier = None  # algorithm="hier"'s node and leader communicators (_hier)
         self._auto: dict | None = None  # algorithm="auto"'s rules for this group (_auto)
+        self._adapt: dict | None = None  # auto's arms per op and size class (_auto.adapt)
         self._stale = False  # unpickled where no such group was made (find_group)
         _LIVE.add(self)
 
@@ -95,6 +97,7 @@ class Group:
         self._shm = None  # its segment was the old ranks': the guard removes its names
         self._hier = None
         self._auto = None
+        self._adapt = None  # every member starts the arms afresh, the respawned too
 
     def __repr__(self) -> str:
         return f"Group({self.name}, ranks={list(self.ranks)}, rank={self.rank})"

@@ -20,6 +20,7 @@ import torch
 from mpi4py import MPI
 
 from clusterkernel.comm import _auto, _fastpath, _hier, _plan, _ring, _shm, _torchpath
+from clusterkernel.comm._auto.adapt import size_class
 from clusterkernel.comm._begin import begin, enter, open_entry
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
 from clusterkernel.comm._dtypes import (
@@ -110,7 +111,7 @@ def all_reduce(
     if plan is None:
         plan = _plan_all_reduce(g, tensor, op, algorithm, key)
     if plan.probe and g._shm is not None:  # a tensor in the group's shared memory?
-        if _auto.zero_copy(g, tensor, plan.size, plan.alg) == "shm":
+        if _auto.zero_copy(g, tensor, plan.size):
             key = (key[0], key[1], op, "shm", True)
             plan = g._plans.get(key) or _plan_all_reduce(g, tensor, op, "shm", key)
     # the flight entry only: the plan holds the rest of the call's records (a Call is
@@ -128,9 +129,12 @@ def _plan_all_reduce(
     wired = reduced(info)
     mpi_op = op_for(op, wired.kind, tensor.dtype)  # raises if undefined for the dtype
     cpu = key[4]
+    run = None
     if algorithm == "auto":
         algorithm = _auto.choose(g, "all_reduce", size) if cpu else "mpi"
         probe = cpu and size >= _auto.ZERO_COPY_MIN  # shm_empty tensors: "shm" (per call)
+        if cpu and _auto.adaptive(g, "all_reduce", size) is not None:
+            run = _run_adaptive  # per call: the arm's algorithm, timed
     else:
         probe = False
         if algorithm != "mpi":
@@ -139,13 +143,13 @@ def _plan_all_reduce(
     own = direct(info, cpu)
     divisor = g.size if op is AVG else 1
     handles = None  # the C path: MPI on a host tensor's own memory, nothing after
-    if algorithm == "mpi" and own and divisor == 1 and not probe:
+    if algorithm == "mpi" and own and divisor == 1 and not probe and run is None:
         if size < HUGE_THRESHOLD:  # huge buffers are registered first (buf())
             handles = _fastpath.handles(g, info, mpi_op)
     plan = _plan.Plan(
         g,
         "all_reduce",
-        _RUNS[algorithm],
+        run or _RUNS[algorithm],
         wired,
         size=size,
         dtype=tensor.dtype,
@@ -204,6 +208,19 @@ def _run_shm(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work |
 
 def _run_hier(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
     return _hier.all_reduce(g, tensor, plan.op, async_op, plan.call(entry), plan)
+
+
+def _run_adaptive(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
+    # auto on an adaptive size class: the plan of the algorithm the group's arm says
+    # (the same on every member), which writes the call's records; blocking calls timed
+    arm = g._adapt[("all_reduce", size_class(plan.size))]
+    alg = arm.current if async_op else arm.next()
+    key = (tensor.dtype, tensor.numel(), plan.op, alg, True)
+    sub = g._plans.get(key) or _plan_all_reduce(g, tensor, plan.op, alg, key)
+    done = sub.run(sub, g, tensor, async_op, entry, t0)
+    if not async_op:
+        arm.took(g, alg, _now() - t0)
+    return done
 
 
 _RUNS = {"mpi": _run_mpi, "ring": _run_ring, "shm": _run_shm, "hier": _run_hier}

@@ -43,6 +43,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 from clusterkernel.comm import _check
+from clusterkernel.comm._auto import adapt
 from clusterkernel.comm._begin import step_entry
 from clusterkernel.comm._errors import CommError
 from clusterkernel.comm._groups import Group, resolve
@@ -182,7 +183,7 @@ def rules_for(table: list[dict], nodes: int, size: int, forced: str | None = Non
     nearest group size; an algorithm the layout cannot run (shared memory across
     nodes, the hierarchy on one node) becomes ``"mpi"``.
     """
-    rules: dict = {"forced": forced}
+    rules: dict = {"forced": forced, "nodes": nodes}
     for op in CANDIDATES:
         can = usable(op, nodes)
         if forced is not None and forced in can:
@@ -234,18 +235,18 @@ def _setup(g: Group, name: str) -> dict:
     return rules
 
 
-def zero_copy(g: Group, tensor, nbytes: int, algorithm: str) -> str:
-    """``"shm"`` for a large tensor inside one of ``g``'s :func:`shm_empty` allocations
-    (unless ``CLUSTERKERNEL_ALGORITHM`` forces an algorithm).
+def zero_copy(g: Group, tensor, nbytes: int) -> bool:
+    """Whether ``auto`` runs ``"shm"`` for this call: a large tensor inside one of
+    ``g``'s :func:`shm_empty` allocations (unless ``CLUSTERKERNEL_ALGORITHM`` forces an
+    algorithm).
 
     Decided on each rank from its own tensor, so every rank must pass such a tensor:
     if only some do, the call waits, and the hang report (or check mode) names it.
     """
     seg = g._shm
     if nbytes >= ZERO_COPY_MIN and seg is not None and seg.arenas and not g._auto["forced"]:
-        if tensor.is_contiguous() and shm_alloc.find(seg, tensor)[0]:
-            return "shm"
-    return algorithm
+        return tensor.is_contiguous() and shm_alloc.find(seg, tensor)[0] > 0
+    return False
 
 
 def choose(g: Group, name: str, nbytes: int) -> str:
@@ -258,6 +259,20 @@ def choose(g: Group, name: str, nbytes: int) -> str:
     if name == "all_reduce_coalesced" and alg not in FUSED_ALGORITHMS:
         return "mpi"  # buckets have no hierarchy (yet)
     return alg
+
+
+def adaptive(g: Group, name: str, nbytes: int):
+    """The :class:`~.adapt.Arm` of an ``auto`` call ``name`` of ``nbytes`` on ``g``, or
+    None where the call keeps the table's choice (small, one candidate, forced)."""
+    rules = g._auto
+    if rules is None:
+        rules = setup(g, name, nbytes)
+    if rules["forced"] is not None or nbytes < adapt.ADAPT_MIN:
+        return None
+    algs = usable(RULE_OF[name], rules["nodes"])
+    if name == "all_reduce_coalesced":
+        algs = tuple(a for a in algs if a in FUSED_ALGORITHMS)
+    return adapt.arm(g, name, nbytes, algs, choose(g, name, nbytes))
 
 
 def pick(g: Group, name: str, tensor, nbytes: int) -> str:

@@ -214,3 +214,109 @@ def test_a_forced_algorithm_also_holds_for_shm_empty_tensors(table_file):
     rec = [r for r in metrics.recorder().records("comm") if r["op"] == "all_reduce"][-1]
     agree(rec["algorithm"] == "mpi" and bool((big == SIZE).all()), f"{rec}")
     comm.destroy_group(g)
+
+
+def _recorded(n: int, op: str = "all_reduce") -> list[str]:
+    return [r["algorithm"] for r in metrics.recorder().records("comm") if r["op"] == op][-n:]
+
+
+def test_auto_probes_at_the_same_calls_on_every_rank_and_stays_correct(table_file):
+    """Large calls adapt: each other algorithm is probed REPS times from the third
+    call, every rank runs the same algorithm in every call, sums stay right."""
+    from clusterkernel.comm._auto import adapt
+
+    table_file([_row("all_reduce", [], ["mpi"])])  # the table says MPI at every size
+    g = _fresh()
+    calls = adapt.FIRST_ROUND + 2 * adapt.REPS + 4
+    n = adapt.ADAPT_MIN // 4 * 2  # float32: twice the adaptive threshold
+    ok = True
+    for i in range(calls):
+        t = torch.full((n,), float(RANK + i))
+        comm.all_reduce(t, group=g)
+        ok = ok and bool((t == SIZE * i + SIZE * (SIZE - 1) / 2).all())
+    agree(ok, "sums")
+    ran = _recorded(calls)
+    everyone = WORLD.allgather(ran)
+    agree(all(r == ran for r in everyone), f"the ranks ran different algorithms: {everyone}")
+    candidates = set(_auto.usable("all_reduce", 1))
+    if SIZE > 1:  # one rank: one node, the same candidates (shm and the ring on itself)
+        agree(set(ran) == candidates, f"ran {ran}, candidates {candidates}")
+        agree(ran[: adapt.FIRST_ROUND - 1] == ["mpi"] * (adapt.FIRST_ROUND - 1), f"{ran}")
+    state = comm.auto_state(g)[("all_reduce", adapt.size_class(n * 4))]
+    agree(state["why"] in ("probe", "switch") and state["calls"] == calls, f"{state}")
+    everyone = WORLD.allgather(state["algorithm"])
+    agree(len(set(everyone)) == 1, f"the ranks chose differently: {everyone}")
+    comm.destroy_group(g)
+
+
+def test_the_agreed_choice_is_the_fastest_by_its_slowest_rank():
+    """A round's decision: the algorithm whose slowest rank is fastest, the same on
+    every rank, and only when it beats the current one by the margin."""
+    from clusterkernel.comm._auto import adapt
+
+    g = _fresh()
+    a = adapt.Arm(("mpi", "ring", "shm"), "mpi")
+    a.calls = a.next_round = 10
+    # mpi 1.0 s everywhere; ring 0.5 s but 3.0 s on the last rank; shm 0.8 s everywhere
+    for alg, t in (("mpi", 1.0), ("ring", 3.0 if RANK == SIZE - 1 else 0.5), ("shm", 0.8)):
+        a.times[alg].extend([t] * 3)
+    a._decide(g)
+    agree(a.current == "shm" and a.why == "switch", f"{a.state()}")
+    agree(a.next_round == 10 + adapt.INTERVAL_MIN, f"{a.state()}")
+    b = adapt.Arm(("mpi", "ring"), "mpi")
+    b.calls = b.next_round = 10
+    b.times["mpi"].extend([1.0] * 3)
+    b.times["ring"].extend([0.97] * 3)  # within the margin: kept
+    b._decide(g)
+    agree(b.current == "mpi" and b.why == "probe", f"{b.state()}")
+    agree(b.interval == 2 * adapt.INTERVAL_MIN, f"{b.state()}")
+    comm.destroy_group(g)
+
+
+def test_explicit_forced_async_and_small_calls_never_adapt(table_file):
+    from clusterkernel.comm._auto import adapt
+
+    table_file([_row("all_reduce", [], ["mpi"])])
+    g = _fresh()
+    n = adapt.ADAPT_MIN // 4 * 2
+    t = torch.ones(n)
+    calls = adapt.FIRST_ROUND + 2 * adapt.REPS
+    for _ in range(calls):
+        comm.all_reduce(t, group=g, algorithm="mpi")  # explicit: never overridden
+    agree(_recorded(calls) == ["mpi"] * calls, f"{_recorded(calls)}")
+    for _ in range(calls):
+        comm.all_reduce(t, group=g, async_op=True).wait()  # async: the current choice
+    agree(_recorded(calls) == ["mpi"] * calls, f"{_recorded(calls)}")
+    counted = [s["calls"] for s in comm.auto_state(g).values()]
+    agree(counted == [0], f"async calls are not counted: {comm.auto_state(g)}")
+    small = torch.ones(16)
+    for _ in range(calls):
+        comm.all_reduce(small, group=g)
+    agree(len(comm.auto_state(g)) == 1, f"a small size class adapts: {comm.auto_state(g)}")
+    comm.destroy_group(g)
+    os.environ[_auto.ENV_ALGORITHM] = "mpi"
+    g = _fresh()
+    for _ in range(calls):
+        comm.all_reduce(t, group=g)
+    agree(_recorded(calls) == ["mpi"] * calls and comm.auto_state(g) == {}, "forced")
+    comm.destroy_group(g)
+
+
+def test_coalesced_buckets_adapt_like_all_reduce(table_file):
+    from clusterkernel.comm._auto import adapt
+
+    table_file([_row("all_reduce", [], ["mpi"])])
+    g = _fresh()
+    ts = [torch.ones(adapt.ADAPT_MIN // 4) for _ in range(4)]
+    calls = adapt.FIRST_ROUND + 2 * adapt.REPS + 2
+    for _ in range(calls):
+        for x in ts:
+            x.fill_(1.0)
+        comm.all_reduce_coalesced(ts, group=g, bucket_bytes=1 << 30)
+    agree(all(bool((x == SIZE).all()) for x in ts), "sums")
+    ran = _recorded(calls, "all_reduce_coalesced")
+    everyone = WORLD.allgather(ran)
+    agree(all(r == ran for r in everyone), f"{everyone}")
+    if SIZE > 1:
+        agree(set(ran) == {"mpi", "ring", "shm"}, f"{ran}")
+    comm.destroy_group(g)

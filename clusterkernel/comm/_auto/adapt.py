@@ -1,0 +1,171 @@
+"""``algorithm="auto"`` that follows the machine: time what the calls take, now and
+then try the other algorithms, and move to the fastest, all ranks of a group together.
+
+The table (:mod:`clusterkernel.comm._auto`) says where a group starts. A machine's
+speed changes under a running job: other jobs, a host that moves the ranks' vCPUs
+to cores that share no cache, a NUMA placement. So for calls large enough that the
+choice matters (from :data:`ADAPT_MIN` bytes) each group keeps, per op and size
+class (a power of two of bytes), an :class:`Arm`:
+
+- every blocking call of the class runs the arm's current algorithm and notes how
+  long it took on this rank;
+- at fixed call numbers (the 3rd call, then after 16, 32, ... up to every 1024 calls
+  of the class) the next few calls are *probes*: each other algorithm runs
+  :data:`REPS` times, interleaved;
+- after the last probe the members agree, in one small allreduce, on each
+  algorithm's time (the slowest rank's median: a collective ends with its slowest
+  member) and all move to the fastest if it beats the current one by
+  :data:`MARGIN`; a switch starts the probe interval afresh, a kept choice doubles it.
+
+Every member counts the same blocking calls of the same class in the same order, so
+they probe at the same calls and decide from the same agreed numbers: a group never
+runs two algorithms in one call. Calls with ``async_op=True`` run the current choice
+and are not timed (their time is the caller's, up to ``wait()``). An explicit
+``algorithm=``, ``CLUSTERKERNEL_ALGORITHM`` and ``CLUSTERKERNEL_AUTO_ADAPT=0`` never
+adapt. Algorithms reduce in different orders, so while a group probes, sums can
+differ from call to call in the last bits of a float: pin ``algorithm=`` for bitwise
+repeatable runs.
+
+The cost is bounded: at most ``REPS * (algorithms - 1)`` probe calls per round, and
+rounds at most every :data:`INTERVAL_MAX` calls once the choice has settled.
+
+Example::
+
+    t = torch.ones(16 << 20)             # 64 MB: an adaptive size class
+    for _ in range(40):
+        comm.all_reduce(t)
+    comm.auto_state()                    # {('all_reduce', 67108864): {'algorithm': 'ring', ...}}
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from statistics import median
+
+import numpy as np
+from mpi4py import MPI
+
+from clusterkernel.comm._begin import step_entry
+from clusterkernel.comm._groups import Group
+from clusterkernel.comm._ledger import abandon
+
+# Below this many bytes a call takes microseconds: the table's choice (MPI's own,
+# through the C path) stays; a timed, Python-side choice would cost more than it saves.
+ADAPT_MIN = 256 << 10
+REPS = 3  # probe calls per other algorithm and round (the median drops a set-up outlier)
+FIRST_ROUND = 3  # the call number of the first round: after the first calls' set-up
+INTERVAL_MIN, INTERVAL_MAX = 16, 1024
+MARGIN = 0.95  # move only to an algorithm at least 5 % faster: no flapping on noise
+KEEP = 5  # the current algorithm's times kept (its median is the comparison)
+ENV_ADAPT = "CLUSTERKERNEL_AUTO_ADAPT"
+# The flight entry of a round's agreement (the hang report shows ranks waiting there).
+DECIDE_LABEL = "auto decision for"
+
+
+def enabled() -> bool:
+    """Whether ``auto`` adapts in this process (``CLUSTERKERNEL_AUTO_ADAPT=0``: no)."""
+    return os.environ.get(ENV_ADAPT, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class Arm:
+    """One op's size class on one group: the current algorithm and the times seen.
+
+    ``why`` says where the current choice comes from: ``"table"`` (the starting rule),
+    ``"probe"`` (a round kept it) or ``"switch"`` (a round moved to it).
+    """
+
+    __slots__ = ("algs", "current", "why", "calls", "next_round", "interval", "queue", "times")
+
+    def __init__(self, algs: tuple[str, ...], start: str) -> None:
+        self.algs = algs
+        self.current = start
+        self.why = "table"
+        self.calls = 0
+        self.next_round = FIRST_ROUND
+        self.interval = INTERVAL_MIN
+        self.queue: list[str] = []
+        self.times: dict[str, deque] = {a: deque(maxlen=KEEP) for a in algs}
+
+    def next(self) -> str:
+        """The algorithm of the next blocking call (the current one, or a probe)."""
+        self.calls += 1
+        if self.calls == self.next_round:
+            others = [a for a in self.algs if a != self.current]
+            for a in others:
+                self.times[a].clear()  # this round's probes only
+            self.queue = others * REPS  # interleaved: a, b, a, b, ...
+        return self.queue.pop(0) if self.queue else self.current
+
+    def took(self, g: Group, alg: str, seconds: float) -> None:
+        """Note a blocking call's time; after a round's last probe, agree and decide."""
+        self.times[alg].append(seconds)
+        if self.calls >= self.next_round and not self.queue:
+            self._decide(g)
+
+    def _decide(self, g: Group) -> None:
+        mine = np.array(
+            [median(self.times[a]) if self.times[a] else np.inf for a in self.algs], np.float64
+        )
+        agreed = np.empty_like(mine)
+        entry = step_entry(g, f"{DECIDE_LABEL} {self.current}")
+        try:
+            g.inner().Allreduce(mine, agreed, MPI.MAX)
+        finally:
+            abandon(entry)
+        best = self.algs[int(np.argmin(agreed))]
+        now = agreed[self.algs.index(self.current)]
+        if best != self.current and agreed[self.algs.index(best)] < MARGIN * now:
+            self.current, self.why, self.interval = best, "switch", INTERVAL_MIN
+            self.times[best].clear()  # its probes were a round's, not a steady state
+        else:
+            self.why = "probe"
+            self.interval = min(2 * self.interval, INTERVAL_MAX)
+        self.next_round = self.calls + self.interval
+
+    def state(self) -> dict:
+        """What :func:`auto_state` shows of this arm."""
+        return {
+            "algorithm": self.current,
+            "why": self.why,
+            "calls": self.calls,
+            "next_probe_at": self.next_round,
+            "seconds": {a: (median(t) if t else None) for a, t in self.times.items()},
+        }
+
+
+def size_class(nbytes: int) -> int:
+    """The size class of a call of ``nbytes``: the power of two at or above it."""
+    return 1 << max(nbytes - 1, 0).bit_length()
+
+
+def arm(g: Group, op: str, nbytes: int, algs: tuple[str, ...], start: str) -> Arm | None:
+    """``g``'s arm for ``op`` calls of ``nbytes`` (None: this call does not adapt).
+
+    ``algs`` are what the call can run on this group, ``start`` the table's choice.
+    """
+    if nbytes < ADAPT_MIN or len(algs) < 2 or start not in algs:
+        return None
+    arms = g._adapt
+    if arms is None:
+        if not enabled():
+            return None
+        arms = g._adapt = {}
+    key = (op, size_class(nbytes))
+    found = arms.get(key)
+    if found is None:
+        found = arms[key] = Arm(algs, start)
+    return found
+
+
+def auto_state(group: Group | None = None) -> dict:
+    """What ``algorithm="auto"`` chose on ``group`` (default: every rank), per op and
+    size class: the algorithm, why (``table``, ``probe``, ``switch``), the blocking
+    calls made, the call number of the next probe round, and the median seconds seen.
+
+    Local (no communication). Example: ``comm.auto_state()`` after a training loop.
+    """
+    from clusterkernel.comm._groups import resolve
+
+    g = resolve(group)
+    return {key: a.state() for key, a in sorted((g._adapt or {}).items())}
