@@ -76,14 +76,8 @@ class _Pickler(cloudpickle.Pickler):
         # cloudpickle's reduction is (make, (code, globals, name, defaults, closure),
         # state, None, None, its state setter): the same, minus the globals dict
         _make, (code, _globals, name, defaults, closure), state, items, pairs, setter = reduced
-        return (
-            _live_function,
-            (code, name, defaults, closure),
-            (setter, state),
-            items,
-            pairs,
-            (_set_live_state),
-        )
+        live = (code, name, defaults, closure)
+        return _live_function, live, (setter, state), items, pairs, _set_live_state
 
 
 def _live_function(code, name, defaults, closure) -> types.FunctionType:
