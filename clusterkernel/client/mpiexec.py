@@ -129,6 +129,9 @@ _OPENMPI_FT_ENV = {
     "OMPI_MCA_mpi_ft_enable": "1",
     "PRTE_MCA_state_base_recoverable": "1",
     "PRTE_MCA_state_base_notify_errors": "1",
+    # the launcher's log says how each rank ended (a signal, an exit code): the job
+    # goes on, so no report of the death comes otherwise (_jobreport.exits reads it)
+    "PRTE_MCA_odls_base_verbose": "5",
 }
 
 

@@ -30,6 +30,7 @@ from mpi4py import MPI
 
 from clusterkernel.comm import _flight, _ledger
 from clusterkernel.comm._dtypes import DType
+from clusterkernel.comm._errors import _MPIError
 from clusterkernel.comm._flight import FLIGHT, INT_FIELDS, OBJ_FIELDS, OURS, PEER_NONE
 from clusterkernel.comm._gate import GATE
 from clusterkernel.comm._groups import WORLD, Group
@@ -81,7 +82,7 @@ def _configure() -> bool:
         flight=FLIGHT,
         ours=OURS,
         recorder=REC,
-        error=MPI.Exception,
+        error=_MPIError,  # a peer's death: PeerDied
         entry=(INT_FIELDS, OBJ_FIELDS, PEER_NONE),  # the flight ring's slots (_flight.py)
         record=RING,  # the timing records' ring: its memory and layout (records.COMM_LAYOUT)
     )

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from mpi4py import MPI
 
+from clusterkernel.comm._errors import peer_died
 from clusterkernel.comm._ledger import abandon, close
 
 _now = time.perf_counter
@@ -210,7 +211,7 @@ def _clear_mpi_error(name: str, exc: MPI.Exception, statuses: list | None) -> Ba
             f"{name}: the incoming message is larger than the receive tensor; receive "
             "into a tensor with the sender's shape and dtype"
         )
-    return exc
+    return peer_died(exc, name)
 
 
 def run(
@@ -233,7 +234,10 @@ def run(
     if async_op:
         req = nonblocking(*args)
         return Work([req], call, t0, finish, keep=(args, keep), statuses=statuses)
-    blocking(*args)
+    try:
+        blocking(*args)
+    except MPI.Exception as exc:
+        raise peer_died(exc, call.name) from None
     result = finish() if finish is not None else None
     note(call, t0, None)
     return result

@@ -14,6 +14,7 @@ from collections.abc import Generator
 
 from mpi4py import MPI
 
+from clusterkernel.comm._errors import peer_died
 from clusterkernel.comm._handle import _ACTIVE, Call, Work, _now, drive, note
 
 _waitall = MPI.Request.Waitall
@@ -46,9 +47,12 @@ def run(q, call: Call, gen: Generator, async_op: bool, first: int) -> Work | Non
     ``q.last`` when async, so freeing the queue can wait for it)."""
     if inline(q, first, async_op):
         t0 = _now()
-        for reqs in gen:
-            if reqs:
-                _waitall(reqs)
+        try:
+            for reqs in gen:
+                if reqs:
+                    _waitall(reqs)
+        except MPI.Exception as exc:
+            raise peer_died(exc, call.name) from None
         note(call, t0, None)
         return None
     work = drive(call, gen, async_op)

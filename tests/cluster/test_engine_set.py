@@ -156,8 +156,8 @@ def test_timeout_interrupts_python_without_restart(cluster: Cluster):
     "how, expect",
     [
         ("os._exit(3)", "exit code 3"),
-        ("os.kill(os.getpid(), 9)", "signal 9"),
-        ("import ctypes; ctypes.string_at(0)", "signal 11"),  # a segfault
+        ("os.kill(os.getpid(), 9)", "killed by SIGKILL"),
+        ("import ctypes; ctypes.string_at(0)", "killed by SIGSEGV"),  # a segfault
     ],
 )
 def test_dead_rank_is_named_and_restart_recovers(cluster: Cluster, how, expect):
@@ -179,6 +179,37 @@ def test_dead_rank_is_named_and_restart_recovers(cluster: Cluster, how, expect):
     rec = Recorder(cluster.ranks)
     cluster.run("print('back')", renderer=rec)
     assert sorted(per_rank_lines(rec.text)) == [(r, "back") for r in range(4)]
+
+
+def test_a_rank_killed_between_cells_is_told_in_one_line(cluster: Cluster, capsys):
+    """Typed in a shell: the next cell names the rank, how it died and the one command."""
+    import signal
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import clusterkernel.client.magics as ck_magics
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "clusterkernel")
+    magics = ck_magics._magics
+    magics.cluster = cluster
+    try:
+        os.kill(cluster.rank_info[2]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while not cluster.job_ended() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        capsys.readouterr()
+        assert not shell.run_cell("%%mpi\nprint('after')").success
+        said = capsys.readouterr()
+        text = (said.out + said.err).strip()
+        assert text == (
+            "UsageError: Rank 2 died (killed by SIGKILL) before this cell; the MPI job "
+            "ended with it. Run %mpi restart (cluster.restart())."
+        ), text
+    finally:
+        magics.cluster = None
+    cluster.restart()
+    cluster.run("pass")
 
 
 def test_restart_ends_a_rank_nanny_that_would_not_exit(cluster: Cluster):

@@ -291,7 +291,7 @@ def test_ranks_that_die_while_no_one_is_attached_are_reported_once_then_removed(
     while not (_keep.kept() or [{}])[0].get("ended") and time.monotonic() < deadline:
         time.sleep(0.5)
     [record] = _keep.kept()
-    assert record["ended"].startswith("the MPI job ended (killed by signal 9"), record
+    assert record["ended"].startswith("the MPI job ended (killed by SIGKILL"), record
     assert not wait_no_cluster_processes(20)
     with pytest.raises(ClusterError, match="ended while no one was attached: the MPI job ended"):
         Cluster.attach(record["id"])

@@ -109,7 +109,8 @@ def test_start_respawn_as_typed_respawns_after_the_cell_that_saw_a_death(_shared
         _wait_dead(started, [1])
         shell.run_cell_magic("mpi", "", "print('here', comm.rank())")
         said = capsys.readouterr()
-        assert "Rank 1 died" in said.err and "Rank 1 respawned in" in said.err, said
+        assert "Rank 1 died (killed by SIGKILL)" in said.err, said
+        assert "Rank 1 respawned from rank 0 in" in said.err, said
         shell.run_cell_magic(
             "mpi", "", "from clusterkernel import comm\nprint('back', comm.rank())"
         )
@@ -638,12 +639,69 @@ def test_the_magics_respawn_by_hand_and_after_the_cell_that_saw_a_death(ft: Clus
             "mpi", "", "from clusterkernel import comm\nprint('here', comm.rank())"
         )
         said = capsys.readouterr()
-        assert "Rank 3 died" in said.err and "Rank 3 respawned in" in said.err, said
+        assert "Rank 3 died (killed by SIGKILL)" in said.err, said
+        assert "Rank 3 respawned from rank 0 in" in said.err, said
         assert "[rank 3] here 0" not in said.out  # ran on the three live ones, then back
         shell.run_cell_magic(
             "mpi", "", "from clusterkernel import comm\nprint('back', comm.rank())"
         )
         assert "[rank 3] back 3" in capsys.readouterr().out
+    finally:
+        ft.auto_respawn = False
+        magics.cluster = None
+
+
+# a DataParallel step on every rank; rank 2 is killed in it, the others fail in backward
+# (the reducer's all_reduce) or in the next collective
+_DEATH_IN_A_STEP = """%%mpi
+import os, signal, time, torch
+from clusterkernel import comm
+from clusterkernel.train import DataParallel
+torch.manual_seed(0)
+net = torch.nn.Linear(6, 1)
+dp = DataParallel(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+if comm.rank() == 2:
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(0.5)
+dp(torch.ones(4, 6)).sum().backward()
+comm.all_reduce(torch.ones(1))
+"""
+
+# what a user must never read in a death's report
+_RAW = ("MPI_ERR_", "dynamic-code", "Could not get source", "Traceback", "NoEnginesRegistered")
+
+
+def test_a_death_mid_cell_is_told_once_and_the_survivors_errors_folded(ft: Cluster, capsys):
+    """Typed in a shell: the dead rank and how it died, one line for the survivors, what to
+    do; with auto-respawn, what was done."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import clusterkernel.client.magics as ck_magics
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "clusterkernel")
+    magics = ck_magics._magics
+    magics.cluster = ft
+    try:
+        capsys.readouterr()
+        assert not shell.run_cell(_DEATH_IN_A_STEP).success
+        said = capsys.readouterr()
+        text = said.out + said.err
+        assert "[rank 2] died: killed by SIGKILL" in text, text
+        assert "[ranks 0-1,3] " in text and " failed: rank 2 died" in text, text
+        assert "%mpi respawn --from 0" in text, text
+        assert not [raw for raw in _RAW if raw in text], text
+        assert len(text.strip().splitlines()) <= 4, text  # a few lines, not tracebacks
+        ft.respawn(source=0)
+        ft.auto_respawn = True  # what %mpi start --respawn sets
+        assert not shell.run_cell(_DEATH_IN_A_STEP).success
+        said = capsys.readouterr()
+        text = said.out + said.err
+        assert "[rank 2] died: killed by SIGKILL" in text, text
+        assert "Rank 2 respawned from rank 0 in" in text, text
+        assert "%mpi respawn" not in text, text  # says what it did, not what to type
+        assert not [raw for raw in _RAW if raw in text], text
+        assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead
     finally:
         ft.auto_respawn = False
         magics.cluster = None

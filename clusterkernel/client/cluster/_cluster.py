@@ -400,7 +400,9 @@ class Cluster:
     def live_ranks(self) -> list[int]:
         """The ranks cells run on by default: all but those that died."""
         # a fault-tolerant job's rank whose engine the controller lost died between cells
-        return self._ranks.live_ranks((lambda: self.client.ids) if self.fault_tolerant else None)
+        ft = self.fault_tolerant
+        causes = lambda ranks: _rank_faults.death_causes(self, ranks)  # noqa: E731
+        return self._ranks.live_ranks((lambda: self.client.ids) if ft else None, causes)
 
     def engine_id(self, rank: int) -> int:
         """The engine id of ``rank``; a clear error for a dead rank or one that does not exist."""

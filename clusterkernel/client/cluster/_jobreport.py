@@ -10,17 +10,20 @@ Example::
 
     report = job_report(launcher_log)
     dead_ranks(report, n=4)          # [2]
-    death_cause(report)              # "killed by signal 9 (Killed)"
+    death_cause(report)              # "killed by SIGKILL"
+    exits(launcher_log)              # {13690: "killed by SIGKILL"}: by pid
 """
 
 from __future__ import annotations
 
 import re
+import signal
 
-__all__ = ["job_report", "dead_ranks", "death_cause", "OUT_OF_MEMORY"]
+__all__ = ["job_report", "dead_ranks", "death_cause", "exits", "OUT_OF_MEMORY"]
 
-# Lines of ipyparallel's own processes, noise in a launcher's log.
-_IPP_NOISE = ("[KernelNanny", "[IPEngine", "[IPController")
+# Lines of ipyparallel's own processes, and of PRRTE's process watch (a fault-tolerant
+# job's, see exits), noise in a launcher's report.
+_IPP_NOISE = ("[KernelNanny", "[IPEngine", "[IPController", "odls:")
 
 
 def job_report(output: str) -> str:
@@ -76,17 +79,17 @@ def _srun_first(report: str) -> str:
     return report[: m.start()] if m else report
 
 
-OUT_OF_MEMORY = "out of memory: the kernel's OOM killer ended it (signal 9)"
+OUT_OF_MEMORY = "out of memory: the kernel's OOM killer ended it (SIGKILL)"
 
 
 def death_cause(report: str) -> str:
-    """``"exit code 3"`` or ``"killed by signal 9 (Killed)"`` from a launcher's report
+    """``"exit code 3"`` or ``"killed by SIGKILL"`` from a launcher's report
     (:data:`OUT_OF_MEMORY` where Slurm says it killed a task for its memory)."""
     if re.search(r"oom[_-]kill event|: Out Of Memory", _srun_first(report)):
         return OUT_OF_MEMORY
     m = re.search(r"exited\s+on\s+signal\s+(\d+)(?:\s+\(([^)]+)\))?", report)
     if m:
-        return f"killed by signal {m.group(1)}" + (f" ({m.group(2)})" if m.group(2) else "")
+        return killed_by(int(m.group(1)))
     m = re.search(r"Exit code:\s*(-?\d+)", report) or re.search(r"exit code[: ]+(-?\d+)", report)
     if m:
         return f"exit code {m.group(1)}"
@@ -96,8 +99,47 @@ def death_cause(report: str) -> str:
     )
     if m:
         number = {"Killed": 9, "Segmentation fault": 11, "Aborted": 6}[m.group(1)]
-        return f"killed by signal {number} ({m.group(1)})"
+        return killed_by(number)
     return ""
+
+
+def killed_by(number: int) -> str:
+    """``9`` -> ``"killed by SIGKILL"``."""
+    try:
+        return f"killed by {signal.Signals(number).name}"
+    except ValueError:
+        return f"killed by signal {number}"
+
+
+# signal.strsignal's words ("Killed", "Segmentation fault") -> the signal's number
+_SIGNAL_WORDS = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
+# PRRTE's process watch (PRTE_MCA_odls_base_verbose, set for fault-tolerant jobs: the
+# job goes on when a rank dies, so the launcher writes no report of it)
+_ODLS_PID = re.compile(r"odls:wait_local_proc child process (\[[^\]]+\]) pid (\d+) terminated")
+_ODLS_SIGNAL = re.compile(
+    r"odls:waitpid_fired child process (\[[^\]]+\]) terminated with signal (.+)$"
+)
+_ODLS_EXIT = re.compile(r"odls:waitpid_fired child (\[[^\]]+\]) exit code (-?\d+)")
+
+
+def exits(output: str) -> dict[int, str]:
+    """``{pid: how it ended}`` for each process PRRTE's process watch saw end (a
+    fault-tolerant job's launcher log): ``"killed by SIGKILL"``, ``"exit code 3"``."""
+    pids: dict[str, int] = {}
+    how: dict[str, str] = {}
+    for line in output.splitlines():
+        if "odls:" not in line:
+            continue
+        if m := _ODLS_PID.search(line):
+            pids[m.group(1)] = int(m.group(2))
+        elif m := _ODLS_SIGNAL.search(line):
+            words = m.group(2).strip()
+            how[m.group(1)] = (
+                killed_by(_SIGNAL_WORDS[words]) if words in _SIGNAL_WORDS else f"killed ({words})"
+            )
+        elif m := _ODLS_EXIT.search(line):
+            how.setdefault(m.group(1), f"exit code {m.group(2)}")
+    return {pids[name]: why for name, why in how.items() if name in pids}
 
 
 _FAULTHANDLER_FRAME = re.compile(r'File "([^"]*)", line (\d+) in (.*)')

@@ -230,13 +230,28 @@ class MpiexecLauncher:
         return process_ended(engine_set)
 
     def output(self, engine_set, lines: int = 40) -> str:
-        return tail(engine_set.get_output() if engine_set is not None else "", lines)
+        return tail(current_output(engine_set), lines)
 
     def waiting(self, engine_set) -> str | None:
         return None
 
     def stopped(self, engine_set, timeout: float) -> None:
         return None
+
+
+def current_output(engine_set) -> str:
+    """What a launcher has written so far: its file read now (ipyparallel's
+    ``get_output`` keeps the first read, stale while a fault-tolerant job runs on)."""
+    if engine_set is None:
+        return ""
+    path = getattr(engine_set, "output_file", None)
+    if path:
+        try:
+            with open(path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            pass
+    return engine_set.get_output()
 
 
 def tail(text: str, lines: int) -> str:

@@ -13,15 +13,18 @@ Example::
 
     cluster.stacks([1, 3], code=cell)   # {1: "...", 3: "..."}: _rank_faults.stacks
     cluster.dead_ranks()                # None, or ([2], report)
+    death_causes(cluster, [2])          # {2: "killed by SIGKILL"}
 """
 
 from __future__ import annotations
 
 import signal as _signal
 import socket
+import time
 from typing import TYPE_CHECKING
 
 from clusterkernel.client.cluster import _ipp, _jobreport, _stacks
+from clusterkernel.client.errors import format_ranks
 from clusterkernel.protocol import _oom
 from clusterkernel.protocol._names import DEBUG_REQUEST, STACK_SIGNAL
 
@@ -81,6 +84,42 @@ def dead_ranks(cluster: Cluster) -> tuple[list[int], str] | None:
         return None
     report = _jobreport.job_report(cluster.job_output(lines=200))
     return _jobreport.dead_ranks(report, cluster.n), report
+
+
+def death_causes(cluster: Cluster, ranks: list[int], wait: float = 1.0) -> dict[int, str]:
+    """How each of ``ranks`` (of a fault-tolerant job, just found dead) ended: ``"killed
+    by SIGKILL (signal 9)"``, ``"exit code 3"``, :data:`~._jobreport.OUT_OF_MEMORY`; from
+    the launcher's log (``wait`` s at most for its line), else ``"its process exited"``."""
+    pids = {r: cluster.rank_info.get(r, {}).get("pid") for r in ranks}
+    deadline = time.monotonic() + wait
+    while True:
+        ended = _jobreport.exits(cluster.job_output(lines=100_000))
+        if all(pid in ended for pid in pids.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    causes = {r: ended.get(pid, "its process exited") for r, pid in pids.items()}
+    killed = [r for r, why in causes.items() if "SIGKILL" in why]
+    for r in out_of_memory(cluster, killed) if killed else []:
+        causes[r] = _jobreport.OUT_OF_MEMORY
+    return causes
+
+
+def ended_between_cells(cluster: Cluster) -> str | None:
+    """If the MPI job ended while no cell watched it (a rank of a job that is not
+    fault-tolerant died between cells), one line saying which rank died and how; else None."""
+    dead = dead_ranks(cluster)
+    if dead is None:
+        return None
+    ranks, report = dead
+    why = _jobreport.death_cause(report)
+    if "SIGKILL" in why and ranks and out_of_memory(cluster, ranks) == ranks:
+        why = _jobreport.OUT_OF_MEMORY
+    who = (
+        f"{'Rank' if len(ranks) == 1 else 'Ranks'} {format_ranks(ranks)} died"
+        if ranks
+        else "The MPI job ended"
+    )
+    return f"{who}{f' ({why})' if why else ''} before this cell; the MPI job ended with it."
 
 
 def lost_engines(

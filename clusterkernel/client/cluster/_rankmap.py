@@ -184,14 +184,22 @@ class RankMap:
         (``oom``: its memory cgroup's OOM-kill counter then, see :meth:`out_of_memory`)."""
         return dict(self._engines.rank_info) if self._engines is not None else {}
 
-    def live_ranks(self, engine_ids: Callable[[], list[int]] | None) -> list[int]:
+    def live_ranks(
+        self,
+        engine_ids: Callable[[], list[int]] | None,
+        causes: Callable[[list[int]], dict[int, str]] | None = None,
+    ) -> list[int]:
         """Every rank but those that died. ``engine_ids``: the engines the controller still
-        has (a fault-tolerant job's); a rank whose engine left them died between cells."""
+        has (a fault-tolerant job's); a rank whose engine left them died between cells,
+        ``causes(ranks)`` says how (``_rank_faults.death_causes``)."""
         if engine_ids is not None and self._engines is not None:
             # Its nanny has told the controller, which unregistered the engine; the
             # job itself lives on (fault-tolerant only).
             gone = _rank_faults.lost_engines(self.engine_of, engine_ids(), self._health.dead)
-            self._health.ranks_died(gone, "its process exited between cells")
+            if gone:
+                told = causes(gone) if causes is not None else {}
+                for rank in gone:
+                    self._health.ranks_died([rank], told.get(rank, "its process exited"))
         return [r for r in self.ranks if not self._health.is_dead(r)]
 
     def engine_id(self, rank: int, n: int, live: Callable[[], list[int]]) -> int:

@@ -58,13 +58,14 @@ class Respawned:
         """One paragraph for the notebook."""
         if not self.ranks:
             return "No rank has died: nothing to respawn."
-        text = f"Rank {format_ranks(self.ranks)} respawned in {self.seconds:.1f}s"
+        who = f"Rank {format_ranks(self.ranks)} respawned"
+        took = f"in {self.seconds:.1f} s"
         if self.from_snapshot:
-            return text + f"; {len(self.copied)} variables loaded from its own last snapshot."
+            return f"{who} {took}; {len(self.copied)} variables loaded from its own last snapshot."
         if self.source is None:
-            return text + " with an empty namespace (--from R copies a rank's variables)."
-        text += (
-            f"; {len(self.copied)} variables copied from rank {self.source} "
+            return f"{who} {took} with an empty namespace (--from R copies a rank's variables)."
+        text = (
+            f"{who} from rank {self.source} {took}; {len(self.copied)} variables copied "
             f"({self.bytes / 2**20:.1f} MiB)"
         )
         if self.models:
@@ -386,7 +387,10 @@ def death_notice(cluster: Cluster, new: list[int]) -> str:
     causes: dict[str, list[int]] = {}
     for r in new:
         causes.setdefault(dead[r], []).append(r)
-    why = "; ".join(f"rank {format_ranks(rs)}: {w}" for w, rs in causes.items())
+    if len(causes) == 1:  # one cause for all: said once
+        why = next(iter(causes))
+    else:
+        why = "; ".join(f"rank {format_ranks(rs)}: {w}" for w, rs in causes.items())
     head = f"Rank {format_ranks(new)} died ({why})"
     if cluster.auto_respawn:
         return f"{head}. {after_death(cluster)}"

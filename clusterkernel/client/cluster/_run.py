@@ -25,8 +25,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from clusterkernel.client.cluster import _respawn
-from clusterkernel.client.errors import RankError
+from clusterkernel.client.cluster import _rank_faults, _respawn
+from clusterkernel.client.errors import RankError, notebook_execution_count
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster._rankmap import RankMap
@@ -84,9 +84,14 @@ class Cells:
         is kept as ``cluster.profile_result`` (also when the cell raised or was stopped).
         """
         from clusterkernel.client.cluster.runner import CellFaults, CellRun
-        from clusterkernel.protocol.records import CELL_LABEL
+        from clusterkernel.protocol.records import cell_label
 
         cluster.require_running()
+        if not cluster.fault_tolerant:  # a death between cells ended the whole job
+            ended = _rank_faults.ended_between_cells(cluster)
+            if ended is not None:
+                self._rank_map.mark_lost(ended)
+                cluster.require_running()  # says it, and what to do
         explicit = ranks is not None
         ranks = cluster.live_ranks if ranks is None else sorted(set(ranks))
         new = self._rank_map.untold() if not explicit else []
@@ -98,7 +103,8 @@ class Cells:
         if dash is not None:
             dash.show()
         # one name per cell, the same on every rank: the dashboard's runs (CELL_LABEL)
-        self._label = f"{CELL_LABEL}{secrets.token_hex(6)}"
+        # with the notebook's In [N]: the ranks name the cell's code after it in profiles
+        self._label = cell_label(secrets.token_hex(6), notebook_execution_count())
         faults = CellFaults(
             job_ended=self._rank_map.mark_lost, ranks_died=self._rank_map.mark_dead,
             ranks_stuck=lambda _ranks: self._restart(),

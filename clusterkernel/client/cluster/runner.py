@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING
 
 import ipyparallel as ipp
 
-from clusterkernel.client.cluster import _hangreport, _ipp, _rank_faults, _stacks, _torch
+from clusterkernel.client.cluster import (
+    _deathnews,
+    _hangreport,
+    _ipp,
+    _rank_faults,
+    _stacks,
+    _torch,
+)
 from clusterkernel.client.cluster._jobreport import OUT_OF_MEMORY, death_cause
 from clusterkernel.client.debug._breakpoints import Stops
 from clusterkernel.client.errors import (
@@ -114,6 +121,7 @@ class CellRun:
         self._stops = Stops(cluster, self.ranks, self._mds, self.renderer, ask)
         self._pages: dict[int, list[dict]] | None = None  # obj? in the cell: each rank's page
         self._lost_seen = False  # a rank of a fault-tolerant job died during the cell
+        self._died: list[int] = []  # those ranks
         self.started = time.monotonic()
         self.done = False
         # the notebook's cell this run belongs to (a --noblock run is waited on later)
@@ -154,7 +162,9 @@ class CellRun:
         if not gone:
             return
         self._lost_seen = True
-        self.faults.ranks_died(gone, "its process exited")
+        for rank, why in _rank_faults.death_causes(self.cluster, gone).items():
+            self.faults.ranks_died([rank], why)
+        self._died += gone
         if self.busy_ranks():
             self._abort_torch_groups()
 
@@ -221,7 +231,7 @@ class CellRun:
     # ------------------------------------------------------------------ faults
     def _job_ended(self, dead: list[int], report: str) -> RankError:
         why = death_cause(report)
-        oom = self.cluster.out_of_memory(dead) if "signal 9" in why else []
+        oom = self.cluster.out_of_memory(dead) if "SIGKILL" in why else []
         if oom and len(oom) == len(dead):
             why = OUT_OF_MEMORY
         others = [r for r in self.cluster.ranks if r not in dead]
@@ -359,45 +369,57 @@ class CellRun:
         for rank, res in zip(self.ranks, results):
             if isinstance(res, ipp.error.EngineError) or getattr(res, "ename", "") == "EngineError":
                 lost = True
+            elif rank in self._died:  # its reply (if any) says less than its death
+                continue
             elif isinstance(res, ipp.error.RemoteError):
                 kind = "interrupted" if res.ename == "KeyboardInterrupt" else "error"
                 tb = res.traceback or ""
                 items.append((rank, kind, f"{res.ename}: {res.evalue}", tb))
             elif isinstance(res, BaseException):
                 items.append((rank, "error", f"{type(res).__name__}: {res}", ""))
-        note = ""
-        if lost:
+        if lost and not self.cluster.fault_tolerant:
             # The engine vanished; mpiexec's report, once it has exited, says why.
-            # A fault-tolerant job does not exit, so do not wait long for it.
-            deadline = time.monotonic() + (0.5 if self.cluster.fault_tolerant else 5)
+            deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
                 dead = self.cluster.dead_ranks()
                 if dead is not None:
                     return self._job_ended(*dead)
                 time.sleep(_POLL)
-            gone = [
-                r
-                for r, res in zip(self.ranks, results)
-                if getattr(res, "ename", "") == "EngineError"
-                or isinstance(res, ipp.error.EngineError)
-            ]
-            why = "engine lost"
-            if self.cluster.fault_tolerant:
-                why = "its process exited; the fault-tolerant job carries on without it"
-                self.faults.ranks_died(gone, "its process exited")
-                live = self.cluster.live_ranks
-                note = (
-                    f"Later cells run on ranks {format_ranks(live)}; %mpi respawn --from "
-                    f"{live[0]} (cluster.respawn(source={live[0]})) brings rank "
-                    f"{format_ranks(gone)} back with rank {live[0]}'s variables, the others "
-                    "untouched; %mpi restart starts a full set from nothing."
-                )
-            items += [(r, "died", why, "") for r in gone]
+        gone = [
+            r
+            for r, res in zip(self.ranks, results)
+            if getattr(res, "ename", "") == "EngineError" or isinstance(res, ipp.error.EngineError)
+        ]
+        if self.cluster.fault_tolerant and (gone or self._died):
+            return self._ranks_died(items, gone)
+        items += [(r, "died", "engine lost", "") for r in gone]
         if not items:
             return None
         hint = _torch.error_hint([summary for _, _, summary, _ in items], self.cluster.torch)
-        note = "\n".join(n for n in (note, hint) if n)
-        return RankError(group_failures(items), note=note)
+        return RankError(group_failures(items), note=hint)
+
+    def _ranks_died(self, items: list, gone: list[int]) -> RankError:
+        """A fault-tolerant job's ranks died in the cell: each told once with how it
+        died, the survivors' errors that death caused one line per group, and what
+        brings the ranks back (with auto-respawn the cluster does it and says so)."""
+        new = [r for r in gone if r not in self.cluster.dead]
+        for rank, why in _rank_faults.death_causes(self.cluster, new).items():
+            self.faults.ranks_died([rank], why)
+        died = sorted({*self._died, *gone})
+        causes = self.cluster.dead
+        deaths = [(r, "died", causes.get(r, "its process exited"), "") for r in died]
+        note = ""
+        if not self.cluster.auto_respawn:
+            live = self.cluster.live_ranks
+            note = (
+                f"The fault-tolerant job carries on: later cells run on ranks "
+                f"{format_ranks(live)}; %mpi respawn --from {live[0]} "
+                f"(cluster.respawn(source={live[0]})) brings rank {format_ranks(died)} back "
+                f"with rank {live[0]}'s variables; %mpi restart starts a full set."
+            )
+        # the deaths first, then what they caused
+        failures = group_failures(deaths) + group_failures(_deathnews.fold(items, died))
+        return RankError(failures, note=note)
 
 
 def _ranks_word(ranks: list[int]) -> str:
