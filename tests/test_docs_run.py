@@ -128,7 +128,7 @@ def _run_session(inputs: list[Typed], capsys) -> list[str]:
             start = time.monotonic()
             result = shell.run_cell(typed.code, store_history=True)
             out = capsys.readouterr().out
-            print(f"{typed.where}: {time.monotonic() - start:.1f} s", file=sys.__stderr__)
+            print(f"{typed.where}: {time.monotonic() - start:.1f} s")  # shown on a failure
             if not result.success:
                 error = result.error_before_exec or result.error_in_exec
                 failures.append(f"{typed.where}: {typed.code!r} failed: {error!r}\n{out}")
@@ -173,9 +173,9 @@ def test_doc_sessions_run_as_typed(blocks, no_shared_cluster, tmp_path, monkeypa
         # the help is there once the extension is loaded
         inputs.insert(0, Typed("%mpi help", 0, "%load_ext clusterkernel"))
     else:
-        marked = [b for b in blocks if b.not_run]
-        for b in marked:
-            print(f"{b.name}: not run: {b.not_run}", file=sys.__stderr__)
+        with capsys.disabled():  # in the run's output, passed or not
+            for b in (b for b in blocks if b.not_run):
+                print(f"\n{b.name}: not run: {b.not_run}")
         inputs = [t for b in blocks if not b.not_run for t in session_inputs(b)]
     try:
         failures = _run_session(inputs, capsys)
@@ -212,12 +212,13 @@ def test_the_readmes_notebooks_command_is_the_one_the_quick_start_prints():
     assert shlex.split(block.code.strip()) == shlex.split(printed), (block.name, printed)
 
 
-def test_the_docs_blocks_are_all_of_a_kind_that_runs():
+def test_the_docs_blocks_are_all_of_a_kind_that_runs(capsys):
     """Every block is a session, python (tests/test_examples.py), or a shell command
     (above); a section never mixes sessions and python blocks, which would then run in
     two namespaces."""
     marked = [b.name for b in BLOCKS if b.not_run]
-    print(f"{len(marked)} doc examples marked not run: {marked}", file=sys.__stderr__)
+    with capsys.disabled():  # in the run's output, passed or not
+        print(f"\n{len(marked)} doc examples marked not run: {marked}")
     for block in BLOCKS:
         assert block.lang in ("", "python", "bash"), f"{block.name}: ```{block.lang} runs nowhere"
         if block.lang == "":
@@ -255,3 +256,22 @@ def test_start_names_the_cluster_but_leaves_a_users_own(no_shared_cluster, capsy
     finally:
         _end_session(shell)
     assert not wait_no_cluster_processes(20)
+
+
+def test_shown_output_is_matched_in_order_by_kind_of_value():
+    printed = "\rStarting  \rStarted 2 MPI ranks (openmpi).\n[ranks 0-1] 3 0.5\n"
+    assert _missing(("Started 2 MPI ranks (openmpi).", "[ranks 0-1] 3 0.5"), printed) is None
+    assert _missing(("[rank 0] 3 0.5",), printed) == "[rank 0] 3 0.5"  # one label per rank
+    assert _missing(("[ranks 0-1] 3 0.5", "Started ..."), printed) == "Started ..."  # order
+    table = "482913    2  login1   1m   1h59m  none"
+    assert _missing((table,), "182136    2  login1   2s   2h  none\n") is None
+    assert _missing((table,), "182136    3  login1   2s   2h  none\n") == table
+
+
+def test_a_block_marked_not_run_says_why():
+    block = Block("x.md", 3, "", "", "In [1]: %mpi start --gpus-per-rank 1\n", "")
+    assert block.not_run is None and block.checked_by is None
+    marked = Block(block.where, 3, "", "", block.code, "<!-- not run: needs a GPU -->")
+    assert marked.not_run == "needs a GPU"
+    checked = Block(block.where, 3, "", "bash", "ls\n", "<!-- checked by tests/x.py -->")
+    assert checked.checked_by == "tests/x.py"
