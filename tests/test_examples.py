@@ -1,5 +1,6 @@
 """Every example users read runs (issue 26 item 2): the ``Example`` blocks of the public
-docstrings and the ```python blocks of README.md (collected by ``tests/_examples.py``),
+docstrings and the ```python blocks of README.md and docs/ (collected by ``tests/_examples.py``;
+their IPython sessions and ``%mpi?``'s examples run in ``tests/test_docs_run.py``),
 one test each, named by the public object (``clusterkernel.comm.all_reduce``) or the
 README line of the block.
 
@@ -30,8 +31,9 @@ Expected-output comments that are complete Python literals are checked:
 
 Not run: an example that cannot run as a unit (it needs a GPU, Slurm, files that are
 not here, or it would change this machine for other jobs) says so in its own text, on
-a line ``# not run: <why>``. It is still compiled, its test is skipped with that
-reason, and :func:`test_examples_not_run_stay_few` keeps their number small. IPython
+a line ``# not run: <why>`` (a doc's block: ``<!-- not run: <why> -->`` on the line
+before its fence, which the collection turns into that line). It is still compiled,
+its test is skipped with that reason, and :func:`test_examples_not_run_stay_few` keeps their number small. IPython
 examples separate notebook cells by blank lines.
 """
 
