@@ -49,6 +49,34 @@ KINDS = ("comm", "scalar", "span")
 # every rank: the ranks mark their records with it, so each execution of a cell is one
 # run in the dashboard (``Recorder.mark_cell``)
 CELL_LABEL = "ck-cell "
+# What a cell the notebook gave no number is called (``cluster.run`` from a script), as
+# its tracebacks call it; a numbered one is ``Cell In[7]``, as IPython writes it
+UNNUMBERED_CELL = "%%mpi cell"
+
+
+def cell_label(token: str, count: int | None) -> str:
+    """The label of one run of a cell: :data:`CELL_LABEL`, ``token`` (unique per run)
+    and, when known, the notebook's ``In [count]`` (the ranks name the cell's code after
+    it in profiles, as IPython does: ``Cell In[7]``).
+
+    Example::
+
+        cell_label("3f2a", 7)   # "ck-cell 3f2a In[7]"
+    """
+    return f"{CELL_LABEL}{token}" + ("" if count is None else f" In[{count}]")
+
+
+def label_count(label: object) -> int | None:
+    """The notebook's cell number in a :func:`cell_label`, or None (none given, not ours).
+
+    Example::
+
+        label_count("ck-cell 3f2a In[7]")   # 7
+    """
+    if not isinstance(label, str) or not label.startswith(CELL_LABEL) or "In[" not in label:
+        return None
+    number = label.rsplit("In[", 1)[1].rstrip("]")
+    return int(number) if number.isdigit() else None
 
 
 def comm_record(rank: int, fields: tuple) -> dict:

@@ -145,6 +145,9 @@ def _install_stack_handler() -> None:
     from clusterkernel.rank import _warnings  # warnings name the cell, not a temp file
 
     _warnings.install(_ipykernel.shell_of(kernel))
+    from clusterkernel.rank import _profile_cells  # profiles name each cell: Cell In[7]
+
+    _profile_cells.follow(_ipykernel.shell_of(kernel))
     from clusterkernel.rank import _completion  # Tab and Shift-Tab on rank-side names
 
     answer(

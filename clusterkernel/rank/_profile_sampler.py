@@ -3,12 +3,19 @@
 Part of the rank's sampler (``rank/_profile.py``, which owns the one per rank). A
 daemon thread reads ``sys._current_frames()`` ``hz`` times a second and adds the time
 since its last look to each sampled stack (wall time: a ``time.sleep`` or a wait in a
-collective counts, as it does for the rank's progress). It samples the thread that
-runs the cell and the threads the user started; the frames of the machinery around
-the cell (IPython, ipykernel, ipyparallel, zmq, tornado, asyncio, threading,
-clusterkernel's engine runtime) are folded away, and a thread with nothing else on its
-stack is not counted. Each sample also goes to the rolling window and the snapshot
-being filled (``rank/_profile_window.py``).
+collective counts, as it does for the rank's progress). It samples the process's main
+thread (the one that runs the cells: ``main``) and the threads the user started, each
+under its own name; the kernel's own threads (ipykernel's control and IOPub threads,
+the heartbeat, IPython's history saver: a thread whose own code is the kernel's) are
+not sampled. The frames of the machinery around the cell (IPython, ipykernel,
+ipyparallel, jupyter_client, zmq, tornado, asyncio, threading, clusterkernel's engine
+runtime) are folded away, and a user's thread with nothing else on its stack is not
+counted. On an engine, the main thread outside a cell (waiting for the next one,
+answering the notebook's calls) is sampled with an empty stack: the notebook shows
+that time as "between cells", apart from the cells' lines. A cell's frames are named
+as the notebook numbers it, ``Cell In[7]`` (``rank/_profile_cells.py``). Each sample
+also goes to the rolling window and the snapshot being filled
+(``rank/_profile_window.py``).
 
 Example::
 
@@ -25,6 +32,8 @@ import threading
 import time
 from typing import Any
 
+from clusterkernel.protocol import _ipykernel
+from clusterkernel.rank import _profile_cells
 from clusterkernel.rank._profile_window import Windows
 
 DEFAULT_HZ = 100
@@ -36,18 +45,26 @@ THREAD_NAME = "clusterkernel-profile"
 # Outermost frame of a cell's stack on the main thread: everything further out runs it.
 _CELL_RUNNER = "IPython" + os.sep + "core" + os.sep + "interactiveshell.py"
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-# Frames folded away on any thread: the machinery around the user's code.
+# The kernel's code, folded away on any thread; a thread whose own code (the first
+# frame past threading.py) is in it is one of the kernel's threads, not sampled.
 _OUR_RUNTIME = tuple(os.path.join(_OURS, d) + os.sep for d in ("rank", "protocol")) + (
     os.path.join(_OURS, "metrics", "_stream.py"),  # the dashboard's stream thread
 )
-_MACHINERY_DIRS = tuple(
+_KERNEL_DIRS = tuple(
     os.sep + name + os.sep
-    for name in ("ipykernel", "ipyparallel", "IPython", "zmq", "tornado", "traitlets", "asyncio")
-)
+    for name in (
+        "ipykernel", "ipyparallel", "IPython", "jupyter_client", "zmq", "tornado", "traitlets",
+    )
+)  # fmt: skip
+# Other machinery folded away: what runs the user's code without being it.
+_MACHINERY_DIRS = (os.sep + "asyncio" + os.sep,)
 _MACHINERY_FILES = tuple(
-    os.sep + name
-    for name in ("threading.py", "selectors.py", "concurrent/futures/thread.py", "runpy.py")
+    os.sep + name for name in ("selectors.py", "concurrent/futures/thread.py", "runpy.py")
 ) + ("<frozen runpy>",)  # python -m ipyparallel.engine: else idle time counts as busy
+_THREADING = os.sep + "threading.py"
+
+# What a code object is to the sampler (cached per code object)
+_OWN, _RUNNER, _KERNEL, _FOLD, _THREAD = range(5)
 
 Frame = tuple[str, int, str]  # (file, line, function)
 MAX_RUNS = 200_000
@@ -69,7 +86,10 @@ class Sampler:
     ) -> None:
         self.interval = 1.0 / hz
         self.every = every  # seconds per snapshot (None: none cut)
-        self.main_ident = threading.get_ident() if main_ident is None else main_ident
+        # the cells run on the main thread, whichever thread starts the sampler
+        self.main_ident = threading.main_thread().ident if main_ident is None else main_ident
+        # on an engine the main thread also waits for cells and answers the notebook
+        self.cells = _ipykernel.kernel_of() is not None
         self.stacks: dict[tuple[str, tuple[Frame, ...]], float] = {}
         self.samples = 0
         # thread -> [[stack index, start, seconds], ...]: consecutive samples of one
@@ -78,7 +98,7 @@ class Sampler:
         self.timeline: dict[str, list[list]] = {}
         self._runs = 0
         self._comm_from: int | None = None
-        self._folded: dict[Any, bool] = {}  # code object -> machinery?
+        self._kinds: dict[Any, tuple[int, str]] = {}  # code object -> (_OWN..., file shown)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
         self._t0 = 0.0
@@ -166,7 +186,7 @@ class Sampler:
                 continue
             main = ident == self.main_ident
             stack = self._stack(frame, main)
-            if not stack and not main:
+            if stack is None or (not stack and not main):
                 continue
             thread = "main" if main else names.get(ident, str(ident))
             key = (thread, stack)
@@ -185,26 +205,45 @@ class Sampler:
                 self._runs += 1
                 runs.append([idx, start, dt])
 
-    def _stack(self, frame, main: bool) -> tuple[Frame, ...]:
+    def _stack(self, frame, main: bool) -> tuple[Frame, ...] | None:
+        """``frame``'s stack, outermost first, the machinery folded away; empty for the
+        main thread of an engine outside a cell; None for a thread of the kernel's own."""
         out: list[Frame] = []
-        folded = self._folded
+        kinds = self._kinds
+        outer = _OWN  # the kind of the thread's own code (its first frame past threading.py)
         while frame is not None:
             code = frame.f_code
-            fold = folded.get(code)
-            if fold is None:
-                name = code.co_filename
-                fold = folded[code] = (
-                    name.startswith(_OUR_RUNTIME)
-                    or name.endswith(_MACHINERY_FILES)
-                    or any(d in name for d in _MACHINERY_DIRS)
-                )
-            if main and code.co_filename.endswith(_CELL_RUNNER):
+            kind = kinds.get(code)
+            if kind is None:
+                kind = kinds[code] = _kind_of(code.co_filename)
+            if kind[0] == _RUNNER and main:
                 break  # everything further out runs the cell
-            if not fold:
-                out.append((code.co_filename, frame.f_lineno, code.co_name))
+            if kind[0] == _OWN:
+                out.append((kind[1], frame.f_lineno, code.co_name))
+            if kind[0] != _THREAD:
+                outer = kind[0]
             frame = frame.f_back
+        else:  # no cell runner on the stack
+            if main and self.cells:
+                return ()  # the engine between cells: waiting, or answering the notebook
+        if not main and outer in (_KERNEL, _RUNNER):
+            return None
         out.reverse()
         return tuple(out)
+
+
+def _kind_of(filename: str) -> tuple[int, str]:
+    """What code from ``filename`` is to the sampler, and the file shown for it (a
+    cell's: the notebook's name of it, ``Cell In[7]``)."""
+    if filename.endswith(_CELL_RUNNER):
+        return _RUNNER, filename
+    if filename.startswith(_OUR_RUNTIME) or any(d in filename for d in _KERNEL_DIRS):
+        return _KERNEL, filename
+    if filename.endswith(_THREADING):
+        return _THREAD, filename
+    if filename.endswith(_MACHINERY_FILES) or any(d in filename for d in _MACHINERY_DIRS):
+        return _FOLD, filename
+    return _OWN, _profile_cells.cell_name(filename) or filename
 
 
 def _comm_since(start: int | None, t0: float) -> tuple[list[list] | None, int | None]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import textwrap
+import time
 from pathlib import Path
 
 import jsonschema
@@ -286,7 +287,7 @@ def test_profile_start_stop_over_cells_and_its_misuse(cluster: Cluster, capsys):
     try:
         with pytest.raises(UsageError, match="no profile is running"):
             sh.run_line_magic("mpi", "profile stop")
-        with pytest.raises(UsageError, match="invalid choice"):
+        with pytest.raises(UsageError, match="'pause' is not one of start, stop, snapshots"):
             sh.run_line_magic("mpi", "profile pause")
         sh.run_line_magic("mpi", "profile start")
         assert _sampler_running(cluster) == {r: True for r in cluster.live_ranks}
@@ -338,3 +339,127 @@ def test_profile_torch_ops_merge_into_the_dashboard_trace_on_one_clock(cluster: 
         # and the dashboard's: its records of the cell's all-reduces land in it too
         theirs = [e for e in complete if e["pid"] == rank and e["tid"] == 1 and lo <= e["ts"] <= hi]
         assert [e["name"] for e in theirs] == ["all_reduce"] * 5, theirs
+
+
+# ---------------------------------------------------------------- as a user types it
+# A helper defined in one cell and called from a later, profiled one (the sleep is on
+# the body's line 5, the %%mpi line aside)
+GET_BATCH = """%%mpi
+import time
+
+
+def get_batch():
+    time.sleep(0.05)
+    return 1"""
+NOISE = ("<string>", "jupyter_client", "ipykernel", "ipyparallel", "(between cells)", "(engine)")
+
+
+@pytest.fixture
+def shell(cluster: Cluster):
+    """IPython with the extension loaded, its %mpi on the shared cluster."""
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "clusterkernel")
+    magics = ck_magics._magics
+    magics.cluster = cluster
+    yield sh
+    magics.cluster = None
+
+
+def _cell(sh: InteractiveShell, text: str) -> int:
+    """Run ``text`` as a notebook's cell (into In[]); its number."""
+    result = sh.run_cell(text, store_history=True)
+    result.raise_error()
+    return result.execution_count
+
+
+def _noise(p: Profile) -> list[str]:
+    """The top lines of any rank that are the engine's, not the cells'."""
+    return [
+        f"rank {r}: {e.where} {e.function}"
+        for r in p.ranks
+        for e in p.top(r, n=50)
+        if any(n in f"{e.where} {e.function} {e.inside}" for n in NOISE)
+    ]
+
+
+def test_a_helper_from_an_earlier_cell_is_named_after_its_cell_everywhere(
+    shell, cluster: Cluster, capsys, tmp_path: Path
+):
+    helper = _cell(shell, GET_BATCH)
+    profiled = _cell(shell, "%%mpi --profile\nfor _ in range(6):\n    get_batch()")
+    assert profiled > helper
+    p = cluster.profile_result
+    assert sorted(p.ranks) == [0, 1, 2, 3], str(p)
+    for r in p.ranks:
+        top = p.top(r)[0]
+        assert (top.where, top.function) == (f"Cell In[{helper}], line 5", "get_batch"), str(p)
+    assert not _noise(p), _noise(p)
+    shown = capsys.readouterr().out
+    assert f"Cell In[{helper}], line 5" in shown
+    assert "cell line" not in shown and "ipykernel_" not in shown
+    # the flame graph's box of the helper names its cell, the loop's box the profiled one
+    page = p._repr_html_()
+    assert f"get_batch (Cell In[{helper}], line 5)" in page
+    assert f"&lt;module&gt; (Cell In[{profiled}], line 2)" in page
+    assert "ipykernel_" not in page
+    # exported: speedscope's frames and the trace's boxes name the cells, with the line
+    doc = json.loads(p.save(tmp_path / "cells.speedscope.json").read_text())
+    jsonschema.validate(doc, SPEEDSCOPE_SHAPE)
+    frames = doc["shared"]["frames"]
+    assert {"name": "get_batch", "file": f"Cell In[{helper}]", "line": 5} in frames, frames
+    assert not [f for f in frames if "ipykernel_" in f.get("file", "")], frames
+    trace = json.loads(p.save(tmp_path / "cells.json").read_text())
+    boxes = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "python"]
+    assert {e["pid"] for e in boxes if e["name"] == "get_batch"} == {0, 1, 2, 3}
+    assert {(e["args"]["file"], e["args"]["line"]) for e in boxes if e["name"] == "get_batch"} == {
+        (f"Cell In[{helper}]", 5)
+    }
+    assert not [e for e in boxes if "ipykernel_" in e["args"]["file"]]
+
+
+def test_profile_start_stop_shows_the_cells_lines_not_the_engine_s(shell, cluster: Cluster, capsys):
+    helper = _cell(shell, GET_BATCH)
+    _cell(shell, "%mpi profile start")
+    _cell(shell, "%%mpi\nget_batch()")
+    shell.run_line_magic("mpi", "status")  # the notebook asks the ranks between cells
+    time.sleep(1.0)  # and the ranks wait for the next cell
+    last = _cell(shell, "%%mpi\nfor _ in range(3):\n    get_batch()")
+    _cell(shell, "%mpi profile stop")
+    p = cluster.profile_result
+    assert sorted(p.ranks) == [0, 1, 2, 3], str(p)
+    assert not _noise(p), _noise(p)
+    for r in p.ranks:
+        assert p.top(r)[0].where == f"Cell In[{helper}], line 5", str(p)
+        assert p.between(r) > 0 and p.in_cells(r) < p.seconds(r), str(p)
+    shown = capsys.readouterr().out
+    assert "s between them" in shown
+    assert f"&lt;module&gt; (Cell In[{last}], line 2)" in p._repr_html_()  # the caller's box
+
+
+def test_the_control_thread_never_shows_other_threads_keep_their_names(
+    shell, cluster: Cluster, capsys
+):
+    # --every: the notebook pulls snapshots on each rank's control thread while cells run
+    _cell(shell, "%mpi profile start --every 200ms")
+    _cell(
+        shell,
+        "%%mpi\nimport threading, time\n\ndef load():\n    time.sleep(0.8)\n\n"
+        "t = threading.Thread(target=load, name='loader')\nt.start()\n"
+        "for _ in range(8):\n    time.sleep(0.1)\nt.join()",
+    )
+    _cell(shell, "%mpi profile stop")
+    p = cluster.profile_result
+    assert sorted(p.ranks) == [0, 1, 2, 3] and len(p.snapshots) >= 2, str(p)
+    for profile in [p, *p.snapshots]:
+        for r, data in profile.ranks.items():
+            threads = {t for t, _stack, _secs in data["stacks"]}
+            assert threads <= {"main", "loader"}, (r, threads)
+            files = {f[0] for _t, stack, _s in data["stacks"] for f in stack}
+            assert not [f for f in files if "ipykernel" in f or "jupyter_client" in f], files
+    for r, data in p.ranks.items():
+        assert {t for t, _stack, _secs in data["stacks"]} == {"main", "loader"}, r
+        assert any(f[2] == "load" for t, s, _x in data["stacks"] if t == "loader" for f in s)
+        assert not any(f[2] == "load" for t, s, _x in data["stacks"] if t == "main" for f in s)
+    page = p._repr_html_()
+    assert "<title>thread loader\n" in page and "thread main" not in page
+    assert "thread Control" not in page

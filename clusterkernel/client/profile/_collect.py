@@ -3,9 +3,9 @@
 - :class:`CellProfile`: ``%%mpi --profile`` / ``cluster.run(code, profile=True)``;
   the start is queued on each rank ahead of the cell, the stop after it.
 - :func:`control`: ``%mpi profile start|stop`` / ``cluster.profile("start"|"stop")``;
-  the samplers run across every cell in between (the time between cells is shown as
-  ``(between cells)``), and ``stop`` shows the profile and keeps it as
-  ``cluster.profile_result``.
+  the samplers run across every cell in between (the time between cells, when the
+  engine runs no code of the user's, is told apart from the cells' lines), and
+  ``stop`` shows the profile and keeps it as ``cluster.profile_result``.
 
 Example::
 

@@ -2,9 +2,12 @@
 
 - **speedscope** (https://www.speedscope.app, offline too: ``npm i -g speedscope``):
   one sampled profile per rank and thread, samples in time order with their
-  seconds as weights, frames named ``function`` with ``file`` and ``line``.
+  seconds as weights, frames named ``function`` with ``file`` and ``line`` (a cell's
+  file is the cell as the notebook numbers it, ``Cell In[7]``, as in the tables; the
+  main thread's time between cells is one frame, ``(between cells)``).
 - **Chrome trace** (https://ui.perfetto.dev, chrome://tracing): one process per rank,
-  a track per sampled thread whose nested boxes are the stacks over time, the comm
+  a track per sampled thread whose nested boxes are the stacks over time (each box's
+  ``args``: its ``file``, ``Cell In[7]`` for a cell, and ``line``), the comm
   calls of the cell on a track of their own with their wait split (``args``), and
   torch's CPU ops (``--profile torch``) on another; every rank on one wall clock.
   With a dashboard's store the dashboard's comm and compute tracks are merged in.
@@ -21,6 +24,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from clusterkernel.client.profile._flame import cell_file
 
 SPEEDSCOPE_SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 _BETWEEN = ("", 0, "(between cells)")
@@ -49,7 +54,7 @@ def speedscope(ranks: dict[int, dict], name: str = "clusterkernel profile") -> d
     index: dict[tuple, int] = {}
 
     def frame(f: list | tuple) -> int:
-        key = (f[0], int(f[1] or 0), f[2])
+        key = (cell_file(f[0]), int(f[1] or 0), f[2])
         i = index.get(key)
         if i is None:
             i = index[key] = len(frames)
@@ -114,7 +119,7 @@ def _stack_events(data: dict, thread: str, pid: int, tid: int, origin: float) ->
     end = base
     for i, start, secs in timeline:
         at = base + start * 1e6
-        stack = [(f[0], int(f[1] or 0), f[2]) for f in stacks[i][1]]
+        stack = [(cell_file(f[0]), int(f[1] or 0), f[2]) for f in stacks[i][1]]
         keep = 0
         while keep < min(len(stack), len(open_)) and open_[keep][0] == stack[keep]:
             keep += 1

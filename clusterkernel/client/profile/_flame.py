@@ -18,6 +18,8 @@ import re
 import zlib
 from dataclasses import dataclass, field
 
+from clusterkernel.protocol.records import UNNUMBERED_CELL
+
 _ROW = 17  # px per stack level
 _WIDTH = (
     100.0  # boxes are placed in percent of the output's width (no viewBox: text keeps its size)
@@ -25,6 +27,7 @@ _WIDTH = (
 _MAX_DEPTH = 48
 _MIN_WIDTH = 0.05  # percent: narrower boxes are not drawn (their time is in the parent)
 _MIN_TEXT = 1.5  # percent: narrower boxes get no label (a nested <svg> clips longer ones)
+# a cell's file as ipykernel names it, where the rank did not name it (``cell_file``)
 _CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$|^<ipython-input-")
 _LIBRARY = re.compile(r"[/\\]lib[/\\]python3[^/\\]*[/\\]|[/\\](site|dist)-packages[/\\]|^<frozen ")
 _COLLECTIVE = re.compile(r"[/\\]clusterkernel[/\\]comm[/\\]|[/\\]torch[/\\]distributed[/\\]")
@@ -56,21 +59,20 @@ class Node:
 
 
 def flame_tree(data: dict, title: str = "all") -> Node:
-    """The tree of one rank's samples (``rank._profile`` data); threads other than
-    the main one hang under a box of their own name."""
+    """The tree of one rank's samples (``rank._profile`` data): the main thread's
+    stacks (the cells') from the top, each other thread's under a box of its own name;
+    the main thread's time between cells (an empty stack) is no code and not drawn."""
     root = Node(title)
-    threads = {thread for thread, _stack, _secs in data.get("stacks", [])}
     for thread, stack, secs in data.get("stacks", []):
+        if not stack:
+            continue
         node = root
         node.seconds += secs
-        if threads != {"main"}:
+        if thread != "main":
             node = node.child("", 0, f"thread {thread}")
             node.seconds += secs
-        if not stack:
-            node = node.child("", 0, "(between cells)")
-            node.seconds += secs
         for file, line, func in stack:
-            node = node.child(file, int(line or 0), func)
+            node = node.child(cell_file(file), int(line or 0), func)
             node.seconds += secs
     return root
 
@@ -119,11 +121,41 @@ def _draw(node: Node, x: float, depth: int, per_s: float, whole: float, out: lis
 
 
 def _where(node: Node) -> str:
-    if not node.file:
-        return ""
-    if _CELL_FILE.search(node.file):
-        return f"(cell line {node.line})"
-    return f"({short_path(node.file)}:{node.line})"
+    return f"({where(node.file, node.line)})" if node.file else ""
+
+
+def cell_file(file: str) -> str:
+    """``file`` as a profile shows it: a cell's file that the rank did not name
+    (``/tmp/ipykernel_<pid>/<hash>.py``) is ``%%mpi cell``; others, ``Cell In[7]``
+    included, are kept.
+
+    Example::
+
+        cell_file("/tmp/ipykernel_4242/3855724513.py")   # "%%mpi cell"
+    """
+    return UNNUMBERED_CELL if _CELL_FILE.search(file) else file
+
+
+def is_cell(file: str) -> bool:
+    """Whether ``file`` (as :func:`cell_file` gives it) is a cell's code.
+
+    Example::
+
+        is_cell("Cell In[7]")   # True
+    """
+    return file == UNNUMBERED_CELL or file.startswith("Cell In[")
+
+
+def where(file: str, line: int) -> str:
+    """Where a line is, as read in a table or a box: ``Cell In[7], line 3`` (as IPython
+    names a cell's line), ``torch/nn/modules/module.py:1532`` for a file.
+
+    Example::
+
+        where("Cell In[7]", 3)   # "Cell In[7], line 3"
+    """
+    file = cell_file(file)
+    return f"{file}, line {line}" if is_cell(file) else f"{short_path(file)}:{line}"
 
 
 def _color(node: Node) -> str:

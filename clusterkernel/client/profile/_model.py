@@ -10,27 +10,29 @@ from typing import TYPE_CHECKING, Any
 from clusterkernel.client.errors import format_ranks
 from clusterkernel.client.profile import _export
 from clusterkernel.client.profile._collectives import CollectiveTime, collective_split
-from clusterkernel.client.profile._flame import flame_tree, icicle_svg
+from clusterkernel.client.profile._flame import cell_file, flame_tree, icicle_svg, where
 from clusterkernel.client.profile._flame import short_path as _short
+from clusterkernel.protocol.records import UNNUMBERED_CELL
 
 if TYPE_CHECKING:
     import os
     from pathlib import Path
-_CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$|^<ipython-input-")
 _LIBRARY = re.compile(
     r"[/\\]lib[/\\]python3[^/\\]*[/\\]|[/\\](site|dist)-packages[/\\]|[/\\]clusterkernel[/\\]"
     r"|^<frozen "
 )
 _WAITS = re.compile(r"[/\\]clusterkernel[/\\]comm[/\\]|[/\\]torch[/\\]distributed[/\\]")
-CELL = "<cell>"
-"""The file of a cell's own lines (each rank names its cell file after its pid)."""
+CELL = UNNUMBERED_CELL
+"""The file of the lines of a cell the notebook gave no number (``cluster.run`` from a
+script): ``%%mpi cell``; a numbered cell's lines have ``Cell In[7]``, as IPython names it."""
 
 
 @dataclass(frozen=True)
 class ProfileEntry:
     """Seconds one rank spent at one line of code (its own, or a call it made from there).
 
-    ``file``: the path (:data:`CELL` for the cell itself), ``line``, ``function``,
+    ``file``: the path (``Cell In[7]`` for a cell's lines, :data:`CELL` for a cell
+    without a number), ``line``, ``function``,
     ``seconds``, ``percent`` of the rank's profiled time, ``inside``: where the time
     went when it was in a library (``"time.py: sleep"``-like), else "".
 
@@ -49,8 +51,8 @@ class ProfileEntry:
 
     @property
     def where(self) -> str:
-        """``file:line`` as read in a table: ``cell line 4`` for the cell's own lines."""
-        return f"cell line {self.line}" if self.file == CELL else f"{_short(self.file)}:{self.line}"
+        """``file:line`` as read in a table; ``Cell In[7], line 4`` for a cell's lines."""
+        return where(self.file, self.line)
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,8 @@ class DifferenceEntry:
 
     @property
     def where(self) -> str:
-        """``file:line`` (``cell line N`` for the cell's own lines)."""
-        return f"cell line {self.line}" if self.file == CELL else f"{_short(self.file)}:{self.line}"
+        """``file:line`` (``Cell In[7], line 4`` for a cell's lines)."""
+        return where(self.file, self.line)
 
 
 class Profile:
@@ -113,6 +115,24 @@ class Profile:
     def seconds(self, rank: int) -> float:
         """The wall time rank ``rank`` was profiled (the cell's time on it)."""
         return float(self.ranks[rank].get("seconds", 0.0))
+
+    def between(self, rank: int) -> float:
+        """Seconds rank ``rank``'s engine spent outside cells: waiting for the next one
+        (``%mpi profile start|stop`` spans several), answering the notebook. Not shown
+        among the top lines: no code of the user's ran.
+
+        Example::
+
+            profile.in_cells(0), profile.between(0)   # (2.31, 8.12)
+        """
+        return sum(
+            secs for thread, stack, secs in self.ranks[rank].get("stacks", [])
+            if thread == "main" and not stack
+        )  # fmt: skip
+
+    def in_cells(self, rank: int) -> float:
+        """Seconds rank ``rank`` ran cells while profiled (its top lines' 100 %)."""
+        return max(self.seconds(rank) - self.between(rank), 0.0)
 
     def busy(self, rank: int) -> float:
         """Profiled seconds less the main thread's time inside collectives (waiting)
@@ -152,8 +172,9 @@ class Profile:
         return self._split
 
     def top(self, rank: int, n: int = 10) -> list[ProfileEntry]:
-        """Rank ``rank``'s ``n`` lines with the most time, most first."""
-        total = self.seconds(rank) or 1.0
+        """Rank ``rank``'s ``n`` lines with the most time, most first; ``percent`` of
+        its time in cells (:meth:`in_cells`)."""
+        total = self.in_cells(rank) or 1.0
         rows = sorted(self._own[rank].items(), key=lambda kv: -kv[1][0])[:n]
         return [
             ProfileEntry(f, ln, fn, secs, 100.0 * secs / total, _inside(inside))
@@ -215,13 +236,18 @@ class Profile:
         )
         return line + (f", not split {t.unsplit:.3f} s" if t.unsplit > 0 else "")
 
+    def _title(self, rank: int) -> str:
+        """``2.31 s``; ``2.31 s in cells, 8.10 s between them`` over several cells."""
+        idle = self.between(rank)
+        text = f"{self.in_cells(rank):.2f} s"
+        return text + (f" in cells, {idle:.2f} s between them" if idle >= _SHOWN_IDLE else "")
+
     def __str__(self) -> str:
         out = []
         for rank in self.ranks:
             comm = self._comm_line(rank)
             out.append(
-                f"Profile of rank {rank}: {self.seconds(rank):.2f} s"
-                + (f" ({comm})" if comm else "")
+                f"Profile of rank {rank}: {self._title(rank)}" + (f" ({comm})" if comm else "")
             )
             out.append(_text_table(_TOP_HEAD, [_top_row(e) for e in self.top(rank)]))
         out += self._difference_text()
@@ -264,7 +290,7 @@ class Profile:
             parts.append(_html_table(_DIFF_HEAD, rows) if rows else "<i>nothing stands out</i>")
         cells = []
         for rank in self.ranks:
-            title = f"<b>rank {rank}</b>: {self.seconds(rank):.2f} s"
+            title = f"<b>rank {rank}</b>: {html.escape(self._title(rank))}"
             comm = self._comm_line(rank)
             if comm:
                 title += f"<br><small>{html.escape(comm)}</small>"
@@ -314,6 +340,8 @@ class Profile:
 
 # -------------------------------------------------------------------- helpers
 _TOP_HEAD = ("where", "function", "seconds", "%", "in")
+# time between cells under this is the start and stop of one profiled cell: not told
+_SHOWN_IDLE = 0.5
 _DIFF_HEAD = ("where", "function", "slowest s", "median s", "more s")
 
 
@@ -327,18 +355,18 @@ def _diff_row(d: DifferenceEntry) -> tuple[str, ...]:
 
 def _own_lines(data: dict) -> dict[tuple[str, int, str], tuple[float, dict[str, float]]]:
     """``{(file, line, function): (seconds, {library frame: seconds})}``: each sample at
-    its innermost frame outside the libraries (the whole stack's innermost if none)."""
+    its innermost frame outside the libraries (the whole stack's innermost if none);
+    the time between cells (an empty stack: no code ran) is left out."""
     out: dict[tuple[str, int, str], tuple[float, dict[str, float]]] = {}
     for _thread, stack, secs in data.get("stacks", []):
         if not stack:
-            key, inside = ("(engine)", 0, "(between cells)"), ""
-        else:
-            own = [f for f in stack if not _LIBRARY.search(f[0])]
-            file, line, func = own[-1] if own else stack[-1]
-            # a frame between bytecodes can have no line number (f_lineno is None)
-            key = (CELL if _CELL_FILE.search(file) else file, int(line or 0), func)
-            leaf = stack[-1]
-            inside = "" if (own and leaf == own[-1]) else f"{_short(leaf[0])}: {leaf[2]}"
+            continue
+        own = [f for f in stack if not _LIBRARY.search(f[0])]
+        file, line, func = own[-1] if own else stack[-1]
+        # a frame between bytecodes can have no line number (f_lineno is None)
+        key = (cell_file(file), int(line or 0), func)
+        leaf = stack[-1]
+        inside = "" if (own and leaf == own[-1]) else f"{_short(leaf[0])}: {leaf[2]}"
         total, where = out.get(key, (0.0, {}))
         if inside:
             where[inside] = where.get(inside, 0.0) + secs
