@@ -105,7 +105,8 @@ def train(steps=200, warmup=10, batch=64, device="cpu", model="mlp"):
     sync()
     elapsed = time.perf_counter() - t0
     train.last = {"main_cpu": time.thread_time() - c0, "cpu": time.process_time() - p0,
-                  "wall": elapsed, "cores": len(os.sched_getaffinity(0))}
+                  "wall": elapsed, "cores": len(os.sched_getaffinity(0)),
+                  "hooked": getattr(ddp, "_ck_timed", None) is not None}
     slowest = torch.tensor([elapsed], device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return steps * batch * dist.get_world_size() / slowest.item()
@@ -368,9 +369,9 @@ def _ddp_table(runs: dict[str, list[dict]], device: str, cases: list[dict], aa: 
         print(f"\n{c['model']}, batch {c['batch']} per rank, {c['steps']} timed steps:")
         print(
             "| side | samples/s | / torchrun | main thread CPU ms/step | process CPU ms/step "
-            "| wall ms/step | cores |"
+            "| wall ms/step | cores | DDP comm hook (rounds) |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         for side in runs:
 
             def per_step(key: str, side: str = side, i: int = i, c: dict = c) -> str:
@@ -381,7 +382,7 @@ def _ddp_table(runs: dict[str, list[dict]], device: str, cases: list[dict], aa: 
                 f"| {side} | {h.median(col(side, i, 'rate')):.0f} "
                 f"| {'-' if side == 'torchrun' else h.fmt_ratio(ratio, 3)} "
                 f"| {per_step('main_cpu')} | {per_step('cpu')} | {per_step('wall')} "
-                f"| {h.median(col(side, i, 'cores')):.0f} |"
+                f"| {h.median(col(side, i, 'cores')):.0f} | {sum(col(side, i, 'hooked')):.0f} |"
             )
         if aa:
             ratio = h.paired(col("%%mpi", i, "rate"), col("torchrun", i, "rate"))

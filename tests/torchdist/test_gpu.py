@@ -70,7 +70,10 @@ def test_ddp_on_gpus_trains_as_one_process_on_the_whole_batch(gpu_cluster: Clust
         "ref = torch.nn.Linear(16, 4).cuda()\n"
         "net = torch.nn.Linear(16, 4).cuda()\n"
         "net.load_state_dict(ref.state_dict())\n"
+        "from clusterkernel import metrics\n"
+        "metrics.recorder()  # a rank that records metrics: DDP on NCCL is left unhooked\n"
         "ddp, w0 = DDP(net), ref.weight.detach().clone()\n"
+        "hooked = getattr(ddp, '_ck_timed', None) is not None\n"
         "g = torch.Generator().manual_seed(1)\n"
         "x, y = torch.randn(8 * n, 16, generator=g).cuda(), torch.randn(8 * n, 4, generator=g).cuda()\n"
         "mine = slice(8 * rank, 8 * (rank + 1))\n"
@@ -80,9 +83,18 @@ def test_ddp_on_gpus_trains_as_one_process_on_the_whole_batch(gpu_cluster: Clust
         "    ref_opt.zero_grad(); torch.nn.functional.mse_loss(ref(x), y).backward(); ref_opt.step()\n"
         "moved = (net.weight - w0).abs().max().item()\n"
         "diff = max((a - b).abs().max().item() for a, b in zip(net.parameters(), ref.parameters()))\n"
-        "where = next(net.parameters()).device.type"
+        "where = next(net.parameters()).device.type\n"
+        "import time\n"
+        "from clusterkernel.torchdist import _timings\n"
+        "torch.cuda.synchronize(); time.sleep(1.0)  # NCCL's watchdog times the calls\n"
+        "_timings.collect(metrics.recorder())\n"
+        "ops = {r['op'] for r in metrics.recorder().records('comm')}"
     )
     assert set(gpu_cluster.pull("where").values()) == {"cuda"}
+    assert set(gpu_cluster.pull("hooked").values()) == {False}  # NCCL's times: its flight recorder
+    assert all(
+        "torch allreduce" in o or "torch all_reduce" in o for o in gpu_cluster.pull("ops").values()
+    ), gpu_cluster.pull("ops")
     assert all(m > 1e-3 for m in gpu_cluster.pull("moved").values())  # it trained
     assert all(d < 1e-5 for d in gpu_cluster.pull("diff").values()), gpu_cluster.pull("diff")
 
