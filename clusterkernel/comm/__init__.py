@@ -190,3 +190,16 @@ __all__ = [
     "split",
     "tune",
 ]
+
+
+def _tell_if_slow() -> None:
+    import warnings
+
+    from clusterkernel.comm import _fastpath
+
+    note = _fastpath.missing_note()
+    if note is not None:
+        warnings.warn(note, RuntimeWarning, stacklevel=3)
+
+
+_tell_if_slow()

@@ -93,6 +93,26 @@ def _configure() -> bool:
 
 _READY = _configure()
 
+# Said once per process by comm's import where the C path is missing (not where it is
+# turned off): small calls then cost about 3x MPI's own time, and nothing else says so.
+MISSING = (
+    "clusterkernel.comm: the C fast path of all_reduce is {why}, so every all_reduce "
+    "runs in Python: a small call costs about 3x MPI's own time (BENCHMARKS.md, "
+    "'collectives'). To get it, install a C compiler and Python's headers (Debian: apt "
+    "install gcc python3-dev) and reinstall clusterkernel (pip install --force-reinstall "
+    "--no-deps clusterkernel; in a checkout, pip install -e .)."
+)
+
+
+def missing_note() -> str | None:
+    """Why the C path is missing here, with what it costs and how to get it; None
+    where it is built and configured (``CLUSTERKERNEL_FASTPATH=0`` only turns it off)."""
+    if _READY:
+        return None
+    if _fast is None:
+        return MISSING.format(why="not built (no C compiler when clusterkernel was installed)")
+    return MISSING.format(why="built but could not find MPI_Allreduce in the MPI library")
+
 
 def writers(on: bool = True) -> bool:
     """Let the Python path (every call the C path does not take) write its flight
