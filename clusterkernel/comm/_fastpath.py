@@ -97,8 +97,8 @@ _READY = _configure()
 # turned off): small calls then cost about 3x MPI's own time, and nothing else says so.
 MISSING = (
     "clusterkernel.comm: the C fast path of all_reduce is {why}, so every all_reduce "
-    "runs in Python: a small call costs about 3x MPI's own time (BENCHMARKS.md, "
-    "'collectives'). To get it, install a C compiler and Python's headers (Debian: apt "
+    "runs in Python: a small call costs about 3x MPI's own time (BENCHMARKS.md). "
+    "To get it, install a C compiler and Python's headers (Debian: apt "
     "install gcc python3-dev) and reinstall clusterkernel (pip install --force-reinstall "
     "--no-deps clusterkernel; in a checkout, pip install -e .)."
 )
