@@ -121,6 +121,7 @@ def _run_session(inputs: list[Typed], capsys) -> list[str]:
     _end_session(shell)
     capsys.readouterr()
     failures: list[str] = []
+    took: list[str] = []  # each input's time, told with a failure
     try:
         for i, typed in enumerate(inputs):
             if typed.number == 1 and i:
@@ -128,7 +129,7 @@ def _run_session(inputs: list[Typed], capsys) -> list[str]:
             start = time.monotonic()
             result = shell.run_cell(typed.code, store_history=True)
             out = capsys.readouterr().out
-            print(f"{typed.where}: {time.monotonic() - start:.1f} s")  # shown on a failure
+            took.append(f"{typed.where} {time.monotonic() - start:.1f} s")
             if not result.success:
                 error = result.error_before_exec or result.error_in_exec
                 failures.append(f"{typed.where}: {typed.code!r} failed: {error!r}\n{out}")
@@ -141,6 +142,8 @@ def _run_session(inputs: list[Typed], capsys) -> list[str]:
                 )
     finally:
         _end_session(shell)
+    if failures:
+        failures.append(f"(times: {', '.join(took)})")
     return failures
 
 
