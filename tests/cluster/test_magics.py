@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import threading
 import time
 
+import psutil
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import clusterkernel.client.magics as ck_magics
 from tests._labels import per_rank_lines
+from tests._procs import cluster_processes, wait_no_cluster_processes
 
 
 @pytest.fixture
@@ -71,7 +76,7 @@ def test_on_off_sends_every_cell_to_the_ranks(shell, capsys):
         ("pull", "arguments are required"),
         ("push nosuchvar", "No variable named"),
         ("pull c --rank 9", "Rank 9 does not exist"),
-        ("timeout soon", "seconds or 'off'"),
+        ("timeout soon", "seconds above 0"),
     ],
 )
 def test_usage_errors(shell, line, message):
@@ -144,3 +149,111 @@ def test_a_syntax_error_names_the_users_cell_in_its_summary_as_in_its_traceback(
     assert "(Cell In[600], line 2)" in summary, shown  # not the engine's "<hash>.py, line 2"
     assert not re.search(r"\d+\.py", shown), shown
     assert "Cell In[600], line 2" in shown.replace(summary, "")  # the traceback says the same
+
+
+# A typo or a bad value, typed as a user types it: one short line that says what to write,
+# and nothing starts (the shared cluster is set, so a start that got past its parser would
+# say "already running" instead).
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("%mpi strat", "Unknown subcommand 'strat'. Did you mean 'start'? (%mpi help lists them)"),
+        ("%mpi xyzzy", "Unknown subcommand 'xyzzy'; %mpi takes attach, dashboard, debug,"),
+        (
+            "%mpi start --fault-tolerent",
+            "%mpi start: unknown option --fault-tolerent. Did you mean --fault-tolerant?",
+        ),
+        ("%mpi start --zzz", "%mpi start: unknown option --zzz. %mpi help start lists its"),
+        ("%mpi export --sbach j.sbatch j.py", "unknown option --sbach. Did you mean --sbatch?"),
+        ("%mpi start --backend ncl", "--backend 'ncl' is not one of gloo, nccl. Did you mean"),
+        ("%mpi profile strt", "action 'strt' is not one of start, stop, snapshots. Did you"),
+        ("%mpi start -n 0", "%mpi start: -n takes a number of ranks, 1 or more, e.g. -n 4; got 0"),
+        ("%mpi start -n -2", "-n takes a number of ranks, 1 or more, e.g. -n 4; got -2"),
+        ("%mpi start --timeout nan", "--timeout takes seconds above 0, e.g. --timeout 60"),
+        ("%mpi start --gpus-per-rank 0", "1 or more, e.g. --gpus-per-rank 2 (--no-gpu-binding"),
+        ("%%mpi --timeout -1\nprint('ran')", "%%mpi: --timeout takes seconds above 0, e.g."),
+        ("%%mpi --timeout 0\nprint('ran')", "--timeout takes seconds above 0"),
+        ("%%mpi --timout 5\nprint('ran')", "%%mpi: unknown option --timout. Did you mean"),
+        ("%mpi timeout -1", "%mpi timeout takes seconds above 0, e.g. %mpi timeout 60 (or off"),
+        ("%mpi profile start --every -5s", "--every takes a duration such as 60s, 5m or 1h"),
+        ("%mpi profile start --every 0", "--every is at least 0.1 s"),
+        ("%mpi profile start --hz 0", "--hz takes samples per second above 0, e.g. --hz 100"),
+        ("%mpi respawn --from -1", "%mpi respawn: --from takes a rank number, e.g. --from 0"),
+        ("%mpi pull x --rank -1", "%mpi pull: --rank takes a rank number"),
+        ("%mpi pull x y", "%mpi pull: unexpected 'y'. Usage: %mpi pull [--rank RANK] name"),
+        ("%mpi start -n", "%mpi start: -n needs a value: number of MPI ranks"),
+        ("%mpi status now", "%mpi status takes no arguments; got 'now'."),
+    ],
+)
+def test_a_typo_or_bad_value_is_one_line_saying_what_to_write(shell, capsys, line, message):
+    before, timeout = shell.execution_count, ck_magics._magics.cluster.timeout
+    result = shell.run_cell(line, store_history=True)
+    out, err = capsys.readouterr()
+    assert isinstance(result.error_in_exec, UsageError), (out, err)
+    assert err.startswith("UsageError: ") and message in err, err
+    assert "Traceback" not in err + out
+    assert err.strip().count("\n") == 0  # one line
+    assert "ran" not in out and shell.execution_count == before + 1
+    assert ck_magics._magics.cluster.timeout == timeout  # %mpi timeout -1 set nothing
+
+
+def test_help_lists_the_subcommands_and_one_subcommands_options(shell, capsys):
+    shell.run_line_magic("mpi", "help")
+    listing = capsys.readouterr().out
+    for sub in ("%mpi start", "%mpi stop", "%mpi export", "%mpi help", "%%mpi"):
+        assert sub in listing
+    assert "--fault-tolerant" in listing and "Options of" not in listing  # usage lines only
+    shell.run_line_magic("mpi", "help start")
+    one = capsys.readouterr().out
+    assert (
+        one.startswith("%mpi start [-n N]") and "fault-tolerant" in one and "%mpi stop" not in one
+    )
+    shell.run_line_magic("mpi", "help stop")
+    assert capsys.readouterr().out == "%mpi stop\n    stop every rank and the controller\n"
+    with pytest.raises(UsageError, match="Did you mean 'start'"):
+        shell.run_line_magic("mpi", "help strt")
+
+
+def test_an_interrupt_during_start_is_one_line_and_leaves_nothing_running(
+    no_shared_cluster, capsys
+):
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "clusterkernel")
+    ck_magics._magics.cluster = None
+
+    def interrupt_once_launched():
+        # the stop button, pressed once the ranks' processes run and before they register
+        deadline = time.monotonic() + 60
+        while not _engines_launched() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    # a kernel's SIGINT handler while a cell runs is Python's: the same here
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    watcher = threading.Thread(target=interrupt_once_launched, daemon=True)
+    watcher.start()
+    try:
+        result = sh.run_cell("%mpi start -n 4", store_history=True)
+        watcher.join(70)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out, err = capsys.readouterr()
+    assert isinstance(result.error_in_exec, UsageError), (out, err)
+    assert err.strip() == (
+        "UsageError: Start interrupted: no rank left running (the ranks and controller it "
+        "had started are stopped). %mpi start starts them again."
+    ), err
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
+    assert ck_magics._magics.cluster is None
+    assert not wait_no_cluster_processes(20)
+
+
+def _engines_launched() -> bool:
+    """Whether an ipyparallel engine of this test session runs."""
+    for proc in cluster_processes():
+        try:
+            if "ipyparallel.engine" in " ".join(proc.cmdline()):
+                return True
+        except psutil.Error:  # gone since it was listed
+            pass
+    return False

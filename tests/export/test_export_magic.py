@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -102,9 +103,11 @@ def test_help_is_generated_from_the_parsers(shell, capsys):
         assert f"%mpi {sub}" in summary
 
 
-def test_unknown_subcommand_lists_the_generated_summary(shell):
-    with pytest.raises(UsageError, match=r"(?s)Unknown subcommand.*%mpi export \[[^\n]*--sbatch"):
+def test_unknown_subcommand_names_the_nearest_and_help_lists_them(shell, capsys):
+    with pytest.raises(UsageError, match=r"^Unknown subcommand 'exprot'. Did you mean 'export'"):
         shell.run_line_magic("mpi", "exprot job.py")
+    shell.run_line_magic("mpi", "help")  # the listing the message points to
+    assert re.search(r"%mpi export \[[^\n]*--sbatch", capsys.readouterr().out)
 
 
 def test_export_leaves_out_cells_that_failed(shell, cluster, tmp_path):

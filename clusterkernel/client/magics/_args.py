@@ -1,18 +1,22 @@
 """The ``%mpi`` subcommands' and ``%%mpi``'s argument parsers, and the help made from them.
 
 Usage and options in ``%mpi?`` and in error messages come from these parsers, so a
-new option shows up there by itself. :func:`ranks_arg` reads ``--ranks``.
+new option shows up there by itself. ``_parse.parse`` is how every magic
+reads its options: a typo gets "did you mean", a bad number says what to write; the
+numeric options' types here refuse what cannot be meant. :func:`ranks_arg` reads
+``--ranks``.
 
 Example::
 
-    from IPython.core.magic_arguments import parse_argstring
-    parse_argstring(start_args, "-n 4 --timeout 60").n    # 4
+    from clusterkernel.client.magics._parse import parse
+    parse(start_args, "-n 4 --timeout 60").n             # 4
     ranks_arg("0,2-3")                                   # [0, 2, 3]
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import (
@@ -23,6 +27,7 @@ from IPython.core.magic_arguments import (
 
 from clusterkernel.client import scheduler
 from clusterkernel.client.export import JOB_FILES, PROFILE_OPTION, SBATCH_OPTIONS
+from clusterkernel.client.magics._parse import duration_type, number_type, unknown_subcommand
 
 
 def ranks_arg(text: str | None) -> list[int] | None:
@@ -42,6 +47,22 @@ def ranks_arg(text: str | None) -> list[int] | None:
     return sorted(ranks)
 
 
+_RANKS = number_type(int, "-n", "a number of ranks, 1 or more", "4", 1)
+_NO_WATCHDOG = " (leave it out for no watchdog)"
+_TIMEOUT = number_type(
+    float, "--timeout", "seconds above 0", "60", 0, above=True, hint=_NO_WATCHDOG
+)
+_GPUS = number_type(int, "--gpus-per-rank", "a number of GPUs, 1 or more", "2", 1,
+                hint=" (--no-gpu-binding for none)")  # fmt: skip
+_FROM = number_type(int, "--from", "a rank number", "0", 0)
+_RANK = number_type(int, "--rank", "a rank number", "0", 0)
+_HZ = number_type(float, "--hz", "samples per second above 0", "100", 0, above=True)
+# %mpi timeout S | off
+timeout_seconds = number_type(
+    float, "%mpi timeout", "seconds above 0", "60", 0, above=True, hint=" (or off for none)"
+)
+
+
 def _scheduler_arguments(func):
     """``@argument`` for each scheduler option ``%mpi start`` takes, declared once by the
     schedulers' classes (:mod:`clusterkernel.client.scheduler`); an option several
@@ -54,7 +75,7 @@ def _scheduler_arguments(func):
 @magic_arguments()
 @argument(
     "-n",
-    type=int,
+    type=_RANKS,
     help="number of MPI ranks (default 4, or the Slurm allocation's tasks inside one)",
 )
 @argument(
@@ -67,7 +88,7 @@ def _scheduler_arguments(func):
 @argument("--hosts", help='hosts and slots for several machines, e.g. "a:2,b:2"')
 @argument("--hostfile", help="an MPI hostfile")
 @argument("--mpiexec", help="path of mpiexec (default: next to python, then PATH)")
-@argument("--timeout", type=float, help="default watchdog for every %%%%mpi cell, seconds")
+@argument("--timeout", type=_TIMEOUT, help="default watchdog for every %%%%mpi cell, seconds")
 @argument(
     "--fault-tolerant",
     action="store_true",
@@ -86,7 +107,7 @@ def _scheduler_arguments(func):
 )
 @argument(
     "--gpus-per-rank",
-    type=int,
+    type=_GPUS,
     metavar="K",
     help="GPUs per rank, by LOCAL_RANK (default: 1 where a host has GPUs)",
 )
@@ -122,7 +143,7 @@ def attach_args(line):
 @argument(
     "--from",
     dest="source",
-    type=int,
+    type=_FROM,
     metavar="R",
     help="copy live rank R's variables into the new ranks (default: they start empty)",
 )
@@ -183,9 +204,10 @@ def where_args(line):
     "list the snapshots (--every)",
 )
 @argument("--torch", action="store_true", help="also torch.profiler's CPU ops (start)")
-@argument("--hz", type=float, help="samples per second (start; default 100)")
+@argument("--hz", type=_HZ, help="samples per second (start; default 100)")
 @argument(
     "--every",
+    type=duration_type,
     metavar="DURATION",
     help="also keep a snapshot of each window of this length, e.g. 60s, 5m, 1h (start)",
 )
@@ -215,14 +237,14 @@ def debug_args(line):
 
 @magic_arguments()
 @argument("name", help="variable to pull from the ranks")
-@argument("--rank", type=int, help="pull from this rank only (returns the bare value)")
+@argument("--rank", type=_RANK, help="pull from this rank only (returns the bare value)")
 def pull_args(line):
     """%mpi pull: fetch a variable from the ranks as {rank: value}."""
 
 
 @magic_arguments()
 @argument("--ranks", help="comma-separated ranks to run on, e.g. 0,2 (default: all)")
-@argument("--timeout", type=float, help="watchdog in seconds: report stacks, interrupt, free")
+@argument("--timeout", type=_TIMEOUT, help="watchdog in seconds: report stacks, interrupt, free")
 @argument("--noblock", action="store_true", help="return a CellRun at once; .wait() later")
 @argument("--dashboard", action="store_true", help="show the live dashboard while the cell runs")
 @argument(
@@ -296,6 +318,7 @@ HELP_ROWS = [
     (profile_args, "%mpi profile"),
     (debug_args, "%mpi debug"),
     ("%mpi timeout S | off", "default watchdog for %%mpi cells"),
+    ("%mpi help [subcommand]", "this list, or one subcommand's options (%mpi? shows them all)"),
     ("%mpi dashboard", "live per-rank loss, comm, timeline, status"),
     (export_args, "%mpi export"),
     (cell_args, "%%mpi"),
@@ -314,6 +337,25 @@ def _summary() -> str:
         what = (parser.description or "").strip().split("\n")[0].partition(": ")[2].rstrip(".")
         lines += [f"  {usage}", f"      {what}"]
     return "\n".join(lines) + "\n"
+
+
+def help_text(name: str, known: Iterable[str]) -> str:
+    """``%mpi help``: every subcommand; ``%mpi help start``: its usage and options.
+    ``known``: the subcommands' names (a name not among them is an error)."""
+    name = name.strip().removeprefix("%mpi").strip()
+    if not name:
+        return SUBCOMMANDS + "Each one's options: %mpi help <subcommand>; all of them: %mpi?\n"
+    if name in ("%%mpi", "cell"):
+        return cell_args.parser.format_help()
+    if name not in known:
+        raise UsageError(unknown_subcommand(name, known))
+    for first, second in HELP_ROWS:
+        words = (first if isinstance(first, str) else second).split()
+        if name in (after for before, after in zip(words, words[1:]) if before == "%mpi"):
+            if isinstance(first, str):
+                return f"{first}\n    {second}\n"
+            return first.parser.format_help()
+    return f"%mpi {name}\n"
 
 
 def _options(parser: argparse.ArgumentParser) -> str:

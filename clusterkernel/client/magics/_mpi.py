@@ -27,17 +27,17 @@ import atexit
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, magics_class
-from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel.client.cluster import Cluster, kept, set_current_cluster, set_origin
 from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.magics._args import (
-    SUBCOMMANDS,
     cell_args,
+    help_text,
     mpi_help,
     ranks_arg,
     start_args,
 )
+from clusterkernel.client.magics._parse import parse, unknown_subcommand
 from clusterkernel.client.magics._subcommands import Subcommands
 
 
@@ -111,7 +111,7 @@ class MPIMagics(Subcommands, Magics):
             if mine:
                 self._sub_attach(mine[0]["id"])
                 return
-        n = parse_argstring(start_args, self.autostart).n
+        n = parse(start_args, self.autostart).n
         print(f"Starting {n or 'the'} MPI ranks...", flush=True)
         self._sub_start(self.autostart)
         if self.origin is not None and self.cluster.keep is not None:
@@ -147,15 +147,25 @@ class MPIMagics(Subcommands, Magics):
         sub, rest = words[0], (words[1] if len(words) > 1 else "")
         handler = getattr(self, f"_sub_{sub.replace('-', '_')}", None)
         if handler is None:
-            raise UsageError(f"Unknown subcommand %mpi {sub}.\n{SUBCOMMANDS}")
+            raise UsageError(unknown_subcommand(sub, self._subcommand_names()))
+        if rest.strip() and sub in _NO_ARGUMENTS:
+            raise UsageError(f"%mpi {sub} takes no arguments; got {rest.strip()!r}.")
         try:
             return handler(rest)
         except ClusterError as e:  # an expected state (stopped, lost ranks): no traceback
             raise UsageError(str(e)) from None
 
+    def _subcommand_names(self) -> list[str]:
+        """What ``%mpi NAME`` takes: the ``_sub_NAME`` methods, as typed (``torch-reinit``)."""
+        return [n[5:].replace("_", "-") for n in dir(self) if n.startswith("_sub_")]
+
+    def _sub_help(self, rest: str) -> None:
+        """%mpi help [subcommand]: the subcommands, or one's usage and options."""
+        print(help_text(rest, self._subcommand_names()), end="")
+
     # ---------------------------------------------------------------- cell
     def _run_cell(self, line: str, cell: str):
-        args = parse_argstring(cell_args, line)
+        args = parse(cell_args, line)
         cluster = self._require_cluster()
         ranks = ranks_arg(args.ranks)
         if ranks is not None:
@@ -175,5 +185,8 @@ class MPIMagics(Subcommands, Magics):
             raise UsageError(str(e)) from None
         return result if args.noblock else None
 
+
+# subcommands that take nothing after their name: a word there is a mistake, not ignored
+_NO_ARGUMENTS = frozenset({"stop", "list", "detach", "restart", "status", "on", "off", "dashboard"})
 
 MPIMagics.mpi.__doc__ = mpi_help()

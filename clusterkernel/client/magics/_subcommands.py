@@ -13,11 +13,11 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel.client.cluster import (
     Cluster,
@@ -39,9 +39,11 @@ from clusterkernel.client.magics._args import (
     restore_args,
     snapshot_args,
     start_args,
+    timeout_seconds,
     torch_reinit_args,
     where_args,
 )
+from clusterkernel.client.magics._parse import parse
 from clusterkernel.client.magics._progress import LiveLine
 from clusterkernel.client.mpiexec import HostError, MPINotFoundError
 
@@ -78,7 +80,7 @@ class Subcommands:
     cluster: Cluster | None
 
     def _sub_start(self, rest: str) -> None:
-        args = parse_argstring(start_args, rest)
+        args = parse(start_args, rest)
         if self.cluster is not None and self.cluster.running:
             raise UsageError(
                 f"MPI ranks are already running ({self.cluster.n} ranks). "
@@ -103,6 +105,8 @@ class Subcommands:
             cluster.start(progress=LiveLine(self.shell))  # shown in place, gone at the end
         except ClusterError as e:
             raise UsageError(str(e)) from None
+        except KeyboardInterrupt:  # start() has stopped what it had started: say so, briefly
+            raise UsageError(_interrupted(cluster)) from None
         self.cluster = cluster
         self._bind_cluster_name(cluster)
         where = sorted({row["host"] for row in cluster.status()})
@@ -136,7 +140,7 @@ class Subcommands:
         print(kept_report())  # as `clusterkernel list`: ended ones are told once, then removed
 
     def _sub_attach(self, rest: str) -> None:
-        args = parse_argstring(attach_args, rest)
+        args = parse(attach_args, rest)
         if self.cluster is not None and self.cluster.running:
             raise UsageError(
                 f"This session already drives {self.cluster.n} ranks: %mpi detach (or stop) "
@@ -199,7 +203,7 @@ class Subcommands:
 
     def _sub_respawn(self, rest: str) -> None:
         """%mpi respawn [--from R]: see ``respawn_args``."""
-        args = parse_argstring(respawn_args, rest)
+        args = parse(respawn_args, rest)
         cluster = self._require_cluster()
         try:
             report = cluster.respawn(source=args.source, from_snapshot=args.from_snapshot)
@@ -209,12 +213,12 @@ class Subcommands:
 
     def _sub_snapshot(self, rest: str) -> None:
         """%mpi snapshot [NAMES]: see ``snapshot_args``."""
-        names = parse_argstring(snapshot_args, rest).names or None
+        names = parse(snapshot_args, rest).names or None
         self._snapshots("snapshot", lambda cluster: cluster.snapshot(names))
 
     def _sub_restore(self, rest: str) -> None:
         """%mpi restore [NAMES]: see ``restore_args``."""
-        names = parse_argstring(restore_args, rest).names or None
+        names = parse(restore_args, rest).names or None
         self._snapshots("restore", lambda cluster: cluster.restore(names))
 
     def _snapshots(self, what: str, call) -> None:
@@ -226,7 +230,7 @@ class Subcommands:
 
     def _sub_torch_reinit(self, rest: str) -> None:
         """%mpi torch-reinit [--backend B]: see ``torch_reinit_args``."""
-        args = parse_argstring(torch_reinit_args, rest)
+        args = parse(torch_reinit_args, rest)
         cluster = self._require_cluster()
         try:
             groups = cluster.torch_reinit(args.backend)
@@ -284,7 +288,7 @@ class Subcommands:
             raise UsageError(f"%mpi push: {e}") from None
 
     def _sub_where(self, rest: str) -> None:
-        args = parse_argstring(where_args, rest)
+        args = parse(where_args, rest)
         cluster = self._require_cluster()
         ranks = ranks_arg(args.ranks)
         if ranks is None:
@@ -306,7 +310,7 @@ class Subcommands:
         """%mpi profile start|stop|snapshots: see ``profile_args``; stop shows the profile."""
         from clusterkernel.client.profile import ProfileError, parse_every, snapshots
 
-        args = parse_argstring(profile_args, rest)
+        args = parse(profile_args, rest)
         if args.action != "start" and (args.torch or args.hz is not None or args.every):
             raise UsageError("--torch, --hz and --every go with %mpi profile start.")
         try:
@@ -342,7 +346,7 @@ class Subcommands:
     def _sub_debug(self, rest: str) -> None:
         from clusterkernel.client.debug._prompt import run_debug
 
-        args = parse_argstring(debug_args, rest)
+        args = parse(debug_args, rest)
         cluster = self._require_cluster()
         try:
             session = cluster.debug(ranks_arg(args.ranks))
@@ -354,7 +358,7 @@ class Subcommands:
         run_debug(session, command)
 
     def _sub_pull(self, rest: str):
-        args = parse_argstring(pull_args, rest)
+        args = parse(pull_args, rest)
         cluster = self._require_cluster()
         if args.rank is not None:
             try:
@@ -365,23 +369,24 @@ class Subcommands:
         return cluster.pull(args.name)
 
     def _sub_timeout(self, rest: str) -> None:
-        cluster = self._require_cluster()
         value = rest.strip()
-        if value in ("", "off", "none", "None"):
-            cluster.timeout = None
+        off = value in ("", "off", "none", "None")
+        try:
+            seconds = None if off else timeout_seconds(value)
+        except argparse.ArgumentTypeError as e:  # says what to write
+            raise UsageError(str(e)) from None
+        cluster = self._require_cluster()
+        cluster.timeout = seconds
+        if off:
             print("No default watchdog for %%mpi cells.")
             return
-        try:
-            cluster.timeout = float(value)
-        except ValueError:
-            raise UsageError(f"%mpi timeout takes seconds or 'off', got {value!r}.") from None
         print(f"%%mpi cells running longer than {cluster.timeout:g}s will be reported and freed.")
 
     def _sub_export(self, rest: str) -> None:
         """%mpi export job.py: see ``export_args``; the work is clusterkernel.client.export's."""
         from clusterkernel.client import export
 
-        args = parse_argstring(export_args, rest)
+        args = parse(export_args, rest)
         cells = list(self.shell.history_manager.input_hist_raw)
         live = self.cluster is not None and self.cluster.running
         running = self.cluster.n if live else None
@@ -408,6 +413,16 @@ class Subcommands:
 
     def _sub_dashboard(self, rest: str) -> None:
         self._require_cluster().dashboard().show()
+
+
+def _interrupted(cluster: Cluster) -> str:
+    """One line for a start the user interrupted, true to what is left."""
+    if cluster.running:  # interrupted again while start() stopped its processes
+        cluster.stop()
+    return (
+        "Start interrupted: no rank left running (the ranks and controller it had started "
+        "are stopped). %mpi start starts them again."
+    )
 
 
 def _group_text(groups: dict[int, dict]) -> str:
