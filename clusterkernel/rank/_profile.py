@@ -8,7 +8,8 @@ call; the work is in named parts, each re-exported here:
 - ``_profile_window.py``: the rolling window and periodic snapshots while the cell runs;
 - ``_profile_control.py``: the control-channel requests the notebook pulls through
   (:data:`PROFILE_REQUEST`, :data:`PROFILE_PEEK`), answered while the cell runs;
-- ``_profile_torch.py``: torch.profiler's ops around the cell (``--profile torch``).
+- ``_profile_torch.py``: torch.profiler's ops around the cell (``--profile torch``);
+- ``_profile_cells.py``: each cell's name as the notebook numbers it (``Cell In[7]``).
 
 Nothing runs between profiled cells: :func:`stop` ends the thread, and without
 ``--profile`` no thread is started.
@@ -44,7 +45,7 @@ import os
 import threading
 from typing import Any
 
-from clusterkernel.rank import _profile_control
+from clusterkernel.rank import _profile_cells, _profile_control
 from clusterkernel.rank._profile_control import (
     PEEK_REPLY,
     PROFILE_PEEK,
@@ -102,6 +103,7 @@ def start(hz: float = DEFAULT_HZ, torch: bool = False, every: float | None = Non
     if _current is not None:
         stop()
     _profile_control.install(stop, peek)  # the notebook's pulls while a cell runs
+    _profile_cells.follow()  # armed at the engine's start; here too, should that have missed
     # torch.profiler first: its start imports and sets up for a second or more, which
     # is not the cell's time
     _torch = _TorchOps() if torch else None
