@@ -466,3 +466,22 @@ def test_the_control_thread_never_shows_other_threads_keep_their_names(
     page = p._repr_html_()
     assert "<title>thread loader\n" in page and "thread main" not in page
     assert "thread Control" not in page
+
+
+def test_a_cell_s_label_carries_its_number_and_a_cell_file_unnamed_reads_as_a_cell():
+    """No ranks: the label's round trip, the rank's map, and the notebook's fallback for
+    a cell file no rank named (a rank started before its hook was armed)."""
+    from clusterkernel.client.profile._flame import cell_file, where
+    from clusterkernel.protocol.records import cell_label, label_count
+    from clusterkernel.rank import _profile_cells
+
+    assert label_count(cell_label("3f2a", 7)) == 7
+    assert [label_count(x) for x in (cell_label("3f2a", None), None, "In[7]")] == [None] * 3
+    _profile_cells.note("/tmp/ipykernel_1/11.py", 7)
+    _profile_cells.note("/tmp/ipykernel_1/12.py", None)
+    assert _profile_cells.cell_name("/tmp/ipykernel_1/11.py") == "Cell In[7]"
+    assert _profile_cells.cell_name("/tmp/ipykernel_1/12.py") == CELL == "%%mpi cell"
+    assert _profile_cells.cell_name("/tmp/loader.py") is None
+    assert cell_file("/tmp/ipykernel_4242/3855724513.py") == CELL
+    assert where("Cell In[7]", 3) == "Cell In[7], line 3"
+    assert where("/tmp/ipykernel_4242/3855724513.py", 3) == "%%mpi cell, line 3"
