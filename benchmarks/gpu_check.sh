@@ -18,7 +18,8 @@
 # the versions of the project's venv). --device cpu runs the same steps with the
 # project's .venv: the GPU tests skip, the CPU respawn of a DDP loop runs instead, and
 # the benchmark runs its CPU variant (gloo), small. GPU_BENCH=0: the tests only.
-# GPU_CHECK_SECONDS: the budget the `where` part must fit in (default 330).
+# GPU_CHECK_SECONDS: the budget the `where` part must fit in (default 330). COMMIT: the
+# commit to write in env.log where the tree came without .git (a device machine).
 DEVICE=cuda
 while [ $# -gt 0 ]; do
     case $1 in
@@ -33,7 +34,7 @@ OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 LIMIT=${GPU_CHECK_SECONDS:-330}
 export PYTHONUNBUFFERED=1
 set -o pipefail
-{ date; git rev-parse HEAD 2>/dev/null; nvidia-smi 2>&1 | head -15; nproc; python3 -V; } 2>&1 | tee "$OUT/env.log"
+{ date; echo "commit ${COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"; ! command -v nvidia-smi >/dev/null || nvidia-smi | head -15; nproc; python3 -V; } 2>&1 | tee "$OUT/env.log"
 if [ "$DEVICE" = cuda ]; then
     python3 -m venv --system-site-packages /tmp/v || exit 1
     /tmp/v/bin/pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -3 || exit 1
