@@ -8,7 +8,8 @@ clusterkernel reads torch's own flight recorder (:func:`flight`) for the hang
 report, frees a rank blocked in gloo or NCCL while models still hold the group
 (:func:`abort` shuts the groups' connections down), re-makes the group in the live
 ranks (:func:`reinit`, ``%mpi torch-reinit``), wraps a DDP model again on it
-(:func:`rewrap`), and streams torch's
+(:func:`rewrap`), rebuilds an FSDP2 model on it from its last kept state
+(:class:`Keeper`, also after a respawned rank), and streams torch's
 collective timings to the dashboard (:mod:`._timings`).
 
 Example (a ``%%mpi`` cell)::
@@ -31,6 +32,7 @@ from clusterkernel.torchdist._group import (
     reinit,
     shutdown,
 )
+from clusterkernel.torchdist._keep import Keeper
 from clusterkernel.torchdist._rewrap import rewrap
 from clusterkernel.torchdist._timings import timed_allreduce_hook
 
@@ -42,6 +44,7 @@ __all__ = [
     "shutdown",
     "abort",
     "rewrap",
+    "Keeper",
     "describe",
     "flight",
     "timed_allreduce_hook",

@@ -39,8 +39,8 @@ def rewrap(model, process_group=None):
 
     ``model`` is a DDP model made before the group it holds was aborted. Comm hooks
     registered on the old wrapper are not carried over: register them again.
-    FSDP2 (``fully_shard``) models keep their shards on every rank through a hang, but
-    are not re-sharded onto a new group here: raises ``TypeError`` saying so.
+    An FSDP2 (``fully_shard``) model cannot be moved in place: raises ``TypeError``
+    naming :class:`clusterkernel.torchdist.Keeper`, which rebuilds one on a new group.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -48,10 +48,11 @@ def rewrap(model, process_group=None):
         kind = type(model).__name__
         if hasattr(model, "_get_fsdp_state"):
             raise TypeError(
-                f"rewrap: {kind} is an FSDP2 (fully_shard) model; its shards are kept on "
-                "every rank (p.to_local()), but it cannot be moved onto a new group in "
-                "place. Save them (torch.save of each rank's state_dict()), then build and "
-                "fully_shard the model again and load them."
+                f"rewrap: {kind} is an FSDP2 (fully_shard) model; it cannot be moved onto "
+                "a new group in place. Make it with keep = torchdist.Keeper(build) (build: "
+                "a function returning (model, optimizer)) and keep.save(step) as it trains; "
+                "keep.restore() rebuilds it on the new group from the last save (a respawn "
+                "does it for you)."
             )
         raise TypeError(
             f"rewrap: expected a DistributedDataParallel model, got {kind}; a plain "
