@@ -53,6 +53,7 @@ class Respawned:
     models: int = 0  # DataParallel models re-attached on the N ranks
     from_snapshot: bool = False
     ddp: list[str] = field(default_factory=list)  # DDP models wrapped again on the new group
+    kept: dict[str, int] = field(default_factory=dict)  # torchdist.Keeper restored: its step
 
     def summary(self) -> str:
         """One paragraph for the notebook."""
@@ -72,6 +73,10 @@ class Respawned:
             text += f"; {self.models} DataParallel model(s) attached to all ranks again"
         if self.ddp:
             text += f"; DDP model(s) {', '.join(self.ddp)} wrapped again on the new group"
+        if self.kept:
+            text += "; rebuilt on the new group from their last save: " + ", ".join(
+                f"{name} (step {step})" for name, step in self.kept.items()
+            )
         if self.skipped:
             text += "; not copied (cannot be pickled): " + ", ".join(
                 f"{name} ({why.split(':')[0]})" for name, why in sorted(self.skipped.items())
@@ -191,6 +196,7 @@ def respawn(
         report = _copy(cluster, report, source, dead)
         report.models = _rebuild(cluster)
         report.ddp = _on_all(cluster, "clusterkernel.torchdist._rewrap:rewrap_namespace")
+        report.kept = _on_all(cluster, "clusterkernel.torchdist._keep:restore_namespace")
     elif from_snapshot:
         from clusterkernel.client.cluster import _snapshot
 
