@@ -105,7 +105,7 @@ def test_lab_shows_every_rank_loss_growing_while_the_cell_runs(no_shared_cluster
     assert len(states) > 3  # the browser saw the picture change several times
     # the profile panel: each rank's top lines while the profiled cell ran (the time
     # lands on the cell's trainer.fit line, function <module>: the Trainer is a library)
-    live = [t for t in panel_texts if "profile, last" in t and "cell line" in t]
+    live = [t for t in panel_texts if "profile, last" in t and "Cell In[" in t]
     assert live and "<module>" in live[-1] and "rank 3" in live[-1], panel_texts[-3:]
     assert "rank 0" in panel_final, panel_final
     assert min(pixels) > 50, f"pixels of each rank's colour on the loss canvas: {pixels}"
