@@ -78,7 +78,7 @@ def parse_every(value: Any) -> float:
         if m is None:
             raise ValueError(
                 f"--every takes a duration such as 60s, 5m or 1h (a number alone is "
-                f"seconds), not {value!r}"
+                f"seconds), not {value!r}: e.g. --every 60s for a snapshot a minute"
             )
         secs = float(m.group(1)) * _UNITS[m.group(2) or "s"]
     if not secs >= 0.1 or secs != secs or secs == float("inf"):
