@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Cluster": "clusterkernel.client.cluster",
     "ClusterError": "clusterkernel.client.cluster",
+    "ClusterkernelError": "clusterkernel.protocol._errors",
     "RankError": "clusterkernel.client.cluster",
     "MPINotFoundError": "clusterkernel.client.mpiexec",
     "HostError": "clusterkernel.client.mpiexec",
@@ -46,6 +47,7 @@ __all__ = sorted([*_LAZY, "current_cluster", "load_ipython_extension", "unload_i
 
 if TYPE_CHECKING:  # pragma: no cover
     from clusterkernel.client.cluster import Cluster, ClusterError, RankError  # noqa: F401
+    from clusterkernel.protocol._errors import ClusterkernelError  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -12,8 +12,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from clusterkernel.protocol._errors import ClusterkernelError
 
-class ClusterError(RuntimeError):
+
+class ClusterError(ClusterkernelError, RuntimeError):
     """The engine set could not be started, is not running, or was lost."""
 
 
@@ -171,7 +173,7 @@ def rank_error_lines(items: Iterable[tuple[int, str, str]]) -> list[str]:
     ]
 
 
-class RankError(RuntimeError):
+class RankError(ClusterkernelError, RuntimeError):
     """A cell failed on one or more ranks.
 
     ``failures`` lists each distinct failure once with its ranks. IPython shows

@@ -28,13 +28,14 @@ from functools import lru_cache
 from pathlib import Path
 
 from clusterkernel.client._pids import pid_alive
+from clusterkernel.protocol._errors import ClusterkernelError
 
 
-class MPINotFoundError(RuntimeError):
+class MPINotFoundError(ClusterkernelError, RuntimeError):
     """No usable ``mpiexec`` was found."""
 
 
-class HostError(ValueError):
+class HostError(ClusterkernelError, ValueError):
     """A host list names a host that does not resolve or is malformed."""
 
 

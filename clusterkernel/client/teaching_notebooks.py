@@ -25,8 +25,10 @@ import sysconfig
 from importlib import resources
 from pathlib import Path
 
+from clusterkernel.protocol._errors import ClusterkernelError
 
-class NotebookCopyError(Exception):
+
+class NotebookCopyError(ClusterkernelError):
     """The notebooks cannot be copied as asked (the message says what to do)."""
 
 

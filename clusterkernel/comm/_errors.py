@@ -6,8 +6,10 @@ from collections.abc import Iterable
 
 from mpi4py import MPI
 
+from clusterkernel.protocol._errors import ClusterkernelError
 
-class CommError(RuntimeError):
+
+class CommError(ClusterkernelError, RuntimeError):
     """A communication call cannot proceed (e.g. this rank is not in the group)."""
 
 

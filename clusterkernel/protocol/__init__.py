@@ -13,6 +13,7 @@ Every module here imports the standard library only, so either side loads it alo
 - ``_shm_names``: the job's /dev/shm files, noted on the ranks, removed by the guard;
 - ``_oom``: a memory cgroup's OOM-kill counter, noted on the rank, read in the notebook;
 - ``_net``: which local address reaches a host;
+- ``_errors``: :class:`ClusterkernelError`, the base of every error of either side;
 - ``_calls``: the collective calls' names: the check's codes, the hang report's sizes;
 - ``_ipykernel``: every touch of ipykernel's internals (control handlers, replies, the
   running request, completion), for the rank's handlers and the notebook's kernel

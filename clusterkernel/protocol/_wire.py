@@ -56,6 +56,7 @@ from array import array
 from operator import itemgetter
 from typing import NamedTuple
 
+from clusterkernel.protocol._errors import ClusterkernelError
 from clusterkernel.protocol.records import COMM_FIELDS, COMM_LAYOUT, KINDS
 
 # 3: the comm columns carry COMM_LAYOUT's own names (2 called ``algorithm`` ``alg``), so
@@ -64,7 +65,7 @@ VERSION = 3
 _TYPECODES = ("q", "d")  # the only array types a header may name
 
 
-class WireError(ValueError):
+class WireError(ClusterkernelError, ValueError):
     """A message that is not signed with our key, or not ours at all."""
 
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 import os
 import socket
 
+from clusterkernel.protocol._errors import ClusterkernelError
 
-class GpuBindingError(RuntimeError):
+
+class GpuBindingError(ClusterkernelError, RuntimeError):
     """The ranks on a node cannot each get the GPUs asked for."""
 
 

@@ -20,13 +20,15 @@ import socket
 import sys
 from datetime import timedelta
 
+from clusterkernel.protocol._errors import ClusterkernelError
+
 BACKENDS = ("gloo", "nccl")
 
 # The backend of the last group this process had, for reinit after an abort.
 _last_backend: str | None = None
 
 
-class BackendError(RuntimeError):
+class BackendError(ClusterkernelError, RuntimeError):
     """The ranks cannot run the process-group backend that was asked for."""
 
 

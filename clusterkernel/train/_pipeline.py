@@ -9,6 +9,7 @@ from torch import nn
 
 from clusterkernel import comm
 from clusterkernel.partition import balance_by_size, split_sequential
+from clusterkernel.protocol._errors import ClusterkernelError
 from clusterkernel.train._sync import all_objects, broadcast_tensors, world_rank
 
 _DTYPES = [
@@ -29,7 +30,7 @@ _TAG_HEADER, _TAG_ACT, _TAG_GRAD = 101, 102, 103
 _UPSTREAM = object()  # "an earlier stage failed", as opposed to a failure here
 
 
-class PipelineError(RuntimeError):
+class PipelineError(ClusterkernelError, RuntimeError):
     """A pipeline stage failed; raised on every rank of the pipeline.
 
     The message names the stage and rank that failed and the original error, so

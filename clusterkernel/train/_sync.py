@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from clusterkernel import comm
+from clusterkernel.protocol._errors import ClusterkernelError
 
 
-class ReplicaMismatchError(ValueError):
+class ReplicaMismatchError(ClusterkernelError, ValueError):
     """The model or optimizer is not the same on every rank.
 
     Raised on every rank alike (see :func:`check_replicas`), naming the ranks that

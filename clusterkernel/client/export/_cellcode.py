@@ -19,12 +19,14 @@ import re
 import shlex
 import tokenize
 
+from clusterkernel.protocol._errors import ClusterkernelError
+
 # %mpi subcommands that mean nothing in a batch job (push is carried over instead).
 _CLIENT_ONLY = {"start", "stop", "restart", "status", "dashboard", "timeout", "on", "off"}
 _CLIENT_ONLY |= {"pull", "export", "torch-reinit"}
 
 
-class ExportError(ValueError):
+class ExportError(ClusterkernelError, ValueError):
     """The notebook cannot become a batch job as it is; the message says what to change."""
 
 

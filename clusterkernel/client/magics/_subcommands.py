@@ -27,7 +27,7 @@ from clusterkernel.client.cluster import (
     kept_report,
     snapshot_summary,
 )
-from clusterkernel.client.errors import ClusterError, format_ranks, rank_label
+from clusterkernel.client.errors import format_ranks, rank_label
 from clusterkernel.client.magics._args import (
     attach_args,
     debug_args,
@@ -45,7 +45,7 @@ from clusterkernel.client.magics._args import (
 )
 from clusterkernel.client.magics._parse import parse
 from clusterkernel.client.magics._progress import LiveLine
-from clusterkernel.client.mpiexec import HostError, MPINotFoundError
+from clusterkernel.protocol._errors import ClusterkernelError
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -99,11 +99,11 @@ class Subcommands:
                 gpu_share=args.gpu_share,
                 keep=args.keep,
             )
-        except (ValueError, FileNotFoundError, HostError, MPINotFoundError, ClusterError) as e:
+        except (ClusterkernelError, ValueError, FileNotFoundError) as e:  # the base; settings' own
             raise UsageError(str(e)) from None
         try:
             cluster.start(progress=LiveLine(self.shell))  # shown in place, gone at the end
-        except ClusterError as e:
+        except ClusterkernelError as e:
             raise UsageError(str(e)) from None
         except KeyboardInterrupt:  # start() has stopped what it had started: say so, briefly
             raise UsageError(_interrupted(cluster)) from None
@@ -207,7 +207,7 @@ class Subcommands:
         cluster = self._require_cluster()
         try:
             report = cluster.respawn(source=args.source, from_snapshot=args.from_snapshot)
-        except (ClusterError, ValueError) as e:
+        except (ClusterkernelError, ValueError) as e:
             raise UsageError(str(e)) from None
         print(report.summary())
 
@@ -224,7 +224,7 @@ class Subcommands:
     def _snapshots(self, what: str, call) -> None:
         try:
             results = call(self._require_cluster())
-        except ClusterError as e:
+        except ClusterkernelError as e:
             raise UsageError(str(e)) from None
         print(snapshot_summary(what, results))
 
@@ -234,7 +234,7 @@ class Subcommands:
         cluster = self._require_cluster()
         try:
             groups = cluster.torch_reinit(args.backend)
-        except ClusterError as e:
+        except ClusterkernelError as e:
             raise UsageError(str(e)) from None
         print(f"New torch.distributed default group: {_group_text(groups)}.")
 
@@ -284,7 +284,7 @@ class Subcommands:
                 ns[name] = self.shell.user_ns[name]
         try:
             cluster.push(ns)
-        except (TypeError, ClusterError) as e:
+        except (TypeError, ClusterkernelError) as e:
             raise UsageError(f"%mpi push: {e}") from None
 
     def _sub_where(self, rest: str) -> None:
@@ -298,7 +298,7 @@ class Subcommands:
             return
         try:
             stacks = cluster.stacks(ranks, with_locals=args.locals, all_frames=args.all_frames)
-        except (ValueError, ClusterError) as e:
+        except (ValueError, ClusterkernelError) as e:
             raise UsageError(str(e)) from None
         by_text: dict[str, list[int]] = {}
         for rank, text in stacks.items():
@@ -308,7 +308,7 @@ class Subcommands:
 
     def _sub_profile(self, rest: str):
         """%mpi profile start|stop|snapshots: see ``profile_args``; stop shows the profile."""
-        from clusterkernel.client.profile import ProfileError, parse_every, snapshots
+        from clusterkernel.client.profile import parse_every, snapshots
 
         args = parse(profile_args, rest)
         if args.action != "start" and (args.torch or args.hz is not None or args.every):
@@ -339,7 +339,7 @@ class Subcommands:
                 )
                 return None
             cluster.profile("stop")
-        except ProfileError as e:
+        except ClusterkernelError as e:
             raise UsageError(str(e)) from None
         return None
 
@@ -350,7 +350,7 @@ class Subcommands:
         cluster = self._require_cluster()
         try:
             session = cluster.debug(ranks_arg(args.ranks))
-        except (ValueError, ClusterError) as e:
+        except (ValueError, ClusterkernelError) as e:
             raise UsageError(str(e)) from None
         command = args.command
         if command and len(command) > 1 and command[0] == command[-1] and command[0] in "'\"":
@@ -363,7 +363,7 @@ class Subcommands:
         if args.rank is not None:
             try:
                 cluster.engine_id(args.rank)
-            except (ValueError, ClusterError) as e:
+            except (ValueError, ClusterkernelError) as e:
                 raise UsageError(str(e)) from None
             return cluster.pull(args.name, ranks=[args.rank])[args.rank]
         return cluster.pull(args.name)
@@ -407,7 +407,7 @@ class Subcommands:
                 torch=(self.cluster.torch, self.cluster.backend) if live else None,
                 **job,
             )
-        except export.ExportError as e:
+        except ClusterkernelError as e:
             raise UsageError(str(e)) from None
         print(export.written_text(written, export.job_ranks(cells, running), job))
 

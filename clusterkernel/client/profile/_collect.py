@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterkernel.client.profile import _live
 from clusterkernel.client.profile._model import Profile
+from clusterkernel.protocol._errors import ClusterkernelError
 from clusterkernel.protocol._rank_call import rank_call
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ _STOP = "clusterkernel.rank._profile:stop"
 _PROFILE_REQUEST = "clusterkernel_profile_request"  # rank._profile.PROFILE_REQUEST
 
 
-class ProfileError(RuntimeError):
+class ProfileError(ClusterkernelError, RuntimeError):
     """Profiling asked for in a state that cannot give it (stop without start, ...).
 
     Example::

@@ -19,6 +19,7 @@ import torch
 from mpi4py import MPI
 
 from clusterkernel import comm, metrics
+from clusterkernel.protocol._errors import ClusterkernelError
 from clusterkernel.train._sync import all_objects
 
 HEADER_BYTES = 64
@@ -30,7 +31,7 @@ _FAILURE_CLASSES = {MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_RE
 _now = time.perf_counter
 
 
-class PeerFailedError(RuntimeError):
+class PeerFailedError(ClusterkernelError, RuntimeError):
     """A rank this one talks to has died (detected by MPI's fault tolerance)."""
 
 
