@@ -9,7 +9,8 @@ blocks the notebook. Exports write CSV, JSON, a Chrome trace and a PNG.
 Example (two notebook cells, once ``%mpi start -n 4`` has started the ranks)::
 
     %load_ext clusterkernel
-    %mpi dashboard                 # or: dash = clusterkernel.Dashboard(); dash
+    # or, in Python: dash = clusterkernel.Dashboard(); dash
+    %mpi dashboard
 
     %%mpi --dashboard
     import clusterkernel
