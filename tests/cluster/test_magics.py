@@ -257,3 +257,14 @@ def _engines_launched() -> bool:
         except psutil.Error:  # gone since it was listed
             pass
     return False
+
+
+def test_a_comment_after_a_magic_is_a_comment(shell, capsys):
+    # IPython hands a line magic its whole line: a trailing comment must not be an argument
+    shell.run_line_magic("mpi", "status  # how are the ranks?")
+    assert "idle" in capsys.readouterr().out
+    shell.run_cell_magic("mpi", "--ranks 1  # just one", "print('only', 1)")
+    out = capsys.readouterr().out
+    assert "[rank 1] only 1" in out and "[rank 0]" not in out
+    shell.run_line_magic("mpi", "push tag='#1'  # a quoted hash stays")
+    assert shell.run_line_magic("mpi", "pull tag --rank 0") == "#1"

@@ -37,7 +37,7 @@ from clusterkernel.client.magics._args import (
     ranks_arg,
     start_args,
 )
-from clusterkernel.client.magics._parse import parse, unknown_subcommand
+from clusterkernel.client.magics._parse import parse, unknown_subcommand, without_comment
 from clusterkernel.client.magics._subcommands import Subcommands
 
 
@@ -138,6 +138,7 @@ class MPIMagics(Subcommands, Magics):
 
     @line_cell_magic
     def mpi(self, line: str = "", cell: str | None = None):
+        line = without_comment(line)
         if cell is not None:
             return self._run_cell(line, cell)
         words = line.strip().split(None, 1)

@@ -68,6 +68,24 @@ def duration_type(text: str) -> str:
     return text
 
 
+def without_comment(line: str) -> str:
+    """``line`` up to a ``#`` that starts a word outside quotes: a magic's line reads
+    like a line of Python (``%mpi start -n 4  # four ranks``), where IPython hands the
+    comment to the magic.
+
+    Example: ``without_comment("-n 4  # four ranks")`` is ``"-n 4"``.
+    """
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line
+
+
 def parse(func: Callable, line: str) -> argparse.Namespace:
     """The options of ``line`` by the parser of magic ``func`` (``start_args``, ...).
 
