@@ -122,17 +122,23 @@ def rewrap_namespace(namespace: dict | None = None) -> list[str]:
 def held_models(namespace: dict | None = None) -> dict[str, list[str]]:
     """The names in ``namespace`` (default: the engine's user namespace, else
     ``__main__``) of models that hold a torch.distributed group:
-    ``{"ddp": [...], "fsdp": [...]}``. What the hang report names after an abort.
+    ``{"ddp": [...], "fsdp": [...], "kept": [...]}`` (``kept``: the
+    :class:`~clusterkernel.torchdist.Keeper` objects, which rebuild theirs). What the
+    hang report names after an abort.
     """
     if namespace is None:
         namespace = _user_namespace()
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    found: dict[str, list[str]] = {"ddp": [], "fsdp": []}
+    from clusterkernel.torchdist._keep import Keeper
+
+    found: dict[str, list[str]] = {"ddp": [], "fsdp": [], "kept": []}
     for name, value in list(namespace.items()):
         if name.startswith("_"):
             continue
-        if isinstance(value, DDP):
+        if isinstance(value, Keeper):
+            found["kept"].append(name)
+        elif isinstance(value, DDP):
             found["ddp"].append(name)
         elif hasattr(value, "_get_fsdp_state") and callable(value._get_fsdp_state):
             found["fsdp"].append(name)

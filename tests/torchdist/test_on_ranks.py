@@ -274,6 +274,48 @@ def test_a_hang_with_ddp_and_fsdp_models_alive_is_freed_keeping_the_models(tclus
         tcluster.run("torchdist.rewrap(model)")
 
 
+_KEPT = """
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from clusterkernel import torchdist
+def build():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    fully_shard(m[0])
+    fully_shard(m)
+    return m, torch.optim.Adam(m.parameters(), lr=1e-2)
+keep = torchdist.Keeper(build)
+fsdp, fsdp_opt = keep.model, keep.optimizer
+def train(step):
+    g = torch.Generator().manual_seed(100 * step + dist.get_rank())
+    x, y = torch.randn(8, 8, generator=g), torch.randn(8, 1, generator=g)
+    fsdp_opt.zero_grad()
+    torch.nn.functional.mse_loss(fsdp(x), y).backward()
+    fsdp_opt.step()
+def full():
+    return torch.cat([p.full_tensor().flatten() for p in fsdp.parameters()])
+for step in range(3):
+    train(step)
+keep.save(3)
+saved = full()
+train(3)
+"""
+
+
+def test_a_kept_fsdp2_model_is_rebuilt_on_the_new_group_after_a_hang(tcluster: Cluster):
+    tcluster.run(_KEPT)
+    with pytest.raises(CellInterrupted) as info:
+        tcluster.run("if dist.get_rank() == 1:\n    dist.all_reduce(torch.ones(1))\n", timeout=4)
+    text = "\n".join(info.value.render(color=False))
+    assert "Run keep.restore() in a %%mpi cell" in text, text
+    tcluster.run("back = keep.restore()\nrestored = full()\ntrain(3)\nafter = full()")
+    assert tcluster.pull("back") == {0: 3, 1: 3}
+    saved, restored, after = (tcluster.pull(n) for n in ("saved", "restored", "after"))
+    for rank in (0, 1):
+        assert torch_equal(saved[rank], restored[rank]), rank
+    assert torch_equal(after[0], after[1]) and not torch_equal(after[0], saved[0])
+
+
 def test_a_rank_wedged_in_c_code_holding_the_gil_is_named_and_restarted(tcluster: Cluster):
     # a pthread mutex locked twice through ctypes.PyDLL (which keeps the GIL): no signal,
     # no control request and no closed connection can free it

@@ -219,11 +219,16 @@ def _held(cluster: Cluster) -> str:
             f"\nDDP models hold the closed group: run {lines} in a %%mpi cell (from "
             "clusterkernel import torchdist); their parameters and optimizers stay."
         )
+    kept = sorted({n for h in held.values() for n in h.get("kept", [])})
     if fsdp:
         out += (
             f"\nFSDP models hold the closed group: {', '.join(fsdp)}; their shards are "
-            "kept on every rank; save each rank's state_dict() and shard the model again."
+            "kept on every rank; save each rank's state_dict() and shard the model again "
+            "(a torchdist.Keeper does it)."
         )
+    if kept:
+        runs = "; ".join(f"{n}.restore()" for n in kept)
+        out += f"\nRun {runs} in a %%mpi cell: the model is made again on the new group from its last save."
     return out
 
 
