@@ -6,16 +6,35 @@ is the engine kernel's own ``do_complete`` / ``do_inspect``: IPython's completer
 (jedi, dict keys, paths, attribute completion with IPython's "limited" evaluation,
 which runs nothing with side effects) and IPython's inspector (``obj?`` / ``obj??``)
 on this rank's namespace, exactly what ipykernel answers in an ordinary notebook.
+
+A rank's first completion costs ~1 s (jedi parses the builtins' stubs, IPython's
+completer sizes up the namespace): longer than the client waits for a Tab. Rank 0,
+the one that answers by default, pays it while it starts: :func:`load_jedi` beside the
+engine's own start (``_warm_start``), :func:`warm` once its kernel exists
+(``_engine_setup``). One lock keeps the completer to one thread at a time, so a Tab
+that comes during a warm-up waits for it instead of doing the same work beside it.
+
+Example::
+
+    warm(kernel)                                      # rank 0, at set-up
+    complete(kernel, {"code": "torch.zer"})["reply"]["matches"]
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 
 from clusterkernel.protocol import _ipykernel
 
 # the most top-level names sent back for the client's cache (a namespace can be huge)
 MAX_NAMES = 5000
+# what a warm-up completes: an attribute of a builtin (jedi loads the builtins' stubs)
+# and a top-level name (the completer reads the namespace); nothing of the user's is run
+_WARM_CODES = ("str.jo", "pri")
+# jedi and IPython's completer are not thread-safe: the control thread's answers and the
+# warm-ups take turns
+_lock = threading.Lock()
 
 
 def _settled(reply):
@@ -32,13 +51,31 @@ def names(shell) -> list[str]:
     return sorted(visible)[:MAX_NAMES]
 
 
+def load_jedi() -> None:
+    """Load jedi and parse the builtins' stubs, the larger part of a first completion;
+    needs no kernel, so it runs while the engine starts."""
+    import jedi
+
+    with _lock:
+        jedi.Interpreter(_WARM_CODES[0], [{}]).complete()
+
+
+def warm(kernel) -> None:
+    """Complete once through ``kernel``'s own completer, so that the first Tab is
+    answered as fast as every later one."""
+    with _lock:
+        for code in _WARM_CODES:
+            _settled(_ipykernel.complete(kernel, code, len(code)))
+
+
 def complete(kernel, content: dict) -> dict:
     """``{"reply": <complete_reply content>, "names": [...]}`` for ``content``'s code
     (only ``names`` when ``content["names_only"]``: the client's cache after a cell)."""
     if content.get("names_only"):
         return {"names": names(_ipykernel.shell_of(kernel))}
     code = content.get("code", "")
-    reply = _settled(_ipykernel.complete(kernel, code, content.get("cursor_pos", len(code))))
+    with _lock:
+        reply = _settled(_ipykernel.complete(kernel, code, content.get("cursor_pos", len(code))))
     return {"reply": reply, "names": names(_ipykernel.shell_of(kernel))}
 
 

@@ -41,10 +41,12 @@ from clusterkernel.protocol._names import (
     TORCH_ABORT_REQUEST,
     stack_path,
 )
+from clusterkernel.rank import _warm_start
 from clusterkernel.rank._frames import frame_locals
 
 _stack_file = None
 _rank: int | None = None
+_warming: threading.Thread | None = None
 
 # Frames of the engine's own machinery, below the cell: dropped from every stack.
 _MACHINERY = ("IPython/core/interactiveshell.py",)
@@ -165,6 +167,25 @@ def _install_stack_handler() -> None:
     _debugger.install(kernel)
 
 
+def _warm_completer() -> None:
+    """Rank 0 answers Tab by default: its completer warms up now, beside the rest of the
+    start, not in the user's first Tab (which would outlast the client's wait)."""
+    global _warming
+    kernel = _ipykernel.kernel_of()
+    if kernel is None or _warming is not None:
+        return
+    from clusterkernel.rank import _completion
+
+    def warm() -> None:
+        try:
+            _completion.warm(kernel)
+        except Exception:  # the first Tab then pays for it, as without the warm-up
+            pass
+
+    _warming = threading.Thread(target=warm, name="warm completer", daemon=True)
+    _warming.start()
+
+
 def setup(stack_dir: str | None) -> dict:
     """Arm the stack reporters and return this engine's identity."""
     global _stack_file, _rank
@@ -173,6 +194,10 @@ def setup(stack_dir: str | None) -> dict:
     world = _world()
     rank = _rank = world.Get_rank()
     _install_stack_handler()
+    # a started rank has what its first cell imports (the client waits 10 s for set-up)
+    _warm_start.wait(timeout=8.0)
+    if rank == 0:
+        _warm_completer()
     from clusterkernel.torchdist._sockets import track  # before any group is made
 
     track()

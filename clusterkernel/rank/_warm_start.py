@@ -1,19 +1,26 @@
-"""Start an ipyparallel engine with modules importing beside it (engine side).
+"""Start an ipyparallel engine with what its first cell will need loading beside it (engine side).
 
-``%mpi start --torch`` makes a process group on every rank as soon as the ranks have
-registered, and importing torch.distributed is most of that time (about 1 s in one
-process here). An engine's own start (its imports, MPI's init, registration with the
-controller) leaves the CPU idle while it waits on the controller, so the import runs
-beside it in a thread; the group's set-up then finds torch imported, or waits on
-Python's import lock for the rest.
+What every notebook's first cell imports costs seconds: ``from clusterkernel import
+comm`` loads torch and mpi4py's ``MPI``, ``%mpi start --torch`` makes a process group that
+imports torch.distributed, and the first Tab loads jedi. Here they load in a thread beside the
+engine's own start (its imports, MPI's init, registration with the controller), and the
+rank's set-up (``_engine_setup``) waits for the thread before the rank counts as
+started: the first cell finds everything imported. Measured in BENCHMARKS.md ("The
+first cell after start"): start to first result is shorter this way than with the
+imports left to the first cell.
+
+MPI itself is initialised on the main thread first, as the engine would do it a moment
+later: the thread that initialises MPI is its main thread. Rank 0, which answers Tab
+by default, also loads jedi (:func:`clusterkernel.rank._completion.load_jedi`).
 
 ipyparallel runs it as the engine command (``engine_cmd``, see
 ``clusterkernel.client.cluster._launch.engine_cmd``) with the modules named in
-``CLUSTERKERNEL_PREIMPORT``, comma-separated; without it, it is the plain engine.
+``CLUSTERKERNEL_PREIMPORT``, comma-separated (``clusterkernel.comm`` unless the cluster's
+``env`` sets the variable; ``""`` starts the plain engine).
 
 Example::
 
-    CLUSTERKERNEL_PREIMPORT=torch.distributed python -m clusterkernel.rank._warm_start --mpi
+    CLUSTERKERNEL_PREIMPORT=clusterkernel.comm python -m clusterkernel.rank._warm_start --mpi
 """
 
 from __future__ import annotations
@@ -21,9 +28,14 @@ from __future__ import annotations
 import importlib
 import os
 import runpy
+import sys
 import threading
 
 from clusterkernel.protocol._names import PREIMPORT
+
+# found by its name (``wait``): this module runs as ``__main__``, and the set-up that
+# waits for it imports a second copy of the module
+_THREAD = "clusterkernel warm start"
 
 
 def _import(names: list[str]) -> None:
@@ -37,12 +49,45 @@ def _import(names: list[str]) -> None:
             continue
 
 
+def _warm(names: list[str], completer: bool) -> None:
+    _import(names)
+    if completer:
+        try:
+            from clusterkernel.rank import _completion
+
+            _completion.load_jedi()
+        except Exception:  # the first Tab then loads it, as without the warm-up
+            pass
+
+
+def wait(timeout: float) -> None:
+    """Return once this engine's warm-up is done (at most ``timeout`` seconds); at once
+    in an engine without one.
+
+    Example::
+
+        wait(timeout=8.0)    # in the rank's set-up, before it reports itself started
+    """
+    for thread in threading.enumerate():
+        if thread.name == _THREAD:
+            thread.join(timeout)
+
+
+def _rank() -> int | None:
+    """This process's MPI rank, MPI initialised here on the main thread; None when the
+    engine is not an MPI one."""
+    if "--mpi" not in sys.argv[1:]:
+        return None
+    from clusterkernel.rank._world import world  # a respawned rank's world is set by now
+
+    return world().Get_rank()
+
+
 def main() -> None:
-    names = [n for n in os.environ.pop(PREIMPORT, "").split(",") if n.strip()]
-    if names:
-        threading.Thread(
-            target=_import, args=([n.strip() for n in names],), name="preimport", daemon=True
-        ).start()
+    names = [n.strip() for n in os.environ.pop(PREIMPORT, "").split(",") if n.strip()]
+    rank = _rank()
+    if names or rank == 0:
+        threading.Thread(target=_warm, args=(names, rank == 0), name=_THREAD, daemon=True).start()
     runpy.run_module("ipyparallel.engine", run_name="__main__", alter_sys=True)
 
 

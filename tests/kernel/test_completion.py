@@ -1,8 +1,9 @@
 """Tab and Shift-Tab reach the ranks' names, through real kernels (jupyter_client).
 
-- the MPI kernel: rank 0's names (and a ``%%mpi --ranks`` cell's rank), attribute and
-  dict-key completion, ``obj?``/``obj??`` as Shift-Tab asks them, ``%%local`` cells from
-  the kernel's own names, nothing typed is run;
+- the MPI kernel: rank 0's names (and a ``%%mpi --ranks`` cell's rank) from the first
+  Tab on, attribute and dict-key completion, ``obj?``/``obj??`` as Shift-Tab asks them
+  and as a cell (answered once, by rank 0), ``%%local`` cells from the kernel's own
+  names, nothing typed is run;
 - an ordinary kernel: the same inside ``%%mpi`` cells, and while a cell runs, asked on
   a subshell as JupyterLab does: the rank's control thread answers, and a rank whose
   main thread holds the GIL is answered from the names it listed last.
@@ -91,30 +92,33 @@ def test_the_mpi_kernel_completes_and_inspects_rank_names(mpi_kernel, kernel_nam
     kc = kernel_named(mpi_kernel)
     # no ranks yet: completion answers from the kernel and starts none
     assert "zz_on_ranks_only" not in _complete(kc, "zz_on_r")["matches"]
+    # the ranks' start warmed what a first cell and a first Tab need: comm imported on
+    # every rank, and rank 0's completer has parsed the builtins' stubs (no completion
+    # has been asked of it yet)
+    warmed = _shown(
+        kc,
+        "import sys, parso\n"
+        "print('warmed', 'clusterkernel.comm' in sys.modules, bool(parso.cache.parser_cache))",
+        "text/plain",
+    )
+    assert "[rank 0]" in warmed and "warmed True True" in warmed, warmed
+    assert "warmed True False" in warmed, warmed  # rank 1: comm, but no completer
     _ok(
         kc,
         "import torch\nfrom mpi4py import MPI\nzz_on_ranks_only = 41\n"
         "settings = {'alpha_key': 1, 'beta_key': 2}\nran = []\n"
         "def rank_fn(x):\n    '''Doubles x, on the ranks.'''\n    return 2 * x\n"
         "def side_effect():\n    ran.append(1)\n    return 'text'\n"
-        "if MPI.COMM_WORLD.rank == 1:\n    zz_only_on_one = 1\n",
+        "if MPI.COMM_WORLD.rank == 1:\n    zz_only_on_one = 1\n"
+        "zz_per_rank = 100 + MPI.COMM_WORLD.rank\n",
     )
-    _ok(kc, "%%local\nzz_local_only = 7")
-    # the cell that started the ranks warmed rank 0's completer and listed its names, so
-    # the first Tab is answered (before, it outlasted its timeout and found no names)
-    listed = _ok(
-        kc,
-        "%%local\nimport time\nfrom clusterkernel.client.magics import _magics\n"
-        "for _ in range(300):\n"
-        "    listed = _magics.cluster.rank_names.starting_with(0, 'zz_on')\n"
-        "    if listed:\n        break\n    time.sleep(0.1)\nprint('listed', listed)",
-    )
-    assert "listed ['zz_on_ranks_only']" in listed, listed
-
+    # the first Tab, at once: rank 0 answers it as it answers every later one (it used to
+    # outlast its one-second wait while the rank loaded jedi, and found no names listed)
     reply = _complete(kc, "zz_on_r")
     assert reply["matches"] == ["zz_on_ranks_only"], reply
     assert (reply["cursor_start"], reply["cursor_end"]) == (0, 7)
     assert reply["metadata"]["clusterkernel"] == {"rank": 0, "from": "rank"}
+    _ok(kc, "%%local\nzz_local_only = 7")
 
     reply = _complete(kc, "y = 1\ntorch.zer")
     assert {"zeros", "zeros_like"} <= set(reply["matches"]), reply
@@ -147,6 +151,11 @@ def test_the_mpi_kernel_completes_and_inspects_rank_names(mpi_kernel, kernel_nam
     page = _shown(kc, "rank_fn?", "text/html")
     assert "Doubles x, on the ranks." in page and "Signature:" in page, page
     assert "\x1b" not in page and "[31m" not in page, page
+    # asked once, answered once: rank 0's page, named, not one per rank (they differ here)
+    for ask in ("zz_per_rank?", "zz_per_rank??"):
+        page = _shown(kc, ask, "text/html")
+        assert "[rank 0]" in page and "String form: 100" in page, page
+        assert "rank 1" not in page and "String form: 101" not in page, page
     assert not _inspect(kc, "zz_local_only")["found"]  # a kernel-side name, in a rank cell
     assert _inspect(kc, "%%local\nzz_local_only")["found"]
 

@@ -48,12 +48,12 @@ def check_backend_name(backend: str | None) -> None:
 def engine_env(env: dict[str, str], group: bool = False) -> dict[str, str]:
     """The ranks' environment: the user's, plus what clusterkernel needs set at launch.
 
-    ``group``: the ranks get a default group at start (``--torch``), so each engine
-    imports torch.distributed while it registers (``rank/_warm_start.py``).
+    Each engine imports what a first cell needs while it registers (``rank/_warm_start.py``):
+    clusterkernel.comm (torch, MPI), and torch.distributed where ``group`` (``--torch``:
+    the ranks get a default group at start). ``env`` may name others, or ``""`` for none.
     """
     out = dict(env)
-    if group:
-        out.setdefault(PREIMPORT, "torch.distributed")
+    out.setdefault(PREIMPORT, "clusterkernel.comm" + (",torch.distributed" if group else ""))
     # Figures made on a rank are sent to the notebook when shown.
     out.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     for key, value in _TORCH_ENV.items():

@@ -119,7 +119,7 @@ class CellRun:
         self._mds = mds if isinstance(mds, list) else [mds]
         ask = _ipp.asker(cluster, DEBUG_REQUEST)  # the debugger's way to the ranks
         self._stops = Stops(cluster, self.ranks, self._mds, self.renderer, ask)
-        self._pages: dict[int, list[dict]] | None = None  # obj? in the cell: each rank's page
+        self._pages: dict[int, list[dict]] | None = None  # obj? in the cell: its page
         self._lost_seen = False  # a rank of a fault-tolerant job died during the cell
         self._died: list[int] = []  # those ranks
         self.started = time.monotonic()
@@ -181,7 +181,9 @@ class CellRun:
     def _pump(self) -> None:
         if self._pages is None and self.ar.ready():  # pages come with the replies
             results = self.ar.get(return_exceptions=True)
-            self._pages = {r: _ipp.pager_outputs(res) for r, res in zip(self.ranks, results)}
+            # obj? / obj?? answered once, by the first of the cell's ranks (as Shift-Tab):
+            # every rank's own page told the same thing up to N times
+            self._pages = {self.ranks[0]: _ipp.pager_outputs(results[0])}
         for rank in self.ranks:
             self.renderer.update(rank, self.output(rank))
 
