@@ -39,6 +39,8 @@ for rank, recs in zip(cluster.ranks, cluster.view().apply_sync(_records)):
     }
 report["dashboard_error"] = repr(dash.error)
 report["header"] = dash._view.header.value
+report["loss_title"] = dash._view.loss.plot.title
+report["loss_xlim"] = dash._view.loss.plot.xlim
 report["timeline_marks"] = sorted(dash._view.timeline._shown)
 report["metric_options"] = list(dash._view.loss.choice.options)
 report["status_html"] = dash._view.status.widget.value
@@ -74,6 +76,8 @@ def test_widgets_hold_exactly_what_every_rank_logged(no_shared_cluster, tmp_path
         "%load_ext clusterkernel",
         "%mpi start -n 4",
         "import clusterkernel\ndash = clusterkernel.Dashboard(rate=10)\ndash",
+        # a set-up cell that communicates before the first --dashboard cell
+        "%%mpi\nimport torch\nfrom clusterkernel import comm\ncomm.all_reduce(torch.ones(4))",
         "updates_before = dash.updates",
         train_cell(epochs),
         "updates_after = dash.updates",
@@ -85,8 +89,8 @@ def test_widgets_hold_exactly_what_every_rank_logged(no_shared_cluster, tmp_path
         "%mpi stop",
     )
     NotebookClient(nb, timeout=180, kernel_name="python3").execute()
-    report = _report(nb.cells[6])
-    paused = _report(nb.cells[10])
+    report = _report(nb.cells[7])
+    paused = _report(nb.cells[11])
     assert paused["updates_while_paused"] == 0 and paused["messages_while_paused"] > 0
     assert paused["updates_after_resume"] > 0 and paused["last_step_drawn"] == 10_000
 
@@ -105,10 +109,15 @@ def test_widgets_hold_exactly_what_every_rank_logged(no_shared_cluster, tmp_path
         assert f"<tr><td>{rank}</td>" in report["status_html"]
     assert report["same_dashboard"]
     assert report["dashboard_error"] == "None" and "error" not in report["header"]
+    # the first cell that logs is run 1 (the set-up cell's all_reduce takes no number),
+    # and its step axis ends at its last step
+    assert report["header"].startswith("<div class='ck-head'>run 1 of 1; "), report["header"]
+    assert report["loss_title"] == "loss per rank, run 1"
+    assert report["loss_xlim"] == [1.0, float(steps[-1])]
     assert {"all_reduce", "compute"} & set(report["timeline_marks"])
 
     # the dashboard was shown three times: its own cell, the --dashboard cell, %mpi dashboard
-    for i in (2, 4, 7):
+    for i in (2, 5, 8):
         mimes = [o.get("data", {}) for o in nb.cells[i].outputs]
         assert any("application/vnd.jupyter.widget-view+json" in m for m in mimes), i
 

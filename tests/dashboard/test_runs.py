@@ -99,7 +99,7 @@ def test_a_cell_run_twice_is_two_runs_never_joined_and_the_newest_is_drawn():
         rec.log(step=0, loss=0.5)
     for pub in pubs:
         _send(pub, store)
-    assert [r["label"] for r in store.runs()] == ["run 3"]
+    assert [r["label"] for r in store.runs()] == ["run 1"]  # a fresh picture, numbered anew
     assert store.status()[0]["gaps"] == 0  # the stream's state survived the clear
     view.loss.update(store)
     assert view.loss.line(0)[1].tolist() == [0.5]
@@ -160,3 +160,50 @@ def test_every_call_shows_in_the_timeline_at_hundreds_of_calls():
     covered = ((mids[:, None] >= bars[:, 0]) & (mids[:, None] <= bars[:, 1])).any(axis=1)
     assert covered.all(), f"{(~covered).sum()} of 250 calls not drawn"
     assert "broadcast" not in view.timeline._shown  # the earlier run stays out
+
+
+def test_the_first_training_cell_is_run_1_and_its_axes_end_at_its_last_step():
+    # a set-up cell that only communicates, then the first cell that logs: 300 steps,
+    # sent while they are logged, the panels redrawn after every message as live
+    store, ranks = MetricsStore(), (0, 1)
+    recs = [Recorder(rank=r) for r in ranks]
+    pubs = [Publisher("tcp://127.0.0.1:9", KEY, rec) for rec in recs]
+    view = DashboardView(max_points=1000)
+    for rec in recs:
+        rec.mark_cell("ck-cell setup")
+        rec.timing("all_reduce", 16, time.perf_counter(), 1e-4, 1e-4, "mpi", 2)
+        rec.mark_cell("ck-cell train")
+    for first in range(0, 300, 30):
+        for rec in recs:
+            for step in range(first, first + 30):
+                rec.log(step=step, loss=2.0 / (step + 1), samples=32)
+                rec.timing("all_reduce", 4096, time.perf_counter(), 1e-4, 1e-4, "mpi", 2)
+        for pub in pubs:
+            _send(pub, store)
+        view.loss.update(store)
+        view.throughput.update(store)
+        # live too, the step axis ends where the lines end
+        assert view.loss.plot.xlim == [0.0, first + 29.0]
+        assert view.throughput.plot.xlim[1] == first + 29.0
+
+    runs = store.runs()
+    assert [(r["label"], r["number"], r["comm"]) for r in runs] == [
+        ("", None, 2),
+        ("run 1", 1, 600),
+    ]
+    assert store.heading() == "run 1 of 1"
+    assert view.loss.plot.title == "loss per rank, run 1"
+    assert view.throughput.plot.title.endswith(", run 1")
+    assert view.loss.plot.xlim == [0.0, 299.0]
+    assert view.throughput.plot.xlim == [1.0, 299.0]  # step 0 has no rate: nothing before it
+    view.comm.update(store)
+    assert "time per communication op, run 1" in view.comm.widget.value
+    assert {(r["rank"], r["count"]) for r in store.comm_table()} == {(0, 300), (1, 300)}
+    # the same cell again: run 2 of 2, and the set-up cell's calls still took no number
+    for rec in recs:
+        _train(rec, "ck-cell train again", 40, 1.0)
+    for pub in pubs:
+        _send(pub, store)
+    view.loss.update(store)
+    assert store.heading() == "run 2 of 2" and view.loss.plot.title.endswith("run 2")
+    assert view.loss.plot.xlim == [0.0, 39.0]

@@ -331,8 +331,8 @@ class Dashboard:
             records = sum(sum(s["records"].values()) for s in status.values())
             lost = sum(s["lost"] + s["gaps"] for s in status.values())
             note = f"; {lost} records LOST (see status)" if lost else ""
-            runs = store.runs()
-            run = f"run {runs[-1]['run'] + 1} of {len(runs)}; " if runs else ""
+            run = store.heading()
+            run = f"{run}; " if run else ""
             view.set_header(
                 f"{run}{len(status)} ranks streaming; {store.messages} messages, "
                 f"{records} records; {self.updates} redraws{note}"

@@ -12,7 +12,11 @@ A **run** is one execution of a cell that recorded something: the ranks mark eac
 cell they run (``Recorder.mark_cell``), the stream sends the marks with the
 records, and records of the same cell on every rank form one run. Re-running a
 training cell therefore starts a new run (new lines, never joined to the old
-ones); the panels show the newest run and earlier ones faint.
+ones); the panels show the newest run and earlier ones faint. Runs that logged a
+scalar (``log(...)``: what the loss and throughput panels draw) are numbered from 1 in
+the order they ran, "run 1", "run 2"; a cell that only communicated (a set-up
+``all_reduce`` before the training cell) is a run of the comm table but takes no
+number, so the first training cell is "run 1" whatever ran before it.
 
 Times inside records stay as each rank measured them (``perf_counter`` on that
 rank, as in :mod:`clusterkernel.protocol.records`); ``wall_offset(rank)`` converts them to
@@ -227,20 +231,41 @@ class MetricsStore:
     # ------------------------------------------------------------------ runs
     def runs(self) -> list[dict]:
         """The runs in the order they ran (their first record's wall time): ``run`` (its
-        number, in order of arrival), ``label`` ("run 1", ...),
-        ``cell`` (the cell's mark), ``ranks``, wall-time ``start`` and ``end``,
-        ``scalars`` (names logged) and ``comm`` (calls recorded).
+        id, in order of arrival, what the queries take), ``number`` (from 1 among the
+        runs that logged a scalar, in the order they ran; None for a run without one),
+        ``label`` ("run 1", ...; "" without a number), ``cell`` (the cell's mark),
+        ``ranks``, wall-time ``start`` and ``end``, ``scalars`` (names logged) and
+        ``comm`` (calls recorded).
 
         Example::
 
             [r["label"] for r in store.runs()]   # ['run 1', 'run 2']: a cell run twice
         """
         with self._lock:
-            return [
-                {**run, "label": f"run {run['run'] + 1}", "ranks": sorted(run["ranks"]),
-                 "scalars": sorted(run["scalars"])}
-                for run in self._runs
-            ]  # fmt: skip
+            out, number = [], 0
+            for run in self._runs:
+                number += bool(run["scalars"])
+                mine = number if run["scalars"] else None
+                out.append(
+                    {**run, "number": mine, "label": f"run {mine}" if mine else "",
+                     "ranks": sorted(run["ranks"]), "scalars": sorted(run["scalars"])}
+                )  # fmt: skip
+            return out
+
+    def run_label(self, run: int) -> str:
+        """The label of run id ``run`` ("run 2"; "" for a run that logged no scalar).
+
+        Example::
+
+            store.run_label(store.current_run("loss"))   # 'run 1'
+        """
+        return next((r["label"] for r in self.runs() if r["run"] == run), "")
+
+    def heading(self) -> str:
+        """Which training run is newest, of how many: ``"run 2 of 2"`` ("" before any
+        run logged a scalar). The dashboard's header starts with it."""
+        numbered = [r for r in self.runs() if r["number"]]
+        return f"run {numbered[-1]['number']} of {len(numbered)}" if numbered else ""
 
     def current_run(self, name: str | None = None, comm: bool = False) -> int | None:
         """The newest run that logged scalar ``name`` (any record: ``name`` None; a

@@ -95,7 +95,7 @@ class ScalarPanel:
         self._drawn = drawn
         if run != self.run:
             self.run, self._fitted = run, False
-            self.plot.title = f"{self.title}, run {run + 1}"
+            self.plot.title = f"{self.title}, {store.run_label(run)}"
         if self._faint[0] != earlier:  # earlier runs' lines are read once
             faint = []
             for old in earlier:
@@ -112,11 +112,9 @@ class ScalarPanel:
             )
 
     def _fit(self, lines: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        """Set the axes' ranges only when the data leaves them, with room to grow.
-
-        The step axis grows by half again when reached and the value axis by a
-        tenth of its span, so most redraws move the lines only and the picture
-        does not jump.
+        """Fit the axes to the lines: the step axis from the first step drawn to the
+        last, the value axis over the values with a tenth of their span beside them
+        (set again only when a value leaves it, so it does not jump at every redraw).
         """
         ext = []
         for x, y in lines.values():
@@ -128,8 +126,11 @@ class ScalarPanel:
         e = np.array(ext)
         x0, x1, y0, y1 = e[:, 0].min(), e[:, 1].max(), e[:, 2].min(), e[:, 3].max()
         (ax0, ax1), (ay0, ay1) = self.plot.xlim, self.plot.ylim
-        if not self._fitted or x0 < ax0 or x1 > ax1:
-            self.plot.xlim = [float(x0), float(x0 + max(1.5 * (x1 - x0), 10.0))]
+        if not self._fitted or x0 != ax0 or x1 != ax1:
+            # one step alone: a unit-wide axis around it, not a zero-wide one
+            self.plot.xlim = (
+                [float(x0), float(x1)] if x1 > x0 else [float(x0) - 0.5, float(x0) + 0.5]
+            )
         if not self._fitted or y0 < ay0 or y1 > ay1:
             pad = 0.1 * ((y1 - y0) or abs(y1) or 1.0)
             self.plot.ylim = [float(y0 - pad), float(y1 + pad)]
@@ -216,7 +217,8 @@ class CommPanel:
         # Should the panel still be too narrow, the table scrolls inside it rather
         # than spill over the status table.
         self.widget.value = (
-            f"<div class='ck-comm' style='overflow-x:auto'><b>time per communication op, run {run + 1}</b>"
+            f"<div class='ck-comm' style='overflow-x:auto'><b>time per communication op, "
+            f"{store.run_label(run) or 'the last cell that communicated'}</b>"
             "<table class='ck-table ck-comm-table'><tr>" + head + "</tr>" + "".join(body)
             + "</table></div>"
         )  # fmt: skip
