@@ -304,3 +304,21 @@ def test_a_notebook_file_exports_without_the_cells_whose_outputs_hold_an_error(t
     assert "x = 1" in script and "undefined_name" not in script
     assert "cell 2 (failed or interrupted in the notebook, left out)" in script
     assert "undefined_name" in export_cells(cells)
+
+
+@pytest.mark.parametrize(
+    "start, call",
+    [
+        ("%mpi start -n 2", "prepare_rank()"),
+        ("%mpi start -n 2 --gpu-share", "prepare_rank(None, True)"),
+        ("%mpi start -n 2 --no-gpu-binding", "prepare_rank(0, False)"),
+        ("%mpi start -n 2 --gpus-per-rank 2", "prepare_rank(2, False)"),
+    ],
+)
+def test_every_rank_of_the_job_is_bound_as_the_notebooks_start_asked(start, call):
+    # the call that gives the notebook's ranks torchrun's environment and their GPU,
+    # whether or not the cells use torch, with the notebook's GPU options
+    script = export_cells([start, "%%mpi\nprint('hi')"])
+    assert [line for line in script.splitlines() if "prepare_rank(" in line] == [call]
+    live = export_cells(["%%mpi\nprint('hi')"], gpus=(1, True))  # the live cluster's
+    assert "\nprepare_rank(1, True)\n" in live

@@ -128,6 +128,7 @@ def write_job(
     nodes: int = 1,
     ntasks_per_node: int | None = None,
     profile: str | None = None,
+    gpus: tuple[int | None, bool] | None = None,
     **job,
 ) -> list[Path]:
     """Write the script (and each scheduler's job file asked for); the paths written.
@@ -136,7 +137,7 @@ def write_job(
     ``qsub="job.qsub"``) and the schedulers' options (:func:`job_args`). A Slurm job has
     ``ntasks_per_node`` (default: the notebook's ranks, ``ranks``, else its ``%mpi start
     -n``, else 4, spread over ``nodes``) per node; another scheduler's, the ranks.
-    ``profile``: as :func:`export_cells` (``--profile``).
+    ``profile``, ``gpus``: as :func:`export_cells` (``--profile``; the ranks' GPU binding).
     """
     path = Path(path)
     ranks = job_ranks(cells, ranks)
@@ -151,6 +152,7 @@ def write_job(
         torch=torch,
         failed=failed,
         profile=profile,
+        gpus=gpus,
     )
     files = {name: job.pop(_file_dest(system), None) for name, system in _exporters()}
     written: list[tuple[Path, str]] = []

@@ -29,9 +29,17 @@ from clusterkernel.client.export._run import run_lines
 _PRELUDE_FILE = Path(__file__).parents[2] / "rank" / "_job_prelude.py"
 
 
-def _prelude() -> str:
+_BIND = "\nprepare_rank()\n"  # the prelude's call, given the notebook's GPU options here
+
+
+def _prelude(gpus: tuple[int | None, bool] = (None, False)) -> str:
+    """The prelude's text; ``gpus``: (``--gpus-per-rank``, 0 for ``--no-gpu-binding``;
+    ``--gpu-share``) of the notebook's ranks, for the call that binds the job's."""
     text = _PRELUDE_FILE.read_text()
-    return text[text.index("\nimport ") + 1 :].strip("\n")
+    text = text[text.index("\nimport ") + 1 :].strip("\n")
+    if tuple(gpus) != (None, False):
+        text = text.replace(_BIND, f"\nprepare_rank({gpus[0]!r}, {gpus[1]!r})\n")
+    return text
 
 
 def _walk(
@@ -96,6 +104,21 @@ def torch_use(cells: list[str]) -> tuple[bool, bool, str | None]:
     return uses, made, backend
 
 
+_GPUS_PER_RANK = re.compile(r"--gpus-per-rank[\s=]+(\d+)")
+
+
+def gpu_options(cells: list[str]) -> tuple[int | None, bool]:
+    """The GPU binding the cells' ``%mpi start`` asked for: (GPUs per rank, None for the
+    default and 0 for ``--no-gpu-binding``; ``--gpu-share``)."""
+    per_rank, share = None, False
+    for cell in cells:
+        for line in _START_LINE.findall(cell):
+            named = _GPUS_PER_RANK.search(line)
+            per_rank = 0 if "--no-gpu-binding" in line else int(named.group(1)) if named else None
+            share = "--gpu-share" in line
+    return per_rank, share
+
+
 def _torch_block(made: bool, backend: str | None) -> str:
     """The script's lines that give every rank what %mpi start gave it."""
     # torchrun's environment is the prelude's, as every rank's: here the group and its end
@@ -145,6 +168,7 @@ def export_cells(
     torch: tuple[bool, str | None] | None = None,
     failed: Collection[int] = (),
     profile: str | None = None,
+    gpus: tuple[int | None, bool] | None = None,
 ) -> str:
     """The rank cells of ``cells`` (cell sources in notebook order) as one MPI script.
 
@@ -158,7 +182,9 @@ def export_cells(
     the absolute one, so the line runs from any folder).
     ``torch``: (the ranks had a default group made for them, its backend), as the live
     cluster knows it; default: read from the cells' ``%mpi start``. Every rank gets
-    torchrun's environment and its GPU, as in the notebook. ``profile`` (``"python"`` or ``"torch"``, ``--profile``): every rank is
+    torchrun's environment and its GPU, as in the notebook: ``gpus`` (GPUs per rank,
+    ``--gpu-share``) as the live cluster has them, default: read from the cells' ``%mpi
+    start``. ``profile`` (``"python"`` or ``"torch"``, ``--profile``): every rank is
     sampled over the job and the profile written at its end (:func:`profile_block`).
     Raises :class:`ExportError` for what a plain script cannot run.
     """
@@ -169,7 +195,7 @@ def export_cells(
         *run_lines(n, script_name),
         "# Each rank runs the whole file; its lines are labelled [rank N] as in the notebook.",
     ]
-    out = ["\n".join(header), _prelude()]
+    out = ["\n".join(header), _prelude(gpu_options(cells) if gpus is None else gpus)]
     uses, made, backend = torch_use(cells)
     if torch is not None:
         made, backend = torch

@@ -405,6 +405,7 @@ class Subcommands:
                 auto=auto,
                 failed=failed,
                 torch=(self.cluster.torch, self.cluster.backend) if live else None,
+                gpus=(self.cluster.gpus_per_rank, self.cluster.gpu_share) if live else None,
                 **job,
             )
         except ClusterkernelError as e:
