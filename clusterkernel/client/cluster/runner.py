@@ -181,8 +181,7 @@ class CellRun:
     def _pump(self) -> None:
         if self._pages is None and self.ar.ready():  # pages come with the replies
             results = self.ar.get(return_exceptions=True)
-            # obj? / obj?? answered once, by the first of the cell's ranks (as Shift-Tab):
-            # every rank's own page told the same thing up to N times
+            # obj? answered once, by the first of the cell's ranks (as Shift-Tab does)
             self._pages = {self.ranks[0]: _ipp.pager_outputs(results[0])}
         for rank in self.ranks:
             self.renderer.update(rank, self.output(rank))
