@@ -72,7 +72,7 @@ class Keeper:
         self.copies = copies
         self.model, self.optimizer = _built(build)
         self.step = 0
-        self._names: list[str] = []
+        self._names: list[tuple[str, str]] = []  # a copy's: (name, "model"/"optimizer")
         self._kept: tuple | None = None  # (step, model state, optimizer state) on holders
         self.save(0)
 
@@ -120,7 +120,7 @@ class Keeper:
                 f"(torchdist.Keeper(build, copies={self.copies + 1}))."
             )
         source = steps.index(best)
-        kept = self._kept if rank == source else None
+        kept = self._kept if steps[rank] == best else None
         if source != 0:  # torch's loading broadcasts from rank 0
             if rank == source:
                 dist.send_object_list([kept], dst=0)
@@ -131,7 +131,7 @@ class Keeper:
         old = (self.model, self.optimizer)
         self.model, self.optimizer = _built(self.build)
         _load(self.model, self.optimizer, kept if rank == 0 else None, told[source][1])
-        # the holders that lost their copy (a respawned rank) get it again from rank 0
+        # the holders without the newest copy (a respawned one) get it from rank 0
         for dst in self._holders():
             if dst != 0 and steps[dst] != best:
                 if rank == 0:

@@ -310,6 +310,8 @@ def test_a_kept_fsdp2_model_is_rebuilt_on_the_new_group_after_a_hang(tcluster: C
     assert "Run keep.restore() in a %%mpi cell" in text, text
     tcluster.run("back = keep.restore()\nrestored = full()\ntrain(3)\nafter = full()")
     assert tcluster.pull("back") == {0: 3, 1: 3}
+    tcluster.run("held = repr(keep)")  # both holders keep their copy
+    assert set(tcluster.pull("held").values()) == {"Keeper(step=3, copies=2, holds a copy)"}
     saved, restored, after = (tcluster.pull(n) for n in ("saved", "restored", "after"))
     for rank in (0, 1):
         assert torch_equal(saved[rank], restored[rank]), rank
