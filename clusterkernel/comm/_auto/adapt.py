@@ -26,8 +26,10 @@ adapt. Algorithms reduce in different orders, so while a group probes, sums can
 differ from call to call in the last bits of a float: pin ``algorithm=`` for bitwise
 repeatable runs.
 
-The cost is bounded: at most ``REPS * (algorithms - 1)`` probe calls per round, and
-rounds at most every :data:`INTERVAL_MAX` calls once the choice has settled.
+The cost is bounded: at most ``REPS * (algorithms - 1)`` probe calls per round,
+rounds at most every :data:`INTERVAL_MAX` calls once the choice has settled, and an
+algorithm the last round found :data:`SLOWER` than the current one by far is tried
+again only every :data:`INTERVAL_MAX` calls.
 
 Example::
 
@@ -57,6 +59,7 @@ REPS = 3  # probe calls per other algorithm and round (the median drops a set-up
 FIRST_ROUND = 3  # the call number of the first round: after the first calls' set-up
 INTERVAL_MIN, INTERVAL_MAX = 16, 1024
 MARGIN = 0.95  # move only to an algorithm at least 5 % faster: no flapping on noise
+SLOWER = 1.5  # an algorithm this much slower than the current one is probed rarely
 KEEP = 5  # the current algorithm's times kept (its median is the comparison)
 ENV_ADAPT = "CLUSTERKERNEL_AUTO_ADAPT"
 # The flight entry of a round's agreement (the hang report shows ranks waiting there).
@@ -75,7 +78,10 @@ class Arm:
     ``"probe"`` (a round kept it) or ``"switch"`` (a round moved to it).
     """
 
-    __slots__ = ("algs", "current", "why", "calls", "next_round", "interval", "queue", "times")
+    __slots__ = (
+        "algs", "current", "why", "calls", "next_round", "interval", "queue", "probing",
+        "times", "agreed", "probed_at",
+    )  # fmt: skip
 
     def __init__(self, algs: tuple[str, ...], start: str) -> None:
         self.algs = algs
@@ -85,42 +91,57 @@ class Arm:
         self.next_round = FIRST_ROUND
         self.interval = INTERVAL_MIN
         self.queue: list[str] = []
+        self.probing: list[str] = []  # the round's other algorithms
         self.times: dict[str, deque] = {a: deque(maxlen=KEEP) for a in algs}
+        self.agreed: dict[str, float] = {}  # each algorithm's time as the last round agreed
+        self.probed_at: dict[str, int] = {}  # and the call number of that round
 
     def next(self) -> str:
         """The algorithm of the next blocking call (the current one, or a probe)."""
         self.calls += 1
         if self.calls == self.next_round:
-            others = [a for a in self.algs if a != self.current]
-            for a in others:
+            self.probing = [a for a in self.algs if a != self.current and self._worth(a)]
+            for a in self.probing:
                 self.times[a].clear()  # this round's probes only
-            self.queue = others * REPS  # interleaved: a, b, a, b, ...
+            self.queue = self.probing * REPS  # interleaved: a, b, a, b, ...
+            if not self.queue:  # every other one far slower lately: nothing to try now
+                self.next_round = self.calls + self.interval
         return self.queue.pop(0) if self.queue else self.current
+
+    def _worth(self, alg: str) -> bool:
+        # An algorithm that lost by far (SLOWER) is tried again only every INTERVAL_MAX
+        # calls: a round's probes then cost little. Every member reads the same agreed
+        # numbers, so all skip or probe alike.
+        then, now = self.agreed.get(alg), self.agreed.get(self.current)
+        if then is None or now is None or then < SLOWER * now:
+            return True
+        return self.calls - self.probed_at[alg] >= INTERVAL_MAX
 
     def took(self, g: Group, alg: str, seconds: float) -> None:
         """Note a blocking call's time; after a round's last probe, agree and decide."""
         self.times[alg].append(seconds)
-        if self.calls >= self.next_round and not self.queue:
+        if self.probing and self.calls >= self.next_round and not self.queue:
             self._decide(g)
 
     def _decide(self, g: Group) -> None:
-        mine = np.array(
-            [median(self.times[a]) if self.times[a] else np.inf for a in self.algs], np.float64
-        )
+        judged = [self.current, *self.probing]
+        mine = np.array([median(self.times[a]) if self.times[a] else np.inf for a in judged])
         agreed = np.empty_like(mine)
         entry = step_entry(g, f"{DECIDE_LABEL} {self.current}")
         try:
             g.inner().Allreduce(mine, agreed, MPI.MAX)
         finally:
             abandon(entry)
-        best = self.algs[int(np.argmin(agreed))]
-        now = agreed[self.algs.index(self.current)]
-        if best != self.current and agreed[self.algs.index(best)] < MARGIN * now:
+        for a, t in zip(judged, agreed.tolist(), strict=True):
+            self.agreed[a], self.probed_at[a] = t, self.calls
+        best = judged[int(np.argmin(agreed))]
+        if best != self.current and self.agreed[best] < MARGIN * self.agreed[self.current]:
             self.current, self.why, self.interval = best, "switch", INTERVAL_MIN
             self.times[best].clear()  # its probes were a round's, not a steady state
         else:
             self.why = "probe"
             self.interval = min(2 * self.interval, INTERVAL_MAX)
+        self.probing = []
         self.next_round = self.calls + self.interval
 
     def state(self) -> dict:
@@ -130,7 +151,7 @@ class Arm:
             "why": self.why,
             "calls": self.calls,
             "next_probe_at": self.next_round,
-            "seconds": {a: (median(t) if t else None) for a, t in self.times.items()},
+            "seconds": dict(self.agreed),  # as the last rounds agreed (the slowest rank's)
         }
 
 

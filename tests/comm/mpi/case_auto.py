@@ -260,6 +260,7 @@ def test_the_agreed_choice_is_the_fastest_by_its_slowest_rank():
     # mpi 1.0 s everywhere; ring 0.5 s but 3.0 s on the last rank; shm 0.8 s everywhere
     for alg, t in (("mpi", 1.0), ("ring", 3.0 if RANK == SIZE - 1 else 0.5), ("shm", 0.8)):
         a.times[alg].extend([t] * 3)
+    a.probing = ["ring", "shm"]
     a._decide(g)
     agree(a.current == "shm" and a.why == "switch", f"{a.state()}")
     agree(a.next_round == 10 + adapt.INTERVAL_MIN, f"{a.state()}")
@@ -267,10 +268,25 @@ def test_the_agreed_choice_is_the_fastest_by_its_slowest_rank():
     b.calls = b.next_round = 10
     b.times["mpi"].extend([1.0] * 3)
     b.times["ring"].extend([0.97] * 3)  # within the margin: kept
+    b.probing = ["ring"]
     b._decide(g)
     agree(b.current == "mpi" and b.why == "probe", f"{b.state()}")
     agree(b.interval == 2 * adapt.INTERVAL_MIN, f"{b.state()}")
     comm.destroy_group(g)
+
+
+def test_an_algorithm_that_lost_by_far_is_probed_only_now_and_then():
+    from clusterkernel.comm._auto import adapt
+
+    a = adapt.Arm(("mpi", "ring", "shm"), "mpi")
+    a.agreed = {"mpi": 1.0, "ring": 3.0, "shm": 1.2}  # ring 3x slower, shm close
+    a.probed_at = dict.fromkeys(a.agreed, 0)
+    a.calls = a.next_round - 1
+    probes = [a.next() for _ in range(adapt.REPS)]
+    agree(probes == ["shm"] * adapt.REPS, f"probed {probes}")
+    a.queue, a.probing = [], []
+    a.calls, a.next_round = adapt.INTERVAL_MAX - 1, adapt.INTERVAL_MAX
+    agree(a.next() == "ring", "after INTERVAL_MAX calls the slow one is tried again")
 
 
 def test_explicit_forced_async_and_small_calls_never_adapt(table_file):
