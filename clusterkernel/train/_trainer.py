@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from clusterkernel import comm, metrics
 from clusterkernel.partition import Partition, distributed_loader, set_epoch
+from clusterkernel.rank import _recovery
 from clusterkernel.train._checkpoint import CHECKPOINT_NAME
 from clusterkernel.train._modes import TrainingMode, make_mode
 from clusterkernel.train._prefetch import Prefetcher, spare_core
@@ -158,16 +159,35 @@ class Trainer:
 
         With ``resume=True`` first load the checkpoint from ``checkpoint_dir`` (if
         there is one) and continue from the step it was written at.
+
+        With auto-respawn (``%mpi start --respawn``) a rank that dies during ``fit`` is
+        replaced within it: the survivors wait for the new rank at the step that
+        failed, it takes rank 0's copy of the trainer (model, optimizer, step, its own
+        data share and RNG) and every rank redoes that step.
         """
         self._take_over_after_respawn()
         if resume:
             self.load_checkpoint()
-        self.mode.check_batches(self._batches_per_epoch())
-        self.module.train()
+        self._ready()
         self._fire("on_start")
-        self.mode.run(self, lambda: self._train_epochs(epochs))
+        while True:
+            try:
+                self.mode.run(self, lambda: self._train_epochs(epochs))
+                break
+            except RuntimeError as e:  # comm.PeerDied, or MPI's own error for it
+                # auto-respawn: the dead rank is replaced now, and the step that failed
+                # (it left no trace: see _run_epoch) runs again on the N ranks; the new
+                # rank's fit starts as a fit does, so the survivors' goes on the same way
+                if not _recovery.recovers(e) or not _recovery.rejoin():
+                    raise
+                self._take_over_after_respawn()
+                self._ready()
         self._fire("on_end")
         return self.history
+
+    def _ready(self) -> None:
+        self.mode.check_batches(self._batches_per_epoch())
+        self.module.train()
 
     def _take_over_after_respawn(self) -> None:
         """A Trainer copied onto a respawned rank (``%mpi respawn --from R``) holds rank

@@ -705,3 +705,48 @@ def test_a_death_mid_cell_is_told_once_and_the_survivors_errors_folded(ft: Clust
     finally:
         ft.auto_respawn = False
         magics.cluster = None
+
+
+def test_a_trainer_cell_with_auto_respawn_survives_a_death_by_itself(ft: Cluster, capsys):
+    """``%mpi start --respawn``: rank 2 killed after step 20 of 32 inside ``trainer.fit``;
+    the same cell goes on to the end on four ranks, to the undisturbed run's weights."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import clusterkernel.client.magics as ck_magics
+
+    ft.run(_TRAINER + "DIE = False\n" + _TRAINER_END)
+    undisturbed = ft.pull("weights")[0]
+    expect = {name: ft.pull(name)[0] for name in ("rng", "momentum")}
+    ft.run(_TRAINER + "DIE = True\n")
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "clusterkernel")
+    magics = ck_magics._magics
+    magics.cluster = ft
+    ft.auto_respawn = True  # what %mpi start --respawn sets
+    try:
+        old = ft.rank_info[2]["pid"]
+        capsys.readouterr()
+        ran = shell.run_cell(
+            "%%mpi --timeout 120\n" + _TRAINER_END + "print('end', trainer.global_step)"
+        )
+        said = capsys.readouterr()
+        text = said.out + said.err
+        assert ran.success, text
+        assert "[ranks 0-3] end 32" in text, text
+        assert (
+            "Rank 2 died (killed by SIGKILL) during this cell and was respawned from rank 0 in"
+            in text
+        ), text
+        assert not [raw for raw in _RAW if raw in text], text
+        assert ft.rank_info[2]["pid"] != old and ft.live_ranks == [0, 1, 2, 3] and not ft.dead
+        assert ft.pull("where") == {r: (2, 0, 32, r) for r in range(4)}
+        assert ft.pull("shard") == {r: (r, 1) for r in range(4)}  # each rank's own share
+        assert set(ft.pull("rng").values()) == {expect["rng"]}
+        for rank, momentum in ft.pull("momentum").items():
+            assert abs(momentum - expect["momentum"]) < 1e-5, rank
+        for rank, weights in ft.pull("weights").items():
+            assert (weights - undisturbed).abs().max().item() < 1e-5, rank
+        _collective_over(ft, 4)  # and later cells run on the four
+    finally:
+        ft.auto_respawn = False
+        magics.cluster = None

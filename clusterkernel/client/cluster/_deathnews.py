@@ -18,8 +18,13 @@ Example::
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
 
-from clusterkernel.client.errors import format_ranks
+from clusterkernel.client.cluster import _rank_faults
+from clusterkernel.client.errors import RankError, format_ranks, group_failures
+
+if TYPE_CHECKING:
+    from clusterkernel.client.cluster import Cluster
 
 # what a survivor's error says when a peer's death caused it
 _MARKS = (
@@ -73,3 +78,29 @@ def fold(
         else:
             out.append((rank, "", f"{op or 'a collective'} failed: {who}", ""))
     return out
+
+
+def report(
+    cluster: Cluster, faults: Any, items: list, gone: list[int], died: list[int]
+) -> RankError:
+    """A fault-tolerant job's ranks died in a cell (``gone``: no reply; ``died``: seen dead
+    while it ran): each told once with how it died, then the survivors' errors that
+    death caused (:func:`fold`), and what brings the ranks back (with auto-respawn the
+    cluster does it after the cell and says so). ``faults``: the run's ``CellFaults``."""
+    new = [r for r in gone if r not in cluster.dead]
+    for rank, why in _rank_faults.death_causes(cluster, new).items():
+        faults.ranks_died([rank], why)
+    died = sorted({*died, *gone})
+    causes = cluster.dead
+    deaths = [(r, "died", causes.get(r, "its process exited"), "") for r in died]
+    note = ""
+    if not cluster.auto_respawn:
+        live = cluster.live_ranks
+        note = (
+            f"The fault-tolerant job carries on: later cells run on ranks "
+            f"{format_ranks(live)}; %mpi respawn --from {live[0]} "
+            f"(cluster.respawn(source={live[0]})) brings rank {format_ranks(died)} back "
+            f"with rank {live[0]}'s variables; %mpi restart starts a full set."
+        )
+    # the deaths first, then what they caused
+    return RankError(group_failures(deaths) + group_failures(fold(items, died)), note=note)

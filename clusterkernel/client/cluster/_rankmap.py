@@ -163,6 +163,12 @@ class RankMap:
         """Dead ranks not yet told to the user (and from now on counted as told)."""
         return self._health.untold()
 
+    def rejoined(self, ranks: list[int]) -> None:
+        """New processes of dead ranks registered while a cell ran (auto-respawn, the
+        survivors started them): read their identity; they are alive again."""
+        self._engines.respawned([self._engines.engine_of[r] for r in ranks])
+        self._health.revived(ranks)
+
     def revived(self, ranks: list[int]) -> None:
         """Dead ranks were respawned into the live job: they are alive again."""
         self._health.revived(ranks)

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from clusterkernel.client.cluster import _rank_faults, _respawn
+from clusterkernel.client.cluster import _incell, _rank_faults, _respawn
 from clusterkernel.client.errors import RankError, notebook_execution_count
 
 if TYPE_CHECKING:
@@ -42,6 +42,8 @@ class Cells:
         self._restart = restart  # the cluster's restart: what frees ranks stuck for good
         self._label: str | None = None
         self._profile_result: Profile | None = None
+        self._armed: tuple | None = None  # the processes armed for auto-respawn in a cell
+        self._recipe: dict | None = None
 
     @property
     def label(self) -> str | None:
@@ -105,9 +107,11 @@ class Cells:
         # one name per cell, the same on every rank: the dashboard's runs (CELL_LABEL)
         # with the notebook's In [N]: the ranks name the cell's code after it in profiles
         self._label = cell_label(secrets.token_hex(6), notebook_execution_count())
+        recipe = self._arm(cluster)
         faults = CellFaults(
             job_ended=self._rank_map.mark_lost, ranks_died=self._rank_map.mark_dead,
-            ranks_stuck=lambda _ranks: self._restart(),
+            ranks_stuck=lambda _ranks: self._restart(), ranks_rejoined=self._rank_map.rejoined,
+            ranks_back=cluster.ranks_respawned, recipe=recipe,
         )  # fmt: skip
         run = None
         try:
@@ -126,6 +130,18 @@ class Cells:
                 dash.cell_finished()
             if profile and block:
                 self._profile_result = run.profile if run is not None else None
+
+    def _arm(self, cluster: Any) -> dict | None:
+        """With auto-respawn, the ranks know how to respawn a dead peer in a cell
+        (``_incell.arm``; again after every change of processes); without, they do not."""
+        on = bool(cluster.auto_respawn and cluster.fault_tolerant)
+        key = tuple(sorted(info.get("pid") for info in cluster.rank_info.values())) if on else None
+        if key != self._armed:
+            engines = self._rank_map.engines
+            self._recipe = _incell.recipe(cluster, engines) if on else None
+            _incell.arm(cluster, engines, self._recipe)
+            self._armed = key
+        return self._recipe
 
     def profile(self, cluster: Any, action: str = "start", **options: Any) -> Profile | None:
         """``%mpi profile start|stop``: sample every rank over the cells in between.

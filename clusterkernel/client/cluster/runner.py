@@ -36,6 +36,7 @@ import ipyparallel as ipp
 from clusterkernel.client.cluster import (
     _deathnews,
     _hangreport,
+    _incell,
     _ipp,
     _rank_faults,
     _stacks,
@@ -76,6 +77,10 @@ class CellFaults:
     job_ended: Callable[[str], None]
     ranks_died: Callable[[list[int], str], None]
     ranks_stuck: Callable[[list[int]], None]
+    # auto-respawn in the cell: new processes of ranks registered, then the cell ended
+    ranks_rejoined: Callable[[list[int]], None] = lambda ranks: None
+    ranks_back: Callable[[list[int]], None] = lambda ranks: None
+    recipe: dict | None = None  # what the ranks were armed with (a new rank gets it too)
 
 
 class CellRun:
@@ -122,6 +127,7 @@ class CellRun:
         self._pages: dict[int, list[dict]] | None = None  # obj? in the cell: its page
         self._lost_seen = False  # a rank of a fault-tolerant job died during the cell
         self._died: list[int] = []  # those ranks
+        self._replacing: list[_incell.Replacing] = []  # auto-respawn: replaced in the cell
         self.started = time.monotonic()
         self.done = False
         # the notebook's cell this run belongs to (a --noblock run is waited on later)
@@ -151,7 +157,7 @@ class CellRun:
         """A fault-tolerant job whose rank died mid-cell: record it, and close the
         torch.distributed connections of the others, whom gloo would keep waiting on the
         dead peer until the group's timeout (MPI's own calls raise by themselves)."""
-        if not self.cluster.fault_tolerant or self._lost_seen:
+        if not self.cluster.fault_tolerant:
             return
         try:
             ids = self._client.ids
@@ -161,21 +167,29 @@ class CellRun:
         gone = _rank_faults.lost_engines(engine_of, ids, self.cluster.dead)
         if not gone:
             return
-        self._lost_seen = True
-        for rank, why in _rank_faults.death_causes(self.cluster, gone).items():
+        causes = _rank_faults.death_causes(self.cluster, gone)
+        for rank, why in causes.items():
             self.faults.ranks_died([rank], why)
         self._died += gone
-        if self.busy_ranks():
+        if self.cluster.auto_respawn:  # a guarded loop's survivors bring them back
+            self._replacing.append(_incell.Replacing(self, gone, causes))
+        if self.busy_ranks() and not self._lost_seen:
             self._abort_torch_groups()
+        self._lost_seen = True
 
     def output(self, rank: int) -> RankOutput:
-        md = self._mds[self.ranks.index(rank)]
+        # a rank replaced in the cell: its old process's output, then each new one's
+        mds = [self._mds[self.ranks.index(rank)]]
+        mds += [md for rep in self._replacing if (md := rep.metadata(rank)) is not None]
         return RankOutput(
-            stdout=md.get("stdout") or "",
+            stdout="".join(md.get("stdout") or "" for md in mds),
             # warnings name the engine's cell number: the notebook's, as in tracebacks
-            stderr=retitle_cell(md.get("stderr") or "", self.execution_count),
-            outputs=list(md.get("outputs") or []) + (self._pages or {}).get(rank, []),
-            execute_result=md.get("execute_result") or None,
+            stderr=retitle_cell(
+                "".join(md.get("stderr") or "" for md in mds), self.execution_count
+            ),
+            outputs=[o for md in mds for o in md.get("outputs") or []]
+            + (self._pages or {}).get(rank, []),
+            execute_result=mds[-1].get("execute_result") or None,
         )
 
     def _pump(self) -> None:
@@ -193,10 +207,15 @@ class CellRun:
         except KeyboardInterrupt:
             failure = self._free_stuck("interrupted", stacks_first=False)
         self._pump()
+        replaced = [rep for rep in self._replacing if rep.cells]
+        for rep in replaced:
+            self.renderer.notice(rep.told())
         self.renderer.finish()
         self.done = True
         if failure is None:
             failure = self._collect_errors()
+        if replaced and not isinstance(failure, CellInterrupted):  # all idle: torch group..
+            self.faults.ranks_back(sorted({r for rep in replaced for r in rep.dead}))
         if self._profiling is not None:  # shown whether the cell ended, raised or was stopped
             self.profile, self._profiling = self._profiling.finish(), None
         if failure is not None:
@@ -206,14 +225,19 @@ class CellRun:
 
     def _wait_loop(self, timeout: float | None) -> RankError | None:
         while True:
-            finished = self.ar.wait(_POLL)
+            for rep in self._replacing:
+                rep.poll()
+            finished = self.ar.wait(_POLL) and all(rep.ready() for rep in self._replacing)
             if finished:
                 # Replies and output travel on different channels: a reply can
                 # land before the last of its rank's output, by seconds when the
                 # controller is loaded. Keep streaming until every rank's output
                 # is complete (its "idle" has come), within a grace period.
                 deadline = time.monotonic() + _OUTPUT_GRACE
-                while not self.ar.wait_for_output(timeout=_POLL):
+                while not (
+                    self.ar.wait_for_output(timeout=_POLL)
+                    and all(rep.output_ready() for rep in self._replacing)
+                ):
                     self._pump()
                     if time.monotonic() > deadline:
                         break
@@ -365,6 +389,10 @@ class CellRun:
 
     def _collect_errors(self) -> RankError | None:
         results = self.ar.get(return_exceptions=True)
+        for rep in self._replacing:  # a replaced rank's result is its new process's
+            for rank, res in rep.results().items():
+                results[self.ranks.index(rank)] = res
+                self._died = [r for r in self._died if r != rank]
         items = []
         lost = False
         for rank, res in zip(self.ranks, results):
@@ -392,35 +420,12 @@ class CellRun:
             if getattr(res, "ename", "") == "EngineError" or isinstance(res, ipp.error.EngineError)
         ]
         if self.cluster.fault_tolerant and (gone or self._died):
-            return self._ranks_died(items, gone)
+            return _deathnews.report(self.cluster, self.faults, items, gone, self._died)
         items += [(r, "died", "engine lost", "") for r in gone]
         if not items:
             return None
         hint = _torch.error_hint([summary for _, _, summary, _ in items], self.cluster.torch)
         return RankError(group_failures(items), note=hint)
-
-    def _ranks_died(self, items: list, gone: list[int]) -> RankError:
-        """A fault-tolerant job's ranks died in the cell: each told once with how it
-        died, the survivors' errors that death caused one line per group, and what
-        brings the ranks back (with auto-respawn the cluster does it and says so)."""
-        new = [r for r in gone if r not in self.cluster.dead]
-        for rank, why in _rank_faults.death_causes(self.cluster, new).items():
-            self.faults.ranks_died([rank], why)
-        died = sorted({*self._died, *gone})
-        causes = self.cluster.dead
-        deaths = [(r, "died", causes.get(r, "its process exited"), "") for r in died]
-        note = ""
-        if not self.cluster.auto_respawn:
-            live = self.cluster.live_ranks
-            note = (
-                f"The fault-tolerant job carries on: later cells run on ranks "
-                f"{format_ranks(live)}; %mpi respawn --from {live[0]} "
-                f"(cluster.respawn(source={live[0]})) brings rank {format_ranks(died)} back "
-                f"with rank {live[0]}'s variables; %mpi restart starts a full set."
-            )
-        # the deaths first, then what they caused
-        failures = group_failures(deaths) + group_failures(_deathnews.fold(items, died))
-        return RankError(failures, note=note)
 
 
 def _ranks_word(ranks: list[int]) -> str:

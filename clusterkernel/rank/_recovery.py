@@ -1,0 +1,106 @@
+"""A dead rank replaced inside the running cell (rank side): the survivors' recovery point.
+
+With auto-respawn on (``%mpi start --respawn``) the notebook arms every rank with the
+recipe of a respawn (:func:`arm`: each rank's new-process command and host). A loop
+under a step guard (``Trainer.fit``, :func:`clusterkernel.comm.steps`) that finds a peer
+dead (``comm.PeerDied``) calls :func:`rejoin` at its recovery point: the survivors agree
+on who is gone and start the dead ranks again in the live job (the respawn's own
+``grow``), rank ``root`` (the lowest survivor) sends them its variables, DataParallel
+models are attached to the N ranks again, and the loop redoes the step that failed.
+Meanwhile the notebook sees the new engines register and runs :func:`joined` and then the
+cell itself on them, so a new rank takes the copy and goes through the same loop, from
+the same step.
+
+Example (what a step guard does)::
+
+    try:
+        step()
+    except comm.PeerDied:
+        if not rejoin():     # not armed: the cell fails, the notebook tells the death
+            raise
+        step()               # again, on N ranks
+"""
+
+from __future__ import annotations
+
+import time
+
+from clusterkernel.rank._world import world
+
+_ROOT = "{root}"  # in a recipe's commands: the lowest survivor, known only at a death
+_recipe: dict | None = None  # {"commands": {rank: [...]}, "hosts": {rank: host or None}}
+_rejoined: list[dict] = []  # what each recovery here did: ranks, seconds
+
+
+def arm(recipe: dict | None) -> bool:
+    """Keep the notebook's recipe of a respawn (None: disarm). Returns whether armed."""
+    global _recipe
+    _recipe = recipe
+    return recipe is not None
+
+
+def armed() -> bool:
+    """Whether a peer's death in a guarded step is recovered here (auto-respawn is on)."""
+    return _recipe is not None
+
+
+def recovers(exc: BaseException) -> bool:
+    """Whether ``exc`` is a peer's death (``comm.PeerDied``, or MPI's own error for it
+    where a path raises that) that this rank recovers from in the cell (armed)."""
+    if _recipe is None:
+        return False
+    from clusterkernel.comm._errors import is_failure
+
+    return is_failure(exc)
+
+
+def rejoin() -> bool:
+    """At a recovery point, on every survivor: bring the dead ranks back into this world,
+    give them ``root``'s variables and re-attach DataParallel models; False (nothing done)
+    when not armed. Raises RuntimeError when the new processes do not join (the
+    survivors' world stays as it was; the cell then fails and the notebook respawns)."""
+    if _recipe is None:
+        return False
+    from mpi4py import MPI
+
+    from clusterkernel.rank._respawn import copy_namespace, grow, rebuild
+
+    t0 = time.perf_counter()
+    old = world()
+    shrunk = old.Shrink()  # who is alive, as every survivor agrees
+    try:
+        alive = MPI.Group.Translate_ranks(
+            shrunk.Get_group(), list(range(shrunk.Get_size())), old.Get_group()
+        )
+    finally:
+        shrunk.Free()
+    dead = sorted(set(range(old.Get_size())) - set(alive))
+    root = min(alive)
+    commands = [
+        [str(root) if word == _ROOT else word for word in _recipe["commands"][r]] for r in dead
+    ]
+    grow(dead, commands, [_recipe["hosts"].get(r) for r in dead], root, join_timeout=30.0)
+    if world().Get_rank() == root:
+        copy_namespace(root, dead)
+    rebuild()
+    _rejoined.append({"ranks": dead, "root": root, "seconds": time.perf_counter() - t0})
+    return True
+
+
+def joined(root: int, targets: list[int], recipe: dict | None) -> dict:
+    """On a new rank, before it runs the cell: its side of the survivors' :func:`rejoin`
+    (the copy of ``root``'s variables, DataParallel models re-attached), armed with
+    ``recipe`` as the survivors are."""
+    from clusterkernel.rank._respawn import copy_namespace, rebuild
+
+    arm(recipe)
+    copied = copy_namespace(root, targets)
+    rebuild()
+    return copied
+
+
+def recoveries() -> list[dict]:
+    """What each in-cell recovery on this rank did, oldest first (and forgets them)."""
+    done = list(_rejoined)
+    _rejoined.clear()
+    return done
