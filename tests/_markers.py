@@ -69,6 +69,7 @@ SLOW: dict[str, float] = {
     "tests/cluster/test_respawn.py::test_a_rank_that_dies_in_the_copy_is_told_and_a_further_respawn_works": 19,
     "tests/cluster/test_respawn.py::test_two_ranks_a_rank_killed_mid_cell_comes_back_with_a_copy": 11,
     "tests/cluster/test_respawn.py::test_a_death_mid_cell_is_told_once_and_the_survivors_errors_folded": 12,
+    "tests/cluster/test_respawn.py::test_chaos_seeded_sigkills_in_a_trainer_cell_end_at_the_undisturbed_weights": 16,
     "tests/cluster/test_respawn_fsdp.py::test_fsdp2_and_ddp_models_train_on_after_a_holder_is_respawned": 23,
     "tests/torchdist/test_on_ranks.py::test_a_rank_wedged_in_c_code_holding_the_gil_is_named_and_restarted": 14,
     "tests/torchdist/test_on_mpiexec.py::test_torchrun_cases_on_n_ranks": 11,

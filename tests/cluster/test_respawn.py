@@ -750,3 +750,60 @@ def test_a_trainer_cell_with_auto_respawn_survives_a_death_by_itself(ft: Cluster
     finally:
         ft.auto_respawn = False
         magics.cluster = None
+
+
+_CHAOS = """
+import os, signal, torch
+from torch.utils.data import TensorDataset
+from clusterkernel import comm
+from clusterkernel.train import Trainer
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(7)
+data = TensorDataset(torch.randn(1024, 6, generator=g), torch.randn(1024, 1, generator=g))
+net = torch.nn.Sequential(
+    torch.nn.Linear(6, 8), torch.nn.Dropout(0.2), torch.nn.Tanh(), torch.nn.Linear(8, 1)
+)
+opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+trainer = Trainer(net, opt, torch.nn.functional.mse_loss, data, batch_size=32, prefetch=False)
+def chaos(t):                                # SIGKILL at the drawn (step, rank)s
+    if (t.global_step, comm.rank()) in KILLS:
+        os.kill(os.getpid(), signal.SIGKILL)
+trainer.add_hook("on_batch_end", chaos)
+"""
+
+
+def test_chaos_seeded_sigkills_in_a_trainer_cell_end_at_the_undisturbed_weights(ft: Cluster):
+    """Three ranks drawn at random (seeded) SIGKILLed at random steps of a 64-step fit with
+    auto-respawn: the cell completes and every rank ends at the undisturbed weights."""
+    import random
+
+    rng = random.Random(44)
+    steps = sorted(rng.sample(range(5, 60), 3))
+    kills = {(s, rng.randrange(4)) for s in steps}
+    ft.run(_CHAOS + "KILLS = set()\n")
+    t0 = time.monotonic()
+    ft.run("trainer.fit(2)\nweights = torch.cat([p.detach().flatten() for p in net.parameters()])")
+    calm = time.monotonic() - t0
+    undisturbed = ft.pull("weights")[0]
+    ft.run(_CHAOS + f"KILLS = {kills!r}\n")
+    ft.auto_respawn = True
+    pids = {r: ft.rank_info[r]["pid"] for r in range(4)}
+    try:
+        t0 = time.monotonic()
+        ft.run(
+            "trainer.fit(2)\nweights = torch.cat([p.detach().flatten() for p in net.parameters()])",
+            timeout=240,
+        )
+        wild = time.monotonic() - t0
+    finally:
+        ft.auto_respawn = False
+    replaced = {r for r in range(4) if ft.rank_info[r]["pid"] != pids[r]}
+    assert replaced == {r for _, r in kills}, (kills, replaced)
+    assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead
+    assert set(ft.pull("trainer.global_step").values()) == {64}
+    for rank, weights in ft.pull("weights").items():
+        assert (weights - undisturbed).abs().max().item() < 1e-5, rank
+    print(
+        f"chaos: kills {sorted(kills)}; cell {wild:.1f} s vs {calm:.1f} s undisturbed: "
+        f"{(wild - calm) / len(kills):.1f} s lost per death"
+    )
