@@ -11,7 +11,8 @@ imports left to the first cell.
 
 MPI itself is initialised on the main thread first, as the engine would do it a moment
 later: the thread that initialises MPI is its main thread. Rank 0, which answers Tab
-by default, also loads jedi (:func:`clusterkernel.rank._completion.load_jedi`).
+by default, also loads jedi (:func:`clusterkernel.rank._completion.load_jedi`). On a
+host with more than four ranks per core nothing else is imported (:func:`_crowded`).
 
 ipyparallel runs it as the engine command (``engine_cmd``, see
 ``clusterkernel.client.cluster._launch.engine_cmd``) with the modules named in
@@ -36,6 +37,9 @@ from clusterkernel.protocol._names import PREIMPORT
 # found by its name (``wait``): this module runs as ``__main__``, and the set-up that
 # waits for it imports a second copy of the module
 _THREAD = "clusterkernel warm start"
+# the ranks on this host, as Open MPI, MPICH and PMIx tell a rank
+_LOCAL_SIZE = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE")
+_PER_CORE = 4
 
 
 def _import(names: list[str]) -> None:
@@ -83,8 +87,18 @@ def _rank() -> int | None:
     return world().Get_rank()
 
 
+def _crowded() -> bool:
+    """More ranks on this host than ``_PER_CORE`` per core: the engines' start leaves no
+    CPU idle, and importing beside it makes the start longer by more than the first
+    cell gains (BENCHMARKS.md, "The first cell after start": 16 ranks on two cores)."""
+    local = next((os.environ[k] for k in _LOCAL_SIZE if os.environ.get(k, "").isdigit()), "")
+    return bool(local) and int(local) > _PER_CORE * (os.cpu_count() or 1)
+
+
 def main() -> None:
     names = [n.strip() for n in os.environ.pop(PREIMPORT, "").split(",") if n.strip()]
+    if _crowded():
+        names = []
     rank = _rank()
     if names or rank == 0:
         threading.Thread(target=_warm, args=(names, rank == 0), name=_THREAD, daemon=True).start()
