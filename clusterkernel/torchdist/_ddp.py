@@ -77,15 +77,10 @@ def _register_ours(ddp) -> None:
     import torch.distributed as dist
 
     from clusterkernel import metrics
-    from clusterkernel.torchdist._group import device_backends
 
     group = ddp.process_group
-    # the backend that moves this model's gradients: torch's pick by device (the group
-    # --torch makes on GPU hosts) reads "undefined" in get_backend()
-    backend = device_backends(dist, group).get(
-        getattr(ddp, "device_type", "cpu"), str(dist.get_backend(group))
-    )
-    if backend == "nccl":
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend:
         return  # the flight recorder has NCCL's times
     timed = _Timed(backend, group.size(), metrics.recorder())
     _ORIGINAL["register_comm_hook"](ddp, timed, timed_hook)

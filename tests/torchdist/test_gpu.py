@@ -71,7 +71,7 @@ def test_ddp_on_gpus_trains_as_one_process_on_the_whole_batch(gpu_cluster: Clust
         "net = torch.nn.Linear(16, 4).cuda()\n"
         "net.load_state_dict(ref.state_dict())\n"
         "from clusterkernel import metrics\n"
-        "metrics.recorder()  # a rank that records metrics: DDP on NCCL is left unhooked\n"
+        "metrics.recorder()  # a rank that records metrics: its DDP's all-reduces are timed\n"
         "ddp, w0 = DDP(net), ref.weight.detach().clone()\n"
         "hooked = getattr(ddp, '_ck_timed', None) is not None\n"
         "g = torch.Generator().manual_seed(1)\n"
@@ -91,7 +91,9 @@ def test_ddp_on_gpus_trains_as_one_process_on_the_whole_batch(gpu_cluster: Clust
         "ops = {r['op'] for r in metrics.recorder().records('comm')}"
     )
     assert set(gpu_cluster.pull("where").values()) == {"cuda"}
-    assert set(gpu_cluster.pull("hooked").values()) == {False}  # NCCL's times: its flight recorder
+    # the timed hook on the group torch picks by device (cpu:gloo,cuda:nccl): torch's NCCL
+    # flight-recorder entries did not reach the recorder on an H200 (BENCHMARKS.md, GPU ranks)
+    assert set(gpu_cluster.pull("hooked").values()) == {True}
     assert all(
         "torch allreduce" in o or "torch all_reduce" in o for o in gpu_cluster.pull("ops").values()
     ), gpu_cluster.pull("ops")

@@ -96,11 +96,12 @@ def test_mismatched_sizes_are_named():
     assert "mismatch at gloo #1" in report and "40 B" in report and "80 B" in report
 
 
-def test_export_carries_torchruns_environment_only_where_torch_is_used():
+def test_export_carries_torchruns_environment_and_a_group_only_where_asked():
+    # every job's ranks get torchrun's environment, as every notebook rank does
     plain = export_cells(["%%mpi\nprint(1)"])
-    assert "torchrun_env" not in plain
+    assert "prepare_rank()" in plain and "_torchdist.init(" not in plain
     used = export_cells(["%%mpi\nimport torch.distributed as dist\ndist.init_process_group()"])
-    assert "_torchdist.torchrun_env()" in used and "_torchdist.init(" not in used
+    assert "prepare_rank()" in used and "_torchdist.init(" not in used
     made = export_cells(["%mpi start -n 2 --backend gloo", "%%mpi\nprint(2)"])
     assert "_torchdist.init('gloo')" in made
     assert torch_use(["%mpi start -n 4 --torch"]) == (True, True, None)
