@@ -86,11 +86,9 @@ class Keeper:
         if rank == 0:
             kept = (step, msd, osd)
             for dst in holders[1:]:
-                dist.send_object_list([kept], dst=dst)
+                _send(kept, dst)
         elif rank in holders:
-            box: list = [None]
-            dist.recv_object_list(box, src=0)
-            kept = box[0]
+            kept = _recv(0)
         else:
             kept = None
         self._kept = kept
@@ -123,11 +121,9 @@ class Keeper:
         kept = self._kept if steps[rank] == best else None
         if source != 0:  # torch's loading broadcasts from rank 0
             if rank == source:
-                dist.send_object_list([kept], dst=0)
+                _send(kept, 0)
             elif rank == 0:
-                box: list = [None]
-                dist.recv_object_list(box, src=source)
-                kept = box[0]
+                kept = _recv(source)
         old = (self.model, self.optimizer)
         self.model, self.optimizer = _built(self.build)
         _load(self.model, self.optimizer, kept if rank == 0 else None, told[source][1])
@@ -135,11 +131,9 @@ class Keeper:
         for dst in self._holders():
             if dst != 0 and steps[dst] != best:
                 if rank == 0:
-                    dist.send_object_list([kept], dst=dst)
+                    _send(kept, dst)
                 elif rank == dst:
-                    box = [None]
-                    dist.recv_object_list(box, src=0)
-                    kept = box[0]
+                    kept = _recv(0)
         self._kept = kept if rank in self._holders() else None
         self.step = best
         self._rebind(ns, old)
@@ -181,6 +175,45 @@ class Keeper:
         return f"Keeper(step={self.step}, copies={self.copies}, {held})"
 
 
+class _Slot:
+    """Where a tensor goes in a kept state sent by :func:`_send`: its shape and dtype."""
+
+    def __init__(self, shape, dtype) -> None:
+        self.shape, self.dtype = shape, dtype
+
+
+def _send(kept: tuple, dst: int) -> None:
+    """``kept`` to rank ``dst``: its structure pickled (small), then each tensor as it is
+    (pickling hundreds of MB through ``send_object_list`` took 4x as long here)."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils._pytree import tree_flatten, tree_map_only
+
+    dist.send_object_list(
+        [tree_map_only(torch.Tensor, lambda t: _Slot(t.shape, t.dtype), kept)], dst=dst
+    )
+    for leaf in tree_flatten(kept)[0]:
+        if isinstance(leaf, torch.Tensor):
+            dist.send(leaf.contiguous(), dst=dst)
+
+
+def _recv(src: int) -> tuple:
+    """What :func:`_send` sent from rank ``src``."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils._pytree import tree_map_only
+
+    box: list = [None]
+    dist.recv_object_list(box, src=src)
+
+    def fill(slot: _Slot):
+        t = torch.empty(slot.shape, dtype=slot.dtype)
+        dist.recv(t, src=src)
+        return t
+
+    return tree_map_only(_Slot, fill, box[0])
+
+
 def _built(build: Callable) -> tuple[Any, Any]:
     made = build()
     if not (isinstance(made, tuple) and len(made) == 2):
@@ -208,8 +241,8 @@ def _full_state(model, optimizer) -> tuple[dict, dict | None]:
     return msd, _owned(get_optimizer_state_dict(model, optimizer, options=opts))
 
 
-def _owned(state: dict) -> dict:
-    """``state`` with tensors of its own: cpu_offload hands back a tensor that is
+def _owned(state: Any) -> Any:
+    """``state`` (dicts, tuples) with tensors of its own: cpu_offload hands back a tensor that is
     already on the CPU and not sharded (a buffer, DDP's parameters, Adam's step count)
     as the live one, which the next steps would change in the copy."""
     import torch
@@ -228,7 +261,10 @@ def _load(model, optimizer, kept: tuple | None, stepped: bool) -> None:
     )
 
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    _, msd, osd = kept if kept is not None else (None, {}, {})
+    # torch's loading puts the shards it makes into the dicts it is given, and on rank 0
+    # they may be views of the tensors given (training would change the kept copy):
+    # it gets a copy, and the kept state stays whole for the next restore
+    _, msd, osd = _owned(kept) if kept is not None else (None, {}, {})
     set_model_state_dict(model, msd, options=opts)
     if stepped:
         set_optimizer_state_dict(model, optimizer, osd or {}, options=opts)

@@ -316,6 +316,12 @@ def test_a_kept_fsdp2_model_is_rebuilt_on_the_new_group_after_a_hang(tcluster: C
     for rank in (0, 1):
         assert torch_equal(saved[rank], restored[rank]), rank
     assert torch_equal(after[0], after[1]) and not torch_equal(after[0], saved[0])
+    # training on did not change the kept copy: a second restore, a second step, the same
+    tcluster.run("keep.restore()\nagain = full()\ntrain(3)\nafter_again = full()")
+    for rank, weights in tcluster.pull("again").items():
+        assert torch_equal(weights, saved[rank]), rank
+    for rank, weights in tcluster.pull("after_again").items():
+        assert torch_equal(weights, after[rank]), rank
 
 
 def test_a_rank_wedged_in_c_code_holding_the_gil_is_named_and_restarted(tcluster: Cluster):
