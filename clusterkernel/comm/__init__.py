@@ -73,7 +73,7 @@ from clusterkernel.comm._auto.adapt import auto_state
 from clusterkernel.comm._auto.tune import tune
 from clusterkernel.comm._check import check_enabled, check_mode, set_check
 from clusterkernel.comm._dtypes import cuda_aware, force_staging
-from clusterkernel.comm._errors import CollectiveMismatchError, CommError, PeerDied
+from clusterkernel.comm._errors import CollectiveMismatchError, CommError, PeerDiedError
 from clusterkernel.comm._flight import flight, set_flight
 from clusterkernel.comm._fusion import DEFAULT_BUCKET_BYTES, all_reduce_coalesced
 from clusterkernel.comm._gathers import (
@@ -138,7 +138,7 @@ __all__ = [
     "WORLD",
     "CollectiveMismatchError",
     "CommError",
-    "PeerDied",
+    "PeerDiedError",
     "Group",
     "ReduceOp",
     "Work",

@@ -30,11 +30,11 @@ _FAILURE_CLASSES = frozenset(
 
 class _MPIError(MPI.Exception):
     """``MPI.Exception`` as comm's C path (all_reduce) raises it: a peer's death comes
-    out as :class:`PeerDied`, every other error as the plain MPI error."""
+    out as :class:`PeerDiedError`, every other error as the plain MPI error."""
 
     def __new__(cls, code: int = MPI.ERR_OTHER, *args, **kwargs):
         if cls is _MPIError and is_failure(code):
-            died = super().__new__(PeerDied, code)
+            died = super().__new__(PeerDiedError, code)
             died._op = "all_reduce"  # the one call the C path makes
             return died
         return super().__new__(cls, code)
@@ -48,7 +48,7 @@ _MPIError.__name__ = _MPIError.__qualname__ = "Exception"
 _MPIError.__module__ = "mpi4py.MPI"
 
 
-class PeerDied(CommError, _MPIError):
+class PeerDiedError(CommError, _MPIError):
     """A call found a peer rank dead (a ``--fault-tolerant`` job): it cannot complete.
 
     ``op`` names the call ("all_reduce"), ``dead`` the ranks known dead (may be empty
@@ -62,7 +62,7 @@ class PeerDied(CommError, _MPIError):
 
         try:
             comm.all_reduce(t)
-        except comm.PeerDied as e:
+        except comm.PeerDiedError as e:
             print(e.op, e.dead)        # all_reduce [2]
     """
 
@@ -83,7 +83,7 @@ class PeerDied(CommError, _MPIError):
 
 def is_failure(code_or_exc: int | BaseException) -> bool:
     """Whether an MPI error (code or exception) says a peer has died."""
-    if isinstance(code_or_exc, PeerDied):
+    if isinstance(code_or_exc, PeerDiedError):
         return True
     if isinstance(code_or_exc, MPI.Exception):
         code = code_or_exc.Get_error_class()
@@ -98,14 +98,14 @@ def is_failure(code_or_exc: int | BaseException) -> bool:
 
 
 def peer_died(exc: BaseException, op: str) -> BaseException:
-    """``exc`` as the caller should see it: :class:`PeerDied` for a peer's death (named
+    """``exc`` as the caller should see it: :class:`PeerDiedError` for a peer's death (named
     ``op``), else ``exc`` itself."""
-    if isinstance(exc, PeerDied):
+    if isinstance(exc, PeerDiedError):
         if not exc.op:
             exc.op = op
         return exc
     if is_failure(exc):
-        return PeerDied(exc.Get_error_code(), op)
+        return PeerDiedError(exc.Get_error_code(), op)
     return exc
 
 

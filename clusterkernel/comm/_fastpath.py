@@ -82,7 +82,7 @@ def _configure() -> bool:
         flight=FLIGHT,
         ours=OURS,
         recorder=REC,
-        error=_MPIError,  # a peer's death: PeerDied
+        error=_MPIError,  # a peer's death: PeerDiedError
         entry=(INT_FIELDS, OBJ_FIELDS, PEER_NONE),  # the flight ring's slots (_flight.py)
         record=RING,  # the timing records' ring: its memory and layout (records.COMM_LAYOUT)
     )

@@ -3,7 +3,7 @@
 With auto-respawn on (``%mpi start --respawn``) the notebook arms every rank with the
 recipe of a respawn (:func:`arm`: each rank's new-process command and host). A loop
 under a step guard (``Trainer.fit``, :func:`clusterkernel.comm.steps`) that finds a peer
-dead (``comm.PeerDied``) calls :func:`rejoin` at its recovery point: the survivors agree
+dead (``comm.PeerDiedError``) calls :func:`rejoin` at its recovery point: the survivors agree
 on who is gone and start the dead ranks again in the live job (the respawn's own
 ``grow``), rank ``root`` (the lowest survivor) sends them its variables, DataParallel
 models are attached to the N ranks again, and the loop redoes the step that failed.
@@ -15,7 +15,7 @@ Example (what a step guard does)::
 
     try:
         step()
-    except comm.PeerDied:
+    except comm.PeerDiedError:
         if not rejoin():     # not armed: the cell fails, the notebook tells the death
             raise
         step()               # again, on N ranks
@@ -45,7 +45,7 @@ def armed() -> bool:
 
 
 def recovers(exc: BaseException) -> bool:
-    """Whether ``exc`` is a peer's death (``comm.PeerDied``, or MPI's own error for it
+    """Whether ``exc`` is a peer's death (``comm.PeerDiedError``, or MPI's own error for it
     where a path raises that) that this rank recovers from in the cell (armed)."""
     if _recipe is None:
         return False

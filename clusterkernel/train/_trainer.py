@@ -174,7 +174,7 @@ class Trainer:
             try:
                 self.mode.run(self, lambda: self._train_epochs(epochs))
                 break
-            except RuntimeError as e:  # comm.PeerDied, or MPI's own error for it
+            except RuntimeError as e:  # comm.PeerDiedError, or MPI's own error for it
                 # auto-respawn: the dead rank is replaced now, and the step that failed
                 # (it left no trace: see _run_epoch) runs again on the N ranks; the new
                 # rank's fit starts as a fit does, so the survivors' goes on the same way

@@ -26,7 +26,7 @@ def test_survivors_errors_a_death_caused_fold_into_one_line_per_group():
     raw = "\x1b[31mException\x1b[0m: MPI_ERR_PROC_FAILED: Process Failure"
     tb = 'File <dynamic-code>:21\nFile ".../comm/_reductions.py:90, in all_reduce(tensor)'
     items = [
-        (0, "error", "PeerDied: all_reduce failed: rank 2 died", "Traceback ..."),
+        (0, "error", "PeerDiedError: all_reduce failed: rank 2 died", "Traceback ..."),
         (1, "error", raw, tb),
         (3, "error", "Exception: MPI_ERR_OTHER: known error not in list", ""),
         (3, "error", "ZeroDivisionError: division by zero", "tb"),  # its own error stays

@@ -2,7 +2,7 @@
 (client side).
 
 When a rank of a fault-tolerant job dies in a cell, every survivor that was in (or
-entered) a collective with it fails too: ``comm.PeerDied``, or where a path raises
+entered) a collective with it fails too: ``comm.PeerDiedError``, or where a path raises
 MPI's own error, ``MPI_ERR_PROC_FAILED`` (``MPI_ERR_OTHER`` from a call made after it),
 or gloo's closed connection once its torch.distributed group was aborted. Each of those
 tracebacks runs through autograd, the reducer and comm and says nothing the death does
@@ -11,7 +11,7 @@ rank 2 died``.
 
 Example::
 
-    fold([(0, "error", "PeerDied: all_reduce failed: rank 2 died", tb)], [2])
+    fold([(0, "error", "PeerDiedError: all_reduce failed: rank 2 died", tb)], [2])
     # [(0, "", "all_reduce failed: rank 2 died", "")]
 """
 
@@ -49,8 +49,8 @@ def caused_by_death(summary: str, detail: str) -> str | None:
     """The call a survivor's error failed in, if a peer's death caused it (``""``: some
     collective); None for any other error. ``summary``: ``"Name: message"``."""
     text = _ANSI.sub("", f"{summary}\n{detail}")
-    if summary.startswith("PeerDied: "):
-        m = _PEER_DIED.match(summary.removeprefix("PeerDied: "))
+    if summary.startswith("PeerDiedError: "):
+        m = _PEER_DIED.match(summary.removeprefix("PeerDiedError: "))
         return m.group(1) if m and m.group(1) != "a" else _op(text)
     if not any(mark in text for mark in _MARKS):
         return None

@@ -135,7 +135,7 @@ class RankMap:
             return _respawn.Respawned(source=source)
         try:
             return _respawn.respawn(cluster, self._engines, dead, source, timeout, from_snapshot)
-        except _respawn.RespawnFailed as e:
+        except _respawn.RespawnError as e:
             for rank, why in e.died.items():
                 self._health.ranks_died([rank], why)
             raise

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from clusterkernel.client.cluster._lifecycle import Engines
 
 
-class RespawnFailed(ClusterError):
+class RespawnError(ClusterError):
     """A respawn that did not bring the ranks back. ``died``: ranks that died during it,
     with the cause, for the cluster to record (its helpers report, it acts)."""
 
@@ -187,7 +187,7 @@ def respawn(
         if failed is not None:
             watch.give_up(grow)
             died = dict.fromkeys(watch.lost, "it died while a respawn ran")
-            raise RespawnFailed(watch.told(failed), died)
+            raise RespawnError(watch.told(failed), died)
         time.sleep(0.05)
     engines.respawned(sorted(wanted))
     cluster.ranks_respawned(dead)
@@ -359,7 +359,7 @@ def _copy(cluster: Cluster, report: Respawned, source: int, dead: list[int]) -> 
 
 def _copy_failed(
     cluster: Cluster, err: ipp.error.CompositeError, source: int, dead: list[int]
-) -> RespawnFailed:
+) -> RespawnError:
     """What a failed copy says, with the ranks that died in it and the cause."""
     # a rank whose process ended meanwhile: the controller has unregistered its engine
     ids = set(cluster.client.ids)
@@ -370,7 +370,7 @@ def _copy_failed(
     targets = [r for r in died if r != source]
     head = f"Copying rank {source}'s variables to rank {format_ranks(dead)} failed"
     if not died:
-        return RespawnFailed(f"{head}: {_rank_errors(cluster, err)}.")
+        return RespawnError(f"{head}: {_rank_errors(cluster, err)}.")
     gone = {*cluster.dead, *causes}
     live = [r for r in cluster.ranks if r not in gone]
     why = (
@@ -378,7 +378,7 @@ def _copy_failed(
         if source in died
         else f"rank {format_ranks(targets)} died while loading them"
     )
-    return RespawnFailed(
+    return RespawnError(
         f"{head}: {why} (a variable whose pickling or unpickling ends the process?). "
         f"Ranks {format_ranks(live)} run on with their variables. %mpi respawn brings rank "
         f"{format_ranks(sorted(gone))} back empty, --from R with R's variables "
