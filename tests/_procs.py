@@ -30,6 +30,7 @@ SESSION = os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)
 _MARKERS = (
     "clusterkernel.client.kernel",  # an MPI kernel, which owns a cluster
     "ipyparallel.engine",
+    "clusterkernel.rank._warm_start",  # the ranks' engine command (it runs ipyparallel's)
     "ipyparallel.controller",
     "prterun",
     "prted",

@@ -34,7 +34,10 @@ _LAUNCHERS = frozenset(
     {"mpiexec", "mpirun", "prterun", "prte", "orterun", "mpiexec.hydra", "srun", "sbatch", "salloc"}
 )
 _INFO_ONLY = frozenset({"--version", "-V", "--help", "-h", "-help", "--usage"})
-_IPP = ("ipyparallel.engine", "ipyparallel.controller", "ipyparallel.cluster", "ipyparallel.apps")
+_IPP = (
+    "ipyparallel.engine", "ipyparallel.controller", "ipyparallel.cluster", "ipyparallel.apps",
+    "clusterkernel.rank._warm_start",  # the ranks' engine command (it runs ipyparallel's)
+)  # fmt: skip
 _IPP_SCRIPTS = frozenset({"ipengine", "ipcontroller", "ipcluster"})
 _KERNELS = ("ipykernel_launcher", "clusterkernel.client.kernel", "clusterkernel.kernel")
 

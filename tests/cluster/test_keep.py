@@ -69,7 +69,8 @@ def _error(kc, code: str) -> str:
 
 def _rank_pids() -> set[int]:
     """The ranks' engine processes (not their nannies, not prterun)."""
-    return {p.pid for p in cluster_processes() if p.cmdline()[1:3] == ["-m", "ipyparallel.engine"]}
+    engines = (["-m", "ipyparallel.engine"], ["-m", "clusterkernel.rank._warm_start"])
+    return {p.pid for p in cluster_processes() if p.cmdline()[1:3] in engines}
 
 
 def _started_and_killed(cluster_args: str, then: str = "") -> str:

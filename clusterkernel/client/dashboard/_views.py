@@ -127,10 +127,8 @@ class ScalarPanel:
         x0, x1, y0, y1 = e[:, 0].min(), e[:, 1].max(), e[:, 2].min(), e[:, 3].max()
         (ax0, ax1), (ay0, ay1) = self.plot.xlim, self.plot.ylim
         if not self._fitted or x0 != ax0 or x1 != ax1:
-            # one step alone: a unit-wide axis around it, not a zero-wide one
-            self.plot.xlim = (
-                [float(x0), float(x1)] if x1 > x0 else [float(x0) - 0.5, float(x0) + 0.5]
-            )
+            half = 0.0 if x1 > x0 else 0.5  # one step alone: a unit-wide axis around it
+            self.plot.xlim = [float(x0) - half, float(x1) + half]
         if not self._fitted or y0 < ay0 or y1 > ay1:
             pad = 0.1 * ((y1 - y0) or abs(y1) or 1.0)
             self.plot.ylim = [float(y0 - pad), float(y1 + pad)]
