@@ -408,7 +408,14 @@ def worker(out_path: str, sizes: list[int]) -> None:
         row = {name: min(ts) for name, ts in times.items()}
         row["rounds"] = times
         row["bytes"] = nb
-        row["pick"] = comm.auto_choice("all_reduce", nb)
+        # what auto runs now: its arm's choice where the size adapts (why: table, probe,
+        # switch), else the table's
+        from clusterkernel.comm._auto.adapt import size_class
+
+        arm = comm.auto_state().get(("all_reduce", size_class(nb)))
+        row["pick"] = (
+            f"{arm['algorithm']} ({arm['why']})" if arm else comm.auto_choice("all_reduce", nb)
+        )
         rows.append(row)
         free_floor()
         metrics.recorder().clear()  # keep memory flat across sizes

@@ -11,7 +11,9 @@ class (a power of two of bytes), an :class:`Arm`:
   long it took on this rank;
 - at fixed call numbers (the 3rd call, then after 16, 32, ... up to every 1024 calls
   of the class) the next few calls are *probes*: each other algorithm runs
-  :data:`REPS` times, interleaved;
+  :data:`REPS` times, each probe followed by a call of the current one, so both are
+  timed under the same conditions (an algorithm's first call, its set-up, is not
+  counted);
 - after the last probe the members agree, in one small allreduce, on each
   algorithm's time (the slowest rank's median: a collective ends with its slowest
   member) and all move to the fastest if it beats the current one by
@@ -80,7 +82,7 @@ class Arm:
 
     __slots__ = (
         "algs", "current", "why", "calls", "next_round", "interval", "queue", "probing",
-        "times", "agreed", "probed_at",
+        "times", "agreed", "probed_at", "seen",
     )  # fmt: skip
 
     def __init__(self, algs: tuple[str, ...], start: str) -> None:
@@ -95,6 +97,7 @@ class Arm:
         self.times: dict[str, deque] = {a: deque(maxlen=KEEP) for a in algs}
         self.agreed: dict[str, float] = {}  # each algorithm's time as the last round agreed
         self.probed_at: dict[str, int] = {}  # and the call number of that round
+        self.seen: set[str] = set()  # algorithms that ran here once (their set-up is done)
 
     def next(self) -> str:
         """The algorithm of the next blocking call (the current one, or a probe)."""
@@ -103,7 +106,10 @@ class Arm:
             self.probing = [a for a in self.algs if a != self.current and self._worth(a)]
             for a in self.probing:
                 self.times[a].clear()  # this round's probes only
-            self.queue = self.probing * REPS  # interleaved: a, b, a, b, ...
+            # each probe beside a call of the current one: both measured under the
+            # same conditions (a, current, b, current, a, ...); the current's calls cost
+            # nothing extra
+            self.queue = [x for a in self.probing * REPS for x in (a, self.current)]
             if not self.queue:  # every other one far slower lately: nothing to try now
                 self.next_round = self.calls + self.interval
         return self.queue.pop(0) if self.queue else self.current
@@ -119,7 +125,10 @@ class Arm:
 
     def took(self, g: Group, alg: str, seconds: float) -> None:
         """Note a blocking call's time; after a round's last probe, agree and decide."""
-        self.times[alg].append(seconds)
+        if alg in self.seen:
+            self.times[alg].append(seconds)
+        else:  # an algorithm's first call here sets it up (plans, buffers): not its speed
+            self.seen.add(alg)
         if self.probing and self.calls >= self.next_round and not self.queue:
             self._decide(g)
 

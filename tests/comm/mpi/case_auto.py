@@ -227,7 +227,8 @@ def test_auto_probes_at_the_same_calls_on_every_rank_and_stays_correct(table_fil
 
     table_file([_row("all_reduce", [], ["mpi"])])  # the table says MPI at every size
     g = _fresh()
-    calls = adapt.FIRST_ROUND + 2 * adapt.REPS + 4
+    # a round: each other algorithm REPS times, each probe followed by the current one
+    calls = adapt.FIRST_ROUND + 2 * 2 * adapt.REPS + 2
     n = adapt.ADAPT_MIN // 4 * 2  # float32: twice the adaptive threshold
     ok = True
     for i in range(calls):
@@ -282,8 +283,8 @@ def test_an_algorithm_that_lost_by_far_is_probed_only_now_and_then():
     a.agreed = {"mpi": 1.0, "ring": 3.0, "shm": 1.2}  # ring 3x slower, shm close
     a.probed_at = dict.fromkeys(a.agreed, 0)
     a.calls = a.next_round - 1
-    probes = [a.next() for _ in range(adapt.REPS)]
-    agree(probes == ["shm"] * adapt.REPS, f"probed {probes}")
+    probes = [a.next() for _ in range(2 * adapt.REPS)]
+    agree(probes == ["shm", "mpi"] * adapt.REPS, f"probed {probes}")
     a.queue, a.probing = [], []
     a.calls, a.next_round = adapt.INTERVAL_MAX - 1, adapt.INTERVAL_MAX
     agree(a.next() == "ring", "after INTERVAL_MAX calls the slow one is tried again")
