@@ -32,6 +32,7 @@ def table_file(tmp_path_factory):
     yield write
     os.environ.pop(_auto.ENV_TABLE, None)
     os.environ.pop(_auto.ENV_ALGORITHM, None)
+    os.environ.pop(_auto.adapt.ENV_ADAPT, None)
 
 
 def _row(op, limits, algs, nodes=1, ranks=SIZE):
@@ -225,6 +226,8 @@ def test_auto_probes_at_the_same_calls_on_every_rank_and_stays_correct(table_fil
     call, every rank runs the same algorithm in every call, sums stay right."""
     from clusterkernel.comm._auto import adapt
 
+    os.environ[adapt.ENV_ADAPT] = "1"  # opt-in (the fixture unsets it)
+
     table_file([_row("all_reduce", [], ["mpi"])])  # the table says MPI at every size
     g = _fresh()
     # a round: each other algorithm REPS times, each probe followed by the current one
@@ -293,6 +296,8 @@ def test_an_algorithm_that_lost_by_far_is_probed_only_now_and_then():
 def test_explicit_forced_async_and_small_calls_never_adapt(table_file):
     from clusterkernel.comm._auto import adapt
 
+    os.environ[adapt.ENV_ADAPT] = "1"  # opt-in (the fixture unsets it)
+
     table_file([_row("all_reduce", [], ["mpi"])])
     g = _fresh()
     n = adapt.ADAPT_MIN // 4 * 2
@@ -322,6 +327,8 @@ def test_explicit_forced_async_and_small_calls_never_adapt(table_file):
 def test_coalesced_buckets_adapt_like_all_reduce(table_file):
     from clusterkernel.comm._auto import adapt
 
+    os.environ[adapt.ENV_ADAPT] = "1"  # opt-in (the fixture unsets it)
+
     table_file([_row("all_reduce", [], ["mpi"])])
     g = _fresh()
     ts = [torch.ones(adapt.ADAPT_MIN // 4) for _ in range(4)]
@@ -336,4 +343,17 @@ def test_coalesced_buckets_adapt_like_all_reduce(table_file):
     agree(all(r == ran for r in everyone), f"{everyone}")
     if SIZE > 1:
         agree(set(ran) == {"mpi", "ring", "shm"}, f"{ran}")
+    comm.destroy_group(g)
+
+
+def test_auto_keeps_the_tables_choice_unless_adapting_is_asked_for(table_file):
+    from clusterkernel.comm._auto import adapt
+
+    table_file([_row("all_reduce", [], ["mpi"])])
+    g = _fresh()
+    t = torch.ones(adapt.ADAPT_MIN // 4 * 2)
+    calls = adapt.FIRST_ROUND + 4 * adapt.REPS + 2
+    for _ in range(calls):
+        comm.all_reduce(t, group=g)
+    agree(_recorded(calls) == ["mpi"] * calls and comm.auto_state(g) == {}, "adapted")
     comm.destroy_group(g)
