@@ -69,6 +69,8 @@ class PeerDiedError(CommError, _MPIError):
     def __init__(
         self, code: int = MPI.ERR_PROC_FAILED, op: str = "", dead: Iterable[int] = ()
     ) -> None:
+        """``code``: MPI's error class; ``op``: the call that failed; ``dead``: the dead
+        ranks (asked of MPI when not given)."""
         super().__init__(code)
         self.op = op or getattr(self, "_op", "")
         self.dead = sorted(dead) if dead else _known_dead()

@@ -41,7 +41,6 @@ from clusterkernel.protocol._names import (
     TORCH_ABORT_REQUEST,
     stack_path,
 )
-from clusterkernel.rank import _warm_start
 from clusterkernel.rank._frames import frame_locals
 
 _stack_file = None
@@ -194,8 +193,6 @@ def setup(stack_dir: str | None) -> dict:
     world = _world()
     rank = _rank = world.Get_rank()
     _install_stack_handler()
-    # a started rank has what its first cell imports (the client waits 10 s for set-up)
-    _warm_start.wait(timeout=8.0)
     if rank == 0:
         _warm_completer()
     from clusterkernel.torchdist._sockets import track  # before any group is made

@@ -1,13 +1,12 @@
-"""Start an ipyparallel engine with what its first cell will need loading beside it (engine side).
+"""Start an ipyparallel engine with what its first cell will need loaded first (engine side).
 
 What every notebook's first cell imports costs seconds: ``from clusterkernel import
 comm`` loads torch and mpi4py's ``MPI``, ``%mpi start --torch`` makes a process group that
-imports torch.distributed, and the first Tab loads jedi. Here they load in a thread beside the
-engine's own start (its imports, MPI's init, registration with the controller), and the
-rank's set-up (``_engine_setup``) waits for the thread before the rank counts as
-started: the first cell finds everything imported. Measured in BENCHMARKS.md ("The
-first cell after start"): start to first result is shorter this way than with the
-imports left to the first cell.
+imports torch.distributed, and the first Tab loads jedi. Here they load before the
+engine starts, on its main thread, so the first cell finds everything imported
+(BENCHMARKS.md, "The first cell after start"). Not in a thread beside the engine's
+start: an import there raced the engine's own (debugpy walks ``sys.modules`` while it
+loads), and a rank died before it registered.
 
 MPI itself is initialised on the main thread first, as the engine would do it a moment
 later: the thread that initialises MPI is its main thread. Rank 0, which answers Tab
@@ -30,13 +29,9 @@ import importlib
 import os
 import runpy
 import sys
-import threading
 
 from clusterkernel.protocol._names import PREIMPORT
 
-# found by its name (``wait``): this module runs as ``__main__``, and the set-up that
-# waits for it imports a second copy of the module
-_THREAD = "clusterkernel warm start"
 # the ranks on this host, as Open MPI, MPICH and PMIx tell a rank
 _LOCAL_SIZE = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE")
 _PER_CORE = 4
@@ -64,19 +59,6 @@ def _warm(names: list[str], completer: bool) -> None:
             pass
 
 
-def wait(timeout: float) -> None:
-    """Return once this engine's warm-up is done (at most ``timeout`` seconds); at once
-    in an engine without one.
-
-    Example::
-
-        wait(timeout=8.0)    # in the rank's set-up, before it reports itself started
-    """
-    for thread in threading.enumerate():
-        if thread.name == _THREAD:
-            thread.join(timeout)
-
-
 def _rank() -> int | None:
     """This process's MPI rank, MPI initialised here on the main thread; None when the
     engine is not an MPI one."""
@@ -100,8 +82,10 @@ def main() -> None:
     if _crowded():
         names = []
     rank = _rank()
-    if names or rank == 0:
-        threading.Thread(target=_warm, args=(names, rank == 0), name=_THREAD, daemon=True).start()
+    # On the main thread, before the engine starts: imported in a thread beside the
+    # engine's own start, the import of ipykernel's Debugger (debugpy walks sys.modules
+    # while it loads) saw the dict change under it, and that rank never registered.
+    _warm(names, rank == 0)
     runpy.run_module("ipyparallel.engine", run_name="__main__", alter_sys=True)
 
 

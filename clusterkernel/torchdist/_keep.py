@@ -56,6 +56,7 @@ class Keeper:
 
     Example::
 
+        # not run: build makes an FSDP2 model (tests/cluster/test_respawn_fsdp.py runs it)
         keep = torchdist.Keeper(build)
         model, opt = keep.model, keep.optimizer
         keep.save(step)                       # after an optimizer step, on every rank

@@ -185,6 +185,7 @@ def written_text(written: list[Path], ranks: int, job: dict | None = None) -> st
 
     Example::
 
+        # not run: it writes files (tests/export/test_export_magic.py prints it for real)
         job = {"sbatch": "job.sbatch"}
         print(written_text(write_job(cells, "job.py", **job), 4, job))
         # Wrote job.py, job.sbatch
