@@ -440,6 +440,10 @@ def test_plain_ddp_shows_every_all_reduce_without_a_hook_from_the_user(tcluster:
 
     dash = tcluster.dashboard()
     try:
+        # what an earlier test's cell left in the ranks' stream arrives first, then goes
+        tcluster.run("pass")
+        dash.sync()
+        dash.clear()
         tcluster.run(
             "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
             "plain = DDP(torch.nn.Linear(100, 10))\n"
