@@ -52,7 +52,7 @@ from tests._procs import wait_no_cluster_processes
 EXAMPLES, HELP_PROBLEMS = collect()
 
 # at most this many examples may be compiled only (see the module docstring)
-MAX_NOT_RUN = 8
+MAX_NOT_RUN = 9  # the ninth: torchdist.Keeper, whose build makes an FSDP2 model
 
 RANK_MODULES = ("comm", "partition", "data", "train", "metrics", "torchdist")
 

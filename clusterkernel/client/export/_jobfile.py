@@ -185,9 +185,10 @@ def written_text(written: list[Path], ranks: int, job: dict | None = None) -> st
 
     Example::
 
-        # not run: it writes files (tests/export/test_export_magic.py prints it for real)
+        from pathlib import Path
+        from clusterkernel.client.export import written_text
         job = {"sbatch": "job.sbatch"}
-        print(written_text(write_job(cells, "job.py", **job), 4, job))
+        print(written_text([Path("job.py"), Path("job.sbatch")], 4, job))
         # Wrote job.py, job.sbatch
         # Run it on 4 ranks:  /opt/venv/bin/python -m clusterkernel run -n 4 /home/me/job.py
         #   or submit it:     sbatch job.sbatch

@@ -45,8 +45,9 @@ def run_command(n: int, script: str | Path) -> str:
 
     Example::
 
-        # not run: the path printed is this machine's Python (tests/export run the line)
-        run_command(2, "/home/me/job.py")   # '/opt/venv/bin/python -m clusterkernel run -n 2 /home/me/job.py'
+        from clusterkernel.client.export import run_command
+        line = run_command(2, "/home/me/job.py")   # this Python's path, then:
+        print(line.split(" -m ")[1])               # clusterkernel run -n 2 /home/me/job.py
     """
     return shlex.join([sys.executable, "-m", "clusterkernel", "run", "-n", str(n), str(script)])
 
