@@ -15,35 +15,19 @@ import pytest
 
 from clusterkernel import Cluster, RankError
 from tests._procs import wait_no_cluster_processes
+from tests._tiny_model import TINY
 from tests.cluster.test_respawn import _stop_shared, _wait_dead
 
-_SETUP = """
+_SETUP = (
+    """
 import os, signal, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from clusterkernel import torchdist
 
-class Block(torch.nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.attn = torch.nn.MultiheadAttention(d, 2, batch_first=True)
-        self.ff = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
-    def forward(self, x):
-        x = x + self.attn(x, x, x, need_weights=False)[0]
-        return x + self.ff(x)
-
-class Tiny(torch.nn.Module):
-    def __init__(self, vocab=32, d=16):
-        super().__init__()
-        self.emb = torch.nn.Embedding(vocab, d)
-        self.blocks = torch.nn.ModuleList([Block(d), Block(d)])
-        self.head = torch.nn.Linear(d, vocab)
-    def forward(self, tok):
-        x = self.emb(tok)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
+"""
+    + TINY
+    + """
 def build():
     torch.manual_seed(0)
     model = Tiny()
@@ -65,6 +49,7 @@ ddp = DDP(net)
 ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
 ddp_step = 0
 """
+)
 
 _FSDP_LOOP = """
 for step in range(keep.step, 24):

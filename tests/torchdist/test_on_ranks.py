@@ -20,6 +20,7 @@ from clusterkernel import Cluster
 from clusterkernel.client.cluster._stacks import request_state
 from clusterkernel.client.errors import CellInterrupted, RankError
 from tests._procs import wait_no_cluster_processes
+from tests._tiny_model import TINY
 
 _ENV = """
 import os
@@ -111,30 +112,14 @@ def test_ddp_equals_single_process_training_on_the_whole_batch(tcluster: Cluster
     assert max(tcluster.pull("ddp_diff").values()) < 1e-6
 
 
-_FSDP = """
+_FSDP = (
+    """
 import copy, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 torch.manual_seed(0)
-class Block(torch.nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.attn = torch.nn.MultiheadAttention(d, 2, batch_first=True)
-        self.ff = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
-    def forward(self, x):
-        x = x + self.attn(x, x, x, need_weights=False)[0]
-        return x + self.ff(x)
-class Tiny(torch.nn.Module):
-    def __init__(self, vocab=32, d=16):
-        super().__init__()
-        self.emb = torch.nn.Embedding(vocab, d)
-        self.blocks = torch.nn.ModuleList([Block(d), Block(d)])
-        self.head = torch.nn.Linear(d, vocab)
-    def forward(self, tok):
-        x = self.emb(tok)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
-model = Tiny()
+"""
+    + TINY
+    + """model = Tiny()
 ref = copy.deepcopy(model)
 for b in model.blocks:
     fully_shard(b)
@@ -152,6 +137,7 @@ for step in range(4):
 sharded = type(next(model.parameters())).__name__
 fsdp_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
 """
+)
 
 
 def test_fsdp2_fully_shard_equals_the_unsharded_model(tcluster: Cluster):
