@@ -269,6 +269,8 @@ def adaptive(g: Group, name: str, nbytes: int):
         rules = setup(g, name, nbytes)
     if rules["forced"] is not None or nbytes < adapt.ADAPT_MIN:
         return None
+    if g._adapt is None and not adapt.enabled():  # before the work below: per call here
+        return None
     algs = usable(RULE_OF[name], rules["nodes"])
     if name == "all_reduce_coalesced":
         algs = tuple(a for a in algs if a in FUSED_ALGORITHMS)

@@ -179,9 +179,7 @@ def arm(g: Group, op: str, nbytes: int, algs: tuple[str, ...], start: str) -> Ar
     if nbytes < ADAPT_MIN or len(algs) < 2 or start not in algs:
         return None
     arms = g._adapt
-    if arms is None:
-        if not enabled():
-            return None
+    if arms is None:  # the caller asked enabled() first
         arms = g._adapt = {}
     key = (op, size_class(nbytes))
     found = arms.get(key)
