@@ -351,6 +351,7 @@ def _to_number(name: str, value: Any) -> float:
 
 
 _RECORDER: Recorder | None = None
+_FOLLOWING = False  # the recorder marks the engine's cells (_follow_cells hooked)
 
 
 def _cell_name(shell) -> str:
@@ -365,15 +366,18 @@ def _cell_name(shell) -> str:
     return f"cell {shell.execution_count}"
 
 
-def _follow_cells(rec: Recorder) -> None:
-    """Mark each cell the engine runs in ``rec`` (an IPython ``pre_run_cell`` hook).
+def _follow_cells(rec: Recorder) -> bool:
+    """Mark each cell the engine runs in ``rec`` (an IPython ``pre_run_cell`` hook);
+    True once hooked.
 
-    Nothing outside an IPython kernel (a job under plain ``mpiexec``: one run).
+    Nothing outside an IPython kernel (a job under plain ``mpiexec``: one run), nor
+    before the engine's kernel exists (a recorder made by an import that runs before the
+    engine starts: :func:`follow_engine_cells` hooks it later).
     """
     ipython = sys.modules.get("IPython")  # loaded on every engine; never imported here
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is None or getattr(shell, "kernel", None) is None:
-        return
+        return False
     shell.events.register("pre_run_cell", lambda info=None: rec.mark_cell(_cell_name(shell)))
     try:
         running = running_request(shell.kernel).get("header", {}).get("msg_type")
@@ -381,6 +385,19 @@ def _follow_cells(rec: Recorder) -> None:
         running = None
     if running == "execute_request":  # made inside a cell: that cell has begun
         rec.mark_cell(_cell_name(shell))
+    return True
+
+
+def _follow_engine_cells() -> None:
+    """Hook the recorder to the engine's cells if it was made before the engine's
+    kernel existed (the warm start imports ``comm``, whose ledger makes it); called
+    once per engine by its set-up (:mod:`clusterkernel.rank._engine_setup`)."""
+    global _FOLLOWING
+    if _RECORDER is not None and not _FOLLOWING:
+        try:
+            _FOLLOWING = _follow_cells(_RECORDER)
+        except Exception:  # an unusual shell: records then form one run
+            pass
 
 
 def recorder() -> Recorder:
@@ -389,11 +406,11 @@ def recorder() -> Recorder:
     Made, it also marks the cells an engine runs (one run each on the dashboard) and
     times the gradient all-reduces of DDP models made afterwards
     (:mod:`clusterkernel.torchdist._ddp`)."""
-    global _RECORDER
+    global _RECORDER, _FOLLOWING
     if _RECORDER is None:
         _RECORDER = Recorder()
         try:
-            _follow_cells(_RECORDER)
+            _FOLLOWING = _follow_cells(_RECORDER)
         except Exception:  # an unusual shell: records then form one run
             pass
         # DDP models made from now on report their all-reduces (torchdist._ddp)

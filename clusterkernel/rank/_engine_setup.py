@@ -198,6 +198,9 @@ def setup(stack_dir: str | None) -> dict:
     from clusterkernel.torchdist._sockets import track  # before any group is made
 
     track()
+    metrics = sys.modules.get("clusterkernel.metrics")
+    if metrics is not None:  # imported before the engine started (the warm start)
+        metrics._follow_engine_cells()
     if _stack_file is None and stack_dir:
         # Kept open for the engine's life: faulthandler writes to the fd from a
         # signal handler, where opening a file is not allowed. The directory is
