@@ -2,7 +2,7 @@
 
 With auto-respawn on (``%mpi start --respawn``) the notebook arms every rank with the
 recipe of a respawn (:func:`arm`: each rank's new-process command and host). A loop
-under a step guard (``Trainer.fit``, :func:`clusterkernel.comm.steps`) that finds a peer
+under a step guard (``Trainer.fit``, :func:`clusterkernel.train.steps`) that finds a peer
 dead (``comm.PeerDiedError``) calls :func:`rejoin` at its recovery point: the survivors agree
 on who is gone and start the dead ranks again in the live job (the respawn's own
 ``grow``), rank ``root`` (the lowest survivor) sends them its variables, DataParallel
@@ -30,6 +30,7 @@ from clusterkernel.rank._world import world
 _ROOT = "{root}"  # in a recipe's commands: the lowest survivor, known only at a death
 _recipe: dict | None = None  # {"commands": {rank: [...]}, "hosts": {rank: host or None}}
 _rejoined: list[dict] = []  # what each recovery here did: ranks, seconds
+_joining = False  # a new rank whose guarded loop has yet to learn where the survivors are
 
 
 def arm(recipe: dict | None) -> bool:
@@ -91,12 +92,22 @@ def joined(root: int, targets: list[int], recipe: dict | None) -> dict:
     """On a new rank, before it runs the cell: its side of the survivors' :func:`rejoin`
     (the copy of ``root``'s variables, DataParallel models re-attached), armed with
     ``recipe`` as the survivors are."""
+    global _joining
     from clusterkernel.rank._respawn import copy_namespace, rebuild
 
     arm(recipe)
     copied = copy_namespace(root, targets)
     rebuild()
+    _joining = True
     return copied
+
+
+def take_joining() -> bool:
+    """On a new rank, once: True if it joined a recovery and its guarded loop
+    (``train.steps``) must now learn from the survivors where they are."""
+    global _joining
+    joining, _joining = _joining, False
+    return joining
 
 
 def recoveries() -> list[dict]:

@@ -8,7 +8,9 @@
   ``mode`` (:class:`TrainingMode`, :func:`register_mode`);
 - asynchronous modes: :class:`ParameterServerMode` (``"ps"``), :class:`AsyncMode`
   (``"async"``) in :mod:`~clusterkernel.train.ps` with the server/worker machinery,
-  and beside it :class:`EASGDMode` (``"easgd"``), :class:`GossipMode` (``"gossip"``).
+  and beside it :class:`EASGDMode` (``"easgd"``), :class:`GossipMode` (``"gossip"``);
+- :func:`steps` a plain loop whose steps are redone after a rank's death in the cell
+  (auto-respawn).
 
 Example (on every rank)::
 
@@ -34,6 +36,7 @@ from clusterkernel.train._modes import (
 )
 from clusterkernel.train._pipeline import PipelineError, PipelineParallel
 from clusterkernel.train._prefetch import Prefetcher, spare_core
+from clusterkernel.train._steps import Step, steps
 from clusterkernel.train._sync import (
     ReplicaMismatchError,
     average_gradients,
@@ -58,6 +61,7 @@ __all__ = [
     "PipelineParallel",
     "Prefetcher",
     "ReplicaMismatchError",
+    "Step",
     "Trainer",
     "TrainingMode",
     "available_modes",
@@ -67,5 +71,6 @@ __all__ = [
     "comm_hooks",
     "register_mode",
     "spare_core",
+    "steps",
     "sync_parameters",
 ]

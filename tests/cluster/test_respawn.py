@@ -807,3 +807,46 @@ def test_chaos_seeded_sigkills_in_a_trainer_cell_end_at_the_undisturbed_weights(
         f"chaos: kills {sorted(kills)}; cell {wild:.1f} s vs {calm:.1f} s undisturbed: "
         f"{(wild - calm) / len(kills):.1f} s lost per death"
     )
+
+
+_STEPS_SETUP = (
+    _TRAIN.replace("torch.nn.Tanh()", "torch.nn.Dropout(0.2), torch.nn.Tanh()")
+    + "from clusterkernel import train\nVICTIM = os.getpid() if comm.rank() == 2 else None\n"
+)
+
+_STEPS_LOOP = """
+for s in train.steps(60, model=net, optimizer=opt):
+    with s:
+        if DIE and s.index == 30 and os.getpid() == VICTIM:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = batch(s.index, comm.rank())
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(dp(x), y).backward()
+        opt.step()
+weights = torch.cat([p.detach().flatten() for p in net.parameters()])
+momentum = sum(float(v["momentum_buffer"].sum()) for v in opt.state.values())
+last = s.index
+"""
+
+
+def test_a_plain_loop_under_train_steps_survives_a_death_in_its_cell(ft: Cluster):
+    """A user's own DataParallel loop written with ``train.steps``: rank 2 SIGKILLed at
+    the start of step 30 of 60 with auto-respawn; the cell completes on four ranks, every
+    rank at the undisturbed weights and momentum (dropout draws alike: the RNG follows)."""
+    ft.run(_STEPS_SETUP + "DIE = False\n" + _STEPS_LOOP)
+    undisturbed = ft.pull("weights")[0]
+    momentum = ft.pull("momentum")[0]
+    ft.run(_STEPS_SETUP + "DIE = True\n")
+    old = ft.rank_info[2]["pid"]
+    ft.auto_respawn = True
+    try:
+        ft.run(_STEPS_LOOP, timeout=120)
+    finally:
+        ft.auto_respawn = False
+    assert ft.rank_info[2]["pid"] != old and ft.live_ranks == [0, 1, 2, 3] and not ft.dead
+    assert ft.pull("last") == dict.fromkeys(range(4), 59)
+    for rank, weights in ft.pull("weights").items():
+        assert (weights - undisturbed).abs().max().item() < 1e-5, rank
+    for rank, m in ft.pull("momentum").items():
+        assert abs(m - momentum) < 1e-5, rank
+    _collective_over(ft, 4)

@@ -1,0 +1,187 @@
+"""A plain training loop that survives a rank's death inside its cell: :func:`steps`.
+
+The per-step model of torchft, for one interactive job: each step of the loop is a
+unit that is either applied on every rank or redone. With auto-respawn on
+(``%mpi start --respawn``) a step whose collective finds a peer dead
+(``comm.PeerDiedError``) is caught by its ``with step:`` block; the survivors bring the
+dead rank back into the job (``rank._recovery.rejoin``), agree on where the loop is, and
+the loop yields the same step again. The new rank runs the cell from the top: its
+``steps`` loop starts at the agreed step, with the model's and the optimizer's state,
+and the torch RNG, of the survivor that is furthest on.
+
+Where the step is redone: a step fails before its optimizer step (the gradient
+all-reduce is the usual place: ``DataParallel`` averages in the optimizer's pre-step
+hook) and leaves no trace (the RNG is put back as it was at the step's start); a step
+that failed after its optimizer step counts as done. Survivors that disagree (a
+collective that completed on some ranks and failed on others) all take the state of
+the furthest one, so no step is applied twice or lost.
+
+Without auto-respawn nothing is caught: the error ends the cell as it would without
+the guard, and the notebook tells the death.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from clusterkernel.rank import _recovery
+
+
+class Step:
+    """One step of a :func:`steps` loop: ``step.index`` is its number; ``with step:``
+    around the step's work marks it done, or redoes it after a peer's death."""
+
+    def __init__(self, loop: _Loop, index: int) -> None:
+        self._loop = loop
+        self.index = index
+
+    def __enter__(self) -> Step:
+        self._loop.begin()
+        return self
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> bool:
+        return self._loop.end(exc)
+
+    def __repr__(self) -> str:
+        return f"Step({self.index})"
+
+
+class _Loop:
+    """The state of one :func:`steps` loop on this rank (see the module)."""
+
+    def __init__(self, n: int, start: int, model: Any, optimizer: Any) -> None:
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"steps(n): n must be a whole number of steps >= 0, got {n!r}")
+        self.n = n
+        self.index = start
+        self.model = model
+        self.optimizer = optimizer
+        self.done = False  # the current step's body ended without an error
+        self.stepped = False  # the optimizer stepped during the current step
+        self.rng: torch.Tensor | None = None  # the RNG at the current step's start
+        self._hook = None
+
+    def __iter__(self) -> Iterator[Step]:
+        if self.optimizer is not None:
+            self._hook = self.optimizer.register_step_post_hook(self._optimizer_stepped)
+        try:
+            if _recovery.take_joining():  # a new rank: the survivors say where they are
+                self.index = self._agree(None, None)
+            while self.index < self.n:
+                self.done = False
+                yield Step(self, self.index)
+                if not self.done:
+                    raise RuntimeError(
+                        "steps(): put each step's work in a `with step:` block "
+                        "(for step in steps(n):\n    with step:\n        ...)"
+                    )
+                self.index += 1
+        finally:
+            if self._hook is not None:
+                self._hook.remove()
+
+    def _optimizer_stepped(self, *_: Any) -> None:
+        self.stepped = True
+
+    def begin(self) -> None:
+        self.stepped = False
+        # only where a death can be recovered: then a failed step draws again what it drew
+        self.rng = torch.get_rng_state() if _recovery.armed() else None
+
+    def end(self, exc: BaseException | None) -> bool:
+        """True (the error handled, the step to be redone or counted) after a recovery."""
+        if exc is None:
+            self.done = True
+            return False
+        if not _recovery.recovers(exc):
+            return False
+        if not self.stepped and self.rng is not None:
+            torch.set_rng_state(self.rng)
+        position = self.index + 1 if self.stepped else self.index
+        # taken before the recovery: re-attaching DataParallel models copies rank 0's
+        # parameters to every rank, and rank 0 may be behind the furthest survivor
+        mine = self._state()
+        if not _recovery.rejoin():
+            return False
+        # the for loop's next turn goes on from the agreed step (this one again, or the next)
+        self.index = self._agree(position, mine) - 1
+        self.done = True
+        return True
+
+    def _agree(self, position: int | None, mine: bytes | None) -> int:
+        """Collective over the world after a recovery: the position of the survivor that
+        is furthest on (a new rank has ``position`` None); the ranks behind it (the new
+        ones among them) take its model, optimizer and RNG (``mine``: a survivor's state
+        at its failure)."""
+        from clusterkernel.rank._world import world
+
+        comm = world()
+        every = comm.allgather(position)
+        known = {r: p for r, p in enumerate(every) if p is not None}
+        if not known:
+            raise RuntimeError("steps(): no survivor took part in the recovery")
+        best = max(known.values())
+        src = min(r for r, p in known.items() if p == best)
+        behind = [r for r, p in enumerate(every) if p != best]
+        if any(r in known for r in behind) and self.model is None:
+            raise RuntimeError(
+                f"steps(): after a rank's death the survivors disagree on the step "
+                f"({sorted(set(known.values()))}), and the loop has no model to copy: "
+                "pass model= and optimizer= to steps() so the ranks behind take the "
+                "state of the one furthest on"
+            )
+        me = comm.Get_rank()
+        payload = comm.bcast(mine if me == src else None, root=src)
+        # a survivor behind: re-attaching DataParallel models copied rank 0's parameters,
+        # perhaps a step behind, to every rank; then every rank takes the furthest state
+        if me in behind or any(r in known for r in behind):
+            self._load(payload)
+        return best
+
+    def _state(self) -> bytes:
+        buf = io.BytesIO()
+        torch.save(
+            {
+                "rng": torch.get_rng_state(),
+                "model": self.model.state_dict() if self.model is not None else None,
+                "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            },
+            buf,
+        )
+        return buf.getvalue()
+
+    def _load(self, blob: bytes) -> None:
+        state = torch.load(io.BytesIO(blob), weights_only=True)
+        torch.set_rng_state(state["rng"])
+        if self.model is not None and state["model"] is not None:
+            self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.stepped = False
+
+
+def steps(n: int, model: Any = None, optimizer: Any = None, start: int = 0) -> Iterator[Step]:
+    """The steps ``start .. n-1`` of a training loop, each redone on every rank if a peer
+    dies in it and auto-respawn (``%mpi start --respawn``) brings the peer back.
+
+    Write the step's work inside ``with step:``, and take its data by ``step.index`` (so
+    that a step done again, or on a new rank, reads the same batch). Pass the ``model``
+    and ``optimizer`` the loop trains: a rank that joins, or a survivor that is behind,
+    takes them from the survivor furthest on. Keep the set-up (model, optimizer,
+    ``DataParallel``, data) in an earlier cell: a new rank gets it by the copy of a
+    survivor's variables and runs only the loop's cell.
+
+    Example (on every rank, the model wrapped in an earlier cell)::
+
+        for step in train.steps(100, model=net, optimizer=opt):
+            with step:
+                x, y = batch(step.index, comm.rank())
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()               # DataParallel averages the gradients first
+    """
+    return iter(_Loop(n, start, model, optimizer))
