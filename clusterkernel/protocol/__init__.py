@@ -8,6 +8,8 @@ Every module here imports the standard library only, so either side loads it alo
 - ``_wire``: the signed stream format the ranks' records travel in;
 - ``_names``: the control-channel request and reply names, the stack signal, the
   ``breakpoint()`` key and the engine's pre-import variable;
+- ``_targets``: every rank-side function the notebook calls, by name: the
+  client-to-rank API in one list;
 - ``_rank_call``: the notebook calls a rank-side function by name, so it never
   imports the rank side;
 - ``_shm_names``: the job's /dev/shm files, noted on the ranks, removed by the guard;

@@ -40,6 +40,12 @@ INSPECT_REPLY = "clusterkernel_inspect_reply"
 DEBUG_REQUEST = "clusterkernel_debug_request"
 DEBUG_REPLY = "clusterkernel_debug_reply"
 PAUSE_KEY = "clusterkernel_paused"  # publish_data key: {"seq": n, "text": where it stopped}
+# the sampler (rank._profile_control): stop it and reply with the profile, even while a
+# cell hangs; or peek at the rolling window and new snapshots, the sampler left running
+PROFILE_REQUEST = "clusterkernel_profile_request"
+PROFILE_REPLY = "clusterkernel_profile_reply"
+PROFILE_PEEK = "clusterkernel_profile_peek"
+PEEK_REPLY = "clusterkernel_profile_peek_reply"
 
 # modules a fresh engine imports beside its start (comma-separated; rank._warm_start)
 PREIMPORT = "CLUSTERKERNEL_PREIMPORT"

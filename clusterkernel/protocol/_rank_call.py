@@ -7,7 +7,7 @@ library, and imports the named function only on the rank.
 
 Example::
 
-    view.apply_sync(rank_call, "clusterkernel.torchdist:describe")
+    view.apply_sync(rank_call, TORCH_DESCRIBE)   # a name from protocol._targets
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 
 def rank_call(target: str, *args: Any, **kwargs: Any) -> Any:
-    """Import ``"package.module:function"`` here (on the rank) and call it."""
+    """Import ``"package.module:function"`` (a :mod:`~clusterkernel.protocol._targets`
+    name) here, on the rank, and call it."""
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)(*args, **kwargs)

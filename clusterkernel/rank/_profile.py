@@ -16,11 +16,11 @@ Nothing runs between profiled cells: :func:`stop` ends the thread, and without
 
 The measured choice over pyinstrument is in BENCHMARKS.md ("Profiling every rank").
 
-The notebook calls these by name (``clusterkernel.protocol._rank_call``)::
+The notebook calls these by name (``clusterkernel.protocol._targets``)::
 
-    rank_call("clusterkernel.rank._profile:start", hz=100)
+    rank_call(PROFILE_START, hz=100)
     ...  # the cell runs
-    rank_call("clusterkernel.rank._profile:stop")   # {"stacks": [...], "seconds": ...}
+    rank_call(PROFILE_STOP)   # {"stacks": [...], "seconds": ...}
 
 Besides the stacks' totals, a profile holds each thread's **timeline** (runs of
 samples with the same stack, for the Chrome trace and speedscope's time order),
@@ -97,7 +97,7 @@ def start(hz: float = DEFAULT_HZ, torch: bool = False, every: float | None = Non
 
     Example::
 
-        rank_call("clusterkernel.rank._profile:start", hz=100)
+        start(hz=100)   # the notebook: rank_call(PROFILE_START, hz=100)
     """
     global _current, _torch
     if _current is not None:
@@ -130,7 +130,7 @@ def stop() -> dict | None:
 
     Example::
 
-        rank_call("clusterkernel.rank._profile:stop")["seconds"]
+        stop()["seconds"]   # the notebook: rank_call(PROFILE_STOP)
     """
     global _current, _torch
     sampler, _current = _current, None
@@ -165,6 +165,6 @@ def running() -> bool:
 
     Example::
 
-        rank_call("clusterkernel.rank._profile:running")   # False
+        running()   # False; the notebook: rank_call(PROFILE_RUNNING)
     """
     return any(t.name == THREAD_NAME for t in threading.enumerate())

@@ -27,15 +27,15 @@ from collections.abc import Callable
 
 from clusterkernel.protocol import _ipykernel
 
-PROFILE_REQUEST = "clusterkernel_profile_request"
-"""A control-channel request that stops the sampler and replies with the profile:
-answered by ipykernel's control thread while the cell still runs (a hang under
-``--timeout``), so what was sampled comes back before the rank is freed or restarted."""
-PROFILE_REPLY = "clusterkernel_profile_reply"
-PROFILE_PEEK = "clusterkernel_profile_peek"
-"""A control-channel request answered with ``peek`` (content: its keywords), the
-sampler left running: the rolling window and snapshots while a cell runs."""
-PEEK_REPLY = "clusterkernel_profile_peek_reply"
+# PROFILE_REQUEST: answered by ipykernel's control thread while the cell still runs (a
+# hang under --timeout), so what was sampled comes back before the rank is freed or
+# restarted. PROFILE_PEEK (content: peek's keywords) leaves the sampler running.
+from clusterkernel.protocol._names import (
+    PEEK_REPLY,
+    PROFILE_PEEK,
+    PROFILE_REPLY,
+    PROFILE_REQUEST,
+)
 
 
 def install(stop: Callable[[], dict | None], peek: Callable[..., dict]) -> None:

@@ -21,7 +21,7 @@ Example::
 
     from clusterkernel.client.cluster import _ipp
     _ipp.install_date_parser()    # once; a second call does nothing
-    _ipp.control_request(client, {0: 0, 1: 1}, "clusterkernel_stack_request", {}, 3.0)
+    _ipp.control_request(client, {0: 0, 1: 1}, STACK_REQUEST, {}, 3.0)  # protocol._names
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from clusterkernel.client.cluster._launch import (
     wait_for_engines,
 )
 from clusterkernel.client.errors import ClusterError
-from clusterkernel.protocol import _shm_names
+from clusterkernel.protocol import _shm_names, _targets
 from clusterkernel.protocol._rank_call import rank_call
 
 
@@ -292,9 +292,7 @@ class Engines:
         # No collective in the set-up: a poll may reach some new engines and not others.
         assert self.client is not None
         try:
-            ar = self.client[ids].apply_async(
-                rank_call, "clusterkernel.rank._engine_setup:setup", self.run_dir
-            )
+            ar = self.client[ids].apply_async(rank_call, _targets.ENGINE_SETUP, self.run_dir)
             results = ar.get(timeout=10)
         except (ipp.error.EngineError, ipp.error.TimeoutError, ipp.error.CompositeError):
             return None

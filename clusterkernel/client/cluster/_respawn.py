@@ -1,6 +1,6 @@
 """Respawn dead ranks into the live job: the body of ``Cluster.respawn`` (client side).
 
-The survivors run ``clusterkernel.rank._respawn:grow`` (ULFM shrink, spawn, merge:
+The survivors run ``_targets.RESPAWN_GROW`` (ULFM shrink, spawn, merge:
 see that module) while the new processes start the engines of the dead ranks under
 their old engine ids; once they have registered they get their identity, torchrun's
 environment (and with ``torch=True`` a new default group of N ranks), the live
@@ -24,6 +24,7 @@ import ipyparallel as ipp
 import psutil
 
 from clusterkernel.client.errors import ClusterError, format_ranks
+from clusterkernel.protocol import _targets
 from clusterkernel.protocol._rank_call import rank_call
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def respawn(
     hosts = [_mpi_host(cluster, engines, r) if cluster.launcher.multi_node else None for r in dead]
     grow = cluster.view(live).apply_async(
         rank_call,
-        "clusterkernel.rank._respawn:grow",
+        _targets.RESPAWN_GROW,
         dead,
         commands,
         hosts,
@@ -195,8 +196,8 @@ def respawn(
     if source is not None:
         report = _copy(cluster, report, source, dead)
         report.models = _rebuild(cluster)
-        report.ddp = _on_all(cluster, "clusterkernel.torchdist._rewrap:rewrap_namespace")
-        report.kept = _on_all(cluster, "clusterkernel.torchdist._keep:restore_namespace")
+        report.ddp = _on_all(cluster, _targets.REWRAP_NAMESPACE)
+        report.kept = _on_all(cluster, _targets.KEEP_RESTORE)
     elif from_snapshot:
         from clusterkernel.client.cluster import _snapshot
 
@@ -339,13 +340,11 @@ def _on_all(cluster: Cluster, target: str):
 
 def _rebuild(cluster: Cluster) -> int:
     """DataParallel models re-attached on every rank (how many)."""
-    return len(_on_all(cluster, "clusterkernel.rank._respawn:rebuild"))
+    return len(_on_all(cluster, _targets.REBUILD))
 
 
 def _copy(cluster: Cluster, report: Respawned, source: int, dead: list[int]) -> Respawned:
-    ar = cluster.view([source, *dead]).apply_async(
-        rank_call, "clusterkernel.rank._respawn:copy_namespace", source, dead
-    )
+    ar = cluster.view([source, *dead]).apply_async(rank_call, _targets.RESPAWN_COPY, source, dead)
     try:
         results = ar.get(timeout=300)
     except ipp.error.CompositeError as e:

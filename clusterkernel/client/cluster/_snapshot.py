@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import ipyparallel as ipp
 
 from clusterkernel.client.errors import ClusterError, format_ranks, rank_label
+from clusterkernel.protocol import _targets
 from clusterkernel.protocol._rank_call import rank_call
 
 if TYPE_CHECKING:
@@ -77,16 +78,14 @@ def snapshot(cluster: Cluster, names: list[str] | None = None) -> dict[int, dict
     """
     cluster.require_running()
     if names:
-        missing, known = _nowhere(
-            cluster, names, "Snapshot", "clusterkernel.rank._variables:variables"
-        )
+        missing, known = _nowhere(cluster, names, "Snapshot", _targets.VARIABLES)
         if missing:
             raise ClusterError(
                 f"Snapshot: no rank has a variable {', '.join(missing)}; nothing was "
                 f"saved (the last snapshot is kept).{_close(missing, known)}"
             )
     return _on_ranks(
-        cluster, cluster.live_ranks, "Snapshot", "clusterkernel.rank._snapshot:save",
+        cluster, cluster.live_ranks, "Snapshot", _targets.SNAPSHOT_SAVE,
         cluster.run_dir, names,
     )  # fmt: skip
 
@@ -109,7 +108,7 @@ def restore(cluster: Cluster, names: list[str] | None = None) -> dict[int, dict]
     cluster.require_running()
     if names:
         missing, known = _nowhere(
-            cluster, names, "Restoring the snapshot", "clusterkernel.rank._snapshot:held",
+            cluster, names, "Restoring the snapshot", _targets.SNAPSHOT_HELD,
             cluster.run_dir,
         )  # fmt: skip
         if missing:
@@ -124,10 +123,10 @@ def restore_on(cluster: Cluster, names: list[str] | None, ranks: list[int]) -> d
     """``ranks`` load their own snapshot (``names`` of it, or all); then DataParallel
     models are attached on every rank (collective)."""
     out = _on_ranks(
-        cluster, ranks, "Restoring the snapshot", "clusterkernel.rank._snapshot:load",
+        cluster, ranks, "Restoring the snapshot", _targets.SNAPSHOT_LOAD,
         cluster.run_dir, names,
     )  # fmt: skip
-    _on_ranks(cluster, cluster.ranks, "Re-attaching models", "clusterkernel.rank._respawn:rebuild")
+    _on_ranks(cluster, cluster.ranks, "Re-attaching models", _targets.REBUILD)
     return out
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import ipyparallel as ipp
 
 from clusterkernel.client.errors import ClusterError, format_ranks, rank_error_lines
+from clusterkernel.protocol import _targets
 from clusterkernel.protocol._names import GPU_REQUEST, PREIMPORT
 from clusterkernel.protocol._rank_call import rank_call
 
@@ -88,7 +89,7 @@ def ranks_up(cluster: Cluster, backend: str | None | bool) -> dict[int, list[int
     bound = _call_all(
         cluster,
         "Setting torchrun's environment and each rank's GPU",
-        "clusterkernel.torchdist._gpu:prepare_rank",
+        _targets.TORCH_PREPARE_RANK,
         cluster.gpus_per_rank,
         cluster.gpu_share,
         timeout=120,
@@ -98,7 +99,7 @@ def ranks_up(cluster: Cluster, backend: str | None | bool) -> dict[int, list[int
         _call_all(
             cluster,
             "Making the torch.distributed process group (--torch)",
-            "clusterkernel.torchdist:init",
+            _targets.TORCH_INIT,
             backend,
             _INIT_TIMEOUT,
             timeout=_INIT_TIMEOUT + 10,
@@ -132,7 +133,7 @@ def ranks_going_down(cluster: Cluster, timeout: float = 5.0) -> None:
     if not idle:
         return
     try:
-        client[idle].apply_async(rank_call, "clusterkernel.torchdist:destroy").get(timeout=timeout)
+        client[idle].apply_async(rank_call, _targets.TORCH_DESTROY).get(timeout=timeout)
     except Exception:  # a rank that cannot destroy its group is stopped all the same
         pass
 
@@ -144,7 +145,7 @@ def torch_group(cluster: Cluster) -> dict[int, dict]:
     return _call_all(
         cluster,
         "Reading the torch.distributed group",
-        "clusterkernel.torchdist:describe",
+        _targets.TORCH_DESCRIBE,
         timeout=30,
     )
 
@@ -166,7 +167,7 @@ def torch_reinit(cluster: Cluster, backend: str | None = None) -> dict[int, dict
     return _call_all(
         cluster,
         "Re-making the torch.distributed process group",
-        "clusterkernel.torchdist:reinit",
+        _targets.TORCH_REINIT,
         backend,
         _INIT_TIMEOUT,
         timeout=_INIT_TIMEOUT + 10,
@@ -205,7 +206,7 @@ def _held(cluster: Cluster) -> str:
         held = _call_all(
             cluster,
             "Finding the models that hold the old group",
-            "clusterkernel.torchdist._rewrap:held_models",
+            _targets.TORCH_HELD_MODELS,
             timeout=30,
         )
     except ClusterError:

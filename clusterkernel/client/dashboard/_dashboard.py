@@ -25,6 +25,7 @@ from clusterkernel.client.dashboard import _export
 from clusterkernel.client.dashboard._receiver import Receiver, lower_thread_priority
 from clusterkernel.client.dashboard._store import MetricsStore
 from clusterkernel.client.errors import ClusterError
+from clusterkernel.protocol import _targets
 from clusterkernel.protocol._rank_call import rank_call
 
 TIMELINE_RATE = 1.0  # timeline redraws per second (it scrolls; faster is not readable)
@@ -165,7 +166,7 @@ class Dashboard:
         view = self.cluster.view()
         return view.apply_sync(
             rank_call,
-            "clusterkernel.metrics:stream",
+            _targets.METRICS_STREAM,
             self.receiver.address,
             self.receiver.key,
             self.interval,
@@ -176,9 +177,7 @@ class Dashboard:
 
         Runs on the ranks, so call it between cells (it waits for a running one).
         """
-        seqs = self.cluster.view().apply_sync(
-            rank_call, "clusterkernel.metrics:flush_stream", timeout
-        )
+        seqs = self.cluster.view().apply_sync(rank_call, _targets.METRICS_FLUSH, timeout)
         want = dict(zip(self.cluster.ranks, seqs))
         if not self.store.wait_for(want, timeout):
             have = self.store.status()
@@ -380,7 +379,7 @@ class Dashboard:
         cluster = self.cluster
         if cluster._dashboard_closed(self) and cluster.running and not cluster.lost:
             # not waited for: a running cell would hold it up
-            cluster.view().apply_async(rank_call, "clusterkernel.metrics:stop_stream")
+            cluster.view().apply_async(rank_call, _targets.METRICS_STOP)
         self._quiet()
 
     def _streams_ended(self, cluster_stopped: bool) -> None:

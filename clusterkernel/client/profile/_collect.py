@@ -24,14 +24,12 @@ from typing import TYPE_CHECKING, Any
 from clusterkernel.client.profile import _live
 from clusterkernel.client.profile._model import Profile
 from clusterkernel.protocol._errors import ClusterkernelError
+from clusterkernel.protocol._names import PROFILE_REQUEST
 from clusterkernel.protocol._rank_call import rank_call
+from clusterkernel.protocol._targets import PROFILE_START, PROFILE_STOP
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster
-
-_START = "clusterkernel.rank._profile:start"
-_STOP = "clusterkernel.rank._profile:stop"
-_PROFILE_REQUEST = "clusterkernel_profile_request"  # rank._profile.PROFILE_REQUEST
 
 
 class ProfileError(ClusterkernelError, RuntimeError):
@@ -83,7 +81,7 @@ class CellProfile:
             kwargs["torch"] = True
         if every is not None:
             kwargs["every"] = every
-        self._started = cluster.view(self.ranks).apply_async(rank_call, _START, **kwargs)
+        self._started = cluster.view(self.ranks).apply_async(rank_call, PROFILE_START, **kwargs)
         self._early: dict[int, dict] = {}
         # the dashboard's panel and the snapshots read the running profile through it
         self.live = _live.LiveProfile(cluster, self.ranks, every)
@@ -104,7 +102,7 @@ class CellProfile:
                 pass
         try:
             replies = _ipp.control_request(
-                self.cluster.client, engines, _PROFILE_REQUEST, {}, timeout
+                self.cluster.client, engines, PROFILE_REQUEST, {}, timeout
             )
         except Exception:  # the controller is gone: finish() reports the ranks missing
             return
@@ -129,7 +127,7 @@ class CellProfile:
             if r in got:
                 continue
             try:
-                asked[r] = self.cluster.view([r]).apply_async(rank_call, _STOP)
+                asked[r] = self.cluster.view([r]).apply_async(rank_call, PROFILE_STOP)
             except Exception:  # the rank is gone (a restart made new engines)
                 pass
         deadline = time.monotonic() + timeout

@@ -4,7 +4,7 @@ While a profile runs on a cluster (``%%mpi --profile``, ``%mpi profile start``),
 :class:`LiveProfile` stands for it in the notebook. A thread of its own (niced, as the
 dashboard's are: it shares the cores with the ranks) pulls from every rank, on the
 control channel that ipykernel answers while the cell keeps the rank's main thread
-busy (``rank._profile.PROFILE_PEEK``):
+busy (``protocol._names.PROFILE_PEEK``):
 
 - the **snapshots** the ranks cut themselves every ``every`` seconds, each pull taking
   what came since the last (the rank then drops what the notebook has), every
@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 from clusterkernel.client.errors import format_ranks
 from clusterkernel.client.profile._model import Profile
+from clusterkernel.protocol._names import PROFILE_PEEK
 
 if TYPE_CHECKING:
     from clusterkernel.client.cluster import Cluster
 
-_PEEK = "clusterkernel_profile_peek"  # rank._profile.PROFILE_PEEK
 WINDOW = 10.0
 """Seconds of the rolling window the dashboard's panel shows."""
 PANEL_PERIOD = 2.0
@@ -280,7 +280,7 @@ class LiveProfile:
             r: _ipp.control_send(
                 self.cluster.client,
                 eid,
-                _PEEK,
+                PROFILE_PEEK,
                 {"window": window, "since": self._since.get(r, -1)},
             )
             for r, eid in engines.items()
