@@ -168,7 +168,7 @@ def mpi_job(n: int) -> dict:
     """The MPI job clusterkernel would start (``_launch.py``), for the raw worker."""
     rt = MPIRuntime.detect()
     env = rt.env({"PATH": os.environ.get("PATH", "")})  # with LOCAL_ONLY_ENV, as a cluster
-    return {"mpi_cmd": [rt.mpiexec], "mpi_args": rt.args(n), "env": env}
+    return {"mpi_cmd": [rt.mpiexec], "mpi_args": rt.args(), "env": env}
 
 
 class RawSide:

@@ -261,12 +261,12 @@ class MPIRuntime:
 
     def args(
         self,
-        n: int,
         hosts: list[tuple[str, int | None]] | None = None,
         hostfile: str | None = None,
         fault_tolerant: bool = False,
     ) -> list[str]:
-        """Flags (without the ``mpiexec`` itself and without the program)."""
+        """Flags (without the ``mpiexec`` itself, the rank count and the program): the
+        count is the caller's to add (``command``; ipyparallel adds its own ``-n``)."""
         args: list[str] = []
         if fault_tolerant and self.flavor == "mpich":
             args += ["-disable-auto-cleanup"]  # Hydra's way to outlive a dead rank
@@ -288,4 +288,4 @@ class MPIRuntime:
 
     def command(self, n: int, **kw) -> list[str]:
         """The full launch prefix, e.g. ``[mpiexec, --oversubscribe, -n, 4]``."""
-        return [self.mpiexec, *self.args(n, **kw), "-n", str(n)]
+        return [self.mpiexec, *self.args(**kw), "-n", str(n)]

@@ -114,12 +114,11 @@ class BatchLauncher:
         system = scheduler.get(settings.kind())
         if settings.hosts or settings.hostfile:
             raise ValueError(f"{system.title} chooses the hosts: leave out hosts=/hostfile=.")
-        self.settings = settings
         self.kind = system.name
         self.step = system.steps_in_job()  # ranks as a step of the job this process is in
         n, values = system.resolve(settings.n, system.normalize(settings.options()), self.step)
+        self.settings = settings.with_ranks(n)
         self.system = system(n, values)  # checks the options
-        self.n = n
         # How the ranks start inside the job: the scheduler's step, or mpiexec. Fault
         # tolerance is Open MPI's (ULFM): a scheduler's step ends when one task dies, and
         # only mpiexec's daemons can start a dead rank's successor inside the job.
@@ -136,6 +135,10 @@ class BatchLauncher:
         self.job_id: str | None = None
         self._state: tuple[str, str] | None = None
         self._state_at = 0.0
+
+    @property
+    def n(self) -> int:
+        return self.settings.n
 
     def engines(self) -> str | type:
         return "mpi" if self.step else ScheduledEngineSetLauncher
@@ -182,7 +185,7 @@ class BatchLauncher:
             if self.runtime is not None:  # mpiexec in this allocation (ipyparallel adds -n)
                 command = [
                     self.runtime.mpiexec,
-                    *self.runtime.args(self.n, fault_tolerant=self.fault_tolerant),
+                    *self.runtime.args(fault_tolerant=self.fault_tolerant),
                 ]
             else:
                 command = self.system.step_command()

@@ -149,12 +149,9 @@ class Cluster:
         # the one place the launch options are named: from here on they travel as one
         # object, the launcher's settings
         self.launcher = launcher_for(
-            launcher,
-            LaunchSettings(
-                n=n, hosts=hosts, hostfile=hostfile, mpiexec=mpiexec,
-                controller_ip=controller_ip, fault_tolerant=fault_tolerant, respawn=respawn,
-                **scheduler_options,
-            ),
+            launcher, n=n, hosts=hosts, hostfile=hostfile, mpiexec=mpiexec,
+            controller_ip=controller_ip, fault_tolerant=fault_tolerant, respawn=respawn,
+            **scheduler_options,
         )  # fmt: skip
         # GPUs or a backend this machine cannot give its own ranks: refused before any start
         _preflight.check_local(
@@ -169,9 +166,8 @@ class Cluster:
             "start_timeout": start_timeout, "torch": torch, "backend": backend,
             "gpus_per_rank": gpus_per_rank, "gpu_share": gpu_share,
         }  # fmt: skip
-        self.n, self.multi_node = self.launcher.n, self.launcher.multi_node
         self.env, self.timeout, self.start_timeout = dict(env or {}), timeout, start_timeout
-        self.guard, self.log_level = guard, log_level
+        self.guard, self.log_level, self.multi_node = guard, log_level, self.launcher.multi_node
         self.fault_tolerant = self.launcher.settings.fault_tolerant
         self.auto_respawn = self.launcher.settings.respawn  # implies fault_tolerant
         self.torch, self.backend = bool(torch or backend), backend
@@ -185,6 +181,11 @@ class Cluster:
         self.rank_names = RankNames()  # what Tab offers while a rank cannot answer
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def n(self) -> int:
+        """The number of ranks (``launcher.settings.n`` holds it)."""
+        return self.launcher.settings.n
+
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"<clusterkernel.Cluster n={self.n} {self.launcher.describe()} {state}>"

@@ -42,6 +42,7 @@ import psutil
 from ipyparallel.cluster.launcher import ipengine_cmd_argv
 from traitlets.config import Config
 
+from clusterkernel.client.cluster._launch_settings import DEFAULT_RANKS
 from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.mpiexec import MPIRuntime, check_hosts_resolve, is_local_only, parse_hosts
 from clusterkernel.protocol._names import PREIMPORT
@@ -83,9 +84,14 @@ class Launcher(Protocol):
     """
 
     kind: str  # "mpiexec" or a scheduler's name ("slurm", "sge")
-    settings: LaunchSettings  # what it was built from (a kept cluster's record)
-    n: int
+    # what it was built from, the rank count filled in (a kept cluster's record)
+    settings: LaunchSettings
     multi_node: bool  # ranks may run on other machines: the controller listens for them
+
+    @property
+    def n(self) -> int:
+        """The ranks it starts: ``settings.n``, the one place the count is held."""
+        ...
 
     def engines(self) -> str | type:
         """ipyparallel's engine launcher: its name or class."""
@@ -166,17 +172,16 @@ class MpiexecLauncher:
             )
         hosts = parse_hosts(settings.hosts)
         slots = [count for _, count in hosts]
-        n = settings.n
-        if n is not None and hosts and all(slots) and n > sum(slots):
+        n = settings.n or DEFAULT_RANKS
+        if settings.n is not None and hosts and all(slots) and n > sum(slots):
             raise ValueError(
                 f"{n} ranks, but hosts= gives {sum(slots)} slots "
                 f"({', '.join(f'{h}:{c}' for h, c in hosts)}): ask for at most {sum(slots)} "
                 "ranks, or give the hosts more slots."
             )
         check_hosts_resolve(hosts)
-        self.settings = settings
+        self.settings = settings.with_ranks(n)
         self.runtime = MPIRuntime.detect(settings.mpiexec)
-        self.n = n or 4
         self.hosts = hosts
         self.hostfile = settings.hostfile
         self.fault_tolerant = settings.fault_tolerant
@@ -191,6 +196,10 @@ class MpiexecLauncher:
                 f"{MAX_RANKS_PER_CORE_ENV}."
             )
         self._controller_ip = settings.controller_ip
+
+    @property
+    def n(self) -> int:
+        return self.settings.n
 
     def engines(self) -> str:
         return "mpi"
@@ -218,8 +227,8 @@ class MpiexecLauncher:
         }
         launcher = cfg.MPIEngineSetLauncher
         launcher.mpi_cmd = [self.runtime.mpiexec]
-        launcher.mpi_args = self.runtime.args(
-            self.n, hosts=self.hosts, hostfile=self.hostfile, fault_tolerant=self.fault_tolerant
+        launcher.mpi_args = self.runtime.args(  # ipyparallel adds -n: its n is self.n
+            hosts=self.hosts, hostfile=self.hostfile, fault_tolerant=self.fault_tolerant
         )
         launcher.environment = full
         launcher.engine_cmd = engine_cmd(full)

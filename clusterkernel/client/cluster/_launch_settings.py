@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from clusterkernel.client.cluster._launch import Launcher
 
 
+# The ranks of a start on this machine or a host list that does not say how many.
+DEFAULT_RANKS = 4
+
+
 def launchers() -> tuple[str, ...]:
     """The names ``launcher=`` takes: ``mpiexec`` and every scheduler."""
     return ("mpiexec", *scheduler.schedulers())
@@ -70,6 +74,8 @@ class LaunchSettings:
             print(e)                             # n must be a positive integer number of ...
     """
 
+    # None until the launcher is built: it puts the count it starts here (DEFAULT_RANKS,
+    # a Slurm allocation's tasks), so that the launcher's settings hold the one n
     n: int | None = None
     hosts: str | tuple[str, ...] | None = None
     hostfile: str | None = None
@@ -133,6 +139,10 @@ class LaunchSettings:
         if name.startswith("_") or name not in scheduler.options():
             raise AttributeError(name)
         return dict(self.scheduler_options).get(name, _default(name))
+
+    def with_ranks(self, n: int) -> LaunchSettings:
+        """These settings with ``n`` ranks (a launcher's, once it knows the count)."""
+        return self if n == self.n else dataclasses.replace(self, n=n)
 
     def options(self) -> dict[str, Any]:
         """The scheduler's options given (those left at their default are not)."""
@@ -203,30 +213,24 @@ class LaunchSettings:
         out.update(self.scheduler_options)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
-    def changed(self) -> list[str]:
-        """The keyword arguments that differ from the defaults (``n=``, ``nodes=``...)."""
-        out = [
-            f"{f.name}=" for f in dataclasses.fields(self)
-            if f.name != "scheduler_options" and getattr(self, f.name) != f.default
-        ]  # fmt: skip
-        return out + [f"{k}=" for k, _ in self.scheduler_options]
 
+def launcher_for(launcher: str | LaunchSettings | Launcher | None, **options: Any) -> Launcher:
+    """The launcher of ``Cluster(launcher=..., **options)``, ``options`` being the launch
+    options given beside it (``n=``, ``hosts=``, a scheduler's ``nodes=``...).
 
-def launcher_for(launcher: str | LaunchSettings | Launcher | None, options: LaunchSettings):
-    """The launcher of ``Cluster(launcher=..., <options>)``.
-
-    ``launcher`` a name (or None): ``options`` with it, built. A :class:`LaunchSettings`
-    or a launcher it built carries every launch option itself, so ``options`` must then
-    be the defaults: one object says how the ranks start, never two.
+    ``launcher`` a name (or None): a :class:`LaunchSettings` of it and ``options``, built.
+    A :class:`LaunchSettings` or a launcher it built carries every launch option itself,
+    so none may be given beside it: one object says how the ranks start, never two.
     """
     if launcher is None or isinstance(launcher, str):
-        return dataclasses.replace(options, launcher=launcher).build()
+        return LaunchSettings(launcher=launcher, **options).build()
     if not isinstance(launcher, LaunchSettings) and not hasattr(launcher, "settings"):
         # not a launcher: refused with the name check's message
-        return dataclasses.replace(options, launcher=launcher).build()
-    if options != LaunchSettings():
+        return LaunchSettings(launcher=launcher, **options).build()
+    beside = [f"{k}=" for k, v in options.items() if v not in (None, False, (), [])]
+    if beside:
         raise ValueError(
             f"launcher= is a {type(launcher).__name__}, which holds every launch option: "
-            f"give {', '.join(options.changed())} in it, not beside it."
+            f"give {', '.join(beside)} in it, not beside it."
         )
     return launcher.build() if isinstance(launcher, LaunchSettings) else launcher
