@@ -270,7 +270,8 @@ def segments_worker(count: int) -> None:
     """``count`` groups of all ranks one after the other in one job, each with its own
     shared-memory segment (fresh pages): the time of a 64 MB all_reduce on each, and the
     ranks' cache-line ping-pong after it. A slow segment beside fast ones of the same
-    job would point at where its pages lie; none was seen (BENCHMARKS.md, issue 27)."""
+    job would point at where its pages lie; none was seen (BENCHMARKS.md,
+    "The 64 MB slow mode and the abort, looked into")."""
     import torch
     from mpi4py import MPI
 

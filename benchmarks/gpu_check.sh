@@ -5,7 +5,7 @@
 # (a second torchrun) and a torchrun with the ranks' TORCH* variables each round,
 # `--profile torch` against torch.profiler under torchrun, then the sampler's `where`
 # part while the time budget lasts. Logs go to $OUT (default ./gpu-out). Figures:
-# BENCHMARKS.md, "GPU ranks".
+# BENCHMARKS.md, "GPU".
 #
 #   bash benchmarks/gpu_check.sh                 # on a GPU machine (about 6 minutes)
 #   flock /tmp/ck-ranks.lock bash benchmarks/gpu_check.sh --device cpu   # here: CPU variants

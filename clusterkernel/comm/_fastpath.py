@@ -94,10 +94,10 @@ def _configure() -> bool:
 _READY = _configure()
 
 # Said once per process by comm's import where the C path is missing (not where it is
-# turned off): small calls then cost about 3x MPI's own time, and nothing else says so.
+# turned off): small calls then cost several times MPI's own, and nothing else says so.
 MISSING = (
     "clusterkernel.comm: the C fast path of all_reduce is {why}, so every all_reduce "
-    "runs in Python: a small call costs about 3x MPI's own time (BENCHMARKS.md). "
+    'runs in Python: a small call costs several times MPI\'s own (BENCHMARKS.md, "Collectives"). '
     "To get it, install a C compiler and Python's headers (Debian: apt "
     "install gcc python3-dev) and reinstall clusterkernel (pip install --force-reinstall "
     "--no-deps clusterkernel; in a checkout, pip install -e .)."
@@ -118,8 +118,8 @@ def writers(on: bool = True) -> bool:
     """Let the Python path (every call the C path does not take) write its flight
     entries and all_reduce's timing records through the C path's own writers (on), or
     in Python (off); returns whether they were on. Both write the same slots and rows
-    (tests/comm); through C a write costs about half (BENCHMARKS.md, issue 37 item 4,
-    run 4). Off where the extension is absent.
+    (tests/comm); through C a write costs less (BENCHMARKS.md, "Collectives",
+    a collective's records without allocation). Off where the extension is absent.
 
     Example: ``was = writers(False)`` ... ``writers(was)``.
     """

@@ -10,7 +10,8 @@ fixed ring of the last :data:`DEFAULT_SIZE` calls, preallocated and written in p
 works from another thread while the main thread is blocked in MPI, which is how the
 client's hang report gets it.
 
-On by default: noting a call costs well under a microsecond (BENCHMARKS.md, issue 12).
+On by default: noting a call costs well under a microsecond (BENCHMARKS.md, "What the
+flight recorder and the default mismatch check cost").
 
 Example::
 
@@ -99,7 +100,7 @@ if (INT_FIELDS, OBJ_FIELDS) != _WRITES:
 _pack = struct.Struct("=" + "q" * NI).pack_into  # one slot's int64 row
 # The C extension's writer of an entry, where it is built and configured (use_writer,
 # from _fastpath): the write record() makes in Python below, done as the C path does
-# (record() then costs about half: 0.97 -> 0.46 us in one process). None: Python's.
+# (cheaper than Python's: BENCHMARKS.md, "Collectives"). None: Python's.
 _c_write: Callable[..., int] | None = None
 
 

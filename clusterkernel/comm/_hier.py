@@ -47,8 +47,8 @@ _IN_PLACE = MPI.IN_PLACE
 # The shared-memory steps of a hier call: timed as part of it, never on their own.
 _STEP = _plan.step("all_reduce", "shm")
 # Blocks from this size are swapped between two nodes' leaders (_cross). Measured on
-# the two-host bench (BENCHMARKS.md): below it the swap was 8-13% slower uncapped and
-# no faster at 1 Gbit/s (32 KB blocks); from 512 KB blocks it was 1.5x faster there.
+# the two-host bench (BENCHMARKS.md, "Collectives", hierarchy across two hosts): below it
+# the swap was slower on a fast link and no faster on a slow one; above it, faster.
 SWAP_MIN = 64 << 10
 
 

@@ -4,7 +4,8 @@ Open MPI moves large shared-memory messages with single-copy kernel calls whose
 cost grows with the number of pages touched. numpy asks the kernel for huge pages
 on arrays of 4 MB and more; torch's CPU allocator does not, and a 4 MB allreduce
 on torch memory is markedly slower than on numpy memory, and slower still than on
-memory fully backed by huge pages (BENCHMARKS.md, issue 3, the huge pages note).
+memory fully backed by huge pages (BENCHMARKS.md, "The communication layer", the
+huge pages note).
 
 So a buffer that keeps coming back (gradients, every step) is collapsed into huge
 pages once, with ``madvise(MADV_COLLAPSE)`` (Linux 6.1+), the third time it is

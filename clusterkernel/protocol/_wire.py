@@ -9,8 +9,8 @@ unread. Nothing is ever unpickled: the header is JSON and the columns are plain
 numbers.
 
 Why columns and not JSON all the way: a rank that logs in a tight loop makes
-records faster than ``json.dumps`` can print floats (BENCHMARKS.md, issue 6:
-``benchmarks/bench_dashboard_encode.py``), and the stream's thread would then take the
+records faster than ``json.dumps`` can print floats (``benchmarks/bench_dashboard_encode.py``;
+BENCHMARKS.md, "Dashboard"), and the stream's thread would then take the
 GIL from the training loop. Packing a batch into arrays is done in C by
 ``zip``/``array`` and costs a small fraction of that.
 

@@ -7,7 +7,7 @@ is the engine kernel's own ``do_complete`` / ``do_inspect``: IPython's completer
 which runs nothing with side effects) and IPython's inspector (``obj?`` / ``obj??``)
 on this rank's namespace, exactly what ipykernel answers in an ordinary notebook.
 
-A rank's first completion costs ~1 s (jedi parses the builtins' stubs, IPython's
+A rank's first completion is slow (jedi parses the builtins' stubs, IPython's
 completer sizes up the namespace): longer than the client waits for a Tab. Rank 0,
 the one that answers by default, pays it while it starts: :func:`load_jedi` beside the
 engine's own start (``_warm_start``), :func:`warm` once its kernel exists

@@ -14,7 +14,7 @@ call; the work is in named parts, each re-exported here:
 Nothing runs between profiled cells: :func:`stop` ends the thread, and without
 ``--profile`` no thread is started.
 
-The measured choice over pyinstrument is in BENCHMARKS.md ("Profiling every rank").
+The measured choice over pyinstrument is in BENCHMARKS.md ("Profile").
 
 The notebook calls these by name (``clusterkernel.protocol._targets``)::
 

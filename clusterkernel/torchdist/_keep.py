@@ -185,7 +185,8 @@ class _Slot:
 
 def _send(kept: tuple, dst: int) -> None:
     """``kept`` to rank ``dst``: its structure pickled (small), then each tensor as it is
-    (pickling hundreds of MB through ``send_object_list`` took 4x as long here)."""
+    (pickling hundreds of MB through ``send_object_list`` is far slower: BENCHMARKS.md,
+    "Faults")."""
     import torch
     import torch.distributed as dist
     from torch.utils._pytree import tree_flatten, tree_map_only

@@ -17,7 +17,7 @@ def spare_core(ranks_fallback: int = 1) -> bool:
 
     True when the cores this process may use cover every rank on the node with
     its torch threads plus one. Without a spare core the thread only competes
-    with compute (measured: slower, see BENCHMARKS.md, issue 4). The ranks per
+    with compute (BENCHMARKS.md, "Synchronous data-parallel training"). The ranks per
     node come from the MPI launcher's environment, else ``ranks_fallback``.
 
     ``Trainer(..., prefetch="auto")`` asks it.

@@ -184,8 +184,9 @@ def allreduce_hook(state: comm.Group | None, bucket: GradBucket) -> CommFuture:
 
     The last bucket uses a blocking call: nothing is left to overlap with, and
     MPI's blocking allreduce is markedly faster than its nonblocking one
-    (BENCHMARKS.md, issue 4, "What made the difference"). Float16 and bfloat16 buffers are summed
-    in float32 but travel in their own type (:func:`_half_average`).
+    (BENCHMARKS.md, "Synchronous data-parallel training", what made the difference).
+    Float16 and bfloat16 buffers are summed in float32 but travel in their own type
+    (:func:`_half_average`).
 
     Example::
 

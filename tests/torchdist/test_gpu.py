@@ -3,7 +3,7 @@
 Correct at any GPU count: with one GPU the NCCL tests run one rank, and the shared-GPU
 test runs one rank more than there are GPUs. The respawn test runs two fault-tolerant
 ranks on GPU 0 (the helpers and checks of ``tests/cluster/test_respawn.py``'s DDP case). What they showed on a GPU machine is in
-BENCHMARKS.md ("GPU ranks").
+BENCHMARKS.md ("GPU").
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_ddp_on_gpus_trains_as_one_process_on_the_whole_batch(gpu_cluster: Clust
     )
     assert set(gpu_cluster.pull("where").values()) == {"cuda"}
     # the timed hook on the group torch picks by device (cpu:gloo,cuda:nccl): torch's NCCL
-    # flight-recorder entries did not reach the recorder on an H200 (BENCHMARKS.md, GPU ranks)
+    # flight-recorder entries did not reach the recorder on an H200 (BENCHMARKS.md, "GPU")
     assert set(gpu_cluster.pull("hooked").values()) == {True}
     assert all(
         "torch allreduce" in o or "torch all_reduce" in o for o in gpu_cluster.pull("ops").values()

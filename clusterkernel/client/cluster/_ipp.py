@@ -12,7 +12,7 @@ An ipyparallel upgrade that moves these breaks this module alone:
 - **reply timestamps** (:func:`install_date_parser`): every reply to a cell carries
   the time its engine started the cell, and ipyparallel's client parses it with
   ``dateutil.parser.parse`` in its IO thread, a cost per rank and cell that grows
-  with the ranks (measured in BENCHMARKS.md, "Issue 11: scale").
+  with the ranks (BENCHMARKS.md, "Scale").
   ``datetime.fromisoformat`` reads the same string to the same value, far faster;
   anything it cannot read still goes to ipyparallel's own parser. Installed when a cluster starts, not at import, so a
   process that only imports clusterkernel keeps ipyparallel as it is.

@@ -29,15 +29,11 @@ import psutil
 
 from clusterkernel.client._pids import CLUSTER_MARK, marked
 from clusterkernel.client.cluster import _ipp
-from clusterkernel.client.cluster._launch import (
-    Guard,
-    Launcher,
-    make_run_dir,
-    private_cluster_file,
-    remove_run_dir,
-    wait_for_engines,
-)
 from clusterkernel.client.errors import ClusterError
+from clusterkernel.client.launch import Launcher
+from clusterkernel.client.launch._engine_wait import wait_for_engines
+from clusterkernel.client.launch._guard import Guard
+from clusterkernel.client.launch._run_dir import make_run_dir, private_cluster_file, remove_run_dir
 from clusterkernel.protocol import _shm_names, _targets
 from clusterkernel.protocol._rank_call import rank_call
 
@@ -87,7 +83,6 @@ class Engines:
 
     def __init__(self, launcher: Launcher, start_timeout: float) -> None:
         self.launcher = launcher
-        self.n = launcher.n  # the launcher carries the ranks it starts
         self.start_timeout = start_timeout
         self.ipp: ipp.Cluster | None = None
         self.client: ipp.Client | None = None
@@ -110,12 +105,12 @@ class Engines:
     ) -> Engines:
         """Start the controller and the launcher's ``n`` ranks; on any failure nothing is
         left running. ``keep``: seconds the guard keeps them once this process is gone
-        (``_keep``). ``progress``: told each new step of the start (never None: the
+        (``_kept_records``). ``progress``: told each new step of the start (never None: the
         caller ends its line, once the whole start is over)."""
         self = cls(launcher, start_timeout)
         n = self.n
         say = _steps(progress)
-        _ipp.install_date_parser()  # ~49 us less per rank and cell (BENCHMARKS.md, issue 11)
+        _ipp.install_date_parser()  # less work per rank and cell (BENCHMARKS.md, "Scale")
         kwargs: dict[str, Any] = {}
         ip = launcher.controller_ip()  # may ask Slurm: before anything is made
         if ip:
@@ -195,6 +190,11 @@ class Engines:
         self.engine_of = {}
 
     # ------------------------------------------------------------------ reading
+    @property
+    def n(self) -> int:
+        """The ranks it starts: the launcher's settings hold the count."""
+        return self.launcher.settings.n
+
     @property
     def engine_set(self):
         """ipyparallel's engine-set launcher (mpiexec, srun or the Slurm job), if any."""
@@ -326,8 +326,8 @@ class Engines:
             finally:
                 self.ipp = None
         # With the controller stopped, a nanny's last act (telling it that its engine is
-        # gone) waits out its socket's 3 s linger for no one: measured, stop took 3.9 s
-        # at 4 ranks, 0.8 s with the nannies ended once everything else is gone.
+        # gone) waits out its socket's linger for no one, which made most of a stop's time
+        # (BENCHMARKS.md, "Start and cells", the stop).
         others = [p for p in procs if p not in nannies]
         _end(others, grace=_NANNY_GRACE)
         _end(nannies, grace=0)

@@ -57,8 +57,8 @@ class RankNames:
         """Have ``rank``'s completer answer once now, and list its names from now on
         (:meth:`refresh` after every cell), without waiting for the reply.
 
-        A rank's first completion loads jedi and the builtins' stubs (0.5 to 3 s here,
-        more beside a busy cell): asked by the first Tab, that outlasts the Tab's
+        A rank's first completion loads jedi and the builtins' stubs (seconds beside
+        a busy cell): asked by the first Tab, that outlasts the Tab's
         timeout, and with no names listed yet the Tab answered nothing.
         """
         self.remember(rank, [])

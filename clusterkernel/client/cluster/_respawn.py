@@ -211,8 +211,8 @@ def respawn(
 
 
 def _join_timeout(timeout: float) -> float:
-    """How long the survivors wait for the new processes to join MPI (0.1-0.2 s here): not
-    the whole ``timeout`` (a new process that died before it joined is seen only by this
+    """How long the survivors wait for the new processes to join MPI: not the
+    whole ``timeout`` (a new process that died before it joined is seen only by this
     wait where it ran on another machine), and ended before it, by themselves."""
     return min(30.0, max(3.0, timeout - 2))
 

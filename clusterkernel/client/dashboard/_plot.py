@@ -4,7 +4,7 @@ Why not SVG (bqplot, which the dashboard used first): with the browser on the sa
 cores as the ranks, drawing is what the dashboard costs the training. bqplot's loss
 panel alone took a large share of a core at 5 pictures a second, and a canvas redraw
 of the same points a small fraction of that (``benchmarks/bench_dashboard_draw.py``;
-the figures: BENCHMARKS.md, issue 6, "Where the browser's time goes").
+BENCHMARKS.md, "Where the browser's time goes").
 
 The kernel side is only data: axis ranges set by the caller, and all series' points
 as one float64 buffer (a binary frame on the widget comm, not JSON), sent in one

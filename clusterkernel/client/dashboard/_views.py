@@ -5,7 +5,7 @@ widget comm (binary buffers) and the browser draws them on a canvas, so nothing
 waits on the kernel's main thread and updates arrive while a ``%%mpi`` cell blocks
 it. (A matplotlib PNG per update costs the kernel's time; ipympl stops drawing while
 the cell blocks; bqplot's SVG cost the browser more per picture: BENCHMARKS.md,
-"Issue 6: live dashboard".)
+"Dashboard".)
 Matplotlib stays for the static PNG export.
 
 Every panel has ``.widget`` and ``.update(store, ...)``; only the dashboard's

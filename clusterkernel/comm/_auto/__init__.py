@@ -72,9 +72,9 @@ CANDIDATES = {
     "reduce_scatter": ("mpi", "shm"),
 }
 # A tensor from comm.shm_empty is reduced in place by "shm", with no copy in or out:
-# measured faster than MPI from 256 KB on 2 ranks but only from 512 KB on 4 (1.5x
-# mpi4py there; 0.8x at 256 KB: BENCHMARKS.md, issue 13, shared buckets), so from
-# this size auto sends such tensors to "shm" whatever the table.
+# faster than MPI from a smaller size on 2 ranks than on 4 (BENCHMARKS.md, "Collectives",
+# shared buckets); this is the size where it wins on both, so from
+# it auto sends such tensors to "shm" whatever the table.
 ZERO_COPY_MIN = 1 << 19
 SHIPPED = Path(__file__).with_name("auto_table.json")
 ENV_ALGORITHM = "CLUSTERKERNEL_ALGORITHM"

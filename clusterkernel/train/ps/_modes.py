@@ -10,7 +10,7 @@ Fault tolerance: run the job with Open MPI's ``--with-ft ulfm``
 equivalent ``OMPI_MCA_mpi_ft_enable=1 PRTE_MCA_state_base_recoverable=1
 PRTE_MCA_state_base_notify_errors=1``. A worker killed by a signal (SIGKILL, a
 crash, the OOM killer) is then reported to the servers promptly (the delay:
-BENCHMARKS.md, issue 5, "Killed worker"); they log it (``clusterkernel.train``
+BENCHMARKS.md, "Killed worker"); they log it (``clusterkernel.train``
 logger and a ``worker_failed`` metric), drop it from the staleness bound and finish
 with the others. Without that Open MPI ends the
 whole job when any rank dies. Not covered (Open MPI 5.0 here): a rank that
