@@ -31,7 +31,7 @@ import _harness as h  # noqa: E402
 from _raw_ipp import CELLS, SETUP, WORKER, measure_cells, measure_idle, raw_ways  # noqa: E402
 
 from clusterkernel import Cluster  # noqa: E402
-from clusterkernel.client.cluster._launch import HEARTBEAT_MS  # noqa: E402
+from clusterkernel.client.launch._engine_set import HEARTBEAT_MS  # noqa: E402
 from clusterkernel.client.mpiexec import MPIRuntime  # noqa: E402
 from clusterkernel.client.output import TerminalRenderer  # noqa: E402
 
@@ -165,7 +165,7 @@ class CkSide:
 
 # ------------------------------------------------------------------ raw ipyparallel
 def mpi_job(n: int) -> dict:
-    """The MPI job clusterkernel would start (``_launch.py``), for the raw worker."""
+    """The MPI job clusterkernel would start (``client/launch/_mpiexec.py``), for the raw worker."""
     rt = MPIRuntime.detect()
     env = rt.env({"PATH": os.environ.get("PATH", "")})  # with LOCAL_ONLY_ENV, as a cluster
     return {"mpi_cmd": [rt.mpiexec], "mpi_args": rt.args(), "env": env}

@@ -4,7 +4,7 @@
         --periods 500 3000 200 --ranks 32
 
 (issue 11.) For each period in turn, one ``Cluster(n)`` with
-``clusterkernel.client.cluster._launch.HEARTBEAT_MS`` patched in this process: its start time,
+``clusterkernel.client.launch._engine_set.HEARTBEAT_MS`` patched in this process: its start time,
 then ``--idle`` seconds idle right after start and again after ``--cells`` empty cells,
 reading the CPU (psutil ``cpu_times``, user + system) of the controller with its
 schedulers and of the MPI job (mpiexec, prterun, engines, nannies); the busiest process;

@@ -110,14 +110,14 @@ def a_kept_job_outlives_its_kernel(bed: Bed, options: str, monkeypatch, tmp_path
     the value the dead kernel's cell set. Finish with :func:`stop_cancels_the_kept_job`.
     """
     from clusterkernel import Cluster
-    from clusterkernel.client.cluster import _keep
+    from clusterkernel.client.cluster import _kept_records
 
     monkeypatch.setenv("CLUSTERKERNEL_RUN_DIR", str(tmp_path / "runs"))
     kernel = start_kernel(f"{options}, keep='10m'", then='c.run("zz = 7")')
     kernel.kill()
     time.sleep(3)
     assert kernel.job in bed.jobs(), "the kept job did not outlive the kernel"
-    [record] = _keep.kept()
+    [record] = _kept_records.kept()
     assert record["job_id"] == kernel.job, record
     cluster = Cluster.attach()
     assert cluster.pull("zz") == {0: 7, 1: 7}

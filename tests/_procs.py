@@ -34,7 +34,7 @@ _MARKERS = (
     "ipyparallel.controller",
     "prterun",
     "prted",
-    "clusterkernel.client.cluster._guard",
+    "clusterkernel.client.launch._guard",
 )
 
 

@@ -150,10 +150,10 @@ def _run_session(inputs: list[Typed], capsys) -> list[str]:
 def _stop_kept() -> None:
     """Stop what a kept-cluster example left kept (a failed one, or by design)."""
     from clusterkernel import Cluster
-    from clusterkernel.client.cluster import _keep
+    from clusterkernel.client.cluster import _kept_records
     from clusterkernel.client.errors import ClusterError
 
-    for record in _keep.kept():
+    for record in _kept_records.kept():
         if not record.get("ended"):
             try:
                 Cluster.attach(record["id"], force=True).stop()

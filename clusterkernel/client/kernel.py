@@ -93,7 +93,7 @@ def install(
 
     _check(ranks, name)
     if keep is not None:
-        from clusterkernel.client.cluster._keep import parse_keep
+        from clusterkernel.client.cluster._kept_records import parse_keep
 
         parse_keep(keep)  # a ValueError now, not when the kernel starts
     with tempfile.TemporaryDirectory() as tmp:

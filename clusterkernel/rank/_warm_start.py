@@ -14,7 +14,7 @@ by default, also loads jedi (:func:`clusterkernel.rank._completion.load_jedi`). 
 host with more than four ranks per core nothing else is imported (:func:`_crowded`).
 
 ipyparallel runs it as the engine command (``engine_cmd``, see
-``clusterkernel.client.cluster._launch.engine_cmd``) with the modules named in
+``clusterkernel.client.launch._engine_set.engine_cmd``) with the modules named in
 ``CLUSTERKERNEL_PREIMPORT``, comma-separated (``clusterkernel.comm`` unless the cluster's
 ``env`` sets the variable; ``""`` starts the plain engine).
 

@@ -18,7 +18,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from clusterkernel import Cluster
-from clusterkernel.client.cluster import _keep
+from clusterkernel.client.cluster import _kept_records
 from clusterkernel.client.errors import ClusterError
 from tests._procs import cluster_processes, wait_no_cluster_processes
 from tests.kernel.test_completion import _shown
@@ -31,7 +31,7 @@ def runs(tmp_path, monkeypatch) -> str:
     root.mkdir(mode=0o755)  # others may look in; the run directories inside are 0700
     monkeypatch.setenv("CLUSTERKERNEL_RUN_DIR", str(root))
     yield str(root)
-    for record in _keep.kept():  # what a failed test kept: stopped, or it would stay
+    for record in _kept_records.kept():  # what a failed test kept: stopped, or it would stay
         if not record.get("ended"):
             try:
                 Cluster.attach(record["id"], force=True).stop()
@@ -116,10 +116,10 @@ def test_bad_keep_values_are_refused_at_once():
         with pytest.raises(ValueError, match="keep takes a duration such as 90s, 30m, 2h"):
             Cluster(n=2, keep=bad)
         assert time.monotonic() - t0 < 1
-    assert _keep.parse_keep("1h30m") == 5400
-    assert _keep.parse_keep("90s") == _keep.parse_keep(90) == 90
-    assert _keep.parse_keep(True) == _keep.parse_keep("forever") == float("inf")
-    assert _keep.parse_keep(None) is None and _keep.parse_keep(False) is None
+    assert _kept_records.parse_keep("1h30m") == 5400
+    assert _kept_records.parse_keep("90s") == _kept_records.parse_keep(90) == 90
+    assert _kept_records.parse_keep(True) == _kept_records.parse_keep("forever") == float("inf")
+    assert _kept_records.parse_keep(None) is None and _kept_records.parse_keep(False) is None
 
 
 def test_attach_to_nothing_or_a_wrong_id_says_so(runs):
@@ -147,13 +147,13 @@ def test_a_killed_kernel_keeps_its_ranks_and_a_terminal_ipython_attaches(
     )
     ranks = _rank_pids()
     assert len(ranks) == 2
-    [record] = _keep.kept()
+    [record] = _kept_records.kept()
     assert record["attached"] and record["client"]["pid"] == km.provisioner.process.pid
 
     os.kill(km.provisioner.process.pid, signal.SIGKILL)  # a kernel that died outright
     time.sleep(3)
     assert _rank_pids() == ranks, "the kept ranks did not outlive the kernel"
-    [record] = _keep.kept()
+    [record] = _kept_records.kept()
     assert not record["attached"], record
 
     # a terminal IPython on the same machine: list, attach (no id: there is one), use, stop
@@ -191,10 +191,10 @@ def test_a_short_keep_expires_and_removes_everything(runs, no_shared_cluster):
     shm_job = set(os.listdir("/dev/shm")) - shm_before
     assert shm_job, "the ranks made no shared-memory file: nothing to check"
     time.sleep(1.5)
-    [record] = _keep.kept()  # still kept: 3 s have not passed
+    [record] = _kept_records.kept()  # still kept: 3 s have not passed
     assert cluster_processes()
     assert _gone(run_dir, 20), "the keep time passed and something was left"
-    assert _keep.kept() == []
+    assert _kept_records.kept() == []
     assert not shm_job & set(os.listdir("/dev/shm")), "the job's /dev/shm files were left"
 
 
@@ -263,20 +263,20 @@ def test_another_users_cluster_is_neither_listed_nor_attached(runs, no_shared_cl
     # so the other user's cluster is made by ownership: a copy of a real record, chowned.
     with Cluster(n=2, keep="10m") as cluster:
         assert os.stat(cluster.run_dir).st_mode & 0o777 == 0o700
-        assert os.stat(_keep.record_path(cluster.run_dir)).st_mode & 0o777 == 0o600
-        record = _keep.read(cluster.run_dir)
+        assert os.stat(_kept_records.record_path(cluster.run_dir)).st_mode & 0o777 == 0o600
+        record = _kept_records.read(cluster.run_dir)
         theirs = os.path.join(runs, "cluster-theirs")
         os.mkdir(theirs, 0o700)
-        _keep.write(theirs, {**record, "id": "theirs", "run_dir": theirs, "uid": 65534})
-        os.chown(_keep.record_path(theirs), 65534, 65534)
+        _kept_records.write(theirs, {**record, "id": "theirs", "run_dir": theirs, "uid": 65534})
+        os.chown(_kept_records.record_path(theirs), 65534, 65534)
         os.chown(theirs, 65534, 65534)
         # and one of ours that others could read: not trusted either
         loose = os.path.join(runs, "cluster-loose")
         os.mkdir(loose, 0o700)
-        _keep.write(loose, {**record, "id": "loose", "run_dir": loose})
+        _kept_records.write(loose, {**record, "id": "loose", "run_dir": loose})
         os.chmod(loose, 0o755)
 
-        assert [r["id"] for r in _keep.kept()] == [cluster.id]
+        assert [r["id"] for r in _kept_records.kept()] == [cluster.id]
         for other in ("theirs", "loose"):
             with pytest.raises(ClusterError, match=f"No kept cluster '{other}' of yours"):
                 Cluster.attach(other)
@@ -289,11 +289,11 @@ def test_ranks_that_die_while_no_one_is_attached_are_reported_once_then_removed(
     run_dir = _started_and_killed(", keep='10m'")
     os.kill(sorted(_rank_pids())[0], signal.SIGKILL)  # MPI ends the whole job
     deadline = time.monotonic() + 30
-    while not (_keep.kept() or [{}])[0].get("ended") and time.monotonic() < deadline:
+    while not (_kept_records.kept() or [{}])[0].get("ended") and time.monotonic() < deadline:
         time.sleep(0.5)
-    [record] = _keep.kept()
+    [record] = _kept_records.kept()
     assert record["ended"].startswith("the MPI job ended (killed by SIGKILL"), record
     assert not wait_no_cluster_processes(20)
     with pytest.raises(ClusterError, match="ended while no one was attached: the MPI job ended"):
         Cluster.attach(record["id"])
-    assert not os.path.exists(run_dir) and _keep.kept() == []
+    assert not os.path.exists(run_dir) and _kept_records.kept() == []

@@ -12,8 +12,8 @@ from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel import Cluster
 from clusterkernel.client.cluster import LaunchSettings
-from clusterkernel.client.cluster._batch import BatchLauncher as SlurmLauncher
-from clusterkernel.client.cluster._launch import MpiexecLauncher
+from clusterkernel.client.launch import BatchLauncher as SlurmLauncher
+from clusterkernel.client.launch import MpiexecLauncher
 from clusterkernel.client.magics._args import start_args
 
 

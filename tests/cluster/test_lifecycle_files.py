@@ -139,7 +139,7 @@ def test_guard_removes_the_run_dir_of_a_starter_that_died_while_stopping(tmp_pat
         [
             sys.executable,
             "-m",
-            "clusterkernel.client.cluster._guard",
+            "clusterkernel.client.launch._guard",
             str(run_dir / "security" / "gone.json"),
             str(run_dir),
         ],

@@ -26,9 +26,9 @@ SETTINGS = {"timeout"}
 PARTS = {
     "client/cluster/_rankmap.py": "RankMap",
     "client/cluster/_health.py": "RankHealth",
-    "client/cluster/_keeping.py": "Keeping",
+    "client/cluster/_keep_state.py": "Keeping",
     "client/cluster/_dashboard_port.py": "DashboardPort",
-    "client/cluster/_run.py": "Cells",
+    "client/cluster/_cells.py": "Cells",
     "client/cluster/_status.py": "RankStatus",
 }
 # what Cluster's own reports and actions are; its helpers must not call them
@@ -138,7 +138,7 @@ def test_the_cluster_tells_its_dashboard_only_through_its_callback():
     """The cluster's side of the dashboard: the port (and a cell, which shows it) call only
     a Dashboard's public methods; what ended is said through the callback it gave."""
     names = set()
-    for module in ("_cluster.py", "_dashboard_port.py", "_run.py"):
+    for module in ("_cluster.py", "_dashboard_port.py", "_cells.py"):
         tree = ast.parse((OWNER.parent / module).read_text())
         names |= {
             node.attr
@@ -240,7 +240,7 @@ def test_loading_the_dashboard_and_the_debugger_loads_no_cluster_module():
 
 def test_the_magics_use_the_cluster_package_s_public_names_only():
     """The magics import from ``clusterkernel.client.cluster`` what its ``__all__`` exports,
-    never a private module (``_keep``) or name of it."""
+    never a private module (``_kept_records``) or name of it."""
     from clusterkernel.client import cluster
 
     found = set()

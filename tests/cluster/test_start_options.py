@@ -96,7 +96,7 @@ def test_hostfile_cluster_listens_for_other_machines(no_shared_cluster, tmp_path
 def test_more_ranks_than_this_machine_takes_is_refused_at_once(monkeypatch):
     import os
 
-    from clusterkernel.client.cluster._launch import MAX_RANKS_PER_CORE_ENV, local_rank_limit
+    from clusterkernel.client.launch._mpiexec import MAX_RANKS_PER_CORE_ENV, local_rank_limit
 
     # refused by Cluster(...) itself: no engine is started to find out
     with pytest.raises(

@@ -14,8 +14,8 @@ from IPython.core.magic_arguments import parse_argstring
 
 from clusterkernel import Cluster
 from clusterkernel.client.cluster import LaunchSettings
-from clusterkernel.client.cluster._batch import BatchLauncher
 from clusterkernel.client.export import ExportError, add_arguments, sbatch_script
+from clusterkernel.client.launch import BatchLauncher
 from clusterkernel.client.magics._args import export_args, start_args
 from clusterkernel.client.scheduler import get as scheduler
 from clusterkernel.client.scheduler._slurm import DEFAULT_TIME, SbatchOptions

@@ -79,7 +79,7 @@ def test_interrupt_reaches_the_ranks_and_restart_replaces_them(kernel):
         old = cluster_processes()
         assert set(pids.values()) <= {p.pid for p in old}
         # a killed kernel cleans up nothing itself: its guard process must stop the ranks
-        assert any("clusterkernel.client.cluster._guard" in " ".join(p.cmdline()) for p in old)
+        assert any("clusterkernel.client.launch._guard" in " ".join(p.cmdline()) for p in old)
         km.restart_kernel(now=(how == "kill"))
         left = wait_gone(old, 30)
         assert not left, f"after a restart ({how}): {[p.cmdline() for p in left]}"

@@ -16,8 +16,8 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import clusterkernel.client.magics as ck_magics
 from clusterkernel import Cluster, ClusterError
-from clusterkernel.client.cluster._launch import RUN_ROOT_ENV
 from clusterkernel.client.cluster._preflight import nvidia_device_visible
+from clusterkernel.client.launch._run_dir import RUN_ROOT_ENV
 from tests._procs import wait_no_cluster_processes
 
 no_gpu = pytest.mark.skipif(

@@ -1,16 +1,16 @@
 """The client side of a run: launch the ranks, run cells on them, report their faults.
 
 Everything here runs in the notebook (or the IPython REPL); nothing here runs on
-a rank. :class:`Cluster` is the entry point; the private modules beside it each
-do one part of its job: launching (``_launch_settings``: the launch options as one
-object, :class:`LaunchSettings`, which builds the launcher; ``_launch``, ``_batch``
-(a scheduler's job, :mod:`clusterkernel.client.scheduler`),
-``_guard``), the processes of a running cluster (``_lifecycle.Engines``), what every
+a rank. :class:`Cluster` is the entry point; how its ranks are launched is
+:mod:`clusterkernel.client.launch` (the launch options as one object,
+:class:`LaunchSettings`; the launchers by kind; the run directory, the guard, the wait
+for engines). The private modules here each do one part of its job: the processes of a
+running cluster (``_lifecycle.Engines``), what every
 fresh set of ranks gets (``_torch``: torchrun's environment, the default group),
 ``_status``, one running cell (``runner``; its ``breakpoint()``
 prompt is ``clusterkernel.client.debug._breakpoints``),
 what a failing or hung rank tells the user (``_rank_faults``, ``_jobreport``,
-``_stacks``, ``_hangreport``), clusters kept past their session (``_keep``: the
+``_stacks``, ``_hangreport``), clusters kept past their session (``_kept_records``: the
 record, list, claim; ``_follow``: a cell another session left running), the ranks'
 variables (``_data``: push, pull; ``_snapshot``) and Tab answered by a rank
 (``_namespace``).
@@ -23,10 +23,10 @@ signatures the part's):
   ``_lifecycle.Engines``) and their health (``_health.RankHealth``: the lost engine
   set, the dead ranks): ``ranks``, ``engine_of``, ``live_ranks``, ``engine_id``,
   ``lost``, ``dead``, ``respawn``...;
-- ``_keeping.Keeping``: the keep time and the takeover record (``keep``,
-  ``replaced``, ``taken_over_by``), writing and claiming the kept record (``_keep``);
+- ``_keep_state.Keeping``: the keep time and the takeover record (``keep``,
+  ``replaced``, ``taken_over_by``), writing and claiming the kept record (``_kept_records``);
 - ``_dashboard_port.DashboardPort``: the one dashboard the ranks stream to;
-- ``_run.Cells``: a cell run (``run``, ``profile``), the running cell's name, the last
+- ``_cells.Cells``: a cell run (``run``, ``profile``), the running cell's name, the last
   profile; ``_status.RankStatus``: ``status`` (each rank's process, for its CPU %).
 
 Why parts and not one class: the state is four unrelated things (processes, keep,
@@ -65,7 +65,7 @@ Who calls whom, and who changes what:
   ``CellRun`` prompts at a ``breakpoint()`` through ``debug._breakpoints.Stops``, which opens a ``DebugSession``.
 - The magics drive the cluster through its public API only: ``Cluster`` and the
   functions this package exports (the session's cluster, kept clusters, snapshot
-  reports). A kept cluster's guard process reads its record (``_keep``) and never
+  reports). A kept cluster's guard process reads its record (``_kept_records``) and never
   calls back.
 - The dependency is one way: this package imports ``client.dashboard`` and
   ``client.debug``, never the reverse. They are handed what they need: the cluster
@@ -88,9 +88,9 @@ from clusterkernel.client._session import cluster as current_cluster
 from clusterkernel.client._session import set_cluster as set_current_cluster
 from clusterkernel.client.cluster._cluster import CellInterrupted, Cluster, ClusterError, RankError
 from clusterkernel.client.cluster._follow import busy_ranks
-from clusterkernel.client.cluster._keep import describe_keep, kept, kept_report, set_origin
-from clusterkernel.client.cluster._launch_settings import LaunchSettings
+from clusterkernel.client.cluster._kept_records import describe_keep, kept, kept_report, set_origin
 from clusterkernel.client.cluster._snapshot import summary as snapshot_summary
+from clusterkernel.client.launch import LaunchSettings
 
 __all__ = [
     "Cluster",

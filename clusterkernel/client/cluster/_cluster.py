@@ -27,25 +27,25 @@ import ipyparallel as ipp
 from clusterkernel.client.cluster import (
     _data,
     _follow,
-    _keep,
+    _kept_records,
     _namespace,
     _preflight,
     _rank_faults,
     _snapshot,
     _torch,
 )
+from clusterkernel.client.cluster._cells import Cells
 from clusterkernel.client.cluster._dashboard_port import DashboardPort
 from clusterkernel.client.cluster._facade import part_method, part_property
-from clusterkernel.client.cluster._keeping import Keeping
-from clusterkernel.client.cluster._launch_settings import LaunchSettings, launcher_for
+from clusterkernel.client.cluster._keep_state import Keeping
 from clusterkernel.client.cluster._namespace import RankNames
 from clusterkernel.client.cluster._rankmap import RankMap
-from clusterkernel.client.cluster._run import Cells
 from clusterkernel.client.cluster._status import RankStatus
 from clusterkernel.client.errors import CellInterrupted, ClusterError, RankError
+from clusterkernel.client.launch import LaunchSettings, launcher_for
 
 if TYPE_CHECKING:
-    from clusterkernel.client.cluster._launch import Launcher
+    from clusterkernel.client.launch import Launcher
 
 __all__ = ["Cluster", "ClusterError", "RankError", "CellInterrupted"]
 
@@ -288,7 +288,7 @@ class Cluster:
     job_output = part_method("_ranks", RankMap.job_output, cluster=False)
     processes = part_method("_ranks", RankMap.processes, cluster=False)
 
-    # ------------------------------------------------------------ keep / attach (_keep)
+    # ------------------------------------------------------------ keep / attach (_kept_records)
     keep = part_property("_keeping", Keeping, "keep")
     replaced = part_property("_keeping", Keeping, "replaced")
     taken_over_by = part_property("_keeping", Keeping, "taken_over_by")
@@ -296,7 +296,7 @@ class Cluster:
     @property
     def id(self) -> str | None:
         """The id ``%mpi list`` shows and :meth:`attach` takes (None when stopped)."""
-        return _keep.cluster_id(self.run_dir) if self.run_dir else None
+        return _kept_records.cluster_id(self.run_dir) if self.run_dir else None
 
     @classmethod
     def attach(cls, cluster_id: str | None = None, force: bool = False) -> Cluster:
@@ -312,7 +312,7 @@ class Cluster:
             cluster = Cluster.attach()      # %mpi attach
             cluster.pull("model_state")
         """
-        record = _keep.to_attach(cluster_id)
+        record = _kept_records.to_attach(cluster_id)
         settings = dict(record["settings"], n=record["n"])
         cluster = cls(**settings, keep=True if record["keep_s"] is None else record["keep_s"])
         cluster._keeping.claim(record["run_dir"], force)
@@ -323,7 +323,7 @@ class Cluster:
                 keeper_pid=record.get("guard_pid"), log_level=cluster.log_level,
             )  # fmt: skip
         except BaseException:
-            _keep.release(record["run_dir"])
+            _kept_records.release(record["run_dir"])
             raise
         return cluster
 
@@ -343,7 +343,7 @@ class Cluster:
         self._keeping.release(self.run_dir)
         self._teardown(let_go=True)
 
-    taken_over_note = _keep.taken_over_note
+    taken_over_note = _kept_records.taken_over_note
 
     def _taken_over(self) -> dict | None:
         """The session that took this kept cluster over, if one did (we then let go)."""
@@ -439,7 +439,7 @@ class Cluster:
     torch_group = _torch.torch_group
     torch_reinit = _torch.torch_reinit
 
-    # ------------------------------------------- cells, the dashboard (_run, _dashboard_port)
+    # ----------------------------------------- cells, the dashboard (_cells, _dashboard_port)
     complete = _namespace.complete
     inspect = _namespace.inspect
     run = part_method("_cells", Cells.run)

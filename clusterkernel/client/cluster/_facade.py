@@ -1,7 +1,7 @@
 """How :class:`~clusterkernel.Cluster` hands a question or a call to the part that owns it.
 
-``Cluster`` is a façade over named parts (``_rankmap.RankMap``, ``_keeping.Keeping``,
-``_dashboard_port.DashboardPort``, ``_run.Cells``, ``_status.RankStatus``), each held as
+``Cluster`` is a façade over named parts (``_rankmap.RankMap``, ``_keep_state.Keeping``,
+``_dashboard_port.DashboardPort``, ``_cells.Cells``, ``_status.RankStatus``), each held as
 a private field of the cluster. :func:`part_property` makes a read-only property of
 the cluster that one part answers (``cluster.ranks`` is ``cluster._ranks.ranks``);
 :func:`part_method` makes a method of the cluster that one part carries out, given the

@@ -3,7 +3,7 @@
 :class:`Keeping` is the part of a :class:`~clusterkernel.Cluster` that owns what
 ``keep=`` and ``attach`` make of it: the keep time, the session an ``attach(force=True)``
 took the cluster over from (``replaced``) and the session that took it over from this
-one (``taken_over_by``). It writes and claims the kept record (``_keep``: the record,
+one (``taken_over_by``). It writes and claims the kept record (``_kept_records``: the record,
 list and claim, which it leaves as functions) at the moments the cluster tells it, and
 it answers whether another session has taken over; the cluster then lets its ranks go.
 Its fields are its own: no other module writes or reads them
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from clusterkernel.client.cluster import _keep
+from clusterkernel.client.cluster import _kept_records
 from clusterkernel.client.errors import ClusterError
 
 
@@ -29,7 +29,7 @@ class Keeping:
     """The keep time and the takeover record of one cluster (see the module)."""
 
     def __init__(self, keep: bool | str | float | None) -> None:
-        self._keep = _keep.parse_keep(keep)  # seconds, inf, or None: not kept
+        self._keep = _kept_records.parse_keep(keep)  # seconds, inf, or None: not kept
         self._replaced: dict | None = None
         self._taken_over_by: dict | None = None
 
@@ -53,18 +53,20 @@ class Keeping:
         """A kept ``cluster`` has started: write its record (``settings``: what ``attach``
         needs to make it again; ``guard_pid``: its guard process)."""
         if self._keep is not None:
-            _keep.write(cluster.run_dir, _keep.new_record(cluster, settings, guard_pid))
+            _kept_records.write(
+                cluster.run_dir, _kept_records.new_record(cluster, settings, guard_pid)
+            )
 
     def ranks_changed(self, run_dir: str, rank_info: dict) -> None:
         """A restart or a respawn made new rank processes: a kept record names them."""
         if self._keep is not None:
-            _keep.update(run_dir, {"rank_info": rank_info})
+            _kept_records.update(run_dir, {"rank_info": rank_info})
 
     def claim(self, run_dir: str, force: bool) -> None:
         """This session drives the kept cluster in ``run_dir`` from now on (``force``: even
         if another does; it is noted in ``replaced``)."""
         try:
-            self._replaced = _keep.claim(run_dir, force)
+            self._replaced = _kept_records.claim(run_dir, force)
         except ValueError as e:
             raise ClusterError(str(e)) from None
 
@@ -76,14 +78,14 @@ class Keeping:
                 "This cluster was not started with keep: detaching would leave ranks no one "
                 "can reach. Stop it (%mpi stop), or start with --keep 2h (keep='2h')."
             )
-        _keep.release(run_dir)
+        _kept_records.release(run_dir)
 
     def taken_over(self, run_dir: str | None) -> dict | None:
         """The session that has taken over the kept cluster in ``run_dir`` since this one
         claimed it (noted as ``taken_over_by``; the cluster must let go), or None."""
         if self._keep is None or run_dir is None:
             return None
-        holder = _keep.holder(run_dir)
+        holder = _kept_records.holder(run_dir)
         if holder is None or holder.get("pid") == os.getpid():
             return None
         self._taken_over_by = holder

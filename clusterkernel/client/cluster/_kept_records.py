@@ -4,7 +4,7 @@
 into the cluster's private run directory (0600 in a 0700 directory, as the
 connection files): its id, shape, settings, rank map, and the client attached now.
 The guard process reads it once the starting process has died or detached
-(``clusterkernel.client.cluster._guard``): it leaves the controller, the engines and any
+(``clusterkernel.client.launch._guard``): it leaves the controller, the engines and any
 scheduler's job (Slurm, Grid Engine) running, and stops them once no client has been attached for the keep
 time. :func:`kept` lists the records of this user; ``Cluster.attach`` claims one.
 
@@ -92,8 +92,8 @@ def _short(seconds: float) -> str:
 
 
 def run_root() -> str:
-    """Where run directories (and so kept clusters) live (``_launch.make_run_dir``)."""
-    from clusterkernel.client.cluster._launch import RUN_ROOT_ENV
+    """Where run directories (and so kept clusters) live (``launch._run_dir.make_run_dir``)."""
+    from clusterkernel.client.launch._run_dir import RUN_ROOT_ENV
 
     return os.environ.get(RUN_ROOT_ENV) or os.path.join(
         os.path.expanduser("~"), ".clusterkernel", "clusters"

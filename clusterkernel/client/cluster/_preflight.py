@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from clusterkernel.client.cluster._launch import Launcher
+    from clusterkernel.client.launch import Launcher
 
 # how a request names itself, for the API and %mpi start alike
 _GPUS = "gpus_per_rank={k} (--gpus-per-rank {k})"

@@ -47,7 +47,7 @@ from clusterkernel.client.export._jobfile import (
     write_job,
     written_text,
 )
-from clusterkernel.client.export._run import add_run_arguments, run_command, run_main
+from clusterkernel.client.export._run_command import add_run_arguments, run_command, run_main
 from clusterkernel.client.export._script import (  # noqa: F401
     export_cells,
     live_pushes,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from clusterkernel.client import scheduler
 from clusterkernel.client.export._cellcode import ExportError
-from clusterkernel.client.export._run import run_command
+from clusterkernel.client.export._run_command import run_command
 from clusterkernel.client.export._script import export_cells, notebook_ranks
 from clusterkernel.client.mpiexec import QUIET_OSC, MPINotFoundError, find_mpiexec
 from clusterkernel.client.scheduler import DEFAULT_TIME

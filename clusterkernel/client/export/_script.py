@@ -24,7 +24,7 @@ from pathlib import Path
 from clusterkernel.client.export._cellcode import ExportError, ipy_call, python_of, rank_cell
 from clusterkernel.client.export._profilecode import profile_block
 from clusterkernel.client.export._pushcode import push_block, push_items
-from clusterkernel.client.export._run import run_lines
+from clusterkernel.client.export._run_command import run_lines
 
 _PRELUDE_FILE = Path(__file__).parents[2] / "rank" / "_job_prelude.py"
 

@@ -1,6 +1,6 @@
 """Engines as a batch job of any scheduler: the launcher beside ``mpiexec`` (client side).
 
-:class:`BatchLauncher` is the :class:`~clusterkernel.client.cluster._launch.Launcher` of
+:class:`BatchLauncher` is the :class:`~clusterkernel.client.launch.Launcher` of
 every :class:`~clusterkernel.client.scheduler.BatchSystem` (``launcher="slurm"``,
 ``"sge"``, ...): it asks the scheduler for the job script, and its ipyparallel engine set
 (:class:`ScheduledEngineSetLauncher`) submits and cancels through the scheduler's class,
@@ -32,13 +32,14 @@ from traitlets import Unicode
 from traitlets.config import Config
 
 from clusterkernel.client import scheduler
-from clusterkernel.client.cluster._launch import _base_config, engine_cmd, process_ended, tail
+from clusterkernel.client.launch._engine_set import base_config, engine_cmd, process_ended, tail
+from clusterkernel.client.launch._registry import register
 from clusterkernel.client.mpiexec import QUIET_OSC, MPIRuntime
 from clusterkernel.client.scheduler import BatchSystem, SchedulerError
 from clusterkernel.protocol._net import route_source
 
 if TYPE_CHECKING:
-    from clusterkernel.client.cluster._launch_settings import LaunchSettings
+    from clusterkernel.client.launch._settings import LaunchSettings
 
 _POLL = 1.0  # seconds between state queries (the notebook polls faster than that)
 
@@ -49,7 +50,7 @@ class ScheduledEngineSetLauncher(BatchEngineSetLauncher):
     so the guard and an attached session cancel it the same way)."""
 
     # the cluster file names the class by this (ipyparallel imports it back on attach)
-    entrypoint_name = "clusterkernel.client.cluster._batch.ScheduledEngineSetLauncher"
+    entrypoint_name = "clusterkernel.client.launch._batch_job.ScheduledEngineSetLauncher"
     scheduler = Unicode("", config=True, help="the scheduler's name").tag(to_dict=True)
 
     def _system(self) -> type[BatchSystem]:
@@ -178,7 +179,7 @@ class BatchLauncher:
         return {**base, **quiet, **env}
 
     def config(self, env: dict[str, str], run_dir: str) -> Config:
-        cfg = _base_config()
+        cfg = base_config()
         full = self._environment(env)
         if self.step:
             launcher = cfg.MPIEngineSetLauncher
@@ -251,3 +252,7 @@ class BatchLauncher:
             if state is None or state[0] not in gone_from:
                 return
             time.sleep(0.2)
+
+
+for _name in scheduler.schedulers():  # every scheduler's job: this launcher
+    register(_name, BatchLauncher)

@@ -1,4 +1,7 @@
-"""Stops a cluster when the process that started it dies (``python -m clusterkernel.client.cluster._guard``).
+"""The guard: stops a cluster when the process that started it dies (client side).
+
+:class:`Guard` is the starting process's handle; the guard itself is this module run
+as ``python -m clusterkernel.client.launch._guard`` (:func:`main`).
 
 ipyparallel's ``shutdown_atexit`` does not run when the notebook kernel is killed
 outright, and the controller and mpiexec run in sessions of their own, so nothing
@@ -12,7 +15,7 @@ gets SIGTERM, then SIGKILL a few seconds later, the job's files in this host's
 noted, :mod:`clusterkernel.protocol._shm_names`), and the cluster's private directory is
 removed.
 
-A kept cluster (``keep``: seconds, or ``inf``; :mod:`clusterkernel.client.cluster._keep`) is
+A kept cluster (``keep``: seconds, or ``inf``; :mod:`clusterkernel.client.cluster._kept_records`) is
 not stopped then: the guard becomes its keeper. It stops the cluster once no client
 has been attached for the keep time, leaves at once when a client stopped it (the
 cluster file is gone), and when the ranks or the controller die with no one there
@@ -25,18 +28,77 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import time
 
 import psutil
 
 from clusterkernel.client._pids import marked, pid_alive
-from clusterkernel.client.cluster import _keep
+from clusterkernel.client.cluster import _kept_records
 from clusterkernel.protocol import _shm_names
 
 _GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 _POLL = 1.0  # seconds between a keeper's looks at the cluster and its client
 _ENDED_FOR = 5.0  # seconds a kept cluster must look ended before the keeper says it is
+
+
+class Guard:
+    """A watcher process that stops the cluster if this process dies (even SIGKILL).
+
+    It holds the read end of a pipe; EOF without a final ``stopped`` line means we
+    died. It then stops every process in the cluster file, cancels its batch jobs
+    and removes the run directory (:func:`main`, in a process of its own).
+
+    Example::
+
+        # not run: needs a running cluster's file and run directory
+        guard = Guard(cluster_file, run_dir)
+        guard.release()          # we stopped the cluster ourselves
+    """
+
+    def __init__(self, cluster_file: str, run_dir: str, keep: float | None = None) -> None:
+        # keep: seconds (inf: until stopped) the guard keeps the cluster once we are gone
+        args = [cluster_file, run_dir] + ([repr(float(keep))] if keep is not None else [])
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "clusterkernel.client.launch._guard", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C in the terminal must not reach it
+        )
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def release(self) -> None:
+        """Tell the guard we stopped the cluster ourselves, and wait for it to go."""
+        self._say(b"stopped\n")
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+
+    def detach(self) -> None:
+        """Leave a kept cluster to the guard (it keeps it, see :func:`keep`)."""
+        self._say(b"detached\n")
+
+    def _say(self, line: bytes) -> None:
+        try:
+            self._proc.stdin.write(line)
+            self._proc.stdin.close()
+        except OSError:
+            pass
+
+
+def batch_jobs(cluster_file: str) -> list[tuple[str, str]]:
+    """``(scheduler, job id)`` of the batch jobs an ipyparallel cluster file names."""
+    with open(cluster_file) as f:
+        info = json.load(f)
+    sets = info.get("engines", {}).get("sets", {}).values()
+    # a set without a scheduler's name is an older cluster's Slurm job
+    return [(s.get("scheduler") or "slurm", str(s["job_id"])) for s in sets if s.get("job_id")]
 
 
 def _cluster_pids(cluster_file: str) -> list[int]:
@@ -50,7 +112,6 @@ def _cluster_pids(cluster_file: str) -> list[int]:
 
 def _cancel_jobs(cluster_file: str) -> None:
     from clusterkernel.client import scheduler
-    from clusterkernel.client.cluster._launch import batch_jobs
 
     for name, job in batch_jobs(cluster_file):
         scheduler.get(name).cancel([job])
@@ -129,14 +190,14 @@ def keep(cluster_file: str, run_dir: str, keep_s: float) -> bool:
             # the new ones, so only an end that lasts counts
             ended_since = time.time()
         elif time.time() - ended_since >= _ENDED_FOR:
-            _keep.update(run_dir, {"ended": ended, "client": None})
+            _kept_records.update(run_dir, {"ended": ended, "client": None})
             _stop(cluster_file, run_dir, keep_record=True)
             return False
-        record = _keep.read(run_dir) or {}
-        if _keep.client_alive(record.get("client")):
+        record = _kept_records.read(run_dir) or {}
+        if _kept_records.client_alive(record.get("client")):
             idle_since = time.time()
         elif record.get("client") is not None:  # it died without detaching
-            _keep.update(run_dir, {"client": None, "idle_since": idle_since})
+            _kept_records.update(run_dir, {"client": None, "idle_since": idle_since})
         if not math.isinf(keep_s) and time.time() - idle_since >= keep_s:
             return True
         time.sleep(_POLL)
@@ -164,7 +225,7 @@ def _stop(cluster_file: str, run_dir: str | None, keep_record: bool = False) -> 
                 shutil.rmtree(run_dir, ignore_errors=True)
             else:
                 for name in os.listdir(run_dir):
-                    if name != _keep.RECORD:
+                    if name != _kept_records.RECORD:
                         path = os.path.join(run_dir, name)
                         if os.path.isdir(path):
                             shutil.rmtree(path, ignore_errors=True)
@@ -179,7 +240,9 @@ def main(cluster_file: str, run_dir: str | None = None, keep_s: str = "") -> int
     if last == b"stopped":
         return 0
     if keep_s and run_dir and not keep(cluster_file, run_dir, float(keep_s)):
-        if not os.path.exists(cluster_file) and not (_keep.read(run_dir) or {}).get("ended"):
+        if not os.path.exists(cluster_file) and not (_kept_records.read(run_dir) or {}).get(
+            "ended"
+        ):
             shutil.rmtree(run_dir, ignore_errors=True)  # a client stopped it: anything left
         return 0
     _stop(cluster_file, run_dir)

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clusterkernel.client import scheduler
+from clusterkernel.client.launch._registry import launcher_class
 
 if TYPE_CHECKING:
-    from clusterkernel.client.cluster._launch import Launcher
+    from clusterkernel.client.launch._protocol import Launcher
 
 
 # The ranks of a start on this machine or a host list that does not say how many.
@@ -64,7 +65,7 @@ class LaunchSettings:
 
     Example::
 
-        from clusterkernel.client.cluster import LaunchSettings
+        from clusterkernel.client.launch import LaunchSettings
         launcher = LaunchSettings(n=4).build()   # mpiexec here; hosts="a:2,b:2": two machines
         launcher.kind, launcher.n                # ('mpiexec', 4)
         LaunchSettings(n=4, launcher="sge", queue="all.q").queue   # 'all.q'
@@ -197,11 +198,9 @@ class LaunchSettings:
         return "mpiexec"
 
     def build(self) -> Launcher:
-        """The launcher these settings ask for, checked against what it can do."""
-        from clusterkernel.client.cluster._batch import BatchLauncher
-        from clusterkernel.client.cluster._launch import MpiexecLauncher
-
-        return MpiexecLauncher(self) if self.kind() == "mpiexec" else BatchLauncher(self)
+        """The launcher these settings ask for (the registry's class for :meth:`kind`),
+        checked against what it can do."""
+        return launcher_class(self.kind())(self)
 
     def record(self) -> dict[str, Any]:
         """The settings as ``Cluster(...)``'s keyword arguments, plain JSON values (a kept

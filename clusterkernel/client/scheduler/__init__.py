@@ -1,6 +1,6 @@
 """Batch schedulers, one class each: Slurm, Grid Engine (client side).
 
-Every module of this package but ``_batch`` holds one :class:`BatchSystem` subclass;
+Every module of this package but ``_system`` holds one :class:`BatchSystem` subclass;
 they are found here by walking the package, so a scheduler added later (PBS, LSF,
 Flux) is one module, ``_pbs.py``, plus its tests: ``Cluster(launcher="pbs", ...)``,
 ``%mpi start --scheduler pbs`` with its options, ``%mpi export --qsub``-like export,
@@ -19,7 +19,7 @@ import importlib
 import pkgutil
 from functools import cache
 
-from clusterkernel.client.scheduler._batch import (
+from clusterkernel.client.scheduler._system import (
     DEFAULT_TIME,
     BatchSystem,
     SchedulerError,
@@ -42,7 +42,7 @@ def schedulers() -> dict[str, type[BatchSystem]]:
     """Every scheduler of this package, by name."""
     found: dict[str, type[BatchSystem]] = {}
     for info in pkgutil.iter_modules(__path__, __name__ + "."):
-        if info.name.endswith("._batch"):
+        if info.name.endswith("._system"):
             continue
         module = importlib.import_module(info.name)
         for value in vars(module).values():

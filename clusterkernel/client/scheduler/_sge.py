@@ -21,7 +21,7 @@ import re
 import shlex
 from pathlib import Path
 
-from clusterkernel.client.scheduler._batch import (
+from clusterkernel.client.scheduler._system import (
     DEFAULT_TIME,
     BatchSystem,
     SchedulerError,

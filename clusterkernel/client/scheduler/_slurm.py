@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusterkernel.client.scheduler._batch import (
+from clusterkernel.client.scheduler._system import (
     DEFAULT_TIME,
     BatchSystem,
     SchedulerError,
