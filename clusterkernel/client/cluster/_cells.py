@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from clusterkernel.client.cluster._rankmap import RankMap
     from clusterkernel.client.cluster.runner import CellRun
     from clusterkernel.client.profile import Profile
+    from clusterkernel.client.profile._kinds import ProfileKind
 
 
 class Cells:
@@ -65,7 +66,7 @@ class Cells:
         block: bool = True,
         renderer=None,
         dashboard: bool = False,
-        profile: bool = False,
+        profile: bool | ProfileKind | None = False,
     ) -> CellRun:
         """Run ``code`` on the ranks, streaming each rank's output; the call behind ``%%mpi``.
 
@@ -80,7 +81,8 @@ class Cells:
         ``dashboard=True`` (``%%mpi --dashboard``) shows :meth:`dashboard` first
         and, when the cell has run, collects its last records into it.
 
-        ``profile=True`` (``%%mpi --profile``) samples every rank's Python stacks while
+        ``profile=True`` or ``"python"`` (``%%mpi --profile``; ``"torch"``: torch.profiler's
+        CPU ops too, ``--profile torch``) samples every rank's Python stacks while
         the cell runs and shows, under it, each rank's top lines and what the slowest
         rank does more than the median rank; the :class:`~clusterkernel.client.profile.Profile`
         is kept as ``cluster.profile_result`` (also when the cell raised or was stopped).

@@ -54,6 +54,7 @@ from clusterkernel.client.errors import (
 )
 from clusterkernel.client.output import RankOutput, Renderer, default_renderer
 from clusterkernel.client.profile import CellProfile, Profile
+from clusterkernel.client.profile._kinds import ProfileKind, profile_kind
 from clusterkernel.protocol._names import DEBUG_REQUEST
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class CellRun:
         renderer: Renderer | None = None,
         *,
         faults: CellFaults,
-        profile: bool | str = False,
+        profile: bool | ProfileKind | None = False,
     ) -> None:
         self.cluster = cluster
         self.faults = faults
@@ -112,9 +113,8 @@ class CellRun:
         self._client = client
         # --profile: each rank's sampler starts right before the cell (queued ahead of it);
         # --profile torch (profile="torch") adds torch.profiler's CPU ops
-        self._profiling = (
-            CellProfile(cluster, self.ranks, torch=profile == "torch") if profile else None
-        )
+        kind = profile_kind(profile)
+        self._profiling = CellProfile(cluster, self.ranks, torch=kind == "torch") if kind else None
         self.profile: Profile | None = None
         self.ar = cluster.view(self.ranks).execute(code, silent=False, block=False)
         # The result's own metadata, not client.metadata[msg_id]: the client drops

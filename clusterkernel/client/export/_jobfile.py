@@ -24,6 +24,7 @@ from clusterkernel.client.export._cellcode import ExportError
 from clusterkernel.client.export._run_command import run_command
 from clusterkernel.client.export._script import export_cells, notebook_ranks
 from clusterkernel.client.mpiexec import QUIET_OSC, MPINotFoundError, find_mpiexec
+from clusterkernel.client.profile._kinds import ProfileKind
 from clusterkernel.client.scheduler import DEFAULT_TIME
 
 
@@ -127,7 +128,7 @@ def write_job(
     failed: Collection[int] = (),
     nodes: int = 1,
     ntasks_per_node: int | None = None,
-    profile: str | None = None,
+    profile: ProfileKind | None = None,
     gpus: tuple[int | None, bool] | None = None,
     **job,
 ) -> list[Path]:

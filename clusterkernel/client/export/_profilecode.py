@@ -18,9 +18,7 @@ Example::
 from __future__ import annotations
 
 from clusterkernel.client.export._cellcode import ExportError
-
-PROFILE_KINDS = ("python", "torch")
-"""What ``--profile`` takes: Python stacks, or those and torch.profiler's CPU ops."""
+from clusterkernel.client.profile._kinds import PROFILE_KINDS, ProfileKind
 
 # The block's lines; {torch} is filled in. Its atexit hook is registered after the
 # prelude's and torch's, so it runs before them (atexit is last in, first out): the
@@ -66,7 +64,7 @@ atexit.register(_profile_end)
 _ck_profile.start(torch={torch})"""
 
 
-def profile_block(kind: str) -> str:
+def profile_block(kind: ProfileKind) -> str:
     """The exported job's lines that profile every rank (``kind``: ``"python"`` or
     ``"torch"``, ``--profile``'s value). Raises :class:`ExportError` for another kind.
 

@@ -25,6 +25,7 @@ from clusterkernel.client.export._cellcode import ExportError, ipy_call, python_
 from clusterkernel.client.export._profilecode import profile_block
 from clusterkernel.client.export._pushcode import push_block, push_items
 from clusterkernel.client.export._run_command import run_lines
+from clusterkernel.client.profile._kinds import ProfileKind
 
 _PRELUDE_FILE = Path(__file__).parents[2] / "rank" / "_job_prelude.py"
 
@@ -167,7 +168,7 @@ def export_cells(
     auto: bool = False,
     torch: tuple[bool, str | None] | None = None,
     failed: Collection[int] = (),
-    profile: str | None = None,
+    profile: ProfileKind | None = None,
     gpus: tuple[int | None, bool] | None = None,
 ) -> str:
     """The rank cells of ``cells`` (cell sources in notebook order) as one MPI script.
