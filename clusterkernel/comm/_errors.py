@@ -114,7 +114,7 @@ def peer_died(exc: BaseException, op: str) -> BaseException:
 def _known_dead() -> list[int]:
     """The world's ranks this process has learnt are dead (ULFM), or [] where it cannot say."""
     try:
-        from clusterkernel.rank._world import world
+        from clusterkernel.protocol._engine import world
 
         comm = world()
         failed = comm.Get_failed()

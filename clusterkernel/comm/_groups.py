@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from mpi4py import MPI
 
 from clusterkernel.comm._errors import CommError
-from clusterkernel.rank._world import world as _world
+from clusterkernel.protocol._engine import world as _world
 
 _WORLD_COMM = _world()  # MPI.COMM_WORLD, or the merged world of a respawned rank
 

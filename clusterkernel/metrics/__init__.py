@@ -32,6 +32,7 @@ import threading
 import time
 from typing import Any
 
+from clusterkernel.metrics import _attached
 from clusterkernel.metrics._ring import CommRing
 from clusterkernel.protocol._ipykernel import running_request
 from clusterkernel.protocol.records import (
@@ -404,8 +405,8 @@ def recorder() -> Recorder:
     """This process's recorder (created on first use).
 
     Made, it also marks the cells an engine runs (one run each on the dashboard) and
-    times the gradient all-reduces of DDP models made afterwards
-    (:mod:`clusterkernel.torchdist._ddp`)."""
+    runs what other libraries attached (:mod:`._attached`: with torchdist imported, the
+    gradient all-reduces of DDP models made afterwards are timed)."""
     global _RECORDER, _FOLLOWING
     if _RECORDER is None:
         _RECORDER = Recorder()
@@ -413,10 +414,7 @@ def recorder() -> Recorder:
             _FOLLOWING = _follow_cells(_RECORDER)
         except Exception:  # an unusual shell: records then form one run
             pass
-        # DDP models made from now on report their all-reduces (torchdist._ddp)
-        from clusterkernel.torchdist import _ddp
-
-        _ddp.watch()
+        _attached.recording()
     return _RECORDER
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING
 import psutil
 import zmq
 
+from clusterkernel.metrics import _attached
 from clusterkernel.protocol import _wire
 from clusterkernel.protocol.records import KINDS
 
@@ -82,7 +82,7 @@ class Publisher:
         self._ident = {"host": socket.gethostname(), "pid": os.getpid()}
         self._stats: dict = {**self._ident, "cpu": None, "rss_mib": None}
         self._stats_at = 0.0
-        self._torch_at = 0.0
+        self._collected_at = 0.0
         self._wake = threading.Event()
         self._stopping = False
         self._cond = threading.Condition()
@@ -137,7 +137,7 @@ class Publisher:
 
     def _tick(self, sock: zmq.Socket, final: bool = False) -> None:
         """Send the waiting message, then as many new batches as the socket takes."""
-        self._collect_torch(final)
+        self._collect_attached(final)
         while True:
             if self._pending is None:
                 msg, upto = self._message()
@@ -172,18 +172,17 @@ class Publisher:
             if all(self.recorder.total(k) <= self.sent[k] for k in KINDS):
                 return
 
-    def _collect_torch(self, final: bool) -> None:
-        """torch.distributed's timed collectives into the recorder, once a second at most
-        (reading torch's flight recorder takes the GIL from the training loop)."""
-        if "torch.distributed" not in sys.modules:
+    def _collect_attached(self, final: bool) -> None:
+        """What other libraries attached (:mod:`._attached`; torchdist: torch's timed
+        collectives) into the recorder, once a second at most (reading torch's flight
+        recorder takes the GIL from the training loop)."""
+        if not _attached.collecting():
             return
         now = time.perf_counter()
-        if now - self._torch_at < _BEAT and not final:
+        if now - self._collected_at < _BEAT and not final:
             return
-        self._torch_at = now
-        from clusterkernel.torchdist._timings import collect
-
-        collect(self.recorder)
+        self._collected_at = now
+        _attached.collect(self.recorder)
 
     def _proc_stats(self) -> dict:
         now = time.perf_counter()

@@ -10,6 +10,9 @@ Every module here imports the standard library only, so either side loads it alo
   ``breakpoint()`` key and the engine's pre-import variable;
 - ``_targets``: every rank-side function the notebook calls, by name: the
   client-to-rank API in one list;
+- ``_engine``: what the rank-side libraries ask of the engine (the world a respawn
+  merges, the user namespace, the in-cell recovery), registered by ``rank/``, so they
+  never import it;
 - ``_rank_call``: the notebook calls a rank-side function by name, so it never
   imports the rank side;
 - ``_shm_names``: the job's /dev/shm files, noted on the ranks, removed by the guard;

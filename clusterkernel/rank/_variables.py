@@ -25,19 +25,11 @@ import types
 
 import cloudpickle
 
+# the rank-side libraries (torchdist's rewrap and Keeper) ask for it there
+from clusterkernel.protocol._engine import user_namespace
+
 # names IPython and ipyparallel put in every namespace
 _NOT_COPIED = {"In", "Out", "exit", "quit", "get_ipython", "open"}
-
-
-def user_namespace() -> dict:
-    """The engine's user namespace, the globals of its cells (a plain script's: ``__main__``'s)."""
-    if "IPython" in sys.modules:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is not None:
-            return shell.user_global_ns
-    return vars(sys.modules["__main__"])
 
 
 def _hidden() -> set[str]:

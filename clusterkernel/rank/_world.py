@@ -3,9 +3,10 @@
 A respawned rank (:mod:`clusterkernel.rank._respawn`) is a new MPI job joined to the
 survivors through ``MPI_Comm_spawn``; its ``COMM_WORLD`` holds itself alone, and the
 survivors' still holds the dead process. The communicator that spans the N ranks
-again, in the old rank order, is installed here, and everything that asks "who is
-in my world" asks :func:`world` (comm's world group, torchrun's environment, the
-engine's identity).
+again, in the old rank order, is installed by :func:`replace`. The world itself is
+held in :mod:`clusterkernel.protocol._engine`, below the rank-side libraries that ask
+for it (comm's world group, torchrun's environment), so they never import ``rank/``;
+:func:`world` and :func:`replaced` here are that module's.
 
 Example::
 
@@ -17,29 +18,16 @@ from __future__ import annotations
 
 import sys
 
-_replaced = None  # the merged communicator after a respawn, else None
+from clusterkernel.protocol._engine import replaced, set_world, world
 
-
-def world():
-    """The communicator of every rank of this job, in rank order."""
-    if _replaced is not None:
-        return _replaced
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-def replaced() -> bool:
-    """Whether a respawn has replaced this rank's world (``MPI.COMM_WORLD`` no longer is)."""
-    return _replaced is not None
+__all__ = ["replace", "replaced", "world"]
 
 
 def replace(comm, group_keys: list | tuple = ()) -> None:
     """Make ``comm`` this rank's world. Collective over ``comm`` where comm is in use:
     its world group follows, and the groups named by ``group_keys`` (every rank passes
     the same list, see ``comm._groups.group_keys``) are made again in it."""
-    global _replaced
-    _replaced = comm
+    set_world(comm)
     if group_keys or "clusterkernel.comm._groups" in sys.modules:
         from clusterkernel.comm import _groups
 

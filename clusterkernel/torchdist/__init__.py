@@ -21,6 +21,8 @@ Example (a ``%%mpi`` cell)::
 
 from __future__ import annotations
 
+from clusterkernel.metrics import _attached
+from clusterkernel.torchdist import _ddp, _timings
 from clusterkernel.torchdist._env import torchrun_env
 from clusterkernel.torchdist._flight import flight
 from clusterkernel.torchdist._group import (
@@ -35,6 +37,11 @@ from clusterkernel.torchdist._group import (
 from clusterkernel.torchdist._keep import Keeper
 from clusterkernel.torchdist._rewrap import rewrap
 from clusterkernel.torchdist._timings import timed_allreduce_hook
+
+# metrics imports no torchdist: torchdist attaches its DDP watcher (DDP models made once
+# the rank records metrics time their all-reduces) and its flight-recorder reader
+_attached.when_recording(_ddp.watch)
+_attached.add_collector(_timings.collect)
 
 __all__ = [
     "torchrun_env",

@@ -128,7 +128,7 @@ def torchrun_env(comm: Any = None, apply: bool = True) -> dict[str, str]:
     (``Cluster(env=...)``): plain ``MASTER_*`` are what this call writes.
     """
     if comm is None:
-        from clusterkernel.rank._world import world
+        from clusterkernel.protocol._engine import world
 
         comm = world()
     rank, size = comm.Get_rank(), comm.Get_size()

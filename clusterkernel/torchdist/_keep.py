@@ -40,7 +40,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from clusterkernel.rank._variables import user_namespace as _user_namespace
+from clusterkernel.protocol._engine import user_namespace as _user_namespace
+from clusterkernel.protocol._engine import world
 
 
 class Keeper:
@@ -277,8 +278,6 @@ def restore_namespace(namespace: dict | None = None) -> dict[str, int]:
     namespace that every rank has (by name, in name order). Collective over the world;
     ``{name: the step it went back to}``."""
     import sys
-
-    from clusterkernel.rank._world import world
 
     ns = _user_namespace() if namespace is None else namespace
     dist = sys.modules.get("torch.distributed")

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import inspect
 
-from clusterkernel.rank._variables import user_namespace as _user_namespace
+from clusterkernel.protocol._engine import user_namespace as _user_namespace
+from clusterkernel.protocol._engine import world
 
 # DDP's settings that its constructor takes under the same name as its attribute
 _SAME_NAME = (
@@ -95,8 +96,6 @@ def rewrap_namespace(namespace: dict | None = None) -> list[str]:
     has (by name; a respawned rank's :class:`Unwrapped`) wrapped again on the current
     default group, in name order. Collective over the world; names returned."""
     import sys
-
-    from clusterkernel.rank._world import world
 
     ns = _user_namespace() if namespace is None else namespace
     mine: list[str] = []

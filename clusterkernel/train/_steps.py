@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from clusterkernel.rank import _recovery
+from clusterkernel.protocol._engine import recovery as _recovery
 
 
 class Step:
@@ -117,7 +117,7 @@ class _Loop:
         is furthest on (a new rank has ``position`` None); the ranks behind it (the new
         ones among them) take its model, optimizer and RNG (``mine``: a survivor's state
         at its failure)."""
-        from clusterkernel.rank._world import world
+        from clusterkernel.protocol._engine import world
 
         comm = world()
         every = comm.allgather(position)

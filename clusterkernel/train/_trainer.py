@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from clusterkernel import comm, metrics
 from clusterkernel.partition import Partition, distributed_loader, set_epoch
-from clusterkernel.rank import _recovery
+from clusterkernel.protocol._engine import recovery as _recovery
 from clusterkernel.train._checkpoint import CHECKPOINT_NAME
 from clusterkernel.train._modes import TrainingMode, make_mode
 from clusterkernel.train._prefetch import Prefetcher, spare_core

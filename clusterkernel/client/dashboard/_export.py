@@ -112,7 +112,7 @@ def to_png(store: MetricsStore, path: str | os.PathLike, metric: str = "loss") -
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from clusterkernel.client.dashboard._views import rank_color
+    from clusterkernel.client.dashboard._colors import rank_color
 
     path = Path(path)
     fig = Figure(figsize=(12, 8), layout="constrained")

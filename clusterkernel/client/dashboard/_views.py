@@ -20,20 +20,11 @@ import time
 import ipywidgets as w
 import numpy as np
 
+from clusterkernel.client.dashboard._colors import PALETTE, rank_color
 from clusterkernel.client.dashboard._plot import Plot, Series
 from clusterkernel.client.dashboard._profile_view import ProfilePanel
 from clusterkernel.client.dashboard._store import MetricsStore, blocked_differs
 from clusterkernel.client.dashboard._thin import thin
-
-PALETTE = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
-)  # fmt: skip
-
-
-def rank_color(rank: int) -> str:
-    return PALETTE[rank % len(PALETTE)]
-
 
 EARLIER_RUNS = 3  # earlier runs drawn faint behind the current one
 FAINT = "4d"  # their colour's alpha (hex): 30 %
