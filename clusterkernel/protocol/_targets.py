@@ -42,6 +42,11 @@ Profile (``client/profile/_collect.py``)
     ``PROFILE_START``, ``PROFILE_STOP``: the rank's sampler around a cell or by hand;
     ``PROFILE_RUNNING``: whether it runs.
 
+The user's code (``client/sync/_send.py``)
+    ``SYNC_WRITE``: one rank per host writes the changed files into its sync directory
+    and names those it lacks; ``SYNC_LOAD``: every rank puts that directory first on
+    ``sys.path`` and reloads the changed modules it imported.
+
 Example::
 
     from clusterkernel.protocol._rank_call import rank_call
@@ -68,6 +73,8 @@ RECOVERY_JOINED: Final = "clusterkernel.rank._recovery:joined"
 PROFILE_START: Final = "clusterkernel.rank._profile:start"
 PROFILE_STOP: Final = "clusterkernel.rank._profile:stop"
 PROFILE_RUNNING: Final = "clusterkernel.rank._profile:running"
+SYNC_WRITE: Final = "clusterkernel.rank._sync:write"
+SYNC_LOAD: Final = "clusterkernel.rank._sync:load"
 
 # torch.distributed (clusterkernel.torchdist)
 TORCH_PREPARE_RANK: Final = "clusterkernel.torchdist._gpu:prepare_rank"

@@ -198,6 +198,9 @@ def setup(stack_dir: str | None) -> dict:
     from clusterkernel.torchdist._sockets import track  # before any group is made
 
     track()
+    from clusterkernel.rank import _sync  # a restarted or respawned rank imports what was synced
+
+    _sync.restore_path()
     metrics = sys.modules.get("clusterkernel.metrics")
     if metrics is not None:  # imported before the engine started (the warm start)
         metrics._follow_engine_cells()

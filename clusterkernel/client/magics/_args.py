@@ -243,6 +243,24 @@ def pull_args(line):
 
 
 @magic_arguments()
+@argument(
+    "paths",
+    nargs="*",
+    metavar="PATH",
+    help="files and packages (folders with __init__.py) to send (default: this folder's *.py)",
+)
+def sync_args(line):
+    """%mpi sync: send your modules to the ranks (what changed), reload what they imported.
+
+    The files go to a private directory on each rank's host, first on every rank's import
+    path, over the connection to the ranks (no shared file system needed). Changed modules
+    a rank has imported are reloaded as IPython's %autoreload 2 does: the ranks' variables
+    stay and use the new code. A file that does not compile is refused (the ranks keep the
+    old code), and so are files above 10 MB (50 MB in all): data goes by scp/rsync.
+    """
+
+
+@magic_arguments()
 @argument("--ranks", help="comma-separated ranks to run on, e.g. 0,2 (default: all)")
 @argument("--timeout", type=_TIMEOUT, help="watchdog in seconds: report stacks, interrupt, free")
 @argument("--noblock", action="store_true", help="return a CellRun at once; .wait() later")
@@ -314,6 +332,7 @@ HELP_ROWS = [
     ("%mpi on | %mpi off", "run every following cell on the ranks, or stop"),
     ("%mpi push name [name ...] | %mpi push name=expr", "copy variables to every rank"),
     (pull_args, "%mpi pull"),
+    (sync_args, "%mpi sync"),
     (where_args, "%mpi where"),
     (profile_args, "%mpi profile"),
     (debug_args, "%mpi debug"),

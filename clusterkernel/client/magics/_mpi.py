@@ -11,6 +11,7 @@ magic                  plain Python
 ``%mpi status``        ``cluster.status()``
 ``%mpi push x``        ``cluster.push({"x": x})``
 ``%mpi pull x``        ``cluster.pull("x")``
+``%mpi sync mypkg``    ``sync(cluster, ["mypkg"])`` (``clusterkernel.client.sync``)
 ``%mpi debug``         ``cluster.debug().send("p x")``
 ``%mpi restart``       ``cluster.restart()``
 ``%mpi stop``          ``cluster.stop()``
@@ -36,9 +37,11 @@ from clusterkernel.client.magics._args import (
     mpi_help,
     ranks_arg,
     start_args,
+    sync_args,
 )
 from clusterkernel.client.magics._parse import parse, unknown_subcommand, without_comment
 from clusterkernel.client.magics._subcommands import Subcommands
+from clusterkernel.client.sync import SyncError, sync
 
 
 @magics_class
@@ -163,6 +166,14 @@ class MPIMagics(Subcommands, Magics):
     def _sub_help(self, rest: str) -> None:
         """%mpi help [subcommand]: the subcommands, or one's usage and options."""
         print(help_text(rest, self._subcommand_names()), end="")
+
+    def _sub_sync(self, rest: str) -> None:
+        """%mpi sync [PATH ...]: see ``sync_args``; the work is clusterkernel.client.sync's."""
+        paths = parse(sync_args, rest).paths or None
+        try:
+            print(sync(self._require_cluster(), paths).summary())
+        except SyncError as e:
+            raise UsageError(str(e)) from None
 
     # ---------------------------------------------------------------- cell
     def _run_cell(self, line: str, cell: str):
