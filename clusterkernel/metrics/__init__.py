@@ -32,11 +32,9 @@ import threading
 import time
 from typing import Any
 
-from clusterkernel.metrics import _attached
+from clusterkernel.metrics import _attached, _cells
 from clusterkernel.metrics._ring import CommRing
-from clusterkernel.protocol._ipykernel import running_request
 from clusterkernel.protocol.records import (
-    CELL_LABEL,
     KINDS,
     comm_record,
     scalar_record,
@@ -352,53 +350,14 @@ def _to_number(name: str, value: Any) -> float:
 
 
 _RECORDER: Recorder | None = None
-_FOLLOWING = False  # the recorder marks the engine's cells (_follow_cells hooked)
-
-
-def _cell_name(shell) -> str:
-    """The cell this engine runs now: the label ``%%mpi`` gave it (the same on every
-    rank), else the engine's execution count (a cell sent some other way)."""
-    try:
-        label = (running_request(shell.kernel).get("metadata") or {}).get("label")
-    except Exception:
-        label = None
-    if isinstance(label, str) and label.startswith(CELL_LABEL):
-        return label
-    return f"cell {shell.execution_count}"
-
-
-def _follow_cells(rec: Recorder) -> bool:
-    """Mark each cell the engine runs in ``rec`` (an IPython ``pre_run_cell`` hook);
-    True once hooked.
-
-    Nothing outside an IPython kernel (a job under plain ``mpiexec``: one run), nor
-    before the engine's kernel exists (a recorder made by an import that runs before the
-    engine starts: :func:`follow_engine_cells` hooks it later).
-    """
-    ipython = sys.modules.get("IPython")  # loaded on every engine; never imported here
-    shell = ipython.get_ipython() if ipython is not None else None
-    if shell is None or getattr(shell, "kernel", None) is None:
-        return False
-    shell.events.register("pre_run_cell", lambda info=None: rec.mark_cell(_cell_name(shell)))
-    try:
-        running = running_request(shell.kernel).get("header", {}).get("msg_type")
-    except Exception:
-        running = None
-    if running == "execute_request":  # made inside a cell: that cell has begun
-        rec.mark_cell(_cell_name(shell))
-    return True
 
 
 def _follow_engine_cells() -> None:
     """Hook the recorder to the engine's cells if it was made before the engine's
     kernel existed (the warm start imports ``comm``, whose ledger makes it); called
     once per engine by its set-up (:mod:`clusterkernel.rank._engine_setup`)."""
-    global _FOLLOWING
-    if _RECORDER is not None and not _FOLLOWING:
-        try:
-            _FOLLOWING = _follow_cells(_RECORDER)
-        except Exception:  # an unusual shell: records then form one run
-            pass
+    if _RECORDER is not None:
+        _cells.follow(_RECORDER)
 
 
 def recorder() -> Recorder:
@@ -407,13 +366,10 @@ def recorder() -> Recorder:
     Made, it also marks the cells an engine runs (one run each on the dashboard) and
     runs what other libraries attached (:mod:`._attached`: with torchdist imported, the
     gradient all-reduces of DDP models made afterwards are timed)."""
-    global _RECORDER, _FOLLOWING
+    global _RECORDER
     if _RECORDER is None:
         _RECORDER = Recorder()
-        try:
-            _FOLLOWING = _follow_cells(_RECORDER)
-        except Exception:  # an unusual shell: records then form one run
-            pass
+        _cells.follow(_RECORDER)
         _attached.recording()
     return _RECORDER
 
