@@ -4,7 +4,8 @@ The rank-side libraries users import in their cells (``comm``, ``torchdist``,
 ``metrics``, ``train``, ``partition``, ``data``) stand below ``rank/``, the engine's
 glue: what they need of the engine is registered in ``protocol/_engine`` by ``rank/``,
 never imported from it. ``metrics`` stands below ``torchdist`` (torchdist attaches its
-DDP watcher to metrics, ``metrics/_attached``). And no module imports itself round a
+DDP watcher to metrics, ``metrics/_attached``); each layer (:data:`RANK_LAYERS`) imports
+only from itself and those below. And no module imports itself round a
 circle: each import is read from the source with :mod:`ast`, those inside functions
 too (they run when the function does), those under ``if TYPE_CHECKING:`` not (they
 never run). A package's ``__init__`` importing its own children to re-export them is
@@ -20,6 +21,8 @@ import clusterkernel
 
 PACKAGE = Path(clusterkernel.__file__).parent
 RANK_LIBRARIES = ["comm", "torchdist", "metrics", "train", "partition", "data"]
+# the rank side, bottom up: each imports only from its own layer and those below it
+RANK_LAYERS = ["protocol", "metrics", "torchdist", "comm", "partition", "data", "train", "rank"]
 # circles being taken apart by other work, by a name that work knows; delete an entry
 # with that work. A circle found is allowed only if all its modules are in one entry.
 # (none now: the launch code's settings/launchers/batch circle went with client/launch)
@@ -174,6 +177,23 @@ def test_metrics_does_not_import_torchdist():
         if _under(t, ["torchdist"])
     ]
     assert found == [], "\n".join(found)
+
+
+def test_rank_side_layers_import_only_downwards():
+    edges = graph(PACKAGE)
+    layer = {f"clusterkernel.{name}": i for i, name in enumerate(RANK_LAYERS)}
+
+    def of(module: str) -> int | None:
+        return layer.get(".".join(module.split(".")[:2]))
+
+    up = [
+        f"{m}:{line} imports {t}"
+        for m, targets in edges.items()
+        if of(m) is not None
+        for t, line in targets.items()
+        if of(t) is not None and of(t) > of(m)
+    ]
+    assert up == [], "\n".join(up)
 
 
 def test_no_import_circle():
