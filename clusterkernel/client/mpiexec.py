@@ -147,8 +147,8 @@ QUIET_OSC = {"OMPI_MCA_osc": "^ucx"}
 # talk through shared memory, so Open MPI's TCP transport (which listens on every
 # interface) is switched off. Naming the transports also spares every rank the second
 # that Open MPI 5.0's OFI transport sleeps when it closes unused (btl/ofi's component
-# close calls sleep(1); measured: `import mpi4py.MPI` under mpiexec 1.17 s, 0.17 s
-# with these). Open MPI 5's launcher daemon (prterun) still opens an out-of-band port
+# close calls sleep(1); BENCHMARKS.md, "A rank's MPI start: Open MPI's unused OFI
+# transport"). Open MPI 5's launcher daemon (prterun) still opens an out-of-band port
 # on all interfaces; PRRTE refuses a loopback-only setting.
 LOCAL_ONLY_ENV = {"OMPI_MCA_btl": "self,sm"}
 # The same for a fault-tolerant job, whose respawned ranks are a second MPI job: Open

@@ -17,8 +17,8 @@ import ipyparallel as ipp
 
 from clusterkernel.client.errors import ClusterError
 
-# A start taking longer than this (4 ranks take ~7 s here, 32 ~17 s) says how many
-# engines have registered so far, on a live line.
+# A start taking longer than this (longer than most starts take on a small machine,
+# BENCHMARKS.md, "Scale") says how many engines have registered so far, on a live line.
 _SAY_PROGRESS_AFTER = 20.0
 
 
