@@ -118,7 +118,8 @@ class CkSide:
         """``mpi`` (``cluster.run``), ``px`` and ``execute``; with ``aa`` also ``px again``
         (the A/A control); with ``broadcast`` also ``mpi+broadcast`` (EXPERIMENT, patched
         in this process only; interleaved with the others it kept this cluster's
-        controller busy for a whole core, BENCHMARKS.md issue 28 re-run)."""
+        controller busy for a whole core: BENCHMARKS.md, "Re-run with raw ipyparallel in
+        its own process")."""
         c = self.cluster
         assert c is not None
         c.client[:].execute(SETUP, block=True)
