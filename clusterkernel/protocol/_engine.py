@@ -66,27 +66,31 @@ def user_namespace() -> dict:
     return vars(sys.modules["__main__"])
 
 
+# what a rank with no recovery registered answers (a job under plain mpiexec): no death
+# is recovered, as rank._recovery answers before the notebook arms it
+_NOTHING_TO_RECOVER: dict[str, Any] = {
+    "armed": lambda: False,
+    "recovers": lambda exc: False,
+    "rejoin": lambda *args, **kwargs: False,
+    "take_joining": lambda: False,
+}
+
+
 class _Recovery:
     """The in-cell recovery point as a guarded step sees it: the registered one's
-    answers, or "nothing to recover" where none is registered."""
+    functions (``rank._recovery``: ``armed``, ``recovers``, ``rejoin``, ...), or
+    "nothing to recover" where none is registered."""
 
-    def armed(self) -> bool:
-        """Whether a peer's death in a guarded step is recovered here (auto-respawn on)."""
-        return _recovery is not None and _recovery.armed()
-
-    def recovers(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is a peer's death this rank recovers from in the cell."""
-        return _recovery is not None and _recovery.recovers(exc)
-
-    def rejoin(self) -> bool:
-        """At a recovery point, on every survivor: the dead ranks brought back; False
-        (nothing done) when not armed."""
-        return _recovery is not None and _recovery.rejoin()
-
-    def take_joining(self) -> bool:
-        """On a new rank, once: whether it joined a recovery (its loop learns where the
-        survivors are)."""
-        return _recovery is not None and _recovery.take_joining()
+    def __getattr__(self, name: str) -> Any:
+        if _recovery is not None:
+            return getattr(_recovery, name)
+        try:
+            return _NOTHING_TO_RECOVER[name]
+        except KeyError:
+            raise AttributeError(
+                f"no in-cell recovery is registered on this rank, so it has no {name!r} "
+                "(ask recovery.armed() first)"
+            ) from None
 
 
 recovery = _Recovery()
@@ -94,7 +98,7 @@ recovery = _Recovery()
 
 
 def register_recovery(impl: Any) -> None:
-    """Answer :data:`recovery` with ``impl`` (``armed``, ``recovers``, ``rejoin``,
-    ``take_joining``): ``rank/`` registers its in-cell recovery."""
+    """Answer :data:`recovery` with ``impl`` (a module: ``armed``, ``recovers``,
+    ``rejoin``, ``take_joining``, ...): ``rank/`` registers its in-cell recovery."""
     global _recovery
     _recovery = impl
