@@ -51,6 +51,41 @@ def kill_session(sid: int) -> None:
             continue
 
 
+def run_session(
+    cmd: list[str],
+    *,
+    what: str,
+    cwd: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
+    """Run ``cmd`` to its end in a session of its own; its status and output (text).
+
+    Where it outlives ``timeout`` seconds, every process of its session (mpiexec, its
+    daemons, every rank) is killed and the calling test fails, saying ``what`` hung and
+    what it printed: a hang never blocks the suite or leaves ranks behind.
+
+    Example: ``proc = run_session(["bash", "-c", line], what=line, cwd=tmp_path)``.
+    """
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Own session: kill_session reaches mpiexec's daemons and ranks, not pytest.
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"{what} hung (> {timeout} s)\n--- stdout\n{out}\n--- stderr\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_mpi(
     n: int,
     *python_args: str,
@@ -85,23 +120,9 @@ def run_mpi(
         sys.executable,
         *python_args,
     ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # Own session: kill_session reaches mpiexec's daemons and ranks, not pytest.
-        start_new_session=True,
-    )
     what = f"{' '.join(python_args)} on {n} ranks"
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_session(proc.pid)
-        out, err = proc.communicate()
-        pytest.fail(f"{what} hung (> {timeout} s)\n--- stdout\n{out}\n--- stderr\n{err}")
+    proc = run_session(cmd, what=what, cwd=cwd, env=full_env, timeout=timeout)
+    out, err = proc.stdout, proc.stderr
     if proc.returncode != 0:
         pytest.fail(f"{what} exited {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}")
     return MPIRun(out, err)

@@ -14,6 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import clusterkernel.client.magics as ck_magics
+from tests._kernels import wait_until
 from tests._labels import per_rank_lines
 from tests._procs import cluster_processes, wait_no_cluster_processes
 
@@ -105,19 +106,29 @@ def test_no_cluster_is_a_usage_error(shell):
         shell.run_cell_magic("mpi", "", "pass")
 
 
-def test_where_shows_a_blocked_ranks_cell_line_and_locals(shell, capsys):
-    # ranks 0 and 2 wait in a Barrier that ranks 1 and 3 have not reached yet
+def test_where_shows_a_blocked_ranks_cell_line_and_locals(shell, capsys, tmp_path):
+    # ranks 0 and 2 wait in a Barrier that ranks 1 and 3 reach only once the test has
+    # looked (the file `release`; at most 2 minutes)
+    release = tmp_path / "release"
     run = shell.run_cell_magic(
         "mpi",
         "--noblock",
-        "import time\nfrom mpi4py import MPI\nr = MPI.COMM_WORLD.Get_rank()\n"
-        "secret = 40 + r\nif r % 2:\n    time.sleep(4)\nMPI.COMM_WORLD.Barrier()\n",
+        "import os, time\nfrom mpi4py import MPI\nr = MPI.COMM_WORLD.Get_rank()\n"
+        f"secret = 40 + r\nwhile r % 2 and not os.path.exists({str(release)!r}):\n"
+        "    time.sleep(0.05)\nMPI.COMM_WORLD.Barrier()\n",
     )
-    time.sleep(1.5)
-    capsys.readouterr()
-    shell.run_line_magic("mpi", "where --ranks 0,2 --locals")
-    out = capsys.readouterr().out
-    run.wait()
+    try:
+
+        def both_in_the_barrier() -> str:
+            capsys.readouterr()
+            shell.run_line_magic("mpi", "where --ranks 0,2 --locals")
+            out = capsys.readouterr().out
+            return out if out.count("MPI.COMM_WORLD.Barrier()") >= 2 else ""
+
+        out = wait_until(both_in_the_barrier, 60, "ranks 0 and 2 in the Barrier")
+    finally:
+        release.touch()
+        run.wait()
     assert "[rank 0]" in out and "[rank 2]" in out
     assert "Cell line 7" in out and "MPI.COMM_WORLD.Barrier()" in out
     assert re.search(r"secret\s+= 40", out) and re.search(r"secret\s+= 42", out), out

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from IPython.core.interactiveshell import InteractiveShell
 import clusterkernel.client.magics as ck_magics
 from clusterkernel.__main__ import main as cli_main
 from clusterkernel.client.mpiexec import MPIRuntime
-from tests._mpirun import kill_session, run_mpi
+from tests._mpirun import run_mpi, run_session
 from tests.cluster.test_profile import SPEEDSCOPE_SHAPE
 
 # ``busy`` spins on every rank, so both ranks' profiles hold it; the last cell says
@@ -129,21 +128,13 @@ def test_a_rank_that_raises_writes_its_own_profile_before_the_job_ends(tmp_path)
     script = tmp_path / "job.py"
     nb = _notebook(tmp_path / "nb.ipynb", cells)
     assert cli_main(["export", str(nb), "-o", str(script), "--profile"]) == 0
-    proc = subprocess.Popen(
+    proc = run_session(
         [sys.executable, "-m", "clusterkernel", "run", "-n", "2", str(script)],
+        what="the job",
         cwd=tmp_path,
         env={**MPIRuntime.detect().env(), "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # so a hang can be ended, ranks and all
     )
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        kill_session(proc.pid)
-        out, err = proc.communicate()
-        raise AssertionError(f"the job hung instead of ending\n{out}\n{err}") from None
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode != 0
     assert "[rank 1] ValueError: boom" in err.splitlines(), err
     assert f"[rank 1] profile: {tmp_path / 'job.rank1.speedscope.json'}" in out, out

@@ -6,7 +6,6 @@ Run under the machine-wide lock (it starts MPI ranks).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import nbformat
 
 from clusterkernel.__main__ import main as cli_main
 from clusterkernel.client.mpiexec import MPIRuntime
-from tests._mpirun import kill_session, run_mpi
+from tests._mpirun import run_mpi, run_session
 
 CELLS = [
     "%load_ext clusterkernel",
@@ -69,22 +68,8 @@ def _printed_lines(script: Path) -> list[str]:
 
 def _run_as_printed(line: str, cwd: Path) -> tuple[int, str, str]:
     """``line`` run by bash in a bare environment from ``cwd``: (status, stdout, stderr)."""
-    proc = subprocess.Popen(
-        ["bash", "-c", line],
-        cwd=cwd,
-        env=BARE_ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # so a hang can be ended, ranks and all
-    )
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        kill_session(proc.pid)
-        out, err = proc.communicate()
-        raise AssertionError(f"{line} hung instead of ending\n{out}\n{err}") from None
-    return proc.returncode, out, err
+    proc = run_session(["bash", "-c", line], what=line, cwd=cwd, env=BARE_ENV)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def test_the_run_lines_the_job_prints_run_as_printed_without_the_venv(tmp_path):
