@@ -13,6 +13,7 @@ import pytest
 from clusterkernel import Cluster, ClusterError, RankError
 from clusterkernel.client.errors import CellInterrupted
 from clusterkernel.client.output import RankOutput, TerminalRenderer
+from tests._kernels import wait_for_files, wait_until
 from tests._labels import per_rank_lines
 
 
@@ -264,30 +265,37 @@ def test_listens_on_loopback_only_and_private_connection_files(cluster: Cluster)
     assert os.path.realpath(sec).startswith(os.path.realpath(run_dir))
 
 
-def test_status_shows_busy_ranks_while_a_cell_runs(cluster: Cluster):
+def test_status_shows_busy_ranks_while_a_cell_runs(cluster: Cluster, tmp_path):
+    # rank 1 stays busy until the test has seen it so (the file `release`; at most 2 min)
+    release = tmp_path / "release"
     run = cluster.run(
-        "import time\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.Get_rank() == 1:\n    time.sleep(3)",
+        "import os, time\nfrom mpi4py import MPI\n"
+        "if MPI.COMM_WORLD.Get_rank() == 1:\n"
+        f"    for _ in range(2400):\n        if os.path.exists({str(release)!r}):\n"
+        "            break\n        time.sleep(0.05)",
         block=False,
         renderer=Recorder(cluster.ranks),
     )
-    deadline = time.monotonic() + 2.5
-    states = {}
-    while time.monotonic() < deadline:
-        states = {r["rank"]: r["state"] for r in cluster.status()}
-        if states == {0: "idle", 1: "busy", 2: "idle", 3: "idle"}:
-            break
-        time.sleep(0.1)
-    run.wait()
-    assert states == {0: "idle", 1: "busy", 2: "idle", 3: "idle"}
+    want = {0: "idle", 1: "busy", 2: "idle", 3: "idle"}
+    try:
+        wait_until(
+            lambda: {r["rank"]: r["state"] for r in cluster.status()} == want,
+            60,
+            f"status {want}",
+        )
+    finally:
+        release.touch()
+        run.wait()
     assert {r["state"] for r in cluster.status()} == {"idle"}
 
 
-def test_stack_of_a_rank_holding_the_gil_comes_from_faulthandler(cluster: Cluster):
+def test_stack_of_a_rank_holding_the_gil_comes_from_faulthandler(cluster: Cluster, tmp_path):
     # ctypes.PyDLL keeps the GIL through the C call: the engine's control thread
     # cannot run, so the stack must come from the faulthandler fallback.
-    code = "import ctypes\nctypes.PyDLL(None).sleep(8)\n"
+    there = tmp_path / "there"
+    code = f"import ctypes, pathlib\npathlib.Path({str(there)!r}).touch()\nctypes.PyDLL(None).sleep(8)\n"
     run = cluster.run(code, ranks=[0], block=False, renderer=Recorder([0]))
-    time.sleep(1.0)
+    wait_for_files([there])  # the C sleep is the cell's next call
     stacks = cluster.stacks([0], code=code)
     run.wait()
-    assert "Cell line 2" in stacks[0] and "ctypes.PyDLL(None).sleep(8)" in stacks[0], stacks
+    assert "Cell line 3" in stacks[0] and "ctypes.PyDLL(None).sleep(8)" in stacks[0], stacks

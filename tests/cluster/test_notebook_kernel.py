@@ -12,10 +12,10 @@ import time
 
 import nbformat
 import pytest
-from jupyter_client import KernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from tests._kernels import kernel, wait_for_files
 from tests._procs import cluster_processes, wait_no_cluster_processes
 
 
@@ -90,25 +90,22 @@ def _run(kc, code: str, timeout: float = 120) -> str:
     return "\n".join(chunks)
 
 
-def test_interrupt_frees_ranks_and_killed_kernel_leaves_nothing(no_shared_cluster):
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
+def test_interrupt_frees_ranks_and_killed_kernel_leaves_nothing(no_shared_cluster, tmp_path):
+    with kernel() as (km, kc):
         _run(kc, "%load_ext clusterkernel")
         assert "Started 4 MPI ranks" in _run(kc, "%mpi start -n 4")
         before = len(cluster_processes())
         assert before >= 9  # controller, prterun, 4 engines, 4 nannies, guard
-        # ranks 0 and 1 sleep (SIGINT stops them); 2 and 3 wait forever in a Barrier
+        # ranks 0 and 1 sleep (SIGINT stops them); 2 and 3 wait forever in a Barrier;
+        # each says it got there with a file
         cell = (
-            "%%mpi\nimport time\nfrom mpi4py import MPI\n"
-            "if MPI.COMM_WORLD.Get_rank() < 2:\n    time.sleep(600)\n"
+            "%%mpi\nimport pathlib, time\nfrom mpi4py import MPI\nr = MPI.COMM_WORLD.Get_rank()\n"
+            f"pathlib.Path({str(tmp_path)!r}, str(r)).touch()\n"
+            "if r < 2:\n    time.sleep(600)\n"
             "else:\n    MPI.COMM_WORLD.Barrier()"
         )
         msg_id = kc.execute(cell)
-        time.sleep(4)
+        wait_for_files([tmp_path / str(r) for r in range(4)])
         km.interrupt_kernel()
         out = []
         deadline = time.monotonic() + 90
@@ -131,10 +128,8 @@ def test_interrupt_frees_ranks_and_killed_kernel_leaves_nothing(no_shared_cluste
         # stopping prints one line, not ipyparallel's engine logs and exit codes
         assert _run(kc, "%mpi stop").strip() == "Stopped all MPI ranks."
         assert "Started 2 MPI ranks" in _run(kc, "%mpi start -n 2")
-    finally:
-        kc.stop_channels()
-    # kill the kernel outright: the guard must stop the cluster within 20 s
-    os.kill(km.provisioner.process.pid, signal.SIGKILL)
+        # kill the kernel outright: the guard must stop the cluster within 20 s
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)
+        km.provisioner.process.wait()
     left = wait_no_cluster_processes(20)
     assert not left, f"left behind 20 s after SIGKILL: {[p.cmdline() for p in left]}"
-    km.cleanup_resources()

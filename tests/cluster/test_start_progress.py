@@ -4,8 +4,7 @@ an old import path warns in the cell, naming the new one."""
 
 from __future__ import annotations
 
-from jupyter_client import KernelManager
-
+from tests._kernels import kernel
 from tests._procs import wait_no_cluster_processes
 
 
@@ -23,12 +22,7 @@ def _text(msg: dict) -> str:
 
 
 def test_start_progress_is_shown_in_place_then_removed(no_shared_cluster):
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
+    with kernel() as (km, kc):
         msgs = _execute(kc, "%load_ext clusterkernel\n%mpi start -n 2")
         kinds = ("display_data", "update_display_data")
         shown = [m for m in msgs if m["msg_type"] in kinds]
@@ -56,9 +50,6 @@ def test_start_progress_is_shown_in_place_then_removed(no_shared_cluster):
         assert "True 2" in said
         assert "DeprecationWarning" in said and "import clusterkernel.client.magics" in said
         _execute(kc, "%mpi stop")
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=False)
     assert not wait_no_cluster_processes(30)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from jupyter_client import KernelManager
 
+from tests._kernels import kernel
 from tests._procs import wait_no_cluster_processes
 
 STOPPING = """\
@@ -63,21 +64,13 @@ class _Front:
 
 @pytest.fixture
 def front(no_shared_cluster):
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
+    with kernel() as (km, kc):
         f = _Front(km, kc)
         f.run("%load_ext clusterkernel")
         out, _ = f.run("%mpi start -n 2")
         assert "Started 2 MPI ranks" in out, out
         yield f
         f.run("%mpi stop")
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=False)
     left = wait_no_cluster_processes(30)
     assert not left, f"left behind: {[p.cmdline() for p in left]}"
 

@@ -3,15 +3,18 @@ entries and timing records as the Python path, and the Python path for the rest.
 
 from __future__ import annotations
 
+import os
 import pickle
+import shutil
 import sys
+import tempfile
 import threading
 import time
 
 import numpy as np
 import pytest
 import torch
-from _helpers import INTS, RANK, SIZE, agree, as_ref, close, data, reduce_ref
+from _helpers import INTS, RANK, SIZE, WORLD, agree, as_ref, close, data, reduce_ref
 
 from clusterkernel import comm, metrics
 from clusterkernel.comm import _fastpath
@@ -151,30 +154,47 @@ def test_the_gil_is_free_while_a_rank_waits_in_the_call():
         pytest.skip("needs two ranks")
     t = torch.ones(16)
     comm.all_reduce(t)
+    # Rank 0 waits in the call until its thread, which needs the GIL for each stamp, has
+    # stamped TICKS times inside it: only then does the last rank join (the file
+    # `ticked`). Holding the GIL in MPI would stop the thread for the whole wait, and the
+    # last rank would join at its one-minute cap with too few stamps.
+    ticked = WORLD.bcast(tempfile.mkdtemp(prefix="ck-gil-") if RANK == 0 else None)
+    ticked = os.path.join(ticked, "ticked")
     stamps: list[float] = []
     stop = threading.Event()
+    enter = [float("inf")]
 
-    def tick() -> None:  # each stamp needs the GIL
+    def tick() -> None:
         while not stop.is_set():
             stamps.append(time.perf_counter())
+            if sum(s > enter[0] for s in stamps) == TICKS:
+                open(ticked, "w").close()
             time.sleep(0.005)
 
     inside = None
     if RANK == 0:
         th = threading.Thread(target=tick, daemon=True)
         th.start()
-        enter = time.perf_counter()
-        hits = _hits_of(lambda: comm.all_reduce(t))  # the last rank is 0.5 s late
+        enter[0] = time.perf_counter()
+        hits = _hits_of(lambda: comm.all_reduce(t))
         leave = time.perf_counter()
         stop.set()
         th.join()
-        inside = sum(enter + 0.05 < s < leave - 0.05 for s in stamps)
+        inside = sum(enter[0] < s < leave for s in stamps)
     else:
         if RANK == SIZE - 1:
-            time.sleep(0.5)
+            for _ in range(12000):  # at most a minute: a failure, not a measure
+                if os.path.exists(ticked):
+                    break
+                time.sleep(0.005)
         hits = _hits_of(lambda: comm.all_reduce(t))
-    # Holding the GIL in MPI would stop the thread for the whole wait (0 stamps).
-    agree(hits == 1 and (inside is None or inside >= 10), f"{hits} {inside}")
+    WORLD.Barrier()
+    if RANK == 0:
+        shutil.rmtree(os.path.dirname(ticked))
+    agree(hits == 1 and (inside is None or inside >= TICKS), f"{hits} {inside}")
+
+
+TICKS = 10
 
 
 def test_the_common_case_spelled_out_is_still_fast():
