@@ -185,6 +185,22 @@ def group_keys() -> list[tuple[str, tuple[int, ...], int]]:
     )
 
 
+def revoke_all() -> None:
+    """On a survivor that found a peer dead: revoke the communicators of every group alive
+    here (ULFM's ``MPI_Comm_revoke``, not collective), so that a survivor blocked in any
+    communication on them also fails and comes to the recovery. Without it a rank that
+    waits on a live peer (one that already left its collective to recover) waits for ever.
+    """
+    for g in list(_LIVE):
+        for c in (g.comm, g._inner):
+            if c is None or c == MPI.COMM_NULL:
+                continue
+            try:
+                c.Revoke()
+            except MPI.Exception:  # revoked already by another survivor's turn, or freed
+                pass
+
+
 def rebind_world(comm: MPI.Intracomm, keys: list | None = None) -> None:
     """After a respawn: ``comm`` (the N ranks again, old rank order) becomes the world,
     and the groups named by ``keys`` (:func:`group_keys` of one survivor; every rank

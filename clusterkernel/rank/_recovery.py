@@ -55,19 +55,41 @@ def recovers(exc: BaseException) -> bool:
     return is_failure(exc)
 
 
-def rejoin() -> bool:
+def agree(ok: bool) -> bool:
+    """Every survivor's one agreement before a recovery (ULFM's ``MPI_Comm_agree``,
+    uniform: every live rank gets the same answer): True when every live rank passed
+    ``ok`` and none has died. A rank that failed passes False (in :func:`rejoin`); a loop
+    at its end passes True (``train.steps``), so a peer that died in the last step is
+    recovered with every survivor, also those whose last collective completed."""
+    from mpi4py import MPI
+
+    try:
+        return bool(world().Agree(int(ok)))
+    except MPI.Exception:  # a rank died and the failure is news here: not agreed
+        return False
+
+
+def rejoin(agreed: bool = False) -> bool:
     """At a recovery point, on every survivor: bring the dead ranks back into this world,
     give them ``root``'s variables and re-attach DataParallel models; False (nothing done)
-    when not armed. Raises RuntimeError when the new processes do not join (the
-    survivors' world stays as it was; the cell then fails and the notebook respawns)."""
+    when not armed. ``agreed``: this rank has already taken part in the survivors'
+    :func:`agree` (a loop's end). Raises RuntimeError when the new processes do not join
+    (the survivors' world stays as it was; the cell then fails and the notebook
+    respawns)."""
     if _recipe is None:
         return False
     from mpi4py import MPI
 
+    from clusterkernel.comm import _groups
     from clusterkernel.rank._respawn import copy_namespace, grow, rebuild
 
     t0 = time.perf_counter()
     old = world()
+    if not agreed:
+        # a survivor blocked in any communication fails too (revoked) and comes here;
+        # one at the loop's end is in agree() already: every survivor agrees once
+        _groups.revoke_all()
+        agree(False)
     shrunk = old.Shrink()  # who is alive, as every survivor agrees
     try:
         alive = MPI.Group.Translate_ranks(
@@ -99,7 +121,26 @@ def joined(root: int, targets: list[int], recipe: dict | None) -> dict:
     copied = copy_namespace(root, targets)
     rebuild()
     _joining = True
+    _forget_joining_after_the_cell()
     return copied
+
+
+def _forget_joining_after_the_cell() -> None:
+    """The cell that follows :func:`joined` is the only one whose guarded loop joins the
+    survivors: a later loop on this rank (a later cell, a cell whose loop was not a
+    ``train.steps`` one) starts as on every rank."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def forget(*_args: object) -> None:
+        global _joining
+        _joining = False
+        shell.events.unregister("post_run_cell", forget)
+
+    shell.events.register("post_run_cell", forget)
 
 
 def take_joining() -> bool:

@@ -71,18 +71,32 @@ class _Loop:
         try:
             if _recovery.take_joining():  # a new rank: the survivors say where they are
                 self.index = self._agree(None, None)
-            while self.index < self.n:
-                self.done = False
-                yield Step(self, self.index)
-                if not self.done:
-                    raise RuntimeError(
-                        "steps(): put each step's work in a `with step:` block "
-                        "(for step in steps(n):\n    with step:\n        ...)"
-                    )
-                self.index += 1
+            while True:
+                while self.index < self.n:
+                    self.done = False
+                    yield Step(self, self.index)
+                    if not self.done:
+                        raise RuntimeError(
+                            "steps(): put each step's work in a `with step:` block "
+                            "(for step in steps(n):\n    with step:\n        ...)"
+                        )
+                if self._through_the_gate():
+                    return
         finally:
             if self._hook is not None:
                 self._hook.remove()
+
+    def _through_the_gate(self) -> bool:
+        """After the last step, with auto-respawn: the survivors agree (uniformly) that
+        no peer died before any leaves the loop, so a peer that died in the last step is
+        recovered with all of them (one whose last collective completed would have left,
+        and the others would wait for it); False when a recovery moved the loop back to
+        a step before the end."""
+        if not _recovery.armed() or _recovery.agree(True):
+            return True
+        self.begin()
+        self._recover(agreed=True)
+        return self.index >= self.n and self._through_the_gate()
 
     def _optimizer_stepped(self, *_: Any) -> None:
         self.stepped = True
@@ -96,19 +110,23 @@ class _Loop:
         """True (the error handled, the step to be redone or counted) after a recovery."""
         if exc is None:
             self.done = True
+            self.index += 1
             return False
         if not _recovery.recovers(exc):
             return False
         if not self.stepped and self.rng is not None:
             torch.set_rng_state(self.rng)
+        return self._recover(agreed=False)
+
+    def _recover(self, agreed: bool) -> bool:
         position = self.index + 1 if self.stepped else self.index
         # taken before the recovery: re-attaching DataParallel models copies rank 0's
         # parameters to every rank, and rank 0 may be behind the furthest survivor
         mine = self._state()
-        if not _recovery.rejoin():
+        if not _recovery.rejoin(agreed=agreed):
             return False
-        # the for loop's next turn goes on from the agreed step (this one again, or the next)
-        self.index = self._agree(position, mine) - 1
+        # the loop goes on from the agreed step: this one again, or the next
+        self.index = self._agree(position, mine)
         self.done = True
         return True
 

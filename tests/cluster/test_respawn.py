@@ -817,26 +817,35 @@ _STEPS_SETUP = (
 _STEPS_LOOP = """
 for s in train.steps(60, model=net, optimizer=opt):
     with s:
-        if DIE and s.index == 30 and os.getpid() == VICTIM:
+        if DIE and s.index == KILL_AT and os.getpid() == VICTIM and not AFTER_STEP:
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = batch(s.index, comm.rank())
         opt.zero_grad()
         torch.nn.functional.mse_loss(dp(x), y).backward()
         opt.step()
+        if DIE and s.index == KILL_AT and os.getpid() == VICTIM and AFTER_STEP:
+            os.kill(os.getpid(), signal.SIGKILL)
 weights = torch.cat([p.detach().flatten() for p in net.parameters()])
 momentum = sum(float(v["momentum_buffer"].sum()) for v in opt.state.values())
 last = s.index
 """
 
 
-def test_a_plain_loop_under_train_steps_survives_a_death_in_its_cell(ft: Cluster):
-    """A user's own DataParallel loop written with ``train.steps``: rank 2 SIGKILLed at
-    the start of step 30 of 60 with auto-respawn; the cell completes on four ranks, every
-    rank at the undisturbed weights and momentum (dropout draws alike: the RNG follows)."""
-    ft.run(_STEPS_SETUP + "DIE = False\n" + _STEPS_LOOP)
+@pytest.mark.parametrize(
+    "kill_at, after_step", [(30, False), (59, True)], ids=["step 30", "after the last step"]
+)
+def test_a_plain_loop_under_train_steps_survives_a_death_in_its_cell(
+    ft: Cluster, kill_at: int, after_step: bool
+):
+    """A user's own DataParallel loop written with ``train.steps``, with auto-respawn:
+    rank 2 SIGKILLed at the start of step 30 of 60 (the step is redone), or after the
+    optimizer step of the last one (the others would have left the loop: they meet it at
+    the loop's end). The cell completes on four ranks, every rank at the undisturbed
+    weights and momentum (dropout draws alike: the RNG follows)."""
+    ft.run(_STEPS_SETUP + "DIE = False\nKILL_AT, AFTER_STEP = 0, False\n" + _STEPS_LOOP)
     undisturbed = ft.pull("weights")[0]
     momentum = ft.pull("momentum")[0]
-    ft.run(_STEPS_SETUP + "DIE = True\n")
+    ft.run(_STEPS_SETUP + f"DIE = True\nKILL_AT, AFTER_STEP = {kill_at}, {after_step}\n")
     old = ft.rank_info[2]["pid"]
     ft.auto_respawn = True
     try:
