@@ -1,8 +1,8 @@
 """Dead ranks replaced while their cell runs (client side, auto-respawn).
 
 With ``%mpi start --respawn`` the ranks are armed (:func:`arm`) with the recipe of a
-respawn; a guarded loop on the survivors (``Trainer.fit``, ``comm.steps``) that finds a
-peer dead starts the dead ranks again itself (``clusterkernel.rank._recovery.rejoin``).
+respawn; a guarded loop on the survivors (``Trainer.fit``, ``train.steps``) that finds a
+peer dead starts the dead ranks again itself (the rank side's ``rejoin``).
 A :class:`Replacing` of the cell's run sees the new engines register under the dead
 ranks' engine ids, records them in the rank map, and sends each its side of the
 recovery (the copy of the lowest survivor's variables) and then the cell: the new rank
@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from clusterkernel.client.errors import format_ranks
+from clusterkernel.protocol import _targets
 from clusterkernel.protocol._rank_call import rank_call
 
 if TYPE_CHECKING:
@@ -45,9 +46,7 @@ def recipe(cluster: Cluster, engines: Any) -> dict:
 
 def arm(cluster: Cluster, engines: Any, with_recipe: dict | None) -> None:
     """Arm the live ranks with a respawn recipe (:func:`recipe`), or disarm them (None)."""
-    cluster.view(cluster.live_ranks).apply_sync(
-        rank_call, "clusterkernel.rank._recovery:arm", with_recipe
-    )
+    cluster.view(cluster.live_ranks).apply_sync(rank_call, _targets.RECOVERY_ARM, with_recipe)
 
 
 class Replacing:
@@ -77,7 +76,7 @@ class Replacing:
         view = cluster.view(self.dead)
         self._joined = view.apply_async(
             rank_call,
-            "clusterkernel.rank._recovery:joined",
+            _targets.RECOVERY_JOINED,
             self.source,
             self.dead,
             self.run.faults.recipe,
