@@ -811,7 +811,7 @@ def test_chaos_seeded_sigkills_in_a_trainer_cell_end_at_the_undisturbed_weights(
 
 _STEPS_SETUP = (
     _TRAIN.replace("torch.nn.Tanh()", "torch.nn.Dropout(0.2), torch.nn.Tanh()")
-    + "from clusterkernel import train\nVICTIM = os.getpid() if comm.rank() == 2 else None\n"
+    + "from clusterkernel import train\nVICTIM = os.getpid() if comm.rank() in VICTIMS else None\n"
 )
 
 _STEPS_LOOP = """
@@ -832,27 +832,35 @@ last = s.index
 
 
 @pytest.mark.parametrize(
-    "kill_at, after_step", [(30, False), (59, True)], ids=["step 30", "after the last step"]
+    "kill_at, after_step, victims",
+    [(30, False, (2,)), (59, True, (2,)), (30, False, (1, 2))],
+    ids=["step 30", "after the last step", "two at once"],
 )
 def test_a_plain_loop_under_train_steps_survives_a_death_in_its_cell(
-    ft: Cluster, kill_at: int, after_step: bool
+    ft: Cluster, kill_at: int, after_step: bool, victims: tuple
 ):
     """A user's own DataParallel loop written with ``train.steps``, with auto-respawn:
     rank 2 SIGKILLed at the start of step 30 of 60 (the step is redone), or after the
     optimizer step of the last one (the others would have left the loop: they meet it at
-    the loop's end). The cell completes on four ranks, every rank at the undisturbed
-    weights and momentum (dropout draws alike: the RNG follows)."""
-    ft.run(_STEPS_SETUP + "DIE = False\nKILL_AT, AFTER_STEP = 0, False\n" + _STEPS_LOOP)
+    the loop's end), or ranks 1 and 2 at once. The cell completes on four ranks, every
+    rank at the undisturbed weights and momentum (dropout draws alike: the RNG follows)."""
+    ft.run(
+        _STEPS_SETUP.replace("VICTIMS", "()")
+        + "DIE = False\nKILL_AT, AFTER_STEP = 0, 0\n"
+        + _STEPS_LOOP
+    )
     undisturbed = ft.pull("weights")[0]
     momentum = ft.pull("momentum")[0]
-    ft.run(_STEPS_SETUP + f"DIE = True\nKILL_AT, AFTER_STEP = {kill_at}, {after_step}\n")
-    old = ft.rank_info[2]["pid"]
+    setup = _STEPS_SETUP.replace("VICTIMS", repr(victims))
+    ft.run(setup + f"DIE = True\nKILL_AT, AFTER_STEP = {kill_at}, {after_step}\n")
+    old = {r: ft.rank_info[r]["pid"] for r in victims}
     ft.auto_respawn = True
     try:
         ft.run(_STEPS_LOOP, timeout=120)
     finally:
         ft.auto_respawn = False
-    assert ft.rank_info[2]["pid"] != old and ft.live_ranks == [0, 1, 2, 3] and not ft.dead
+    assert all(ft.rank_info[r]["pid"] != old[r] for r in victims), old
+    assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead
     assert ft.pull("last") == dict.fromkeys(range(4), 59)
     for rank, weights in ft.pull("weights").items():
         assert (weights - undisturbed).abs().max().item() < 1e-5, rank
