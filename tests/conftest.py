@@ -110,35 +110,27 @@ def no_shared_cluster(_shared_holder):
     assert not left, f"cluster processes this test session started still run: {left}"
 
 
-@pytest.fixture(scope="session")
-def slurm_testbed():
-    """The two-node Slurm test bed (``tests/slurm/_testbed.py``), once per test session.
-
-    Defined here, not in tests/slurm, so that tests elsewhere (notebook 08) share the
-    one instance. Tests that need it skip, saying why, where the machine cannot host
-    it (not root, Slurm's programs missing); CI installs Slurm (the README's test
-    command) and runs them all.
-    """
+def _testbed(name: str, needs_root_for: str, missing: list[str], packages: str, make, logs=None):
+    """A scheduler's test bed for the whole test session: skipped, saying why, where the
+    machine cannot host it (not root, the scheduler's packages missing; CI installs them
+    with the README's test command and runs them all); started, its environment in
+    ``os.environ`` while it runs (clusters and notebook kernels the tests start inherit
+    it, as a login node's); stopped at the end, the environment as it was."""
     if os.geteuid() != 0:
-        pytest.skip("the Slurm test bed needs root (daemons, network namespaces)")
-    missing = missing_programs()
+        pytest.skip(f"the {name} test bed needs root ({needs_root_for})")
     if missing:
         pytest.skip(
-            f"the Slurm test bed needs {', '.join(missing)}: apt-get install slurmctld slurmd "
-            "slurm-client munge libpmix-dev (the README's test command does)"
+            f"the {name} test bed needs {', '.join(missing)}: apt-get install {packages} "
+            "(the README's test command does)"
         )
-    bed = SlurmTestbed()
+    bed = make()
     saved = dict(os.environ)
     try:
         try:
             bed.start()
         except Exception as e:
-            logs = "\n".join(
-                f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (bed.base / "log").glob("*.log")
-            )
-            pytest.fail(f"the Slurm test bed did not start: {e}\n{logs}")
-        # Clusters (and notebook kernels) started by the tests inherit it, as a login
-        # node's environment
+            said = f"\n{logs(bed)}" if logs else ""
+            pytest.fail(f"the {name} test bed did not start: {e}{said}")
         os.environ.update(bed.env)
         yield bed
     finally:
@@ -147,32 +139,35 @@ def slurm_testbed():
         bed.stop()
 
 
+def _slurm_logs(bed) -> str:
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (bed.base / "log").glob("*.log")
+    )
+
+
+@pytest.fixture(scope="session")
+def slurm_testbed():
+    """The two-node Slurm test bed (``tests/slurm/_testbed.py``), once per test session.
+
+    Defined here, not in tests/slurm, so that tests elsewhere (notebook 08) share the
+    one instance.
+    """
+    yield from _testbed(
+        "Slurm",
+        "daemons, network namespaces",
+        missing_programs(),
+        "slurmctld slurmd slurm-client munge libpmix-dev",
+        SlurmTestbed,
+        _slurm_logs,
+    )
+
+
 @pytest.fixture(scope="session")
 def sge_testbed():
     """The one-machine Grid Engine test bed (``tests/sge/_testbed.py``), once per session.
 
-    Skips, saying why, where the machine cannot host it (not root, Grid Engine's
-    packages missing); CI installs them (the README's test command) and runs it. The
-    daemons it started are stopped at the end; ones that ran before are left running.
+    The daemons it started are stopped at the end; ones that ran before are left running.
     """
-    if os.geteuid() != 0:
-        pytest.skip("the Grid Engine test bed needs root (its daemons, jobs as root)")
-    missing = sge_missing()
-    if missing:
-        pytest.skip(
-            f"the Grid Engine test bed needs {', '.join(missing)}: apt-get install "
-            f"{SGE_PACKAGES} (the README's test command does)"
-        )
-    bed = SgeTestbed()
-    saved = dict(os.environ)
-    try:
-        try:
-            bed.start()
-        except Exception as e:
-            pytest.fail(f"the Grid Engine test bed did not start: {e}")
-        os.environ.update(bed.env)  # clusters the tests start submit with it
-        yield bed
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        bed.stop()
+    yield from _testbed(
+        "Grid Engine", "its daemons, jobs as root", sge_missing(), SGE_PACKAGES, SgeTestbed
+    )

@@ -11,14 +11,20 @@ Only processes this test started are looked at.
 
 from __future__ import annotations
 
-import time
+from pathlib import Path
 
 import pytest
 from jupyter_client.manager import start_new_kernel
 
+from tests._kernels import wait_for_files
 from tests._procs import cluster_processes, wait_gone
 
-LOOP = "import time\nfor i in range(1200):\n    time.sleep(0.1)"
+# a cell that runs for two minutes, each rank saying it started with a file in ``{here}``
+LOOP = (
+    "import pathlib, time\nfrom mpi4py import MPI\n"
+    "pathlib.Path({here!r}, str(MPI.COMM_WORLD.Get_rank())).touch()\n"
+    "for i in range(1200):\n    time.sleep(0.1)"
+)
 
 
 def _run(kc, code: str, timeout: float = 180) -> tuple[dict, str]:
@@ -40,15 +46,15 @@ def _rank_pids(kc) -> tuple[dict[int, int], str]:
     return {int(r[0]): int(r[2]) for r in rows}, out
 
 
-def _interrupt_running_cell(km, kc) -> dict:
-    msg_id = kc.execute(LOOP)
+def _interrupt_running_cell(km, kc, here: Path, ranks: int) -> dict:
+    msg_id = kc.execute(LOOP.format(here=str(here)))
     while True:  # the cell is running once the kernel says busy for it
         msg = kc.get_iopub_msg(timeout=60)
         parent = msg["parent_header"].get("msg_id")
         if msg["msg_type"] == "status" and parent == msg_id:
             assert msg["content"]["execution_state"] == "busy"
             break
-    time.sleep(1.0)  # let the ranks enter the loop
+    wait_for_files([here / str(r) for r in range(ranks)])  # the ranks are in the loop
     km.interrupt_kernel()
     reply = kc.get_shell_msg(timeout=60)
     assert reply["parent_header"]["msg_id"] == msg_id
@@ -64,12 +70,12 @@ def kernel(mpi_kernel):
         km.shutdown_kernel(now=True)
 
 
-def test_interrupt_reaches_the_ranks_and_restart_replaces_them(kernel):
+def test_interrupt_reaches_the_ranks_and_restart_replaces_them(kernel, tmp_path):
     km, kc = kernel
     pids, out = _rank_pids(kc)  # the first cell that needs ranks starts them
     assert "Starting 2 MPI ranks..." in out and sorted(pids) == [0, 1]
 
-    interrupted = _interrupt_running_cell(km, kc)
+    interrupted = _interrupt_running_cell(km, kc, tmp_path, len(pids))
     assert interrupted["status"] == "error"
     assert interrupted["ename"] == "CellInterrupted", interrupted  # %%mpi's own report
     assert "SIGINT" in interrupted["evalue"], interrupted
