@@ -81,6 +81,7 @@ SLOW: dict[str, float] = {
     "tests/slurm/test_slurm_lifecycle.py::test_a_kept_job_survives_a_killed_kernel_and_stop_after_attach_cancels_it": 13,
     "tests/sge/test_sge_cluster.py::test_a_kept_job_survives_a_killed_kernel_and_stop_after_attach_cancels_it": 11,
     "tests/cluster/test_keep.py::test_ranks_that_die_while_no_one_is_attached_are_reported_once_then_removed": 11,
+    "tests/cluster/test_keep.py::test_a_short_keep_expires_and_removes_everything": 11,
     "tests/kernel/test_completion.py::test_an_ordinary_kernel_completes_in_mpi_cells_even_while_one_runs": 15,
     "tests/kernel/test_completion.py::test_the_mpi_kernel_completes_and_inspects_rank_names": 12,
     "tests/test_notebooks_command.py::test_the_quick_starts_last_command_runs_as_printed_without_an_activated_venv": 12,
