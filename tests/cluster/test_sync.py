@@ -157,6 +157,8 @@ def shell(cluster, tmp_path, monkeypatch):
 
 
 def test_the_magic_as_typed(shell, tmp_path, capsys):
+    with pytest.raises(UsageError, match=r"No \.py files in .*: name the files or packages"):
+        shell.run_line_magic("mpi", "sync")
     name = f"ckmod_{secrets.token_hex(4)}"
     (tmp_path / f"{name}.py").write_text("def f():\n    return 1\n")
     assert shell.run_cell("%mpi sync").success

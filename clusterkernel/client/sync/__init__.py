@@ -1,4 +1,4 @@
-"""The user's own modules on every rank: ``%mpi sync`` / ``cluster.sync()`` (client side).
+"""The user's own modules on every rank: ``%mpi sync`` / ``sync(cluster)`` (client side).
 
 A notebook's helpers (``model.py``, ``data.py``, a package of its own) are edited on the
 notebook's side; :func:`sync` sends the files that changed to a directory on each

@@ -87,7 +87,7 @@ def _default(cwd: str) -> list[tuple[str, str]]:
     if not found:
         raise SyncError(
             f"No .py files in {cwd}: name the files or packages to send, e.g. %mpi sync mypkg "
-            "(cluster.sync(['mypkg']))."
+            "(sync(cluster, ['mypkg']))."
         )
     return found
 

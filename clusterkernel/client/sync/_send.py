@@ -3,12 +3,12 @@
 Everything travels over the cluster's ipyparallel connection (the notebook's client to
 the engines), so the notebook and the ranks need no shared file system. What each host
 holds is kept here, per cluster and host (name -> sha256), and checked against what the
-host's writing rank finds on its disk at every sync: a new host, a directory removed or
-a file changed there is sent again.
+host's writing rank finds on its disk at every sync: a directory removed or a file
+changed there is sent again; a host without a record here is asked what it lacks first.
 
 Example (``cluster``: a running :class:`~clusterkernel.Cluster`)::
 
-    report = sync(cluster, ["mypkg"])   # or cluster.sync(["mypkg"]), %mpi sync mypkg
+    report = sync(cluster, ["mypkg"])   # %mpi sync mypkg
     report.summary()   # 'Synced 3 files to 1 host (1 sent, 1.2 KB; 2 unchanged) in 0.04 s; ...'
 """
 
@@ -52,7 +52,7 @@ class Synced:
 
     Example::
 
-        report = cluster.sync()
+        report = sync(cluster)
         report.sent, report.reloaded      # ['model.py'], {'model': [0, 1, 2, 3]}
     """
 
@@ -136,10 +136,12 @@ def _write(
     written: dict[str, set[str]] = {host: set() for host in hosts}
     dirs: dict[str, str] = {}
     sent_bytes = 0
-    todo = {
-        host: [s.rel for s in sources if _held.get((cluster.run_dir, host), {}).get(s.rel) != s.sha]
-        for host in hosts
-    }
+    # a host this process has no record of (the first sync, a new host, a kept cluster
+    # attached again) is only asked what it lacks: files it holds from before stay put
+    todo = {}
+    for host in hosts:
+        held = _held.get((cluster.run_dir, host))
+        todo[host] = [] if held is None else [s.rel for s in sources if held.get(s.rel) != s.sha]
     for _round in range(2):  # the second sends what a host's disk turned out to lack
         calls = {}
         for host, ranks in hosts.items():
