@@ -63,9 +63,14 @@ class Replacing:
         self._joined: Any = None
 
     def poll(self) -> None:
-        """Once the new engines have registered: record them, and send each its side of
-        the recovery and the cell."""
+        """Once the new engines have registered: record them and send each its side of
+        the recovery; once that side is done, the cell (a new rank whose copy failed
+        does not run the loop: the survivors' recovery has failed too)."""
         if self.cells:
+            return
+        if self._joined is not None:
+            if self._joined.ready() and self._joined.successful():
+                self._send_cell()
             return
         cluster = self.run.cluster
         wanted = {cluster.engine_of[r] for r in self.dead}
@@ -73,20 +78,19 @@ class Replacing:
             return
         self.run.faults.ranks_rejoined(self.dead)
         self.source = min(r for r in cluster.ranks if r not in self.dead)
-        view = cluster.view(self.dead)
-        self._joined = view.apply_async(
-            rank_call,
-            _targets.RECOVERY_JOINED,
-            self.source,
-            self.dead,
-            self.run.faults.recipe,
+        self._joined = cluster.view(self.dead).apply_async(
+            rank_call, _targets.RECOVERY_JOINED, self.source, self.dead, self.run.faults.recipe
         )
+
+    def _send_cell(self) -> None:
+        view = self.run.cluster.view
         for r in self.dead:
-            self.cells[r] = cluster.view([r]).execute(self.run.code, silent=False, block=False)
+            self.cells[r] = view([r]).execute(self.run.code, silent=False, block=False)
         self.seconds = time.monotonic() - self.t0
 
     def ready(self) -> bool:
-        """Whether every new rank's cell is done (True while none was started)."""
+        """Whether every new rank's cell is done (True while none was started: then the
+        survivors' cells decide when the cell ends)."""
         return all(ar.ready() for ar in self.cells.values())
 
     def output_ready(self) -> bool:
@@ -108,11 +112,16 @@ class Replacing:
                 out[r] = ar.get(return_exceptions=True)[0]
             except Exception as e:  # noqa: BLE001 (the cell's failure, as a result)
                 out[r] = e
-        if self._joined is not None:
+        if self._joined is not None and not self.cells:
             try:
                 self._joined.get(timeout=0)
             except Exception as e:  # noqa: BLE001 (the copy failed: say it for those ranks)
-                out = dict.fromkeys(self.cells, e)
+                out = dict.fromkeys(self.dead, e)
+            else:  # the survivors ended before the new ranks had their copy
+                out = dict.fromkeys(
+                    self.dead,
+                    RuntimeError("the survivors' recovery failed before this rank had its copy"),
+                )
         return out
 
     def told(self) -> str:
