@@ -23,6 +23,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -82,12 +83,12 @@ def mpi_flavor(mpiexec: str) -> str:
     return "unknown"
 
 
-def parse_hosts(hosts: str | list[str] | None) -> list[tuple[str, int | None]]:
+def parse_hosts(hosts: str | Sequence[str] | None) -> list[tuple[str, int | None]]:
     """Parse ``"a:2,b:2"`` (or a list of ``"a:2"``) into ``[("a", 2), ("b", 2)]``."""
     if hosts is None:
         return []
     items = hosts.split(",") if isinstance(hosts, str) else list(hosts)
-    parsed = []
+    parsed: list[tuple[str, int | None]] = []
     for item in items:
         item = item.strip()
         if not item:

@@ -184,7 +184,7 @@ class Cluster:
     @property
     def n(self) -> int:
         """The number of ranks (``launcher.settings.n`` holds it)."""
-        return self.launcher.settings.n
+        return self.launcher.n
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

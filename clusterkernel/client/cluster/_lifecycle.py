@@ -193,7 +193,7 @@ class Engines:
     @property
     def n(self) -> int:
         """The ranks it starts: the launcher's settings hold the count."""
-        return self.launcher.settings.n
+        return self.launcher.n
 
     @property
     def engine_set(self):

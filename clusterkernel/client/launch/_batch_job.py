@@ -73,7 +73,7 @@ class ScheduledEngineSetLauncher(BatchEngineSetLauncher):
 
 def controller_address(nodes: list[str], title: str = "scheduler's") -> str:
     """The one local address through which every node is reached."""
-    sources = Counter()
+    sources: Counter[str] = Counter()
     for node in nodes:
         try:
             sources[route_source(node)] += 1
@@ -126,10 +126,11 @@ class BatchLauncher:
         self.fault_tolerant = settings.fault_tolerant
         self.how = "mpiexec" if self.fault_tolerant else system.launch
         self.runtime = MPIRuntime.detect(settings.mpiexec) if self.how == "mpiexec" else None
-        if self.fault_tolerant and self.runtime.flavor == "mpich":
+        runtime = self.runtime  # not None when fault-tolerant: the ranks start with mpiexec
+        if self.fault_tolerant and runtime is not None and runtime.flavor == "mpich":
             raise ValueError(
-                f"fault_tolerant=True needs Open MPI's mpiexec (ULFM); {self.runtime.mpiexec} "
-                f"is {self.runtime.flavor}. Give mpiexec= an Open MPI 5 one, or leave "
+                f"fault_tolerant=True needs Open MPI's mpiexec (ULFM); {runtime.mpiexec} "
+                f"is {runtime.flavor}. Give mpiexec= an Open MPI 5 one, or leave "
                 "fault_tolerant out."
             )
         self._controller_ip = settings.controller_ip
@@ -139,7 +140,9 @@ class BatchLauncher:
 
     @property
     def n(self) -> int:
-        return self.settings.n
+        n = self.settings.n
+        assert n is not None  # __init__ put the count it starts there (with_ranks)
+        return n
 
     def engines(self) -> str | type:
         return "mpi" if self.step else ScheduledEngineSetLauncher

@@ -85,9 +85,12 @@ class Guard:
         self._say(b"detached\n")
 
     def _say(self, line: bytes) -> None:
+        stdin = self._proc.stdin  # a pipe: Popen was given stdin=PIPE
+        if stdin is None:
+            return
         try:
-            self._proc.stdin.write(line)
-            self._proc.stdin.close()
+            stdin.write(line)
+            stdin.close()
         except OSError:
             pass
 

@@ -71,11 +71,12 @@ class MpiexecLauncher:
             )
         hosts = parse_hosts(settings.hosts)
         slots = [count for _, count in hosts]
+        total = sum(count or 0 for count in slots)
         n = settings.n or DEFAULT_RANKS
-        if settings.n is not None and hosts and all(slots) and n > sum(slots):
+        if settings.n is not None and hosts and all(slots) and n > total:
             raise ValueError(
-                f"{n} ranks, but hosts= gives {sum(slots)} slots "
-                f"({', '.join(f'{h}:{c}' for h, c in hosts)}): ask for at most {sum(slots)} "
+                f"{n} ranks, but hosts= gives {total} slots "
+                f"({', '.join(f'{h}:{c}' for h, c in hosts)}): ask for at most {total} "
                 "ranks, or give the hosts more slots."
             )
         check_hosts_resolve(hosts)
@@ -98,7 +99,9 @@ class MpiexecLauncher:
 
     @property
     def n(self) -> int:
-        return self.settings.n
+        n = self.settings.n
+        assert n is not None  # __init__ put the count it starts there (with_ranks)
+        return n
 
     def engines(self) -> str:
         return "mpi"

@@ -225,7 +225,7 @@ def launcher_for(launcher: str | LaunchSettings | Launcher | None, **options: An
         return LaunchSettings(launcher=launcher, **options).build()
     if not isinstance(launcher, LaunchSettings) and not hasattr(launcher, "settings"):
         # not a launcher: refused with the name check's message
-        return LaunchSettings(launcher=launcher, **options).build()
+        return LaunchSettings(launcher=launcher, **options).build()  # type: ignore[arg-type]
     beside = [f"{k}=" for k, v in options.items() if v not in (None, False, (), [])]
     if beside:
         raise ValueError(
