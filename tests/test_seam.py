@@ -207,20 +207,3 @@ def test_no_scheduler_command_outside_its_scheduler_class():
                 if said:
                     found.append(f"{where}:{node.lineno}: {name.strip()!r}")
     assert not found, found
-
-
-# Issue 37 item 5: small modules, one job each. A module over the limit is split by what
-# it does; these are being split now and may not grow meanwhile (name: lines at most).
-MAX_LINES = 450
-_OVER_LIMIT: dict[str, int] = {}
-
-
-def test_no_module_is_over_the_line_limit():
-    package = Path(clusterkernel.__file__).parent
-    lines = {
-        str(path.relative_to(package)): len(path.read_text().splitlines())
-        for path in sorted(package.rglob("*.py"))
-    }
-    over = {name: n for name, n in lines.items() if n > _OVER_LIMIT.get(name, MAX_LINES)}
-    assert over == {}, f"split these by what they do (at most {MAX_LINES} lines): {over}"
-    assert set(_OVER_LIMIT) <= set(lines), set(_OVER_LIMIT) - set(lines)  # split: drop it

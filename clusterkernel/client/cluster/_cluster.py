@@ -43,6 +43,7 @@ from clusterkernel.client.cluster._rankmap import RankMap
 from clusterkernel.client.cluster._status import RankStatus
 from clusterkernel.client.errors import CellInterrupted, ClusterError, RankError
 from clusterkernel.client.launch import LaunchSettings, launcher_for
+from clusterkernel.client.sync import _send as _code_sync
 
 if TYPE_CHECKING:
     from clusterkernel.client.launch import Launcher
@@ -383,6 +384,7 @@ class Cluster:
     interrupt = _rank_faults.interrupt
     abort_torch_groups = _rank_faults.abort_torch_groups
     debug = _rank_faults.debug
+    sync = _code_sync.sync  # %mpi sync: the notebook side's modules to every rank's host
 
     # ------------------------------------------------------------------ ranks
     @property
