@@ -1,0 +1,443 @@
+"""Recovery inside a training cell: the time a death costs, and what auto-respawn costs.
+
+Run: python benchmarks/bench_incell.py [--rounds 3] [--ranks 2 4] [--mb 100] [--aa-rounds 7]
+
+On a ``Cluster(n, fault_tolerant=True, torch=True)`` with ``cluster.auto_respawn = True``
+(what ``%mpi start --respawn`` sets), answers two questions:
+
+1. **Time lost per death**: the same training cell run undisturbed (``calm``) and with
+   ``k`` ranks SIGKILLed inside it (``wild``), rounds interleaved (the order turned each
+   round); lost per death = (wild - calm) / k, per round, then median and span. Loops:
+   ``steps``: a plain ``DataParallel`` loop under ``train.steps`` (the tests' MLP with
+   dropout, and ``--mb`` MB of float32 ``Linear(2048, 2048)`` + ``Tanh`` layers);
+   ``fit``: ``Trainer.fit`` on the tests' MLP (``--no-fit`` skips it). The set-up
+   (model, DataParallel, optimizer) is its own cell before the timed loop cell, run
+   again before every timed cell (untimed). A rank dies by its own SIGKILL at the start
+   of a drawn step (``steps``) or at a batch's end (``fit``); a marker file per kill
+   makes each kill happen once (the redone step, or the new rank, does not die again).
+   Each wild run is checked: one in-cell replacement per kill, the killed ranks' pids
+   changed, every rank at the last step, and the final weights against the calm run's
+   (max |difference| on every rank, printed). ``recover`` is the client's own figure
+   (death seen to the new rank running the cell), median over the kills.
+2. **Overhead of auto-respawn with no death**: the ``steps`` loop (small MLP) and a
+   plain torch DDP loop (gloo, no ``steps``) timed with ``auto_respawn`` False (A),
+   True (B) and False again (A'), interleaved per round; B/A against the A/A band
+   (A'/A) (``_harness.aa_verdict``). Each switch is followed by one untimed empty cell,
+   so arming the ranks (once per set of processes in real use) is not in the timing.
+
+``--algorithm`` (default ``mpi``) is put in the ranks' ``CLUSTERKERNEL_ALGORITHM``:
+with ``auto`` a model whose gradient buckets reach comm's zero-copy size (the 100 MB
+one) has ``DataParallel`` average them in shared memory, and a survivor waiting there
+for the dead rank spins and is never told (the cell hangs; ``--cell-timeout`` ends it
+and the case is reported failed). ``mpi`` keeps every all-reduce on MPI, where ULFM
+tells the survivors.
+
+Takes the MPI lock (``/tmp/ck-mpi.lock``) itself, or uses the one ``flock`` holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from clusterkernel import Cluster
+from clusterkernel.client.cluster import _incell
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as h  # noqa: E402
+
+ENV = {"OMP_NUM_THREADS": "1"}
+
+SMALL_NET = (
+    "torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Dropout(0.2), torch.nn.Tanh(), "
+    "torch.nn.Linear(8, 1))"
+)
+BIG_NET = (
+    "torch.nn.Sequential(*[m for _ in range({layers}) "
+    "for m in (torch.nn.Linear(2048, 2048), torch.nn.Tanh())])"
+)
+
+# the set-up cell: model, optimizer, DataParallel, data by (step, rank), the kill plan
+SETUP = """
+import os, signal, torch
+from torch.utils.data import TensorDataset
+from clusterkernel import comm, train
+from clusterkernel.train import DataParallel, Trainer
+torch.manual_seed(0)
+net = {net}
+opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+KILLS, MARKS = {kills!r}, {marks!r}          # {{step: rank}}; a marker file per kill done
+def maybe_die(step):
+    if KILLS.get(step) == comm.rank():
+        mark = os.path.join(MARKS, str(step))
+        if not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+"""
+SETUP_STEPS = """
+dp = DataParallel(net, optimizer=opt)
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, {din}, generator=g), torch.randn(8, {dout}, generator=g)
+"""
+SETUP_FIT = """
+g = torch.Generator().manual_seed(7)
+data = TensorDataset(torch.randn(1024, 6, generator=g), torch.randn(1024, 1, generator=g))
+trainer = Trainer(net, opt, torch.nn.functional.mse_loss, data, batch_size=32, prefetch=False)
+trainer.add_hook("on_batch_end", lambda t: maybe_die(t.global_step))
+"""
+
+LOOP_STEPS = """
+for s in train.steps({steps}, model=net, optimizer=opt):
+    with s:
+        maybe_die(s.index)
+        x, y = batch(s.index, comm.rank())
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(dp(x), y).backward()
+        opt.step()
+last = s.index + 1
+"""
+LOOP_FIT = "trainer.fit({epochs})\nlast = trainer.global_step\n"
+
+# untimed: the calm run's weights saved by rank 0; every rank's max |difference| to them
+SAVE_REF = """
+_w = torch.cat([p.detach().flatten() for p in net.parameters()])
+if comm.rank() == 0:
+    torch.save(_w, {ref!r})
+comm.barrier()
+del _w
+"""
+DIFF_REF = """
+_w = torch.cat([p.detach().flatten() for p in net.parameters()])
+_diff = float((_w - torch.load({ref!r})).abs().max())
+del _w
+"""
+
+DDP_SETUP = """
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+dnet = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+ddp = DDP(dnet)
+dopt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+"""
+DDP_LOOP = """
+for i in range({steps}):
+    g = torch.Generator().manual_seed(1000 * i + dist.get_rank())
+    x, y = torch.randn(8, 256, generator=g), torch.randn(8, 1, generator=g)
+    dopt.zero_grad()
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    dopt.step()
+"""
+DDP_FORGET = "del ddp, dnet, dopt\n"
+
+
+class Replacements:
+    """Every in-cell replacement the client makes (``_incell.Replacing``), kept to count
+    them and read their ``seconds`` (death seen to the new rank running the cell)."""
+
+    def __init__(self) -> None:
+        self.made: list[_incell.Replacing] = []
+        original = _incell.Replacing.__init__
+
+        def init(rep, *a, **k):
+            original(rep, *a, **k)
+            self.made.append(rep)
+
+        _incell.Replacing.__init__ = init
+
+    def since(self, start: int) -> list:
+        return self.made[start:]
+
+
+# ------------------------------------------------------------------ 1. deaths
+class Case:
+    """One training cell on one cluster: its set-up, its loop, its kills."""
+
+    def __init__(self, c: Cluster, reps: Replacements, tmp: str, name: str, model: str, **kw):
+        self.c, self.reps, self.tmp = c, reps, tmp
+        self.name, self.model = name, model
+        self.net, self.extra, self.loop = kw["net"], kw["extra"], kw["loop"]
+        self.timeout = kw["timeout"]
+        self.kills_at = kw["kills"]  # steps in the loop -> {step: rank}
+        self.kills: dict[int, int] = {}
+        self.ref = os.path.join(tmp, f"ref-{name}-{model}-{c.n}.pt")
+        self.lost: list[float] = []
+        self.calm: list[float] = []
+        self.wild: list[float] = []
+        self.recover: list[float] = []
+        self.diffs: list[float] = []
+        self.checked = 0
+        self.runs = 0
+        self._steps: int | None = None
+
+    def setup(self, kills: dict[int, int]) -> str:
+        self.runs += 1
+        marks = os.path.join(self.tmp, f"marks-{self.name}-{self.model}-{self.c.n}-{self.runs}")
+        os.makedirs(marks)
+        self.c.run(SETUP.format(net=self.net, kills=kills, marks=marks) + self.extra)
+        return marks
+
+    def timed(self) -> float:
+        t0 = time.perf_counter()
+        self.c.run(self.loop, timeout=self.timeout)
+        return time.perf_counter() - t0
+
+    def whole(self, expect_last: int) -> None:
+        c = self.c
+        assert c.live_ranks == list(range(c.n)) and not c.dead, (c.live_ranks, c.dead)
+        assert set(c.pull("last").values()) == {expect_last}, c.pull("last")
+
+    def run_calm(self) -> float:
+        self.setup({})
+        t = self.timed()
+        if self._steps is None:  # Trainer.fit: as many steps as the calm run made
+            self._steps = self.c.pull("last")[0]
+        self.whole(self.steps)
+        if not os.path.exists(self.ref):
+            self.c.run(SAVE_REF.format(ref=self.ref))
+        else:  # the calm run itself is deterministic
+            self.c.run(DIFF_REF.format(ref=self.ref))
+            assert max(self.c.pull("_diff").values()) < 1e-5
+        self.calm.append(t)
+        return t
+
+    def run_wild(self) -> float:
+        c = self.c
+        marks = self.setup(self.kills)
+        pids = {r: c.rank_info[r]["pid"] for r in c.ranks}
+        first = len(self.reps.made)
+        t = self.timed()
+        made = self.reps.since(first)
+        done = len(os.listdir(marks))
+        killed = set(self.kills.values())
+        changed = {r for r in c.ranks if c.rank_info[r]["pid"] != pids[r]}
+        assert done == len(self.kills), f"{done} of {len(self.kills)} kills happened"
+        assert sum(len(rep.dead) for rep in made) == len(self.kills), [rep.dead for rep in made]
+        assert changed == killed, (changed, killed)
+        self.whole(self.steps)
+        c.run(DIFF_REF.format(ref=self.ref))
+        self.diffs.append(max(c.pull("_diff").values()))
+        self.recover += [rep.seconds for rep in made if rep.seconds is not None]
+        self.checked += 1
+        self.wild.append(t)
+        return t
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    def measure(self, rounds: int, steps: int | None) -> None:
+        self._steps = steps
+        self.run_calm()  # first: the reference weights, and a warm-up (not counted)
+        self.calm.clear()
+        self.kills = self.kills_at(self.steps)
+        got = h.interleaved({"calm": self.run_calm, "wild": self.run_wild}, rounds)
+        k = len(self.kills)
+        self.lost = [(w - q) / k for w, q in zip(got["wild"], got["calm"])]
+
+    def row(self) -> dict:
+        return {
+            "n": self.c.n,
+            "model": self.model,
+            "loop": self.name,
+            "k": len(self.kills),
+            "calm": self.calm,
+            "wild": self.wild,
+            "lost": self.lost,
+            "recover": self.recover,
+            "diff": max(self.diffs) if self.diffs else float("nan"),
+            "checked": self.checked,
+        }
+
+
+def kills_for(n: int, steps: int, first: int = 0) -> dict[int, int]:
+    """Two deaths, at a third and two thirds of the loop: the last rank, then rank 1 (at 2
+    ranks rank 1 twice, its replacement the second time)."""
+    return {first + steps // 3: n - 1, first + 2 * steps // 3: 1}
+
+
+def deaths(c: Cluster, reps: Replacements, tmp: str, args: argparse.Namespace) -> list[dict]:
+    n, rows = c.n, []
+    layers = max(1, round(args.mb * 1e6 / ((2048 * 2048 + 2048) * 4)))
+    cases = [
+        (
+            "steps",
+            "small",
+            args.steps,
+            dict(
+                net=SMALL_NET,
+                extra=SETUP_STEPS.format(din=6, dout=1),
+                loop=LOOP_STEPS.format(steps=args.steps),
+                kills=lambda steps: kills_for(n, steps),
+            ),
+        ),
+    ]
+    if not args.no_fit:
+        cases.append(
+            (
+                "fit",
+                "small",
+                None,  # its steps: from the calm run
+                dict(
+                    net=SMALL_NET,
+                    extra=SETUP_FIT,
+                    loop=LOOP_FIT.format(epochs=args.epochs),
+                    kills=lambda steps: kills_for(n, steps, first=1),
+                ),
+            )
+        )
+    if args.mb > 0:
+        cases.append(
+            (
+                "steps",
+                f"{layers * (2048 * 2048 + 2048) * 4 / 1e6:.0f} MB",
+                args.big_steps,
+                dict(
+                    net=BIG_NET.format(layers=layers),
+                    extra=SETUP_STEPS.format(din=2048, dout=2048),
+                    loop=LOOP_STEPS.format(steps=args.big_steps),
+                    kills=lambda steps: kills_for(n, steps),
+                ),
+            )
+        )
+    for name, model, steps, kw in cases:
+        case = Case(c, reps, tmp, name, model, timeout=args.cell_timeout, **kw)
+        try:
+            case.measure(args.rounds, steps)
+        except Exception as e:  # noqa: BLE001 (a failed or hung recovery: told, the n ends)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            print(f"  {n} ranks, {model}, {name}: FAILED: {type(e).__name__}: {first}")
+            print("    " + "\n    ".join(str(e).strip().splitlines()[:12]))
+            rows.append({**case.row(), "failed": f"{type(e).__name__}: {first}"})
+            return rows
+        rows.append(case.row())
+        report_death(rows[-1])
+    c.run("for _k in ('net', 'opt', 'dp', 'trainer', 'data'):\n    globals().pop(_k, None)\n")
+    return rows
+
+
+def report_death(r: dict) -> None:
+    print(
+        f"  {r['n']} ranks, {r['model']:>6}, {r['loop']:5}: calm {h.median(r['calm']):6.2f} s "
+        f"[{h.span(r['calm'], '.2f')}]  {r['k']} deaths {h.median(r['wild']):6.2f} s "
+        f"[{h.span(r['wild'], '.2f')}]  lost/death {h.median(r['lost']):5.2f} s "
+        f"[{h.span(r['lost'], '.2f')}]  recover {h.median(r['recover']):.2f} s  "
+        f"max|dw| {r['diff']:.1e}  kills checked {r['checked']}/{len(r['wild'])}"
+    )
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------ 2. overhead
+def overhead(c: Cluster, args: argparse.Namespace) -> list[dict]:
+    c.run(
+        SETUP.format(net=SMALL_NET, kills={}, marks="")
+        + SETUP_STEPS.format(din=6, dout=1)
+        + DDP_SETUP
+    )
+    rows = []
+    for name, loop in (
+        ("steps", LOOP_STEPS.format(steps=args.aa_steps)),
+        ("ddp", DDP_LOOP.format(steps=args.aa_steps)),
+    ):
+
+        def way(on: bool, loop: str = loop) -> float:
+            c.auto_respawn = on
+            c.run("pass")  # arms (or disarms) the ranks: once per set of processes
+            t0 = time.perf_counter()
+            c.run(loop, timeout=600)
+            return time.perf_counter() - t0
+
+        got = h.interleaved(
+            {"off": lambda: way(False), "on": lambda: way(True), "off2": lambda: way(False)},
+            args.aa_rounds,
+        )
+        on, aa = h.paired(got["on"], got["off"]), h.paired(got["off2"], got["off"])
+        rows.append({"n": c.n, "loop": name, **got, "ratio": on, "aa": aa})
+        print(
+            f"  {c.n} ranks, {name:5} {args.aa_steps} steps: off {h.median(got['off']):.3f} s "
+            f"[{h.span(got['off'], '.3f')}]  on {h.median(got['on']):.3f} s "
+            f"[{h.span(got['on'], '.3f')}]  on/off {h.fmt_ratio(on, 3)}  "
+            f"A/A {h.fmt_ratio(aa, 3)}  {h.aa_verdict(on, aa)}"
+        )
+        sys.stdout.flush()
+    c.auto_respawn = True
+    c.run(DDP_FORGET)
+    return rows
+
+
+def table(death_rows: list[dict], aa_rows: list[dict]) -> None:
+    print("\n| ranks | model | loop | calm s | with 2 deaths s | lost per death s | recover s "
+          "| max abs dw | kills checked |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in death_rows:
+        if "failed" in r:
+            print(f"| {r['n']} | {r['model']} | {r['loop']} | FAILED: {r['failed']} |")
+            continue
+        print(
+            f"| {r['n']} | {r['model']} | {r['loop']} | {h.median(r['calm']):.2f} "
+            f"[{h.span(r['calm'], '.2f')}] | {h.median(r['wild']):.2f} "
+            f"[{h.span(r['wild'], '.2f')}] | **{h.median(r['lost']):.2f}** "
+            f"[{h.span(r['lost'], '.2f')}] | {h.median(r['recover']):.2f} | {r['diff']:.1e} "
+            f"| {r['checked']}/{len(r['wild'])} |"
+        )
+    print("\n| ranks | loop | off s | on s | on/off | A/A (off again/off) | within noise |")
+    print("|---|---|---|---|---|---|---|")
+    for r in aa_rows:
+        print(
+            f"| {r['n']} | {r['loop']} | {h.median(r['off']):.3f} | {h.median(r['on']):.3f} "
+            f"| {h.fmt_ratio(r['ratio'], 3)} | {h.fmt_ratio(r['aa'], 3)} "
+            f"| {h.aa_verdict(r['ratio'], r['aa'])} |"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3, help="calm/wild rounds per case")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--mb", type=float, default=100.0, help="size of the large model (0: none)")
+    ap.add_argument("--steps", type=int, default=60, help="steps of the small model's loop")
+    ap.add_argument("--big-steps", type=int, default=12, help="steps of the large model's loop")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs of the Trainer.fit case")
+    ap.add_argument("--no-fit", action="store_true", help="skip the Trainer.fit case")
+    ap.add_argument("--aa-rounds", type=int, default=7, help="rounds of the overhead A/B/A'")
+    ap.add_argument("--aa-steps", type=int, default=1000, help="steps of the overhead loops")
+    ap.add_argument("--algorithm", default="mpi", help="the ranks' CLUSTERKERNEL_ALGORITHM")
+    ap.add_argument("--cell-timeout", type=float, default=300.0, help="a timed cell's limit")
+    ap.add_argument("--skip", choices=["death", "overhead"], default=None)
+    args = ap.parse_args()
+    print("$ python benchmarks/bench_incell.py " + " ".join(sys.argv[1:]))
+    reps = Replacements()
+    death_rows: list[dict] = []
+    aa_rows: list[dict] = []
+    with h.mpi_lock(), tempfile.TemporaryDirectory(prefix="ck-bench-incell-") as tmp:
+        t0 = time.perf_counter()
+        print(
+            f"{datetime.datetime.now():%Y-%m-%d %H:%M}, load {h.load():.2f}, cpus {os.cpu_count()}"
+        )
+        for n in args.ranks:
+            env = {**ENV, "CLUSTERKERNEL_ALGORITHM": args.algorithm}
+            c = Cluster(n=n, fault_tolerant=True, torch=True, env=env).start()
+            try:
+                c.auto_respawn = True
+                print(f"\n{n} ranks:")
+                if args.skip != "overhead":
+                    aa_rows += overhead(c, args)
+                if args.skip != "death":
+                    death_rows += deaths(c, reps, tmp, args)
+            finally:
+                c.auto_respawn = False
+                with contextlib.suppress(Exception):
+                    c.stop()
+        table(death_rows, aa_rows)
+        print(f"\ntotal {time.perf_counter() - t0:.0f} s, load {h.load():.2f}")
+
+
+if __name__ == "__main__":
+    main()
