@@ -128,8 +128,10 @@ class Replacing:
         """One line: who died, how, and that the cell went on."""
         causes = {self.causes.get(r, "its process exited") for r in self.dead}
         how = next(iter(causes)) if len(causes) == 1 else "; ".join(sorted(causes))
-        who = f"Rank {format_ranks(self.dead)}"
+        one = len(self.dead) == 1
+        who = f"{'Rank' if one else 'Ranks'} {format_ranks(self.dead)}"
         return (
-            f"{who} died ({how}) during this cell and was respawned from rank {self.source} "
-            f"in {self.seconds:.1f} s; the cell went on from the step that failed."
+            f"{who} died ({how}) during this cell and {'was' if one else 'were'} respawned "
+            f"from rank {self.source} in {self.seconds:.1f} s; the cell went on from the step "
+            "that failed."
         )
