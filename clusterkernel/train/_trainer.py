@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -16,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from clusterkernel import comm, metrics
 from clusterkernel.partition import Partition, distributed_loader, set_epoch
+from clusterkernel.protocol import _engine
 from clusterkernel.protocol._engine import recovery as _recovery
 from clusterkernel.train._checkpoint import CHECKPOINT_NAME
 from clusterkernel.train._modes import TrainingMode, make_mode
@@ -195,8 +195,7 @@ class Trainer:
         rank's is the same where they seeded alike, as data parallel training does).
         Collective in a job that saw a respawn (one small gather when no rank moved);
         nothing otherwise."""
-        world = sys.modules.get("clusterkernel.rank._world")  # not imported: no respawn
-        if world is None or not world.replaced():
+        if not _engine.replaced():
             return
         now = comm.rank(self.group)
         was = all_objects((self.rank, now), self.group)
