@@ -55,7 +55,7 @@ class PeerDiedError(CommError, _MPIError):
     where MPI has not said which). It is an ``MPI.Exception`` too (error class
     ``MPI.ERR_PROC_FAILED``), so code written for mpi4py's errors still catches it.
     With ``%mpi start --respawn`` the notebook replaces the dead rank; a loop under
-    :func:`clusterkernel.comm.steps` (and ``Trainer.fit``, ``DataParallel``) redoes the
+    :func:`clusterkernel.train.steps` (and ``Trainer.fit``) redoes the
     step on the N ranks again.
 
     Example::

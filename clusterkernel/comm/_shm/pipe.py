@@ -23,7 +23,6 @@ more ranks than cores the rank it waits for needs it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator
 
 import torch
@@ -38,8 +37,6 @@ MIN_CHUNK = 16 * 1024  # bytes: below this a chunk costs more in Python than in 
 _MAX_VIEWS = 64  # cached view sets per segment (a training loop has a handful of sizes)
 SMALL = 64 * 1024  # bytes: up to this, one exchange and every rank reduces it all
 PIECES = 1  # a mid-size tensor is cut into about this many chunks, so it pipelines
-
-_sched_yield = os.sched_yield
 
 
 def chunk_elems(count: int, itemsize: int) -> int:
@@ -109,7 +106,7 @@ def large_steps(
     win.Sync()
     mine[IN] = g + 1
     while _behind(col_in, g + 1):
-        _sched_yield()
+        seg.pause()
         yield None
     win.Sync()
     ctl = seg.ctl
@@ -124,7 +121,7 @@ def large_steps(
     win.Sync()
     mine[OUT] = g + 1  # done with every rank's tensor
     while _behind(col_out, g + 1):  # and so is everyone with mine
-        _sched_yield()
+        seg.pause()
         yield None
     win.Sync()
 
@@ -152,7 +149,7 @@ def all_reduce_steps(
             g = base + s
             if g >= PIPE_DEPTH:
                 while _behind(col_out, g - PIPE_DEPTH + 1):
-                    _sched_yield()
+                    seg.pause()
                     yield None
                 win.Sync()
             (last if s == m - 1 else full)[g % PIPE_DEPTH][0].copy_(pieces[s])
@@ -162,7 +159,7 @@ def all_reduce_steps(
         if 0 <= c < m:  # reduce this rank's share of chunk c
             g = base + c
             while _behind(col_in, g + 1):
-                _sched_yield()
+                seg.pause()
                 yield None
             win.Sync()
             _, acc, others, _ = (last if c == m - 1 else full)[g % PIPE_DEPTH]
@@ -177,7 +174,7 @@ def all_reduce_steps(
         if c >= 0:  # copy chunk c out
             g = base + c
             while _behind(col_red, g + 1):
-                _sched_yield()
+                seg.pause()
                 yield None
             win.Sync()
             pieces[c].copy_((last if c == m - 1 else full)[g % PIPE_DEPTH][3])
@@ -191,11 +188,11 @@ def small_now(seg: Segment, flat: torch.Tensor, sdt: torch.dtype, fold, divisor:
     if g >= PIPE_DEPTH:
         col = seg.cols[OUT]
         while _behind(col, g - PIPE_DEPTH + 1):
-            _sched_yield()
+            seg.pause()
     _small_in(seg, bufs, flat, g)
     col = seg.cols[IN]
     while _behind(col, g + 1):
-        _sched_yield()
+        seg.pause()
     _small_reduce(seg, bufs, flat, sdt, fold, divisor, g)
 
 
@@ -208,12 +205,12 @@ def small_steps(
     if g >= PIPE_DEPTH:
         col = seg.cols[OUT]
         while _behind(col, g - PIPE_DEPTH + 1):
-            _sched_yield()
+            seg.pause()
             yield None
     _small_in(seg, bufs, flat, g)
     col = seg.cols[IN]
     while _behind(col, g + 1):
-        _sched_yield()
+        seg.pause()
         yield None
     _small_reduce(seg, bufs, flat, sdt, fold, divisor, g)
 

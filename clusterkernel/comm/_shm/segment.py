@@ -29,13 +29,15 @@ no mpiexec to do it).
 from __future__ import annotations
 
 import atexit
+import os
+import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm._errors import CommError
+from clusterkernel.comm._errors import CommError, PeerDiedError
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Work
 from clusterkernel.protocol import _shm_names
@@ -49,6 +51,7 @@ _LIVE: list[Segment] = []  # in creation order, which is the same on every membe
 # adds its own, so this module need not import the one that imports it).
 AFTER_SEGMENTS: list[Callable[[], None]] = []
 _EXIT_HOOK: list = []  # registered once
+_LOOK_EVERY = 0.25  # seconds between looks at the peers' processes while waiting on them
 
 
 class Segment:
@@ -76,6 +79,8 @@ class Segment:
         "mine",
         "cols",
         "arenas",
+        "peers",
+        "_next_look",
     )
 
     def __init__(self, comm: MPI.Intracomm | None, n: int, rank: int, error: str = ""):
@@ -100,6 +105,22 @@ class Segment:
         self._scratch: torch.Tensor | None = None  # private float32 for small halves
         self.arenas: list = []  # shm_empty allocations on this group (_shm.alloc)
         self.seq = 0  # all-reduce chunks started on this group (same on every member)
+        self.peers: dict[int, int] = {}  # world rank -> pid of every other member
+        self._next_look = 0.0
+
+    def pause(self) -> None:
+        """One turn of a wait on the other members' counters: give up the core, and a
+        few times a second make sure they are all alive. A spin on a dead member's
+        counter would never end (nothing in MPI is waiting, so MPI cannot say); this
+        raises ``PeerDiedError`` instead, as an MPI call on it would."""
+        os.sched_yield()
+        now = time.monotonic()
+        if now < self._next_look:
+            return
+        self._next_look = now + _LOOK_EVERY
+        dead = [rank for rank, pid in self.peers.items() if not _alive(pid)]
+        if dead:
+            raise PeerDiedError(op="all_reduce", dead=dead)
 
     def open_pipe(self) -> None:
         """Make the all-reduce pipe window (collective over the node communicator)."""
@@ -236,9 +257,20 @@ def _make(group: Group) -> Segment:
         atexit.register(_free_all)
         _EXIT_HOOK.append(_free_all)
     seg = Segment(node, group.size, group.rank)
+    pids = node.allgather(os.getpid())
+    seg.peers = {group.ranks[i]: pid for i, pid in enumerate(pids) if i != group.rank}
     seg.open_pipe()
     _LIVE.append(seg)
     return seg
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` (on this node) runs: not gone, not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _remove_singleton_files() -> None:
