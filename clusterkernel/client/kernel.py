@@ -26,6 +26,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, cast
 
 DEFAULT_NAME = "clusterkernel"
 _NAME_RE = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)  # what jupyter_client accepts
@@ -199,7 +200,7 @@ def _kernel_cell(lines: list[str]) -> list[str]:
     return auto_mpi(lines)
 
 
-_kernel_cell.sends_to_ranks = True
+cast(Any, _kernel_cell).sends_to_ranks = True
 
 
 def kernel_mode(

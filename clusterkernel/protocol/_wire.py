@@ -53,8 +53,9 @@ import hmac
 import json
 import sys
 from array import array
+from collections.abc import Sequence
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from clusterkernel.protocol._errors import ClusterkernelError
 from clusterkernel.protocol.records import COMM_FIELDS, COMM_LAYOUT, KINDS
@@ -104,7 +105,7 @@ def to_columns(kind: str, rows: list) -> dict:
     """Records of one kind (tuples as in the module docstring) as columns."""
     if kind == "scalar":
         steps, times, values = zip(*rows)
-        cols = {"n": len(rows), "step": _ints(steps), "time": array("d", times)}
+        cols: dict[str, Any] = {"n": len(rows), "step": _ints(steps), "time": array("d", times)}
         first = values[0].keys()
         if all(v.keys() == first for v in values):
             cols["values"] = {n: array("d", map(itemgetter(n), values)) for n in first}
@@ -113,8 +114,8 @@ def to_columns(kind: str, rows: list) -> dict:
         return cols
     if kind == "comm":
         cols = {"n": len(rows)}
-        for (name, typ), values in zip(COMM_LAYOUT, zip(*rows)):
-            cols[name] = _COLUMN_OF[typ](values)
+        for (field, typ), values in zip(COMM_LAYOUT, zip(*rows)):
+            cols[field] = _COLUMN_OF[typ](values)
         return cols
     if kind == "span":
         name, start, dur = zip(*rows)
@@ -141,7 +142,7 @@ def to_rows(kind: str, cols: dict) -> list[tuple]:
         if "dicts" in cols:
             values = cols["dicts"]
         else:
-            names = list(cols["values"])
+            names: Sequence[str] = list(cols["values"])
             values = [dict(zip(names, row)) for row in zip(*map(_seq, cols["values"].values()))]
             if not names:
                 values = [{} for _ in range(cols["n"])]

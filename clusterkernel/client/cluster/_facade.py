@@ -36,7 +36,7 @@ import functools
 from collections.abc import Callable
 from inspect import signature
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 
 def part_property(part: str, cls: type, name: str) -> property:
@@ -58,5 +58,5 @@ def part_method(part: str, method: Callable, cluster: bool = True) -> Callable:
     delegate.__qualname__ = f"Cluster.{method.__name__}"
     params = list(signature(method).parameters.values())
     del params[1 : 2 if cluster else 1]
-    delegate.__signature__ = signature(method).replace(parameters=params)
+    cast(Any, delegate).__signature__ = signature(method).replace(parameters=params)
     return delegate

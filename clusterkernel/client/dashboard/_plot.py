@@ -14,7 +14,7 @@ message per update. The drawing is ``_plot.js``, loaded by anywidget.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import anywidget
 import numpy as np
@@ -58,7 +58,8 @@ class Plot(anywidget.AnyWidget):
 
     def draw(self, series: list[Series]) -> int:
         """Replace what is drawn with ``series``; return the number of points sent."""
-        meta, cols = [], []
+        meta: list[dict[str, Any]] = []
+        cols = []
         for s in series:
             x = np.asarray(s.x, dtype=np.float64).ravel()
             y = np.asarray(s.y, dtype=np.float64).ravel()

@@ -23,14 +23,10 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import ipywidgets as w
 
 from clusterkernel.client.profile import _live
-
-if TYPE_CHECKING:
-    from clusterkernel.client.cluster import Cluster
 
 TOP_LINES = 3  # lines per rank: the panel sits among others, the full tables are under the cell
 
@@ -67,7 +63,7 @@ class ProfileWindow:
         return [fn for r in self.ranks if r.rank == rank for _w, fn, _s in r.lines]
 
 
-def window_model(cluster: Cluster, n: int = TOP_LINES) -> ProfileWindow:
+def window_model(cluster: object, n: int = TOP_LINES) -> ProfileWindow:
     """The panel's model from the profile running on ``cluster`` (or the last one);
     asks it for its rolling window while it runs. Seconds rounded to 0.01 s, so an
     unchanged picture compares equal.
@@ -93,7 +89,7 @@ def window_model(cluster: Cluster, n: int = TOP_LINES) -> ProfileWindow:
         for r in profile.ranks
     )
     slow, med = profile.slowest, profile.median_rank
-    diff = ()
+    diff: tuple[tuple[str, str, float], ...] = ()
     if med is not None and slow != med:
         diff = tuple((d.where, d.function, round(d.extra, 2)) for d in profile.difference(n))
     return ProfileWindow("running" if live.running else "ended", ranks, slow, med, diff)
@@ -118,7 +114,7 @@ class ProfilePanel:
         self.widget = w.HTML(_HINT)
         self.widget.add_class("ck-profile-view")
 
-    def update(self, cluster: Cluster) -> bool:
+    def update(self, cluster: object) -> bool:
         """Redraw from ``cluster``'s profile if its window changed; whether it did."""
         model = window_model(cluster, self.n)
         if model == self.model:

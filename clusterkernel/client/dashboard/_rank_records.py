@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -132,7 +133,7 @@ class _Rank:
         self.segments.clear()
         self.counted_at, self.counted_run = float("nan"), -1
 
-    def add_marks(self, cells: list) -> None:
+    def add_marks(self, cells: Iterable) -> None:
         for name, *at in cells:
             for kind, i in zip(KINDS, at):
                 self.mark_at[kind].append(int(i))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -151,11 +152,12 @@ class MetricsStore:
 
     @staticmethod
     def _add_series(r: _Rank, cols: dict, run: dict) -> None:
+        by_name: dict[str, tuple[Any, Any]]  # name -> (steps, values): arrays or lists
         if "values" in cols:
             steps = np.asarray(_numeric(cols["step"]), dtype=float)
             by_name = {n: (steps, _numeric(v)) for n, v in cols["values"].items()}
         else:  # records of this batch logged different names: one by one
-            by_name: dict[str, tuple[list, list]] = {}
+            by_name = {}
             for step, values in zip(_wire._seq(cols["step"]), cols["dicts"]):
                 for name, v in values.items():
                     steps, vals = by_name.setdefault(name, ([], []))
@@ -252,7 +254,7 @@ class MetricsStore:
                 )  # fmt: skip
             return out
 
-    def run_label(self, run: int) -> str:
+    def run_label(self, run: int | None) -> str:
         """The label of run id ``run`` ("run 2"; "" for a run that logged no scalar).
 
         Example::
@@ -301,6 +303,8 @@ class MetricsStore:
         """``{rank: (steps, values)}`` of one logged scalar in one run (default: the newest
         run that logged it), every point, copies."""
         run = self.current_run(name) if run is None else run
+        if run is None:
+            return {}  # nothing logged it yet
         with self._lock:
             return {
                 rank: (cols[0].copy(), cols[1].copy())
@@ -312,6 +316,8 @@ class MetricsStore:
         """``{rank: (step, value)}`` of the latest logged ``name`` on each rank (in ``run``,
         default: the newest run that logged it)."""
         run = self.current_run(name) if run is None else run
+        if run is None:
+            return {}  # nothing logged it yet
         with self._lock:
             out = {}
             for rank, r in sorted(self._ranks.items()):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Collection
 
 from tqdm import tqdm
 
@@ -78,7 +79,7 @@ def summary(store: MetricsStore) -> str:
     speeds = store.series("samples_per_s")
     for rank in store.ranks():
         steps, loss = losses.get(rank, ([], []))
-        speed = speeds.get(rank, ([], []))[1]
+        speed: Collection[float] = speeds.get(rank, ([], []))[1]
         first = f"{loss[0]:.4g}" if len(loss) else "-"
         last = f"{loss[-1]:.4g}" if len(loss) else "-"
         mean = f"{sum(speed) / len(speed):.0f}" if len(speed) else "-"

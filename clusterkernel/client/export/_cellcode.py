@@ -18,6 +18,7 @@ import io
 import re
 import shlex
 import tokenize
+from typing import cast
 
 from clusterkernel.protocol._errors import ClusterkernelError
 
@@ -104,7 +105,8 @@ def _plain(where: str, body: str, first_line: int) -> str:
             new = f"pass  # dropped (nothing to do in a batch job): {_as_typed(*call[:2])}"
         else:
             continue
-        edits.append((node.lineno, node.end_lineno, " " * node.col_offset + new))
+        stmt = cast(ast.Expr, node)  # ipy_call matched its value
+        edits.append((stmt.lineno, stmt.end_lineno, " " * stmt.col_offset + new))
         done.add(id(call[2]))
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "get_ipython":
@@ -122,7 +124,7 @@ def _plain(where: str, body: str, first_line: int) -> str:
 
 def _indent(code: str) -> str:
     """Indent a block, except lines inside a multi-line string (that would change the string)."""
-    keep = set()
+    keep: set[int] = set()
     for tok in tokenize.generate_tokens(io.StringIO(code + "\n").readline):
         keep.update(range(tok.start[0] + 1, tok.end[0] + 1))
     rows = code.split("\n")

@@ -25,6 +25,7 @@ this module is the magics themselves: dispatch, ``%%mpi`` and ``%%local``.
 from __future__ import annotations
 
 import atexit
+from typing import cast
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, magics_class
@@ -45,7 +46,8 @@ from clusterkernel.client.sync import SyncError, sync
 
 
 @magics_class
-class MPIMagics(Subcommands, Magics):
+# IPython types Magics.shell as optional; these magics are always made with a shell
+class MPIMagics(Subcommands, Magics):  # type: ignore[misc]
     """``%mpi`` and ``%%mpi``. See ``%mpi?``."""
 
     def __init__(self, shell) -> None:
@@ -90,7 +92,7 @@ class MPIMagics(Subcommands, Magics):
 
     def _require_cluster(self) -> Cluster:
         if self.autostart is not None and (self.cluster is None or not self.cluster.running):
-            self._start_lazily()
+            self._start_lazily(self.autostart)
         if self.cluster is not None and self.cluster.taken_over_by is not None:
             raise UsageError(self.cluster.taken_over_note())  # let go (e.g. after a cell)
         if self.cluster is None or not self.cluster.running:
@@ -104,7 +106,7 @@ class MPIMagics(Subcommands, Magics):
     # with --keep: who started the kept ranks (a restarted kernel attaches to them again)
     origin: str | None = None
 
-    def _start_lazily(self) -> None:
+    def _start_lazily(self, autostart: str) -> None:
         if self.origin is not None:
             mine = [
                 r
@@ -114,11 +116,12 @@ class MPIMagics(Subcommands, Magics):
             if mine:
                 self._sub_attach(mine[0]["id"])
                 return
-        n = parse(start_args, self.autostart).n
+        n = parse(start_args, autostart).n
         print(f"Starting {n or 'the'} MPI ranks...", flush=True)
-        self._sub_start(self.autostart)
-        if self.origin is not None and self.cluster.keep is not None:
-            set_origin(self.cluster, self.origin)
+        self._sub_start(autostart)
+        cluster = cast(Cluster, self.cluster)  # _sub_start made it or raised
+        if self.origin is not None and cluster.keep is not None:
+            set_origin(cluster, self.origin)
 
     @cell_magic
     def local(self, line: str, cell: str):
@@ -146,7 +149,7 @@ class MPIMagics(Subcommands, Magics):
             return self._run_cell(line, cell)
         words = line.strip().split(None, 1)
         if not words:
-            print(self.mpi.__doc__)
+            print(self.mpi.__doc__)  # type: ignore[misc]  # IPython's magic decorators type a union
             return None
         sub, rest = words[0], (words[1] if len(words) > 1 else "")
         handler = getattr(self, f"_sub_{sub.replace('-', '_')}", None)

@@ -19,6 +19,7 @@ import argparse
 import difflib
 import math
 from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import arg_split
@@ -94,7 +95,7 @@ def parse(func: Callable, line: str) -> argparse.Namespace:
     choice, a bad number with what to write. A value that starts with ``-`` is a value
     (``--every -5s`` is read as ``--every=-5s``, and refused as that).
     """
-    parser = func.parser
+    parser: argparse.ArgumentParser = cast(Any, func).parser  # made by @magic_arguments
     parser.exit_on_error = False  # argparse's own errors come here, with the option named
     try:
         argv = arg_split(line, strict=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from IPython.core.error import UsageError
 
@@ -66,7 +66,7 @@ def auto_mpi(lines: list[str]) -> list[str]:
     return ["%%mpi\n", *lines]
 
 
-auto_mpi.sends_to_ranks = True  # %%local runs its cell without it
+cast(Any, auto_mpi).sends_to_ranks = True  # %%local runs its cell without it
 
 
 class Subcommands:
@@ -78,6 +78,10 @@ class Subcommands:
 
     shell: InteractiveShell
     cluster: Cluster | None
+
+    if TYPE_CHECKING:
+
+        def _require_cluster(self) -> Cluster: ...
 
     def _sub_start(self, rest: str) -> None:
         args = parse(start_args, rest)
@@ -238,7 +242,7 @@ class Subcommands:
             raise UsageError(str(e)) from None
         print(f"New torch.distributed default group: {_group_text(groups)}.")
 
-    def _sub_status(self, rest: str) -> list[dict]:
+    def _sub_status(self, rest: str) -> None:
         rows = self._require_cluster().status()
         print(f"{'rank':>4}  {'host':<16} {'pid':>8}  {'state':<6} {'cpu %':>6} {'mem MiB':>8}")
         for r in rows:
@@ -387,9 +391,12 @@ class Subcommands:
         from clusterkernel.client import export
 
         args = parse(export_args, rest)
-        cells = list(self.shell.history_manager.input_hist_raw)
-        live = self.cluster is not None and self.cluster.running
-        running = self.cluster.n if live else None
+        history = self.shell.history_manager
+        if history is None:
+            raise UsageError("This IPython shell keeps no history: there are no cells to export.")
+        cells = list(history.input_hist_raw)
+        live = self.cluster if self.cluster is not None and self.cluster.running else None
+        running = live.n if live is not None else None
         auto = getattr(self, "autostart", None) is not None  # the MPI kernel: cells on the ranks
         # cells that raised or were interrupted (history index = execution count)
         failed = set() if args.include_failed else set(getattr(self, "failed_cells", ()))
@@ -404,8 +411,8 @@ class Subcommands:
                 ranks=running,
                 auto=auto,
                 failed=failed,
-                torch=(self.cluster.torch, self.cluster.backend) if live else None,
-                gpus=(self.cluster.gpus_per_rank, self.cluster.gpu_share) if live else None,
+                torch=(live.torch, live.backend) if live is not None else None,
+                gpus=(live.gpus_per_rank, live.gpu_share) if live is not None else None,
                 **job,
             )
         except ClusterkernelError as e:

@@ -103,7 +103,11 @@ class RankEntries:
             is_last_entry = open_entry is not None and open_entry == len(self.keys) - 1
             if open_entry is not None and self._partial.get(kind):
                 self._extend(open_entry, line)  # the rest of a line begun in an earlier poll
-            elif is_last_entry and (_continues(line) or self._in_traceback.get(kind)):
+            elif (
+                open_entry is not None
+                and is_last_entry
+                and (_continues(line) or self._in_traceback.get(kind))
+            ):
                 # part of the message above: a traceback runs to its first unindented line
                 self._extend(open_entry, "\n" + line)
                 if self._in_traceback.get(kind) and not _continues(line):

@@ -77,8 +77,8 @@ def _point_to_point(op: str) -> bool:
 
 def collective_split(ranks: dict[int, dict]) -> dict[int, CollectiveTime]:
     """Each rank's :class:`CollectiveTime` (ranks without comm records are left out)."""
-    records = {r: d.get("comm") for r, d in ranks.items()}
-    records = {r: recs for r, recs in records.items() if recs is not None}
+    comm = {r: d.get("comm") for r, d in ranks.items()}
+    records = {r: recs for r, recs in comm.items() if recs is not None}
     if not records:
         return {}
     offset = {r: ranks[r].get("wall0", 0.0) - ranks[r].get("t0", 0.0) for r in records}

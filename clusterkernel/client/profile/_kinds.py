@@ -28,7 +28,7 @@ def profile_kind(profile: bool | str | None) -> ProfileKind | None:
     if profile is True:
         return "python"
     if profile in PROFILE_KINDS:
-        return profile  # type: ignore[return-value]  # checked against the kinds just above
+        return profile
     raise ValueError(
         f"profile takes {' or '.join(PROFILE_KINDS)} (or True: python), got {profile!r}."
     )

@@ -129,7 +129,7 @@ class Snapshots(list):
     """
 
     def _rows(self) -> list[tuple[str, ...]]:
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for s in self:
             slow = s.slowest
             top = s.top(slow, n=1) if slow is not None else []
@@ -253,7 +253,7 @@ class LiveProfile:
                 self.errors[-1] = f"{type(e).__name__}: {e}"
             if panel:
                 next_window = time.monotonic() + PANEL_PERIOD
-            if snaps:
+            if snaps and self.every is not None:
                 next_snap = time.monotonic() + self.every
 
     def close(self) -> None:
@@ -375,7 +375,7 @@ _running: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ended: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def current(cluster: Cluster) -> LiveProfile | None:
+def current(cluster: object) -> LiveProfile | None:
     """The profile running on ``cluster`` now, or the last one that ended (None: never).
 
     Example::

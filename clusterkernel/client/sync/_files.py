@@ -122,7 +122,9 @@ def collect(
             raise SyncError(f"Two files would be {rel} on the ranks: {where[rel]} and {path}.")
         where[rel] = path
     sizes = {rel: os.path.getsize(path) for rel, path in where.items()}
-    big = sorted((r for r in sizes if sizes[r] > max_file_bytes), key=sizes.get, reverse=True)
+    big = sorted(
+        (r for r in sizes if sizes[r] > max_file_bytes), key=sizes.__getitem__, reverse=True
+    )
     if big:
         listed = ", ".join(f"{_shown(where[r], cwd)} ({_mb(sizes[r])})" for r in big[:3])
         raise SyncError(
@@ -131,7 +133,7 @@ def collect(
         )
     total = sum(sizes.values())
     if total > max_total_bytes:
-        largest = sorted(sizes, key=sizes.get, reverse=True)[:3]
+        largest = sorted(sizes, key=sizes.__getitem__, reverse=True)[:3]
         listed = ", ".join(f"{_shown(where[r], cwd)} ({_mb(sizes[r])})" for r in largest)
         raise SyncError(
             f"Not synced: {len(sizes)} files of {_mb(total)}, above the "
