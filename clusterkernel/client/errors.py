@@ -28,7 +28,8 @@ def format_ranks(ranks: Iterable[int]) -> str:
     """
     ranks = sorted(set(ranks))
     parts: list[str] = []
-    start = prev = None
+    start: int | None = None
+    prev = 0  # read only once start is set
     for r in ranks:
         if start is None:
             start = prev = r

@@ -231,7 +231,7 @@ class Cluster:
                     n, step = self.n, "; making the torch.distributed group" if self.torch else ""
                     progress(f"Starting {n} MPI ranks: {n} of {n} registered{step}")
                 self._ranks_up()
-                guard = self._ranks.engines.guard
+                guard = self._ranks.running_engines().guard
                 self._keeping.started(self, self._settings, guard.pid if guard else None)
             except BaseException:
                 self._teardown()

@@ -116,8 +116,8 @@ def me() -> dict:
 
 def client_alive(client: dict | None) -> bool:
     """Whether a record's client still runs (it is on this host: see the module)."""
-    return (
-        bool(client) and client.get("host") == socket.gethostname() and pid_alive(client.get("pid"))
+    return bool(
+        client and client.get("host") == socket.gethostname() and pid_alive(client.get("pid"))
     )
 
 

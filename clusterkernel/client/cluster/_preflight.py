@@ -109,7 +109,7 @@ def check_local(
                 f"{_NCCL} needs one GPU per rank: {n} ranks, and torch sees {count} GPU(s) "
                 f"here. Start at most {count} ranks, or use backend='gloo' (--backend gloo)."
             )
-    if not wants_gpus:
+    if not gpus_per_rank:
         return
     if count == 0:
         raise ValueError(

@@ -44,6 +44,12 @@ class RankMap:
         """The running processes (None when stopped), for the parts that act on them."""
         return self._engines
 
+    def running_engines(self) -> Engines:
+        """The running processes; a :class:`ClusterError` when stopped."""
+        if self._engines is None:
+            raise ClusterError("No MPI ranks are running. Start them with: %mpi start -n 4")
+        return self._engines
+
     @property
     def running(self) -> bool:
         """Whether ranks run (started or attached; not stopped or let go)."""
@@ -89,7 +95,7 @@ class RankMap:
 
     def restart(self) -> None:
         """A full new set of ranks replaces the old one: nothing is wrong any more."""
-        self._engines.restart()
+        self.running_engines().restart()
         self._health.restarted()
 
     def stop(self, let_go: bool = False) -> None:
@@ -134,7 +140,9 @@ class RankMap:
         if not dead:
             return _respawn.Respawned(source=source)
         try:
-            return _respawn.respawn(cluster, self._engines, dead, source, timeout, from_snapshot)
+            return _respawn.respawn(
+                cluster, self.running_engines(), dead, source, timeout, from_snapshot
+            )
         except _respawn.RespawnError as e:
             for rank, why in e.died.items():
                 self._health.ranks_died([rank], why)
@@ -166,7 +174,8 @@ class RankMap:
     def rejoined(self, ranks: list[int]) -> None:
         """New processes of dead ranks registered while a cell ran (auto-respawn, the
         survivors started them): read their identity; they are alive again."""
-        self._engines.respawned([self._engines.engine_of[r] for r in ranks])
+        engines = self.running_engines()
+        engines.respawned([engines.engine_of[r] for r in ranks])
         self._health.revived(ranks)
 
     def revived(self, ranks: list[int]) -> None:
@@ -219,7 +228,7 @@ class RankMap:
                 "brings it back."
             )
         try:
-            return self._engines.engine_of[rank]
+            return self.running_engines().engine_of[rank]
         except KeyError:
             raise ValueError(f"Rank {rank} does not exist; ranks are 0..{n - 1}.") from None
 

@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import ipyparallel as ipp
 import psutil
@@ -114,7 +114,7 @@ def check(cluster: Cluster, source: int | None) -> list[int]:
     return dead
 
 
-def _command(engines: Engines, rank: int, root: int) -> list[str]:
+def _command(engines: Engines, rank: int, root: int | str) -> list[str]:
     """The new process for ``rank``: this package's joiner, then the engine it replaces."""
     engine_set = engines.engine_set
     program = [*engine_set.program, *engine_set.program_args]
@@ -248,7 +248,7 @@ class _Watch:
         self._next_look = now + 0.25
         if self._survivors_lost():
             return f"rank {format_ranks(self.lost)} died while the respawn ran"
-        ids = set(self.engines.client.ids)
+        ids = set(cast(ipp.Client, self.engines.client).ids)  # connected while ranks run
         self._find_new()
         gone = [
             r
@@ -260,7 +260,7 @@ class _Watch:
         return None
 
     def _survivors_lost(self) -> list[int]:
-        ids = set(self.engines.client.ids)
+        ids = set(cast(ipp.Client, self.engines.client).ids)  # connected while ranks run
         self.lost = [r for r in self.live if self.engines.engine_of[r] not in ids]
         return self.lost
 

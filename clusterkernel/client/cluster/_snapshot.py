@@ -34,7 +34,7 @@ def _on_ranks(cluster: Cluster, ranks: list[int], what: str, *args) -> dict[int,
     try:
         return dict(zip(ranks, ar.get(timeout=600)))
     except ipp.error.CompositeError as e:
-        lines = {}
+        lines: dict[str, list[int]] = {}
         for ename, evalue, _tb, info in e.elist:
             try:
                 rank = cluster.rank_of((info or {}).get("engine_id"))

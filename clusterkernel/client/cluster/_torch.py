@@ -16,7 +16,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
@@ -62,7 +62,7 @@ def engine_env(env: dict[str, str], group: bool = False) -> dict[str, str]:
     return out
 
 
-def _call_all(cluster: Cluster, what: str, target: str, *args, timeout: float) -> dict[int, object]:
+def _call_all(cluster: Cluster, what: str, target: str, *args, timeout: float) -> dict[int, Any]:
     """``rank_call(target, *args)`` on every rank: ``{rank: result}``; a clear error per rank."""
     ranks = cluster.ranks
     ar = cluster.view(ranks).apply_async(rank_call, target, *args)

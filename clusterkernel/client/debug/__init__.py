@@ -163,7 +163,7 @@ class DebugSession:
         if "\n" in command:
             raise ValueError("send() takes one pdb command (one line) at a time.")
         answers = Answers()
-        live = {}
+        live: dict[str, list[int]] = {}
         for r in self.ranks:
             kind = self.state[r]
             if kind in ("breakpoint", "post-mortem"):

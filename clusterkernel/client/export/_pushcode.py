@@ -25,6 +25,8 @@ import pickle
 import pickletools
 import shlex
 import textwrap
+import types
+from typing import cast
 
 from clusterkernel.client.export._cellcode import ExportError
 
@@ -67,6 +69,7 @@ def _expr_names(where: str, expr: str) -> set[str]:
 
 def push_items(where: str, rest: str) -> list[tuple[str, str | None]]:
     """``%mpi push a b`` / ``%mpi push name=expr`` as [(name, expr or None)], as the magic reads it."""
+    items: list[tuple[str, str | None]]
     if "=" in rest:
         name, _, expr = rest.partition("=")
         items = [(name.strip(), expr.strip())]
@@ -84,7 +87,7 @@ def _main_refs(blob: bytes) -> bool:
     try:
         for op, arg, _ in pickletools.genops(blob):
             if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
-                strings.append(arg)
+                strings.append(cast(str, arg))  # these ops carry a str
             elif op.name == "STACK_GLOBAL" and strings[-2:-1] == ["__main__"]:
                 return True
             elif op.name in ("GLOBAL", "INST") and str(arg).startswith("__main__ "):
@@ -106,8 +109,9 @@ def _source_def(name: str, value) -> tuple[str | None, str]:
         tree = ast.parse(text)
     except (OSError, TypeError, SyntaxError, IndentationError):
         return None, "inspect.getsource finds no source for it"
+    node: ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
     if value.__name__ == "<lambda>":
-        arity = value.__code__.co_argcount
+        arity = cast(types.FunctionType, value).__code__.co_argcount
         found = [
             node
             for node in ast.walk(tree)

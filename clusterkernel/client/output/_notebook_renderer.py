@@ -26,6 +26,7 @@ from __future__ import annotations
 import html
 import time
 from collections import deque
+from typing import Any, cast
 
 from clusterkernel.client.errors import _ANSI, rank_label
 from clusterkernel.client.output._entries import RankEntries, Sharing
@@ -78,7 +79,7 @@ class NotebookRenderer:
         if hold is not None:
             self.hold = hold
         self._areas: list[int | None] = [None, *self.ranks]  # None: the shared area
-        self._handles: dict[int | None, object] = {}
+        self._handles: dict[int | None, Any] = {}  # area -> its DisplayHandle or None
         self._bundles: dict[int | None, dict] = {}
         self._last: dict[int | None, float] = {}
         self._dirty: set[int | None] = set()
@@ -104,10 +105,10 @@ class NotebookRenderer:
             if kind in ("stdout", "stderr"):
                 run.append(entries.keys[i])
                 run_kind = kind
-            elif kind == "output":
-                parts.append(_rich_html(entries.contents[i]))
+            elif kind == "output":  # outputs and results have their content; text has None
+                parts.append(_rich_html(cast(dict, entries.contents[i])))
             elif kind == "result":
-                parts.append(f"<div>Out: {_rich_html(entries.contents[i])}</div>")
+                parts.append(f"<div>Out: {_rich_html(cast(dict, entries.contents[i]))}</div>")
         return parts
 
     def _text_items(self, rank: int, label: str, indices: list[int]) -> list[str]:
@@ -118,9 +119,9 @@ class NotebookRenderer:
             if kind in ("stdout", "stderr"):
                 out.append(entries.keys[i])
             elif kind == "output":
-                out.append(plain_text(entries.contents[i]))
+                out.append(plain_text(cast(dict, entries.contents[i])))
             else:
-                out.append(f"Out[{label}]: {plain_text(entries.contents[i])}")
+                out.append(f"Out[{label}]: {plain_text(cast(dict, entries.contents[i]))}")
         return out
 
     def _blocks(self, area: int | None, now: float) -> list[tuple[list[int], list[int]]]:

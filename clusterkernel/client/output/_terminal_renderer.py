@@ -33,7 +33,7 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Hashable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from clusterkernel.client.errors import rank_label
 from clusterkernel.client.output._rank_output import RankOutput, plain_text
@@ -159,7 +159,7 @@ class TerminalRenderer:
             for r in self.ranks
             if r not in self._not_waited_for and self._printed.get(r, 0) < furthest
         ]
-        if behind and now - self._batch_since < self.peer_wait:
+        if behind and now - cast(float, self._batch_since) < self.peer_wait:  # set with the batch
             return
         self._not_waited_for.update(behind)
         self._flush()

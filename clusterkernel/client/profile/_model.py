@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from clusterkernel.client.errors import format_ranks
 from clusterkernel.client.profile import _export
@@ -270,6 +270,7 @@ class Profile:
         if med is None or slow == med:
             return []
         rows = self.difference()
+        slow = cast(int, slow)  # a median rank means two ranks or more
         head = (
             f"What the slowest rank does more: rank {slow} ({self.busy(slow):.2f} s busy) "
             f"vs the median rank {med} ({self.busy(med):.2f} s)"
@@ -281,6 +282,7 @@ class Profile:
         parts = []
         slow, med = self.slowest, self.median_rank
         if med is not None and slow != med:
+            slow = cast(int, slow)  # a median rank means two ranks or more
             parts.append(
                 f"<b>What the slowest rank does more</b>: rank {slow} "
                 f"({self.busy(slow):.2f} s busy) vs the median rank {med} "
@@ -376,7 +378,7 @@ def _own_lines(data: dict) -> dict[tuple[str, int, str], tuple[float, dict[str, 
 
 def _inside(where: dict[str, float]) -> str:
     """The library function that took most of a line's time."""
-    return max(where, key=where.get) if where else ""
+    return max(where, key=where.__getitem__) if where else ""
 
 
 def _text_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:

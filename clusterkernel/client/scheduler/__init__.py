@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from functools import cache
+from typing import Any
 
 from clusterkernel.client.scheduler._system import (
     DEFAULT_TIME,
@@ -89,7 +90,7 @@ def arguments(where: str) -> list[tuple[str, dict]]:
             continue
         option = offered[0][1]
         titles = ", ".join(system.title for system, _ in offered)
-        keywords = {"help": f"{titles}: {option.help}", "dest": name}
+        keywords: dict[str, Any] = {"help": f"{titles}: {option.help}", "dest": name}
         if option.type is not str:
             keywords["type"] = option.type
         default = option.export_default if where == "export" else option.default

@@ -30,7 +30,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from clusterkernel.client.scheduler._system import (
     DEFAULT_TIME,
@@ -243,7 +243,7 @@ class Slurm(BatchSystem):
         exe = shutil.which(program)
         if exe is None:
             cls.run(program)  # raises, saying what is missing
-        return exe
+        return cast(str, exe)
 
     def export_script(self, command: str, *, job_name: str, output: str, **kw: Any) -> str:
         """An sbatch file: ``nodes`` x ``ntasks_per_node`` ranks by ``srun --mpi=pmix``."""

@@ -32,7 +32,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from clusterkernel.client.errors import ClusterError
 
@@ -201,7 +201,7 @@ class BatchSystem:
                 cls.submit_command[0] if cls.submit_command else cls.name
             )  # says what is missing
         done = subprocess.run(
-            [exe, *cls.submit_command[1:], script],
+            [cast(str, exe), *cls.submit_command[1:], script],  # cls.run raised where None
             capture_output=True, text=True, timeout=60, env=env, cwd=cwd,
         )  # fmt: skip
         said = (done.stdout + done.stderr).strip()
@@ -214,9 +214,10 @@ class BatchSystem:
     def cancel(cls, job_ids: Iterable[str]) -> None:
         """Cancel the jobs (their processes end soon after, see :meth:`wait_gone`)."""
         jobs = [str(j) for j in job_ids if j]
-        if jobs and cls.cancel_command and shutil.which(cls.cancel_command[0]):
+        exe = shutil.which(cls.cancel_command[0]) if jobs and cls.cancel_command else None
+        if exe is not None:
             subprocess.run(
-                [shutil.which(cls.cancel_command[0]), *cls.cancel_command[1:], *jobs],
+                [exe, *cls.cancel_command[1:], *jobs],
                 capture_output=True, timeout=30,
             )  # fmt: skip
 
