@@ -23,19 +23,8 @@ import pytest
 
 from clusterkernel import Cluster, ClusterError
 from tests._mpirun import run_mpi
-from tests._netns import NetnsHost, NoSecondHost, ip, second_host, ssh_agent, two_host_env
+from tests._netns import NetnsHost, ip, ssh_agent, two_host_env
 from tests._procs import wait_no_cluster_processes
-
-
-@pytest.fixture(scope="module")
-def netns_host():
-    """A second "machine": a network namespace at .2 of a free subnet (tests/_netns.py)."""
-    try:
-        with second_host() as host:
-            yield host
-    except NoSecondHost as exc:
-        pytest.skip(str(exc))
-
 
 _WHERE = """
 import os, socket

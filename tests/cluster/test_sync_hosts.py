@@ -7,21 +7,10 @@ from __future__ import annotations
 import os
 import socket
 
-import pytest
-
 from clusterkernel import Cluster
 from clusterkernel.client.sync import sync
-from tests._netns import NoSecondHost, second_host, ssh_agent, two_host_env
+from tests._netns import ssh_agent, two_host_env
 from tests._procs import wait_no_cluster_processes
-
-
-@pytest.fixture(scope="module")
-def netns_host():
-    try:
-        with second_host() as host:
-            yield host
-    except NoSecondHost as exc:
-        pytest.skip(str(exc))
 
 
 def test_each_host_gets_its_copy_and_its_ranks_import_it(no_shared_cluster, netns_host, tmp_path):
