@@ -193,13 +193,21 @@ def steps(n: int, model: Any = None, optimizer: Any = None, start: int = 0) -> I
     ``DataParallel``, data) in an earlier cell: a new rank gets it by the copy of a
     survivor's variables and runs only the loop's cell.
 
-    Example (on every rank, the model wrapped in an earlier cell)::
+    Example (on every rank; with ``DataParallel`` the loop is the same, ``opt.step()``
+    then averages the gradients)::
 
-        for step in train.steps(100, model=net, optimizer=opt):
+        import torch
+        from clusterkernel import comm, train
+        net = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for step in train.steps(3, model=net, optimizer=opt):
             with step:
-                x, y = batch(step.index, comm.rank())
+                g = torch.Generator().manual_seed(10 * step.index + comm.rank())
                 opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                opt.step()               # DataParallel averages the gradients first
+                net(torch.randn(8, 4, generator=g)).square().mean().backward()
+                for p in net.parameters():
+                    comm.all_reduce(p.grad, op=comm.AVG)
+                opt.step()
+        print(step.index)        # 2
     """
     return iter(_Loop(n, start, model, optimizer))

@@ -209,11 +209,14 @@ def sync(
     ``%autoreload 2``: functions and classes are updated in place, so the ranks'
     variables stay and use the new code.
 
-    Example (``model.py`` in the notebook's folder)::
+    Example (``cluster.sync``, what ``%mpi sync`` calls)::
 
-        report = sync(cluster)          # %mpi sync
-        print(report.summary())         # Synced 1 file to 1 host (1 sent, 120 B; 0 unchanged) ...
-        cluster.run("import model; print(model.__file__)")   # .../sync/<host>/model.py
+        import pathlib, tempfile
+        folder = pathlib.Path(tempfile.mkdtemp())
+        (folder / "widths.py").write_text("WIDTH = 64\\n")
+        report = cluster.sync(cwd=str(folder))  # %mpi sync, run in that folder
+        print(report.summary())                 # Synced 1 file to 1 host (1 sent, ...) ...
+        cluster.run("import widths; print(widths.WIDTH)")   # [ranks 0-3] 64
     """
     began = time.perf_counter()
     cluster.require_running()
