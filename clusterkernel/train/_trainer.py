@@ -165,7 +165,7 @@ class Trainer:
         failed, it takes rank 0's copy of the trainer (model, optimizer, step, its own
         data share and RNG) and every rank redoes that step.
         """
-        self._take_over_after_respawn()
+        self._take_over_after_respawn(in_recovery=_recovery.take_joining())
         if resume:
             self.load_checkpoint()
         self._ready()
@@ -173,15 +173,19 @@ class Trainer:
         while True:
             try:
                 self.mode.run(self, lambda: self._train_epochs(epochs))
-                break
             except RuntimeError as e:  # comm.PeerDiedError, or MPI's own error for it
                 # auto-respawn: the dead rank is replaced now, and the step that failed
                 # (it left no trace: see _run_epoch) runs again on the N ranks; the new
                 # rank's fit starts as a fit does, so the survivors' goes on the same way
                 if not _recovery.recovers(e) or not _recovery.rejoin():
                     raise
-                self._take_over_after_respawn()
-                self._ready()
+            else:
+                # every rank agrees no peer died before any leaves fit: one that died in
+                # the last step is recovered with all the survivors (see train.steps)
+                if not self._at_the_end_a_peer_died():
+                    break
+            self._take_over_after_respawn(in_recovery=True)
+            self._ready()
         self._fire("on_end")
         return self.history
 
@@ -189,17 +193,37 @@ class Trainer:
         self.mode.check_batches(self._batches_per_epoch())
         self.module.train()
 
-    def _take_over_after_respawn(self) -> None:
+    def _at_the_end_a_peer_died(self) -> bool:
+        """With auto-respawn, on a Trainer of every rank: whether the ranks' agreement at
+        the end of fit found a peer dead (then recovered here, as a failed step is)."""
+        if not _recovery.armed() or comm.size(self.group) != comm.size():
+            return False
+        if _recovery.agree(True):
+            return False
+        if not _recovery.rejoin(agreed=True):
+            raise RuntimeError("fit: a peer died at the end of fit and was not recovered")
+        return True
+
+    def _take_over_after_respawn(self, in_recovery: bool = False) -> None:
         """A Trainer copied onto a respawned rank (``%mpi respawn --from R``) holds rank
         R's share of the data: that rank takes its own, and R's torch RNG state (every
         rank's is the same where they seeded alike, as data parallel training does).
         Collective in a job that saw a respawn (one small gather when no rank moved);
-        nothing otherwise."""
+        nothing otherwise. ``in_recovery`` (a recovery inside the cell): the ranks must
+        be at one step, else the error says so (a step applied on some ranks only)."""
         if not _engine.replaced():
             return
         now = comm.rank(self.group)
-        was = all_objects((self.rank, now), self.group)
-        if all(copied == rank for copied, rank in was):
+        step = self.global_step if in_recovery else None
+        was = all_objects((self.rank, now, step), self.group)
+        steps = {s for _, _, s in was}
+        if len(steps) > 1:
+            raise RuntimeError(
+                f"fit: after a rank's death the ranks stand at different steps "
+                f"({sorted(steps)}): the step that failed was applied on some ranks only. "
+                "Load a checkpoint (fit(resume=True)) or a snapshot (%mpi restore) and fit again."
+            )
+        if all(copied == rank for copied, rank, _ in was):
             return
         states = all_objects(torch.get_rng_state(), self.group)
         if self.rank != now:

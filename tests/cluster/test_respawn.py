@@ -709,9 +709,13 @@ def test_a_death_mid_cell_is_told_once_and_the_survivors_errors_folded(ft: Clust
         magics.cluster = None
 
 
-def test_a_trainer_cell_with_auto_respawn_survives_a_death_by_itself(ft: Cluster, capsys):
-    """``%mpi start --respawn``: rank 2 killed after step 20 of 32 inside ``trainer.fit``;
-    the same cell goes on to the end on four ranks, to the undisturbed run's weights."""
+@pytest.mark.parametrize("kill_step", [20, 32], ids=["step 20", "the last step"])
+def test_a_trainer_cell_with_auto_respawn_survives_a_death_by_itself(
+    ft: Cluster, capsys, kill_step: int
+):
+    """``%mpi start --respawn``: rank 2 killed after step 20 of 32 inside ``trainer.fit``, or
+    after the last (the others have finished: they meet it at the end of fit); the same
+    cell goes on to the end on four ranks, to the undisturbed run's weights."""
     from IPython.core.interactiveshell import InteractiveShell
 
     import clusterkernel.client.magics as ck_magics
@@ -719,7 +723,7 @@ def test_a_trainer_cell_with_auto_respawn_survives_a_death_by_itself(ft: Cluster
     ft.run(_TRAINER + "DIE = False\n" + _TRAINER_END)
     undisturbed = ft.pull("weights")[0]
     expect = {name: ft.pull(name)[0] for name in ("rng", "momentum")}
-    ft.run(_TRAINER + "DIE = True\n")
+    ft.run(_TRAINER.replace("global_step == 20", f"global_step == {kill_step}") + "DIE = True\n")
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "clusterkernel")
     magics = ck_magics._magics
@@ -742,7 +746,10 @@ def test_a_trainer_cell_with_auto_respawn_survives_a_death_by_itself(ft: Cluster
         assert not [raw for raw in _RAW if raw in text], text
         assert ft.rank_info[2]["pid"] != old and ft.live_ranks == [0, 1, 2, 3] and not ft.dead
         assert ft.pull("where") == {r: (2, 0, 32, r) for r in range(4)}
-        assert ft.pull("shard") == {r: (r, 1) for r in range(4)}  # each rank's own share
+        shard = ft.pull("shard")  # each rank's own share (sampler rank, its last epoch)
+        assert {r: s[0] for r, s in shard.items()} == {r: r for r in range(4)}, shard
+        # a rank that joined after the last step ran no epoch: its sampler never advanced
+        assert all(s[1] == 1 for r, s in shard.items() if kill_step != 32 or r != 2), shard
         assert set(ft.pull("rng").values()) == {expect["rng"]}
         for rank, momentum in ft.pull("momentum").items():
             assert abs(momentum - expect["momentum"]) < 1e-5, rank
