@@ -314,12 +314,14 @@ def test_profile_start_stop_over_cells_and_its_misuse(cluster: Cluster, capsys):
 
 def test_profile_torch_ops_merge_into_the_dashboard_trace_on_one_clock(cluster: Cluster):
     code = textwrap.dedent("""
-        import torch
+        import time, torch
         from clusterkernel import comm
 
         x = torch.randn(64, 64)
+        time.sleep(0.3)
         for _ in range(5):
             comm.all_reduce(x @ x)
+        time.sleep(0.3)
     """)
     cluster.run("import torch", timeout=120, renderer=_quiet(cluster))  # not profiled
     dash = cluster.dashboard()
@@ -332,7 +334,9 @@ def test_profile_torch_ops_merge_into_the_dashboard_trace_on_one_clock(cluster: 
     for rank in (0, 1):
         python = [e for e in complete if e["pid"] == rank and e["cat"] == "python"]
         lo, hi = min(e["ts"] for e in python), max(e["ts"] + e["dur"] for e in python)
-        # a sample's time is the stretch up to it: a cell's edges are known to one interval
+        # a sample's time is the stretch up to it: a cell's edges are known to one interval.
+        # The sleeps keep the ops well inside the sampled stretch, so a sample taken late
+        # on a loaded machine cannot put an op outside it; a clock off by more would.
         tick = 1e6 / p.ranks[rank]["hz"]
         lo, hi = lo - tick, hi + tick
         mm = [e for e in complete if e["pid"] == rank and e["name"] == "aten::mm"]
