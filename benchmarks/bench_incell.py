@@ -1,6 +1,7 @@
 """Recovery inside a training cell: the time a death costs, and what auto-respawn costs.
 
 Run: python benchmarks/bench_incell.py [--rounds 3] [--ranks 2 4] [--mb 100] [--aa-rounds 7]
+     [--chaos 6 --chaos-steps 300 --seed 1]
 
 On a ``Cluster(n, fault_tolerant=True, torch=True)`` with ``cluster.auto_respawn = True``
 (what ``%mpi start --respawn`` sets), answers two questions:
@@ -32,6 +33,10 @@ for the dead rank spins and is never told (the cell hangs; ``--cell-timeout`` en
 and the case is reported failed). ``mpi`` keeps every all-reduce on MPI, where ULFM
 tells the survivors.
 
+``--chaos K`` adds a longer case: the small model's ``steps`` loop of ``--chaos-steps``
+steps with K SIGKILLs of random ranks at random steps (seeded by ``--seed``; kills in
+neighbouring steps hit the step right after a recovery), checked and timed as above.
+
 Takes the MPI lock (``/tmp/ck-mpi.lock``) itself, or uses the one ``flock`` holds.
 """
 
@@ -41,6 +46,7 @@ import argparse
 import contextlib
 import datetime
 import os
+import random
 import sys
 import tempfile
 import time
@@ -263,6 +269,14 @@ def kills_for(n: int, steps: int, first: int = 0) -> dict[int, int]:
     return {first + steps // 3: n - 1, first + 2 * steps // 3: 1}
 
 
+def chaos_kills(n: int, steps: int, k: int, seed: int) -> dict[int, int]:
+    """``k`` deaths at seeded random steps of the loop (after its first 5), each of a
+    random rank; neighbouring steps are allowed, so a rank can die in the step right
+    after a recovery, a replacement among them."""
+    rng = random.Random(seed)
+    return {s: rng.randrange(n) for s in sorted(rng.sample(range(5, steps), k))}
+
+
 def deaths(c: Cluster, reps: Replacements, tmp: str, args: argparse.Namespace) -> list[dict]:
     n, rows = c.n, []
     layers = max(1, round(args.mb * 1e6 / ((2048 * 2048 + 2048) * 4)))
@@ -279,6 +293,20 @@ def deaths(c: Cluster, reps: Replacements, tmp: str, args: argparse.Namespace) -
             ),
         ),
     ]
+    if args.chaos:
+        cases.append(
+            (
+                "chaos",
+                "small",
+                args.chaos_steps,
+                dict(
+                    net=SMALL_NET,
+                    extra=SETUP_STEPS.format(din=6, dout=1),
+                    loop=LOOP_STEPS.format(steps=args.chaos_steps),
+                    kills=lambda steps: chaos_kills(n, steps, args.chaos, args.seed + n),
+                ),
+            )
+        )
     if not args.no_fit:
         cases.append(
             (
@@ -411,6 +439,9 @@ def main() -> None:
     ap.add_argument("--algorithm", default="mpi", help="the ranks' CLUSTERKERNEL_ALGORITHM")
     ap.add_argument("--cell-timeout", type=float, default=300.0, help="a timed cell's limit")
     ap.add_argument("--skip", choices=["death", "overhead"], default=None)
+    ap.add_argument("--chaos", type=int, default=0, help="also a loop with this many random deaths")
+    ap.add_argument("--chaos-steps", type=int, default=300, help="steps of the chaos loop")
+    ap.add_argument("--seed", type=int, default=1, help="the chaos loop's draw (plus the ranks)")
     args = ap.parse_args()
     print("$ python benchmarks/bench_incell.py " + " ".join(sys.argv[1:]))
     reps = Replacements()
