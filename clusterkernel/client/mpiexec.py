@@ -135,6 +135,13 @@ _OPENMPI_FT_ENV = {
     # goes on, so no report of the death comes otherwise (_jobreport.exits reads it)
     "PRTE_MCA_odls_base_verbose": "5",
 }
+# ...and only collective components that handle a peer's death (those Open MPI's own
+# ULFM parameter set, amca-param-sets/ft-mpi, lists as tested). Its hierarchical
+# component (coll/han), chosen for a communicator that spans nodes, does not: a
+# blocking MPI_Allreduce whose peer died returned MPI_SUCCESS on every survivor with
+# the sum of whichever ranks it had reached (measured on two Slurm nodes, Open MPI
+# 5.0.11); without it every survivor gets MPI_ERR_PROC_FAILED. Unless the user chose.
+_OPENMPI_FT_DEFAULTS = {"OMPI_MCA_coll": "^han"}
 
 
 # Open MPI 5.0's UCX one-sided component prints a false "priority ... failed" error
@@ -233,6 +240,8 @@ class MPIRuntime:
         if self.flavor in ("openmpi", "unknown"):
             if fault_tolerant:
                 env.update(_OPENMPI_FT_ENV)
+                for key, value in _OPENMPI_FT_DEFAULTS.items():
+                    env.setdefault(key, value)
             if hasattr(os, "geteuid") and os.geteuid() == 0:
                 # Open MPI refuses to run as root without both of these.
                 env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")

@@ -38,6 +38,12 @@ from clusterkernel.client.mpiexec import QUIET_OSC, MPIRuntime
 from clusterkernel.client.scheduler import BatchSystem, SchedulerError
 from clusterkernel.protocol._net import route_source
 
+# Open MPI starts its daemons on the job's other nodes through the scheduler (srun) with
+# their output sent to /dev/null; a fault-tolerant job's daemons log how each of their
+# ranks ended (its process watch, read by the notebook to say how a rank died), so that
+# output must reach the job's log from every node, not only from mpiexec's own
+_DAEMONS_ATTACHED = "--leave-session-attached"
+
 if TYPE_CHECKING:
     from clusterkernel.client.launch._settings import LaunchSettings
 
@@ -171,7 +177,8 @@ class BatchLauncher:
         mpiexec = self.runtime.mpiexec if self.runtime is not None else "mpiexec"
         program = "\0program"  # the launch line may hold braces of its own (awk's)
         launch = esc(self.system.launch_line(program, self.how, mpiexec))
-        launch = launch.replace(program, "{program_and_args}")
+        attached = f"{_DAEMONS_ATTACHED} " if self.fault_tolerant else ""
+        launch = launch.replace(program, attached + "{program_and_args}")
         return "\n".join(["#!/bin/sh", *lines, launch]) + "\n"
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
@@ -190,6 +197,7 @@ class BatchLauncher:
                 command = [
                     self.runtime.mpiexec,
                     *self.runtime.args(fault_tolerant=self.fault_tolerant),
+                    *([_DAEMONS_ATTACHED] if self.fault_tolerant else []),
                 ]
             else:
                 command = self.system.step_command()
