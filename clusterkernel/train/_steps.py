@@ -22,13 +22,13 @@ the guard, and the notebook tells the death.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from clusterkernel.protocol._engine import recovery as _recovery
+from clusterkernel.train._furthest import furthest, restore, snapshot
 
 
 class Step:
@@ -135,51 +135,22 @@ class _Loop:
         is furthest on (a new rank has ``position`` None); the ranks behind it (the new
         ones among them) take its model, optimizer and RNG (``mine``: a survivor's state
         at its failure)."""
-        from clusterkernel.protocol._engine import world
-
-        comm = world()
-        every = comm.allgather(position)
-        known = {r: p for r, p in enumerate(every) if p is not None}
-        if not known:
-            raise RuntimeError("steps(): no survivor took part in the recovery")
-        best = max(known.values())
-        src = min(r for r, p in known.items() if p == best)
-        behind = [r for r, p in enumerate(every) if p != best]
-        if any(r in known for r in behind) and self.model is None:
-            raise RuntimeError(
-                f"steps(): after a rank's death the survivors disagree on the step "
-                f"({sorted(set(known.values()))}), and the loop has no model to copy: "
-                "pass model= and optimizer= to steps() so the ranks behind take the "
-                "state of the one furthest on"
+        refuse = None
+        if self.model is None:
+            refuse = (
+                "steps(): after a rank's death the survivors disagree on the step "
+                "({positions}), and the loop has no model to copy: pass model= and "
+                "optimizer= to steps() so the ranks behind take the state of the one "
+                "furthest on"
             )
-        me = comm.Get_rank()
-        payload = comm.bcast(mine if me == src else None, root=src)
-        # a survivor behind: re-attaching DataParallel models copied rank 0's parameters,
-        # perhaps a step behind, to every rank; then every rank takes the furthest state
-        if me in behind or any(r in known for r in behind):
-            self._load(payload)
+        best, state = furthest(position, mine, refuse)
+        if state is not None:
+            restore(state, self.model, self.optimizer)
+            self.stepped = False
         return best
 
     def _state(self) -> bytes:
-        buf = io.BytesIO()
-        torch.save(
-            {
-                "rng": torch.get_rng_state(),
-                "model": self.model.state_dict() if self.model is not None else None,
-                "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            },
-            buf,
-        )
-        return buf.getvalue()
-
-    def _load(self, blob: bytes) -> None:
-        state = torch.load(io.BytesIO(blob), weights_only=True)
-        torch.set_rng_state(state["rng"])
-        if self.model is not None and state["model"] is not None:
-            self.model.load_state_dict(state["model"])
-        if self.optimizer is not None and state["optimizer"] is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.stepped = False
+        return snapshot(self.model, self.optimizer)
 
 
 def steps(n: int, model: Any = None, optimizer: Any = None, start: int = 0) -> Iterator[Step]:

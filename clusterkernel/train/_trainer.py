@@ -18,6 +18,7 @@ from clusterkernel.partition import Partition, distributed_loader, set_epoch
 from clusterkernel.protocol import _engine
 from clusterkernel.protocol._engine import recovery as _recovery
 from clusterkernel.train._checkpoint import CHECKPOINT_NAME
+from clusterkernel.train._furthest import furthest, restore, snapshot
 from clusterkernel.train._modes import TrainingMode, make_mode
 from clusterkernel.train._prefetch import Prefetcher, spare_core
 from clusterkernel.train._sync import all_objects
@@ -163,9 +164,11 @@ class Trainer:
         With auto-respawn (``%mpi start --respawn``) a rank that dies during ``fit`` is
         replaced within it: the survivors wait for the new rank at the step that
         failed, it takes rank 0's copy of the trainer (model, optimizer, step, its own
-        data share and RNG) and every rank redoes that step.
+        data share and RNG) and every rank redoes that step. Survivors a step apart
+        (the step's all-reduce completed on some of them only) all go on from the one
+        furthest on, with its model, optimizer, RNG and progress.
         """
-        self._take_over_after_respawn(in_recovery=_recovery.take_joining())
+        self._take_over_after_respawn(joining=_recovery.take_joining())
         if resume:
             self.load_checkpoint()
         self._ready()
@@ -177,14 +180,18 @@ class Trainer:
                 # auto-respawn: the dead rank is replaced now, and the step that failed
                 # (it left no trace: see _run_epoch) runs again on the N ranks; the new
                 # rank's fit starts as a fit does, so the survivors' goes on the same way
-                if not _recovery.recovers(e) or not _recovery.rejoin():
+                if not _recovery.recovers(e):
+                    raise
+                mine: bytes | None = self._snapshot()  # before rejoin re-attaches rank 0's model
+                if not _recovery.rejoin():
                     raise
             else:
                 # every rank agrees no peer died before any leaves fit: one that died in
                 # the last step is recovered with all the survivors (see train.steps)
-                if not self._at_the_end_a_peer_died():
+                mine = self._died_at_the_end()
+                if mine is None:
                     break
-            self._take_over_after_respawn(in_recovery=True)
+            self._take_over_after_respawn(mine)
             self._ready()
         self._fire("on_end")
         return self.history
@@ -193,37 +200,56 @@ class Trainer:
         self.mode.check_batches(self._batches_per_epoch())
         self.module.train()
 
-    def _at_the_end_a_peer_died(self) -> bool:
-        """With auto-respawn, on a Trainer of every rank: whether the ranks' agreement at
-        the end of fit found a peer dead (then recovered here, as a failed step is)."""
+    def _died_at_the_end(self) -> bytes | None:
+        """With auto-respawn, on a Trainer of every rank: when the ranks' agreement at the
+        end of fit finds a peer dead (then recovered here, as a failed step is), this
+        rank's :meth:`_snapshot` from before the recovery; else None."""
         if not _recovery.armed() or comm.size(self.group) != comm.size():
-            return False
+            return None
         if _recovery.agree(True):
-            return False
+            return None
+        mine = self._snapshot()
         if not _recovery.rejoin(agreed=True):
             raise RuntimeError("fit: a peer died at the end of fit and was not recovered")
-        return True
+        return mine
 
-    def _take_over_after_respawn(self, in_recovery: bool = False) -> None:
+    def _snapshot(self) -> bytes:
+        """Model, optimizer, RNG and progress: what a rank behind takes after a recovery."""
+        return snapshot(
+            self.model,
+            self.optimizer,
+            epoch=self.epoch,
+            step_in_epoch=self.step_in_epoch,
+            global_step=self.global_step,
+            history=self.history,
+            last_loss=self.last_loss,
+        )
+
+    def _take_over_after_respawn(self, mine: bytes | None = None, joining: bool = False) -> None:
         """A Trainer copied onto a respawned rank (``%mpi respawn --from R``) holds rank
         R's share of the data: that rank takes its own, and R's torch RNG state (every
         rank's is the same where they seeded alike, as data parallel training does).
         Collective in a job that saw a respawn (one small gather when no rank moved);
-        nothing otherwise. ``in_recovery`` (a recovery inside the cell): the ranks must
-        be at one step, else the error says so (a step applied on some ranks only)."""
+        nothing otherwise.
+
+        After a recovery inside the cell (``mine``: a survivor's :meth:`_snapshot` from
+        before it; ``joining``: a new rank) every rank first takes the state of the
+        survivor that is furthest on: a step whose collective completed on some
+        survivors only leaves them a step apart (as ``train.steps`` does)."""
         if not _engine.replaced():
             return
+        if mine is not None or joining:
+            _, state = furthest(self.global_step if mine is not None else None, mine)
+            if state is not None:
+                progress = restore(state, self.model, self.optimizer)
+                self.epoch = progress["epoch"]
+                self.step_in_epoch = progress["step_in_epoch"]
+                self.global_step = progress["global_step"]
+                self.history = progress["history"]
+                self.last_loss = progress["last_loss"]
         now = comm.rank(self.group)
-        step = self.global_step if in_recovery else None
-        was = all_objects((self.rank, now, step), self.group)
-        steps = {s for _, _, s in was}
-        if len(steps) > 1:
-            raise RuntimeError(
-                f"fit: after a rank's death the ranks stand at different steps "
-                f"({sorted(steps)}): the step that failed was applied on some ranks only. "
-                "Load a checkpoint (fit(resume=True)) or a snapshot (%mpi restore) and fit again."
-            )
-        if all(copied == rank for copied, rank, _ in was):
+        was = all_objects((self.rank, now), self.group)
+        if all(copied == rank for copied, rank in was):
             return
         states = all_objects(torch.get_rng_state(), self.group)
         if self.rank != now:

@@ -818,6 +818,48 @@ def test_chaos_seeded_sigkills_in_a_trainer_cell_end_at_the_undisturbed_weights(
     )
 
 
+_SPLIT = """
+from clusterkernel.train import comm_hooks
+VICTIM = os.getpid() if DIE and comm.rank() == 2 else None
+done = []                                    # the steps this process itself finished
+trainer.add_hook("on_batch_end", lambda t: done.append(t.global_step))
+def split_at_20(state, bucket):              # step 20: averaged on every rank, then
+    average = comm_hooks.allreduce_hook(state, bucket)
+    if trainer.global_step == 19 and DIE:    # rank 2 dies, rank 1 waits for it in vain:
+        if os.getpid() == VICTIM:            # ranks 0 and 3 step, rank 1 does not
+            os.kill(os.getpid(), signal.SIGKILL)
+        if comm.rank() == 1:
+            comm.recv(torch.empty(1), src=2)
+    return average
+trainer.module.register_comm_hook(None, split_at_20)
+"""
+
+
+def test_a_trainer_cell_whose_ranks_split_on_a_step_goes_on_from_the_furthest(ft: Cluster):
+    """A collective that completed on some survivors only: rank 2 dies right after step
+    20's gradient average, rank 1 finds it dead before its optimizer step, ranks 0 and 3
+    step. ``fit`` takes the furthest survivor's state (ranks 0 and 3 at step 20) on every
+    rank, as ``train.steps`` does, and ends at the undisturbed weights."""
+    ft.run(_TRAINER + "DIE = False\n" + _SPLIT + _TRAINER_END)
+    undisturbed = ft.pull("weights")[0]
+    momentum = ft.pull("momentum")[0]
+    ft.run(_TRAINER.replace("t.global_step == 20", "False") + "DIE = True\n" + _SPLIT)
+    old = ft.rank_info[2]["pid"]
+    ft.auto_respawn = True
+    try:
+        ft.run(_TRAINER_END, timeout=120)
+    finally:
+        ft.auto_respawn = False
+    assert ft.rank_info[2]["pid"] != old and ft.live_ranks == [0, 1, 2, 3] and not ft.dead
+    done = ft.pull("done")
+    assert 20 in done[0] and 20 in done[3] and 20 not in done[1], done  # the split
+    assert ft.pull("where") == {r: (2, 0, 32, r) for r in range(4)}
+    for rank, m in ft.pull("momentum").items():
+        assert abs(m - momentum) < 1e-5, rank
+    for rank, weights in ft.pull("weights").items():
+        assert (weights - undisturbed).abs().max().item() < 1e-5, rank
+
+
 _STEPS_SETUP = (
     _TRAIN.replace("torch.nn.Tanh()", "torch.nn.Dropout(0.2), torch.nn.Tanh()")
     + "from clusterkernel import train\nVICTIM = os.getpid() if comm.rank() in VICTIMS else None\n"
