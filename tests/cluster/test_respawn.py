@@ -884,8 +884,8 @@ last = s.index
 
 @pytest.mark.parametrize(
     "kill_at, after_step, victims",
-    [(30, False, (2,)), (59, True, (2,))],
-    ids=["step 30", "after the last step"],
+    [(30, False, (2,)), (59, True, (2,)), (30, False, (1, 2))],
+    ids=["step 30", "after the last step", "two ranks at step 30"],
 )
 def test_a_plain_loop_under_train_steps_survives_a_death_in_its_cell(
     ft: Cluster, kill_at: int, after_step: bool, victims: tuple
@@ -893,7 +893,9 @@ def test_a_plain_loop_under_train_steps_survives_a_death_in_its_cell(
     """A user's own DataParallel loop written with ``train.steps``, with auto-respawn:
     rank 2 SIGKILLed at the start of step 30 of 60 (the step is redone), or after the
     optimizer step of the last one (the others would have left the loop: they meet it at
-    the loop's end). The cell completes on four ranks, every
+    the loop's end), or ranks 1 and 2 together at step 30 (the notebook may hear of the
+    two deaths apart, even after a new process registered under a dead rank's engine
+    id: both are replaced in one recovery). The cell completes on four ranks, every
     rank at the undisturbed weights and momentum (dropout draws alike: the RNG follows)."""
     setup = _STEPS_SETUP
     ft.run(

@@ -9,6 +9,9 @@ An ipyparallel upgrade that moves these breaks this module alone:
 - **pages** (:func:`pager_outputs`): what ``obj?`` or ``%pdoc`` in a cell shows travels
   in the engine's execute reply as a "page" payload, which ipyparallel keeps in its
   reply object's private content;
+- **engine identities** (:func:`engine_identities`): the registration identity behind each
+  engine id; a process registered under a dead engine's id has a new one, which tells the
+  death even where the controller's word of it came late (after the new registration);
 - **reply timestamps** (:func:`install_date_parser`): every reply to a cell carries
   the time its engine started the cell, and ipyparallel's client parses it with
   ``dateutil.parser.parse`` in its IO thread, a cost per rank and cell that grows
@@ -105,3 +108,14 @@ def pager_outputs(result) -> list[dict]:
         for page in content.get("payload") or ()
         if page.get("source") == "page" and isinstance(page.get("data"), dict)
     ]
+
+
+def engine_identities(client) -> dict[int, str]:
+    """Each registered engine id's registration identity (``{id: uuid}``); the client's IO
+    thread updates them, so a copy made while it does is taken again."""
+    for _ in range(10):
+        try:
+            return dict(client._engines)
+        except RuntimeError:  # changed size during the copy
+            time.sleep(0.001)
+    return dict(client._engines)

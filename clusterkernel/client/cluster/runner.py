@@ -127,6 +127,10 @@ class CellRun:
         self._pages: dict[int, list[dict]] | None = None  # obj? in the cell: its page
         self._lost_seen = False  # a rank of a fault-tolerant job died during the cell
         self._died: list[int] = []  # those ranks
+        # each live rank's engine identity (fault-tolerant jobs): a change is its death
+        ids = _ipp.engine_identities(client) if cluster.fault_tolerant else {}
+        self._engine = {r: ids.get(cluster.engine_of[r]) for r in self.ranks if ids}
+        self._back: set[tuple[int, int]] = set()  # (replacement, rank) watched again
         self._replacing: list[_incell.Replacing] = []  # auto-respawn: replaced in the cell
         self.started = time.monotonic()
         self.done = False
@@ -153,29 +157,46 @@ class CellRun:
         dead = self.cluster.dead
         return [r for r in self.ranks if r not in dead]
 
-    def _check_lost(self) -> None:
+    def _check_lost(self) -> bool:
         """A fault-tolerant job whose rank died mid-cell: record it, and close the
         torch.distributed connections of the others, whom gloo would keep waiting on the
-        dead peer until the group's timeout (MPI's own calls raise by themselves)."""
+        dead peer until the group's timeout (MPI's own calls raise by themselves). A death
+        is an engine identity that changed: several ranks dying at once are told one by one,
+        and a new process can register under a dead rank's id before its death is told.
+        True when it found one."""
         if not self.cluster.fault_tolerant:
-            return
+            return False
         try:
-            ids = self._client.ids
+            now = _ipp.engine_identities(self._client)
         except Exception:  # the controller is gone: the job's end is read elsewhere
-            return
-        engine_of = {r: self.cluster.engine_of[r] for r in self.ranks}
-        gone = _rank_faults.lost_engines(engine_of, ids, self.cluster.dead)
+            return False
+        engine_of = self.cluster.engine_of
+        for i, rep in enumerate(self._replacing):  # a new process took its copy: its
+            for r in rep.dead if rep.source is not None else ():  # own death is news
+                if (i, r) not in self._back:
+                    self._back.add((i, r))
+                    self._engine[r] = now.get(engine_of[r])
+        # gone: its engine left, or one registered under its id before that word came
+        gone = [r for r, was in self._engine.items() if now.get(engine_of[r]) != was]
         if not gone:
-            return
+            return False
+        for r in gone:
+            del self._engine[r]
         causes = _rank_faults.death_causes(self.cluster, gone)
         for rank, why in causes.items():
             self.faults.ranks_died([rank], why)
         self._died += gone
         if self.cluster.auto_respawn:  # a guarded loop's survivors bring them back
-            self._replacing.append(_incell.Replacing(self, gone, causes))
+            waiting = [rep for rep in self._replacing if rep.source is None]
+            if waiting:  # no new process yet: the survivors respawn every dead rank at once
+                waiting[0].dead = sorted(waiting[0].dead + gone)
+                waiting[0].causes.update(causes)
+            else:
+                self._replacing.append(_incell.Replacing(self, gone, causes))
         if self.busy_ranks() and not self._lost_seen:
             self._abort_torch_groups()
         self._lost_seen = True
+        return True
 
     def output(self, rank: int) -> RankOutput:
         # a rank replaced in the cell: its old process's output, then each new one's
@@ -225,8 +246,6 @@ class CellRun:
 
     def _wait_loop(self, timeout: float | None) -> RankError | None:
         while True:
-            for rep in self._replacing:
-                rep.poll()
             finished = self.ar.wait(_POLL) and all(rep.ready() for rep in self._replacing)
             if finished:
                 # Replies and output travel on different channels: a reply can
@@ -249,7 +268,10 @@ class CellRun:
             dead = self.cluster.dead_ranks()
             if dead is not None:
                 return self._job_ended(*dead)
-            self._check_lost()
+            while self._check_lost():  # again: a death told while it looked (seconds)
+                pass  # joins its peers' replacement before any new process has its copy
+            for rep in self._replacing:
+                rep.poll()
             if timeout is not None and time.monotonic() - self.started > timeout:
                 return self._free_stuck("timeout", stacks_first=True, timeout=timeout)
 
