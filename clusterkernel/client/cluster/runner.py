@@ -193,8 +193,8 @@ class CellRun:
                 waiting[0].causes.update(causes)
             else:
                 self._replacing.append(_incell.Replacing(self, gone, causes))
-        if self.busy_ranks() and not self._lost_seen:
-            self._abort_torch_groups()
+        if self.busy_ranks() and not self._lost_seen:  # a recovery in the cell goes on:
+            self._abort_torch_groups(grace=not self.cluster.auto_respawn)  # nothing to wait for
         self._lost_seen = True
         return True
 
@@ -374,14 +374,16 @@ class CellRun:
             items = [(r, kind, ran or "the kernel was interrupted", "") for r in self.ranks]
         return CellInterrupted(group_failures(items), note=note)
 
-    def _abort_torch_groups(self) -> list[int]:
+    def _abort_torch_groups(self, grace: bool = True) -> list[int]:
         """Abort the torch.distributed groups of every rank of the cell; the ranks that
-        had one. Waits a moment for the freed ranks to end their cell."""
-        try:
-            aborted = self.cluster.abort_torch_groups(self._alive())
+        had one. Waits a moment for the freed ranks to end their cell (``grace``)."""
+        try:  # not those whose engine has left meanwhile: their answer never comes
+            ids, engine_of = self._client.ids, self.cluster.engine_of
+            alive = [r for r in self._alive() if engine_of[r] in ids]
+            aborted = self.cluster.abort_torch_groups(alive)
         except Exception:  # the control channel may be gone with a rank
             return []
-        if aborted:
+        if aborted and grace:
             self.ar.wait(_GRACE)
         return aborted
 
