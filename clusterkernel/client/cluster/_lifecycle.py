@@ -115,6 +115,9 @@ class Engines:
         ip = launcher.controller_ip()  # may ask Slurm: before anything is made
         if ip:
             kwargs["controller_ip"] = ip
+        login = _login(launcher)  # from outside: the controller on the login node
+        if login is not None:
+            kwargs["controller"] = "ssh"
         self.run_dir = make_run_dir()
         try:
             self.ipp = ipp.Cluster(
@@ -130,13 +133,17 @@ class Engines:
                 self.ipp.shutdown_atexit = False
             say(f"Starting {n} MPI ranks: the controller")
             self.ipp.start_controller_sync()
-            self.client = self.ipp.connect_client_sync()
+            self.client = (
+                self.ipp.connect_client_sync() if login is None else _tunnelled(self.ipp, login)
+            )
             private_cluster_file(self.ipp)
-            if guard:
+            if guard and login is None:
                 self.guard = Guard(self.ipp.cluster_file, self.run_dir, keep)
             say(f"Starting {n} MPI ranks: launching them ({launcher.describe()})")
             self.ipp.start_engines_sync(n)
             self.ipp.update_cluster_file()  # now with the job id, for the guard
+            if guard and login is not None:  # it runs there, told the job by its file
+                self.guard = Guard(self.ipp.cluster_file, self.run_dir, keep, login=login)
             self._wait_for_new_engines(old_pids=set(), progress=say if progress else None)
         except BaseException:
             self.teardown()
@@ -219,7 +226,9 @@ class Engines:
         pids: set[int] = set()
         if self.ipp is None:
             return []
-        for launcher in [self.ipp.controller, *self.ipp.engines.values()]:
+        # from outside, the controller's pid is the login node's: not a process here
+        here = [] if _login(self.launcher) is not None else [self.ipp.controller]
+        for launcher in [*here, *self.ipp.engines.values()]:
             pid = getattr(launcher, "pid", None) if launcher is not None else None
             if not pid:
                 continue
@@ -292,7 +301,9 @@ class Engines:
         # No collective in the set-up: a poll may reach some new engines and not others.
         assert self.client is not None
         try:
-            ar = self.client[ids].apply_async(rank_call, _targets.ENGINE_SETUP, self.run_dir)
+            # the ranks see the cluster's directory where they run (the login node's, from outside)
+            where = getattr(self.launcher, "remote_dir", lambda d: d)(self.run_dir)
+            ar = self.client[ids].apply_async(rank_call, _targets.ENGINE_SETUP, where)
             results = ar.get(timeout=10)
         except (ipp.error.EngineError, ipp.error.TimeoutError, ipp.error.CompositeError):
             return None
@@ -344,10 +355,31 @@ class Engines:
             # process was SIGKILLed (the out-of-memory killer): the names the ranks noted
             _shm_names.remove(self.run_dir)
         _shm_names.remove_prefixed(segments)
+        login = _login(self.launcher)
+        if login is not None and self.run_dir:  # what the cluster wrote on the login node
+            try:
+                login.remove(login.home_path(self.run_dir))
+            finally:
+                login.close()
         remove_run_dir(self.run_dir)
         self.run_dir = None
         self.rank_info = {}
         self.engine_of = {}
+
+
+def _tunnelled(cluster: ipp.Cluster, login) -> ipp.Client:
+    """A client of ``cluster``'s controller on the login node, through ipyparallel's SSH
+    tunnels, each a forward of the login's master connection (``Login.tunnel_server``)."""
+    return ipp.Client(
+        cluster.controller.connection_files["client"], cluster=cluster,
+        profile_dir=cluster.profile_dir, cluster_id=cluster.cluster_id,
+        sshserver=login.tunnel_server(), timeout=30,
+    )  # fmt: skip
+
+
+def _login(launcher: Launcher):
+    """The login node a launcher starts from outside the cluster (None: here)."""
+    return getattr(launcher, "login", None)
 
 
 def _wait_gone(procs: list[psutil.Process], timeout: float) -> None:

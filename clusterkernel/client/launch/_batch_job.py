@@ -23,6 +23,8 @@ Example::
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import time
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -32,8 +34,10 @@ from traitlets import Unicode
 from traitlets.config import Config
 
 from clusterkernel.client import scheduler
+from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.launch._engine_set import base_config, engine_cmd, process_ended, tail
 from clusterkernel.client.launch._registry import register
+from clusterkernel.client.launch._ssh import Login, login
 from clusterkernel.client.mpiexec import QUIET_OSC, MPIRuntime
 from clusterkernel.client.scheduler import BatchSystem, SchedulerError
 from clusterkernel.protocol._net import route_source
@@ -58,12 +62,30 @@ class ScheduledEngineSetLauncher(BatchEngineSetLauncher):
     # the cluster file names the class by this (ipyparallel imports it back on attach)
     entrypoint_name = "clusterkernel.client.launch._batch_job.ScheduledEngineSetLauncher"
     scheduler = Unicode("", config=True, help="the scheduler's name").tag(to_dict=True)
+    # from outside the cluster: the login node its commands run on, the interpreter and
+    # the cluster's directory there (empty: here)
+    ssh = Unicode("", config=True).tag(to_dict=True)
+    remote_python = Unicode("", config=True).tag(to_dict=True)
+    remote_profile_dir = Unicode("", config=True).tag(to_dict=True)
 
     def _system(self) -> type[BatchSystem]:
-        return scheduler.get(self.scheduler)
+        system = scheduler.get(self.scheduler)
+        return system.over_ssh(login(self.ssh, self.remote_python)) if self.ssh else system
+
+    @property
+    def cluster_env(self) -> dict[str, str]:
+        env = dict(super().cluster_env)
+        if self.remote_profile_dir:
+            env["IPP_PROFILE_DIR"] = self.remote_profile_dir
+        return env
 
     def start(self, n: int = 1) -> str:
         self.write_batch_script(n)
+        if self.ssh:  # the login node's own environment, with the job's variables
+            job_id = self._system().submit(self.batch_file, env=self.get_env())
+            self.job_id = job_id
+            self.notify_start(job_id)
+            return job_id
         env = {**os.environ, **self.get_env()}
         job_id = self._system().submit(self.batch_file, env=env, cwd=self.work_dir)
         self.job_id = job_id
@@ -122,7 +144,13 @@ class BatchLauncher:
         if settings.hosts or settings.hostfile:
             raise ValueError(f"{system.title} chooses the hosts: leave out hosts=/hostfile=.")
         self.kind = system.name
-        self.step = system.steps_in_job()  # ranks as a step of the job this process is in
+        # from outside the cluster: every command of the scheduler's on the login node
+        self.login: Login | None = None
+        if settings.ssh:
+            self.login = login(settings.ssh, settings.remote_python or sys.executable)
+            system = system.over_ssh(self.login)
+        # ranks as a step of the job this process is in (never from outside)
+        self.step = system.steps_in_job() and self.login is None
         n, values = system.resolve(settings.n, system.normalize(settings.options()), self.step)
         self.settings = settings.with_ranks(n)
         self.system = system(n, values)  # checks the options
@@ -131,7 +159,16 @@ class BatchLauncher:
         # only mpiexec's daemons can start a dead rank's successor inside the job.
         self.fault_tolerant = settings.fault_tolerant
         self.how = "mpiexec" if self.fault_tolerant else system.launch
-        self.runtime = MPIRuntime.detect(settings.mpiexec) if self.how == "mpiexec" else None
+        self.runtime = (
+            MPIRuntime.detect(settings.mpiexec) if self.how == "mpiexec" and not settings.ssh
+            else None
+        )  # fmt: skip
+        if self.how == "mpiexec" and settings.ssh:
+            raise ValueError(
+                "ssh= starts the ranks with the scheduler's own launcher: leave out "
+                "fault_tolerant/respawn (they need mpiexec here), or run the notebook on "
+                "the cluster."
+            )
         runtime = self.runtime  # not None when fault-tolerant: the ranks start with mpiexec
         if self.fault_tolerant and runtime is not None and runtime.flavor == "mpich":
             raise ValueError(
@@ -159,8 +196,21 @@ class BatchLauncher:
     def controller_ip(self) -> str:
         if self._controller_ip is None:
             addrs = self.system.node_addresses(in_allocation=self.step)
-            self._controller_ip = controller_address(addrs, self.system.title)
+            if self.login is not None:  # the login node's route to them
+                self.login.check(self.system.submit_command[0])
+                self._controller_ip = self.login.controller_address(addrs, self.system.title)
+            else:
+                self._controller_ip = controller_address(addrs, self.system.title)
         return self._controller_ip
+
+    def controller(self) -> str | None:
+        """ipyparallel's controller launcher: on the login node from outside, else here."""
+        return "ssh" if self.login is not None else None
+
+    def remote_dir(self, run_dir: str) -> str:
+        """Where the cluster's files live on the ranks' side (``run_dir``, or its place
+        under the login node's home from outside)."""
+        return self.login.home_path(run_dir) if self.login is not None else run_dir
 
     # ------------------------------------------------------------ configuration
     def batch_script(self) -> str:
@@ -213,7 +263,31 @@ class BatchLauncher:
             launcher.engine_args = ["--log-level=WARN", "--mpi"]
         launcher.environment = full
         launcher.engine_cmd = engine_cmd(full)
+        if self.login is not None:
+            self._outside(cfg, launcher, run_dir)
         return cfg
+
+    def _outside(self, cfg: Config, launcher, run_dir: str) -> None:
+        """From outside: the controller and the job's files on the login node."""
+        login = self.login
+        assert login is not None
+        remote = login.home_path(run_dir)
+        launcher.ssh, launcher.remote_python = login.host, login.python
+        launcher.remote_profile_dir = remote
+        launcher.output_file = f"{remote}/engines.out"
+        # the login node's own PATH; the run-directory mark is its directory there
+        env = {k: v for k, v in launcher.environment.items() if k != "PATH"}
+        env = {k: (remote if v == run_dir else v) for k, v in env.items()}
+        launcher.environment = env
+        launcher.engine_cmd = [login.python, *engine_cmd(env)[1:]]
+        ctl = cfg.SSHControllerLauncher
+        ssh = login.ssh()
+        ctl.ssh_cmd, ctl.hostname = ssh[:-1], login.host
+        # scp runs the ssh of PATH (the user's, as every other command here), not its own
+        ctl.scp_cmd = ["scp", "-S", shutil.which("ssh") or "ssh", *ssh[1:-1]]
+        ctl.remote_python = login.python
+        ctl.remote_profile_dir = remote
+        ctl.controller_args = list(cfg.LocalControllerLauncher.controller_args)
 
     # ------------------------------------------------------------ the job
     def _job_state(self, engine_set) -> tuple[str, str] | None:
@@ -242,6 +316,15 @@ class BatchLauncher:
         return state is not None and state[0] not in self.system.live_states
 
     def output(self, engine_set, lines: int = 40) -> str:
+        if self.login is not None:
+            path = getattr(engine_set, "output_file", "")
+            if not path:
+                return ""
+            try:
+                done = self.login.run("tail", "-n", str(lines), path, check=False, timeout=15)
+            except ClusterError:
+                return ""
+            return done.stdout.rstrip()
         if self.step:
             return tail(engine_set.get_output() if engine_set is not None else "", lines)
         # read the file each time: the launcher caches its first read

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 import psutil
 
@@ -57,11 +58,25 @@ class Guard:
         guard.release()          # we stopped the cluster ourselves
     """
 
-    def __init__(self, cluster_file: str, run_dir: str, keep: float | None = None) -> None:
+    def __init__(
+        self, cluster_file: str, run_dir: str, keep: float | None = None, login: Any = None
+    ) -> None:
         # keep: seconds (inf: until stopped) the guard keeps the cluster once we are gone
+        # login: the cluster's login node (launch._ssh.Login) from outside: the guard runs
+        # there, the cluster file copied to the cluster's directory there; ssh carries our
+        # pipe's EOF to it, and sshd gives it one when the connection is lost
+        if login is not None:
+            remote_dir = login.home_path(run_dir)
+            remote_file = f"{remote_dir}/cluster.json"
+            with open(cluster_file) as f:
+                login.write(remote_file, f.read())
+            cluster_file, run_dir = remote_file, remote_dir
         args = [cluster_file, run_dir] + ([repr(float(keep))] if keep is not None else [])
+        command = [sys.executable, "-m", "clusterkernel.client.launch._guard", *args]
+        if login is not None:
+            command = login.argv(login.python, *command[1:], shared=False)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "clusterkernel.client.launch._guard", *args],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -86,6 +86,11 @@ class LaunchSettings:
     fault_tolerant: bool = False
     # after a cell that saw a rank die, bring it back (needs, so implies, fault_tolerant)
     respawn: bool = False
+    # the login node (an SSH host) the scheduler's commands and the controller run on,
+    # for a notebook outside the cluster; remote_python: the interpreter there that has
+    # clusterkernel (default: this one's path, as where both share an installation)
+    ssh: str | None = None
+    remote_python: str | None = None
     # the scheduler's options given, as sorted (name, value) pairs; defaults left out
     scheduler_options: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -93,13 +98,14 @@ class LaunchSettings:
         self, n: int | None = None, hosts: str | list[str] | tuple[str, ...] | None = None,
         hostfile: str | None = None, mpiexec: str | None = None, launcher: str | None = None,
         controller_ip: str | None = None, fault_tolerant: bool = False, respawn: bool = False,
-        scheduler_options: tuple[tuple[str, Any], ...] = (), **options: Any,
+        scheduler_options: tuple[tuple[str, Any], ...] = (), ssh: str | None = None,
+        remote_python: str | None = None, **options: Any,
     ) -> None:  # fmt: skip
         for name, value in (
             ("n", n), ("hosts", tuple(hosts) if isinstance(hosts, list) else hosts),
             ("hostfile", hostfile), ("mpiexec", mpiexec), ("launcher", launcher),
             ("controller_ip", controller_ip), ("fault_tolerant", fault_tolerant or respawn),
-            ("respawn", respawn),
+            ("respawn", respawn), ("ssh", ssh), ("remote_python", remote_python),
         ):  # fmt: skip
             object.__setattr__(self, name, value)
         options = {**dict(scheduler_options), **options}
@@ -129,6 +135,13 @@ class LaunchSettings:
             raise ValueError("Give either hosts= or hostfile=, not both.")
         if self.hostfile and not os.path.isfile(self.hostfile):
             raise FileNotFoundError(f"Hostfile {self.hostfile!r} does not exist.")
+        if self.ssh is not None and self.launcher in (None, "mpiexec"):
+            raise ValueError(
+                "ssh= starts the ranks as a scheduler's job from outside the cluster: give "
+                "the scheduler too (--slurm, launcher='slurm')."
+            )
+        if self.remote_python is not None and self.ssh is None:
+            raise ValueError("remote_python= is the interpreter on the ssh= host: give ssh= too.")
         if self.launcher is not None and self.launcher not in launchers():
             raise ValueError(
                 f"launcher must be one of {', '.join(launchers())} (or a LaunchSettings); "

@@ -85,6 +85,17 @@ def _scheduler_arguments(func):
 )
 @argument("--slurm", action="store_true", help="the same as --scheduler slurm (sbatch + srun)")
 @_scheduler_arguments
+@argument(
+    "--ssh",
+    metavar="HOST",
+    help="from outside the cluster: run the scheduler's commands and the controller on this "
+    "login node by ssh (BatchMode: a key that works without a password), tunnel to it",
+)
+@argument(
+    "--remote-python",
+    metavar="PATH",
+    help="with --ssh: the python on HOST that has clusterkernel (default: this one's path)",
+)
 @argument("--hosts", help='hosts and slots for several machines, e.g. "a:2,b:2"')
 @argument("--hostfile", help="an MPI hostfile")
 @argument("--mpiexec", help="path of mpiexec (default: next to python, then PATH)")

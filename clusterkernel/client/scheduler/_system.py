@@ -104,6 +104,8 @@ class BatchSystem:
     # every program of the scheduler's that the class runs: none is named anywhere else
     # (tests/test_seam.py), so the class is the one place a scheduler's commands live
     commands: ClassVar[tuple[str, ...]] = ()
+    # where the commands run: None here, else a login node reached by SSH (over_ssh)
+    remote: ClassVar[Any] = None
 
     def __init__(self, n: int, values: dict[str, Any] | None = None) -> None:
         known = {o.name for o in self.options}
@@ -171,8 +173,21 @@ class BatchSystem:
 
     # ------------------------------------------------------------ the job
     @classmethod
+    def over_ssh(cls, login: Any) -> type[BatchSystem]:
+        """This scheduler with its commands run on ``login`` (an object whose
+        ``run(*command, input=, timeout=, check=)`` runs them there: ``ssh HOST``)."""
+        return cast(type[BatchSystem], type(cls.__name__, (cls,), {"remote": login}))
+
+    @classmethod
     def run(cls, *args: str, timeout: float = 30, check: bool = True) -> str:
         """One of this scheduler's commands (``args[0]`` found on PATH); its stdout."""
+        if cls.remote is not None:
+            done = cls.remote.run(*args, timeout=timeout, check=False)
+            if check and done.returncode != 0:
+                raise SchedulerError(
+                    f"`{' '.join(args)}` failed: {(done.stderr or done.stdout).strip()}"
+                )
+            return done.stdout
         exe = shutil.which(args[0])
         if exe is None:
             raise SchedulerError(
@@ -195,6 +210,23 @@ class BatchSystem:
     @classmethod
     def submit(cls, script: str, env: dict[str, str] | None = None, cwd: str | None = None) -> str:
         """Submit the job script at path ``script``; its job id."""
+        if cls.remote is not None:  # the script on stdin, the job's variables by env
+            with open(script) as f:
+                text = f.read()
+            pairs = [f"{k}={v}" for k, v in (env or {}).items()]
+            done = cls.remote.run("env", *pairs, *cls.submit_command, input=text, check=False)
+        else:
+            done = cls._submit_here(script, env, cwd)
+        said = (done.stdout + done.stderr).strip()
+        m = re.search(cls.job_id_pattern, done.stdout)
+        if done.returncode != 0 or m is None:
+            raise SchedulerError(f"{cls.title} refused the job: {said or 'no answer'}")
+        return m.group(0)
+
+    @classmethod
+    def _submit_here(
+        cls, script: str, env: dict[str, str] | None, cwd: str | None
+    ) -> subprocess.CompletedProcess:
         exe = shutil.which(cls.submit_command[0]) if cls.submit_command else None
         if exe is None:
             cls.run(
@@ -204,16 +236,16 @@ class BatchSystem:
             [cast(str, exe), *cls.submit_command[1:], script],  # cls.run raised where None
             capture_output=True, text=True, timeout=60, env=env, cwd=cwd,
         )  # fmt: skip
-        said = (done.stdout + done.stderr).strip()
-        m = re.search(cls.job_id_pattern, done.stdout)
-        if done.returncode != 0 or m is None:
-            raise SchedulerError(f"{cls.title} refused the job: {said or 'no answer'}")
-        return m.group(0)
+        return done
 
     @classmethod
     def cancel(cls, job_ids: Iterable[str]) -> None:
         """Cancel the jobs (their processes end soon after, see :meth:`wait_gone`)."""
         jobs = [str(j) for j in job_ids if j]
+        if cls.remote is not None:
+            if jobs and cls.cancel_command:
+                cls.remote.run(*cls.cancel_command, *jobs, check=False, timeout=30)
+            return
         exe = shutil.which(cls.cancel_command[0]) if jobs and cls.cancel_command else None
         if exe is not None:
             subprocess.run(

@@ -1,0 +1,197 @@
+"""The cluster's login node, reached by OpenSSH from a notebook outside it (client side).
+
+With ``ssh=HOST`` (``%mpi start --ssh HOST``) every command that must run on the cluster
+(the controller, the scheduler's ``sbatch``/``squeue``/``scancel``, the guard) runs as
+``ssh HOST ...``: the user's own OpenSSH, its config and keys, ``BatchMode`` (a key
+that is refused is an error, never a password prompt). One master connection per
+cluster (``ControlMaster``, its socket in a private directory of this machine) makes
+the repeated commands cheap. Nothing listens on this machine: the notebook reaches the
+controller through ipyparallel's own SSH tunnels (``Client(sshserver=HOST)``).
+
+Example::
+
+    # not run: needs an SSH host
+    login = Login("login", python="/opt/venv/bin/python")
+    login.check("sbatch")                         # a clear error if it cannot work
+    login.run("squeue", "-h", "-j", "12")         # squeue's stdout
+    login.close()
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+
+from clusterkernel.client.errors import ClusterError
+
+_CONNECT_TIMEOUT = 10  # seconds: an unknown or silent host fails in this time, not TCP's
+
+
+class LoginError(ClusterError):
+    """The login node cannot be reached by SSH, or lacks what the start needs."""
+
+
+class Login:
+    """The login node ``host`` (an OpenSSH destination: a ``Host`` of ``~/.ssh/config``,
+    ``user@host``); ``python``: the interpreter there that has clusterkernel.
+
+    Example::
+
+        # not run: needs an SSH host
+        Login("login").run("hostname")
+    """
+
+    def __init__(self, host: str, python: str) -> None:
+        if not host or host.startswith("-") or any(c.isspace() for c in host):
+            raise ValueError(f"ssh= {host!r}: give an SSH host, e.g. 'login' or 'me@cluster'.")
+        self.host, self.python = host, python
+        self._control_dir: str | None = None
+
+    def ssh(self, *options: str, shared: bool = True) -> list[str]:
+        """The ``ssh`` command line up to the host (its options first); ``shared``: over
+        the master connection (else a connection of its own)."""
+        if shutil.which("ssh") is None:
+            raise LoginError("`ssh` is not on PATH: --ssh needs OpenSSH's client.")
+        if self._control_dir is None:  # short: a socket path has ~100 characters at most
+            self._control_dir = tempfile.mkdtemp(prefix="ck-ssh-")
+        control = (
+            ["-o", "ControlMaster=auto", "-o", "ControlPersist=60",
+             "-o", f"ControlPath={self._control_dir}/%C"]
+            if shared else ["-o", "ControlPath=none"]
+        )  # fmt: skip
+        return [
+            "ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={_CONNECT_TIMEOUT}",
+            *control, *options, self.host,
+        ]  # fmt: skip
+
+    def argv(self, *command: str, shared: bool = True) -> list[str]:
+        """``command`` run on the login node (quoted for its shell)."""
+        return [*self.ssh(shared=shared), "--", shlex.join(command)]
+
+    def tunnel_server(self) -> str:
+        """``sshserver=`` for ipyparallel's client: the host with the master connection's
+        socket, so that pyzmq's tunnels are forwards of that connection (``ssh -O
+        forward``): a new ssh of its own per tunnel must log in within pyzmq's one
+        second, which a loaded machine or a distant cluster misses."""
+        self.run("true", timeout=30)  # the master connection, made now
+        return f"-o ControlPath={self._control_dir}/%C {self.host}"
+
+    def write(self, path: str, text: str) -> None:
+        """A file of the login node (``path`` under its home unless absolute), private."""
+        folder = os.path.dirname(path) or "."
+        self.run(
+            "sh", "-c", f"umask 077 && mkdir -p {shlex.quote(folder)} && cat > {shlex.quote(path)}",
+            input=text,
+        )  # fmt: skip
+
+    def remove(self, path: str) -> None:
+        """Remove a directory of the login node (what a cluster left there)."""
+        self.run("rm", "-rf", "--", path, check=False, timeout=30)
+
+    def run(
+        self, *command: str, input: str | None = None, timeout: float = 60, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        """``command`` on the login node; a :class:`LoginError` where ssh itself failed
+        (exit 255) or, with ``check``, where the command did."""
+        try:
+            done = subprocess.run(
+                self.argv(*command), input=input, capture_output=True, text=True,
+                timeout=timeout,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise LoginError(
+                f"`ssh {self.host} {shlex.join(command)}` did not answer within {timeout:.0f} s."
+            ) from None
+        if done.returncode == 255:
+            raise LoginError(self._why(done.stderr))
+        if check and done.returncode != 0:
+            said = (done.stderr or done.stdout).strip()
+            raise LoginError(f"`{shlex.join(command)}` on {self.host} failed: {said}")
+        return done
+
+    def _why(self, stderr: str) -> str:
+        said = stderr.strip().splitlines()[-1] if stderr.strip() else "no answer"
+        if "Permission denied" in stderr:
+            return (
+                f"ssh {self.host}: the key was refused ({said}). --ssh needs a login that "
+                f"works without a password: check `ssh {self.host} true` in a terminal "
+                "(ssh-add your key, or add it to the login node's authorized_keys)."
+            )
+        if "Could not resolve" in stderr or "Name or service not known" in stderr:
+            return (
+                f"ssh {self.host}: unknown host ({said}). Give a host of your ~/.ssh/config "
+                "or a name this machine resolves."
+            )
+        return f"ssh {self.host} failed: {said}"
+
+    def check(self, *programs: str) -> None:
+        """Refuse, in seconds, a login node that cannot be reached or lacks ``programs``
+        or this package under :attr:`python`."""
+        probe = " && ".join(
+            [f"command -v {shlex.quote(p)} >/dev/null || {{ echo missing:{p}; exit 3; }}"
+             for p in programs]
+            + [f"{shlex.quote(self.python)} -c 'import clusterkernel' 2>/dev/null "
+               f"|| {{ echo missing-python; exit 3; }}"]
+        )  # fmt: skip
+        done = self.run("sh", "-c", probe, check=False, timeout=30)
+        out = done.stdout.strip()
+        if out.startswith("missing:"):
+            program = out.split(":", 1)[1]
+            raise LoginError(
+                f"`{program}` is not on PATH on {self.host}: the scheduler's commands must "
+                f"work in `ssh {self.host}` (a login node of the cluster, with its module "
+                "loaded in your shell's profile)."
+            )
+        if out == "missing-python":
+            raise LoginError(
+                f"{self.python} on {self.host} cannot import clusterkernel: install it there "
+                "and give its interpreter as remote_python= (--remote-python)."
+            )
+
+    def controller_address(self, nodes: list[str], title: str) -> str:
+        """The login node's one address on its routes to ``nodes`` (where the controller
+        listens, so that the ranks reach it)."""
+        code = (
+            "import sys\nfrom clusterkernel.protocol._net import route_source\n"
+            "for a in sys.argv[1:]:\n"
+            "    try: print(route_source(a))\n"
+            "    except OSError: pass\n"
+        )
+        out = self.run(self.python, "-c", code, *nodes, timeout=30).stdout.split()
+        if len(set(out)) != 1:
+            raise LoginError(
+                f"{self.host} reaches the {title} nodes ({', '.join(nodes) or 'none'}) through "
+                f"{', '.join(sorted(set(out))) or 'no address'}; pass controller_ip= with the "
+                "login node's address the nodes reach."
+            )
+        return out[0]
+
+    def home_path(self, path: str) -> str:
+        """``path`` (this machine's, under its home) as the same place under the login
+        node's home: a relative path, which ssh's commands read from the home there."""
+        home = os.path.expanduser("~").rstrip("/") + "/"
+        return path[len(home) :] if path.startswith(home) else path.lstrip("/")
+
+    def close(self) -> None:
+        """End the master connection and remove its socket's directory."""
+        if self._control_dir is None:
+            return
+        subprocess.run(
+            [*self.ssh("-O", "exit")], capture_output=True, timeout=10
+        )  # fmt: skip
+        shutil.rmtree(self._control_dir, ignore_errors=True)
+        self._control_dir = None
+
+
+_LOGINS: dict[tuple[str, str], Login] = {}
+
+
+def login(host: str, python: str) -> Login:
+    """The one :class:`Login` of ``host`` in this process (its master connection shared)."""
+    key = (host, python)
+    if key not in _LOGINS:
+        _LOGINS[key] = Login(host, python)
+    return _LOGINS[key]
