@@ -134,9 +134,11 @@ def test_bad_hosts_are_refused_clearly_and_start_nothing(laptop):
         _SHELL
         + """
 from clusterkernel import Cluster
-for host in ("no-such-host.invalid", "nobody@login"):
+for host, python in (
+    ("no-such-host.invalid", None), ("nobody@login", None), ("login", "/no/python"),
+):
     try:
-        Cluster(n=2, launcher="slurm", ssh=host).start()
+        Cluster(n=2, launcher="slurm", ssh=host, remote_python=python).start()
     except Exception as e:
         print("ERR", host, type(e).__name__, str(e).splitlines()[0])
 """
@@ -144,4 +146,5 @@ for host in ("no-such-host.invalid", "nobody@login"):
     out = _output(proc, timeout=120)
     assert "ERR no-such-host.invalid LoginError ssh no-such-host.invalid: unknown host" in out, out
     assert "ERR nobody@login LoginError ssh nobody@login: the key was refused" in out, out
+    assert "ERR login LoginError /no/python on login cannot import clusterkernel" in out, out
     assert not laptop.slurm.jobs()

@@ -195,9 +195,10 @@ class BatchLauncher:
 
     def controller_ip(self) -> str:
         if self._controller_ip is None:
+            if self.login is not None:  # refused in seconds, before the scheduler is asked
+                self.login.check(self.system.submit_command[0])
             addrs = self.system.node_addresses(in_allocation=self.step)
             if self.login is not None:  # the login node's route to them
-                self.login.check(self.system.submit_command[0])
                 self._controller_ip = self.login.controller_address(addrs, self.system.title)
             else:
                 self._controller_ip = controller_address(addrs, self.system.title)
