@@ -56,7 +56,7 @@ class Login:
         if shutil.which("ssh") is None:
             raise LoginError("`ssh` is not on PATH: --ssh needs OpenSSH's client.")
         if self._control_dir is None:  # short: a socket path has ~100 characters at most
-            self._control_dir = tempfile.mkdtemp(prefix="ck-ssh-")
+            self._control_dir = _control_dir()
         control = (
             ["-o", "ControlMaster=auto", "-o", "ControlPersist=60",
              "-o", f"ControlPath={self._control_dir}/%C"]
@@ -176,14 +176,24 @@ class Login:
         return path[len(home) :] if path.startswith(home) else path.lstrip("/")
 
     def close(self) -> None:
-        """End the master connection and remove its socket's directory."""
+        """End the master connection (its socket goes with it)."""
         if self._control_dir is None:
             return
         subprocess.run(
             [*self.ssh("-O", "exit")], capture_output=True, timeout=10
         )  # fmt: skip
-        shutil.rmtree(self._control_dir, ignore_errors=True)
         self._control_dir = None
+
+
+def _control_dir() -> str:
+    """This user's one directory for master connections' sockets (one per host, by
+    ssh's %C), private: every process and cluster reuses it, none leaves one behind."""
+    path = os.path.join(tempfile.gettempdir(), f"ck-ssh-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not os.path.isdir(path):
+        raise LoginError(f"{path} is not a private directory of yours: remove it and retry.")
+    return path
 
 
 _LOGINS: dict[tuple[str, str], Login] = {}
