@@ -35,63 +35,63 @@ class RankMap:
     """The running ranks of one cluster and their health (see the module)."""
 
     def __init__(self) -> None:
-        self._engines: Engines | None = None  # the processes, while running
+        self._live_engines: Engines | None = None  # the processes, while running
         self._health = RankHealth()  # the lost engine set, dead ranks
 
     # ------------------------------------------------------------------ the processes
     @property
     def engines(self) -> Engines | None:
         """The running processes (None when stopped), for the parts that act on them."""
-        return self._engines
+        return self._live_engines
 
     def running_engines(self) -> Engines:
         """The running processes; a :class:`ClusterError` when stopped."""
-        if self._engines is None:
+        if self._live_engines is None:
             raise ClusterError("No MPI ranks are running. Start them with: %mpi start -n 4")
-        return self._engines
+        return self._live_engines
 
     @property
     def running(self) -> bool:
         """Whether ranks run (started or attached; not stopped or let go)."""
-        return self._engines is not None
+        return self._live_engines is not None
 
     @property
     def job_id(self) -> str | None:
         """The batch job of the engines (``launcher="slurm"``/``"sge"`` outside an
         allocation), else None."""
-        engine_set = self._engines.engine_set if self._engines is not None else None
+        engine_set = self._live_engines.engine_set if self._live_engines is not None else None
         return getattr(engine_set, "job_id", None) or None
 
     @property
     def run_dir(self) -> str | None:
         """The private directory of this cluster's files (None when stopped)."""
-        return self._engines.run_dir if self._engines is not None else None
+        return self._live_engines.run_dir if self._live_engines is not None else None
 
     @property
     def cluster_file(self) -> str | None:
         """ipyparallel's cluster file, from which a client can connect (None when stopped)."""
-        return self._engines.cluster_file if self._engines is not None else None
+        return self._live_engines.cluster_file if self._live_engines is not None else None
 
     def job_ended(self) -> bool:
         """Whether the MPI job under the engines has ended (False when stopped)."""
-        return self._engines is not None and self._engines.ended()
+        return self._live_engines is not None and self._live_engines.ended()
 
     def job_output(self, lines: int = 40) -> str:
         """The last ``lines`` of what the launcher (mpiexec, srun, the Slurm job) said."""
-        return self._engines.output(lines) if self._engines is not None else ""
+        return self._live_engines.output(lines) if self._live_engines is not None else ""
 
     def processes(self) -> list[int]:
         """Pids of every local process of this cluster (controller, mpiexec, ranks...)."""
-        return self._engines.processes() if self._engines is not None else []
+        return self._live_engines.processes() if self._live_engines is not None else []
 
     def start(self, *args: Any, **options: Any) -> None:
         """Start the processes (``Engines.start``'s arguments): a new set, not lost."""
         self._health.started()
-        self._engines = Engines.start(*args, **options)
+        self._live_engines = Engines.start(*args, **options)
 
     def attach(self, *args: Any, **options: Any) -> None:
         """Connect to a kept cluster's processes (``Engines.attach``'s arguments)."""
-        self._engines = Engines.attach(*args, **options)
+        self._live_engines = Engines.attach(*args, **options)
 
     def restart(self) -> None:
         """A full new set of ranks replaces the old one: nothing is wrong any more."""
@@ -102,10 +102,10 @@ class RankMap:
         """Stop the processes, or (``let_go``) leave them running to a kept cluster's
         guard; either way this map no longer has them (``lost`` stays, see RankHealth)."""
         try:
-            if self._engines is not None:
-                self._engines.detach() if let_go else self._engines.teardown()
+            if self._live_engines is not None:
+                self._live_engines.detach() if let_go else self._live_engines.teardown()
         finally:
-            self._engines = None
+            self._live_engines = None
             self._health.forgotten()
 
     def respawn(
@@ -186,18 +186,18 @@ class RankMap:
     @property
     def ranks(self) -> list[int]:
         """Every rank of the job, dead ones (fault-tolerant jobs) included."""
-        return sorted(self._engines.engine_of) if self._engines is not None else []
+        return sorted(self._live_engines.engine_of) if self._live_engines is not None else []
 
     @property
     def engine_of(self) -> dict[int, int]:
         """``{rank: engine id}`` of the running ranks (a copy)."""
-        return dict(self._engines.engine_of) if self._engines is not None else {}
+        return dict(self._live_engines.engine_of) if self._live_engines is not None else {}
 
     @property
     def rank_info(self) -> dict[int, dict]:
         """``{rank: {"rank", "host", "pid", "engine", "oom"}}`` as each rank reported at start
         (``oom``: its memory cgroup's OOM-kill counter then, see :meth:`out_of_memory`)."""
-        return dict(self._engines.rank_info) if self._engines is not None else {}
+        return dict(self._live_engines.rank_info) if self._live_engines is not None else {}
 
     def live_ranks(
         self,
@@ -207,7 +207,7 @@ class RankMap:
         """Every rank but those that died. ``engine_ids``: the engines the controller still
         has (a fault-tolerant job's); a rank whose engine left them died between cells,
         ``causes(ranks)`` says how (``_rank_faults.death_causes``)."""
-        if engine_ids is not None and self._engines is not None:
+        if engine_ids is not None and self._live_engines is not None:
             # Its nanny has told the controller, which unregistered the engine; the
             # job itself lives on (fault-tolerant only).
             gone = _rank_faults.lost_engines(self.engine_of, engine_ids(), self._health.dead)
