@@ -15,7 +15,6 @@ Example::
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
@@ -122,7 +121,7 @@ def _command(engines: Engines, rank: int, root: int | str) -> list[str]:
     host = engines.rank_info[rank]["host"]
     same = sorted(r for r, info in engines.rank_info.items() if info["host"] == host)
     return [
-        sys.executable,
+        program[0],  # the ranks' python: from outside the cluster not this one's path
         "-m",
         "clusterkernel.rank._respawn",
         str(rank),

@@ -159,16 +159,19 @@ class BatchLauncher:
         # only mpiexec's daemons can start a dead rank's successor inside the job.
         self.fault_tolerant = settings.fault_tolerant
         self.how = "mpiexec" if self.fault_tolerant else system.launch
-        self.runtime = (
-            MPIRuntime.detect(settings.mpiexec) if self.how == "mpiexec" and not settings.ssh
-            else None
-        )  # fmt: skip
-        if self.how == "mpiexec" and settings.ssh:
-            raise ValueError(
-                "ssh= starts the ranks with the scheduler's own launcher: leave out "
-                "fault_tolerant/respawn (they need mpiexec here), or run the notebook on "
-                "the cluster."
-            )
+        # from outside, the login node's mpiexec and its environment, asked there at
+        # the start (_runtime_on_login): none of this machine's applies to the job
+        self.runtime: MPIRuntime | None = None
+        self._runtime_env: dict[str, str] | None = None
+        if self.how == "mpiexec" and self.login is None:
+            self.runtime = MPIRuntime.detect(settings.mpiexec)
+            self._check_runtime()
+        self._controller_ip = settings.controller_ip
+        self.job_id: str | None = None
+        self._state: tuple[str, str] | None = None
+        self._state_at = 0.0
+
+    def _check_runtime(self) -> None:
         runtime = self.runtime  # not None when fault-tolerant: the ranks start with mpiexec
         if self.fault_tolerant and runtime is not None and runtime.flavor == "mpich":
             raise ValueError(
@@ -176,10 +179,15 @@ class BatchLauncher:
                 f"is {runtime.flavor}. Give mpiexec= an Open MPI 5 one, or leave "
                 "fault_tolerant out."
             )
-        self._controller_ip = settings.controller_ip
-        self.job_id: str | None = None
-        self._state: tuple[str, str] | None = None
-        self._state_at = 0.0
+
+    def _runtime_on_login(self) -> None:
+        """From outside, where the ranks start with ``mpiexec``: the login node's, with
+        the environment made there (``Login.mpi_runtime``), once."""
+        if self.login is None or self.how != "mpiexec" or self.runtime is not None:
+            return
+        exe, flavor, env = self.login.mpi_runtime(self.settings.mpiexec, self.fault_tolerant)
+        self.runtime, self._runtime_env = MPIRuntime(exe, flavor), env
+        self._check_runtime()
 
     @property
     def n(self) -> int:
@@ -234,12 +242,15 @@ class BatchLauncher:
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         base = {"PATH": os.environ.get("PATH", "")}
-        if self.runtime is not None:  # mpiexec's own settings (root, oversubscribing, ULFM)
+        if self._runtime_env is not None:  # made on the login node
+            base = dict(self._runtime_env)
+        elif self.runtime is not None:  # mpiexec's own settings (root, oversubscribing, ULFM)
             base = self.runtime.env(base, fault_tolerant=self.fault_tolerant, scheduler_hosts=True)
         quiet = {k: os.environ.get(k, v) for k, v in QUIET_OSC.items()}
         return {**base, **quiet, **env}
 
     def config(self, env: dict[str, str], run_dir: str) -> Config:
+        self._runtime_on_login()
         cfg = base_config()
         full = self._environment(env)
         if self.step:

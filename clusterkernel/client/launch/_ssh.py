@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -168,6 +169,27 @@ class Login:
                 "login node's address the nodes reach."
             )
         return out[0]
+
+    def mpi_runtime(self, mpiexec: str | None, fault_tolerant: bool) -> tuple[str, str, dict]:
+        """``(mpiexec, flavour, environment)`` of the login node's Open MPI for a job whose
+        ranks start with ``mpiexec`` (``fault_tolerant``): found, and its environment
+        made, there (its paths, its user: root needs Open MPI's consent), as the job
+        runs them; a :class:`LoginError` saying what to give where there is none."""
+        code = (
+            "import json, sys\n"
+            "from clusterkernel.client.mpiexec import MPIRuntime, MPINotFoundError\n"
+            "try: r = MPIRuntime.detect(sys.argv[1] or None)\n"
+            "except MPINotFoundError as e: print(json.dumps({'error': str(e)})); sys.exit()\n"
+            "env = r.env({}, fault_tolerant=sys.argv[2] == '1', scheduler_hosts=True)\n"
+            "print(json.dumps({'mpiexec': r.mpiexec, 'flavor': r.flavor, 'env': env}))\n"
+        )
+        out = self.run(
+            self.python, "-c", code, mpiexec or "", "1" if fault_tolerant else "0", timeout=60
+        ).stdout
+        found = json.loads(out.strip().splitlines()[-1])
+        if "error" in found:
+            raise LoginError(f"On {self.host}: {found['error']}")
+        return found["mpiexec"], found["flavor"], found["env"]
 
     def home_path(self, path: str) -> str:
         """``path`` (this machine's, under its home) as the same place under the login
