@@ -112,10 +112,19 @@ class Engines:
         say = _steps(progress)
         _ipp.install_date_parser()  # less work per rank and cell (BENCHMARKS.md, "Scale")
         kwargs: dict[str, Any] = {}
+        login = _login(launcher)  # from outside: the controller on the login node
+        if login is not None and keep is not None:
+            # the keeper would run on the login node, which cannot see a client here
+            # (it would stop the job after the keep time under an attached notebook),
+            # and an attach has no tunnel
+            raise ClusterError(
+                "keep= (--keep) does not work with ssh= yet: %mpi attach cannot reach a "
+                "kept job from outside the cluster. Leave out keep (the job ends with the "
+                f"kernel), or run the notebook on {login.host} to keep ranks."
+            )
         ip = launcher.controller_ip()  # may ask Slurm: before anything is made
         if ip:
             kwargs["controller_ip"] = ip
-        login = _login(launcher)  # from outside: the controller on the login node
         if login is not None:
             kwargs["controller"] = "ssh"
         self.run_dir = make_run_dir()
