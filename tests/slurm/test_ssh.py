@@ -1,6 +1,7 @@
 """``%mpi start --ssh login``: a notebook outside the cluster (the login bed's laptop
 namespace, which reaches the cluster by SSH to the login node only) starts ranks on
-the Slurm bed's two nodes, runs cells there and leaves nothing behind.
+the Slurm bed's two nodes, runs cells there, syncs and reloads the user's module on
+both, respawns a dead rank in a fault-tolerant job, and leaves nothing behind.
 
 The login bed is ``/work/shared/login/testbed.sh`` (one per module, stopped by the
 module fixture); the Slurm bed is the session's. Each check is a real IPython shell
@@ -10,7 +11,9 @@ run as a script inside the laptop namespace.
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +46,7 @@ def laptop(slurm_testbed):
 
     def stop() -> None:
         subprocess.run(["bash", str(LOGIN_BED), "stop", str(bed)], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
 
     if started.returncode != 0:
         stop()
@@ -88,6 +92,29 @@ print("on", socket.gethostname(), "sum", t.item())
 ''')
 cluster = ip.user_ns["cluster"]
 print("JOB", cluster.job_id, "CONTROLLER", cluster._ranks.engines.ipp.controller.pid)
+# the user's module, edited in a folder of the laptop's, synced to both nodes
+import os, tempfile
+from IPython.core.error import UsageError
+os.chdir(tempfile.mkdtemp(prefix="ck-laptop-nb-"))
+print("NOTEBOOK", os.getcwd())
+def edit(text):
+    with open("lapmod.py", "w") as f:
+        f.write(text)
+edit("VERSION = 1\\ndef version():\\n    return VERSION\\n")
+ip.run_line_magic("mpi", "sync lapmod.py")
+ip.run_cell_magic("mpi", "", '''
+import os, lapmod
+get, kept = lapmod.version, 41   # made before the edit: both must last through it
+print("imported", os.path.realpath(lapmod.__file__), get())
+''')
+edit("VERSION = 2\\ndef version():\\n    return VERSION * 10\\n")
+ip.run_line_magic("mpi", "sync lapmod.py")
+edit("def version(:\\n")
+try:
+    ip.run_line_magic("mpi", "sync lapmod.py")
+except UsageError as e:
+    print("REFUSED", str(e).splitlines()[0])
+ip.run_cell_magic("mpi", "", 'print("edited", socket.gethostname(), get(), kept + 1, lapmod.VERSION)')
 ip.run_line_magic("mpi", "stop")
 """
     )
@@ -95,6 +122,18 @@ ip.run_line_magic("mpi", "stop")
     assert proc.returncode == 0, out
     assert "[rank 0] on node1 sum 3.0" in out, out
     assert "[rank 1] on node2 sum 3.0" in out, out
+    # each node imports its own synced copy, written on the cluster's side, never the
+    # laptop's file (the beds share one file system: the path tells them apart)
+    notebook = out.split("NOTEBOOK ", 1)[1].split()[0]
+    for rank, node in ((0, "node1"), (1, "node2")):
+        where, value = out.split(f"[rank {rank}] imported ", 1)[1].split()[:2]
+        assert where.endswith(f"/sync/{node}/lapmod.py") and value == "1", out
+        assert not where.startswith(notebook), out
+        # the edit reached the function made before it, and the rank's variables stayed
+        assert f"[rank {rank}] edited {node} 20 42 2" in out, out
+    assert "Synced 1 file to 2 hosts" in out, out
+    assert "reloaded lapmod on ranks 0-1" in out, out
+    assert "REFUSED Not synced, the ranks keep the code they have: lapmod.py, line 1" in out, out
     job, _, controller = out.split("JOB ", 1)[1].split()[:3]
     assert job not in laptop.slurm.jobs(), out
     assert not any(laptop.slurm.leftovers()), laptop.slurm.leftovers()
@@ -105,23 +144,48 @@ ip.run_line_magic("mpi", "stop")
     )
 
 
-def test_a_killed_kernel_has_its_job_released_from_the_login_side(laptop):
+def test_a_rank_respawned_from_outside_then_a_killed_kernel_has_its_job_released(laptop):
+    """A fault-tolerant job from outside (the ranks under the login node's ``mpiexec``
+    inside the job): rank 1, on node2, SIGKILLed, ``%mpi respawn --from 0`` brings it back
+    with rank 0's variables; then the notebook is SIGKILLed and the guard on the login
+    node cancels the job."""
     proc = laptop(
         _SHELL
         + """
 import time
-ip.run_line_magic("mpi", "start -n 2 --slurm --nodes 2 --ssh login")
+ip.run_line_magic("mpi", "start -n 2 --slurm --nodes 2 --ssh login --fault-tolerant")
+ip.run_cell_magic("mpi", "", "import os, socket\\nbefore, x = os.getpid(), 7\\nprint('on', socket.gethostname())")
+try:
+    ip.run_cell_magic("mpi", "--ranks 1", "os.kill(os.getpid(), 9)")
+except Exception as e:
+    print("CELL", type(e).__name__)
+ip.run_line_magic("mpi", "respawn --from 0")
+ip.run_cell_magic("mpi", "", '''
+import os, socket
+from mpi4py import MPI
+from clusterkernel import comm
+total = comm.WORLD.comm.allreduce(comm.WORLD.comm.Get_rank() + 1)
+print("after", socket.gethostname(), "same" if before == os.getpid() else "new", x, total)
+''')
 print("JOB", ip.user_ns["cluster"].job_id, flush=True)
 time.sleep(600)
 """
     )
-    job = None
+    job, said = None, []
     assert proc.stdout is not None
     for line in proc.stdout:
+        said.append(line)
         if line.startswith("JOB "):
             job = line.split()[1]
             break
-    assert job is not None and job in laptop.slurm.jobs()
+    out = "".join(said)
+    assert job is not None and job in laptop.slurm.jobs(), out
+    assert "CELL RankError" in out, out
+    assert "[rank 0] on node1" in out and "[rank 1] on node2" in out, out
+    assert "[rank 0] after node1 same 7 3" in out, out
+    # a new process with rank 0's variables, in the world of both ranks again (placed
+    # where the job has room: no survivor shows node2 still up)
+    assert re.search(r"\[rank 1\] after node[12] new 7 3", out), out
     # the python in the laptop namespace: ip netns exec replaced itself by it
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -141,10 +205,15 @@ for host, python in (
         Cluster(n=2, launcher="slurm", ssh=host, remote_python=python).start()
     except Exception as e:
         print("ERR", host, type(e).__name__, str(e).splitlines()[0])
+try:
+    Cluster(n=2, launcher="slurm", ssh="login", keep="10m").start()
+except Exception as e:
+    print("KEEP", type(e).__name__, str(e).splitlines()[0])
 """
     )
     out = _output(proc, timeout=120)
     assert "ERR no-such-host.invalid LoginError ssh no-such-host.invalid: unknown host" in out, out
     assert "ERR nobody@login LoginError ssh nobody@login: the key was refused" in out, out
     assert "ERR login LoginError /no/python on login cannot import clusterkernel" in out, out
+    assert "KEEP ClusterError keep= (--keep) does not work with ssh= yet" in out, out
     assert not laptop.slurm.jobs()
