@@ -71,58 +71,157 @@ def agree(ok: bool) -> bool:
 
 def rejoin(agreed: bool = False) -> bool:
     """At a recovery point, on every survivor: bring the dead ranks back into this world,
-    give them ``root``'s variables and re-attach DataParallel models; False (nothing done)
-    when not armed. ``agreed``: this rank has already taken part in the survivors'
-    :func:`agree` (a loop's end). Raises RuntimeError when the new processes do not join
-    (the survivors' world stays as it was; the cell then fails and the notebook
-    respawns)."""
+    give them the variables of a survivor and re-attach DataParallel models; False
+    (nothing done) when not armed. ``agreed``: this rank has already taken part in the
+    survivors' :func:`agree` (a loop's end). A death during the recovery (the survivor
+    copied from, a new rank loading its copy, another survivor) starts it again (see
+    :func:`_rounds`). Raises RuntimeError, on every rank of the recovery, when it cannot
+    be done (the new processes do not join, a round fails and nobody died in it); the
+    cell then fails and the notebook respawns."""
     if _recipe is None:
         return False
-    from mpi4py import MPI
-
     from clusterkernel.comm import _groups
-    from clusterkernel.rank._respawn import copy_namespace, grow, rebuild
 
     t0 = time.perf_counter()
-    old = world()
     if not agreed:
         # a survivor blocked in any communication fails too (revoked) and comes here;
         # one at the loop's end is in agree() already: every survivor agrees once
         _groups.revoke_all()
         agree(False)
-    shrunk = old.Shrink()  # who is alive, as every survivor agrees
+    done = _rounds(holds=True, grown=False)
+    _rejoined.append({**done, "seconds": time.perf_counter() - t0})
+    return True
+
+
+def joined(recipe: dict | None) -> dict:
+    """On a new rank, before it runs the cell: its side of the survivors' :func:`rejoin`
+    (the copy of a survivor's variables, DataParallel models re-attached, and any round
+    a death during it starts), armed with ``recipe`` as the survivors are. Returns
+    ``{"copied": [...], "root": the rank copied from, "ranks": every rank respawned}``."""
+    global _joining
+
+    arm(recipe)
+    done = _rounds(holds=False, grown=True)
+    _joining = True
+    _forget_joining_after_the_cell()
+    return done
+
+
+def _rounds(holds: bool, grown: bool) -> dict:
+    """The recovery, collective over the survivors and (once they have joined) the new
+    ranks, in rounds: shrink to the live ranks and spawn the dead (``grown``: done, this
+    rank is a new one), then settle (one rank's variables to every rank without any,
+    DataParallel re-attached). Each round ends in a uniform agreement, so every rank
+    leaves it alike: done, or into the next round, which respawns whoever died during
+    this one. A failed round in which nobody died would fail again: every rank raises
+    (a copy that kills its target gets no second try from the same rank: see
+    :func:`_settle`). ``holds``: this rank has variables of its own (a survivor)."""
+    from mpi4py import MPI
+
+    spawned: list[int] = []
+    mine = {"holds": holds, "suspects": set()}  # suspects: ranks copied from in a failed round
+    failed: str | None = None  # what failed in the last round here ("": on another rank)
+    while True:
+        error: BaseException | None = None
+        if not grown:
+            try:
+                died = _shrink_and_grow(spawned)
+            except MPI.Exception as e:  # a death once the new ranks had joined (see grow)
+                error = e
+            else:
+                if not died and failed is not None:
+                    raise RuntimeError(
+                        f"the recovery failed: {failed or 'another rank failed its part of it'}"
+                    )
+        grown = False
+        settled: dict | None = None
+        if error is None:
+            try:
+                settled = _settle(mine)
+            except Exception as e:  # noqa: BLE001 (a death in it, or not: the next round tells)
+                error = e
+        if error is not None:
+            failed = f"{type(error).__name__}: {error}"
+            _revoke()  # a rank still waiting in this round fails and agrees too
+        if agree(settled is not None):
+            assert settled is not None  # uniform: every rank passed True
+            return {**settled, "ranks": sorted(spawned)}
+        failed = failed if settled is None else ""
+
+
+def _revoke() -> None:
+    """This rank's communicators revoked (the world too, grown but not yet rebound)."""
+    from mpi4py import MPI
+
+    from clusterkernel.comm import _groups
+
+    _groups.revoke_all()
     try:
-        alive = MPI.Group.Translate_ranks(
-            shrunk.Get_group(), list(range(shrunk.Get_size())), old.Get_group()
-        )
-    finally:
-        shrunk.Free()
+        world().Revoke()
+    except MPI.Exception:  # revoked already
+        pass
+
+
+def _shrink_and_grow(spawned: list[int]) -> list[int]:
+    """The live ranks of this world, as every one of them agrees, and the dead ones spawned
+    again into it (``rank._respawn.grow``; added to ``spawned``); returns the dead ranks.
+    With none dead the world (revoked by the recovery) is made again of the same ranks."""
+    from mpi4py import MPI
+
+    from clusterkernel.rank._respawn import _group_keys, grow
+    from clusterkernel.rank._world import replace
+
+    assert _recipe is not None
+    old = world()
+    shrunk = old.Shrink()  # who is alive, as every survivor agrees
+    alive = MPI.Group.Translate_ranks(
+        shrunk.Get_group(), list(range(shrunk.Get_size())), old.Get_group()
+    )
     dead = sorted(set(range(old.Get_size())) - set(alive))
+    if not dead:
+        replace(shrunk, shrunk.bcast(_group_keys() if shrunk.Get_rank() == 0 else None))
+        return []
+    shrunk.Free()
+    spawned += [r for r in dead if r not in spawned]
     root = min(alive)
     commands = [
         [str(root) if word == _ROOT else word for word in _recipe["commands"][r]] for r in dead
     ]
     grow(dead, commands, [_recipe["hosts"].get(r) for r in dead], root, join_timeout=30.0)
-    if world().Get_rank() == root:
-        copy_namespace(root, dead)
-    rebuild()
-    _rejoined.append({"ranks": dead, "root": root, "seconds": time.perf_counter() - t0})
-    return True
+    return dead
 
 
-def joined(root: int, targets: list[int], recipe: dict | None) -> dict:
-    """On a new rank, before it runs the cell: its side of the survivors' :func:`rejoin`
-    (the copy of ``root``'s variables, DataParallel models re-attached), armed with
-    ``recipe`` as the survivors are."""
-    global _joining
+def _settle(mine: dict) -> dict:
+    """Collective over the world just grown: the lowest rank with variables (one not
+    copied from in a failed round, where there is one) gives them to every rank without;
+    DataParallel models are re-attached on all. Returns ``{"root", "copied"}``. ``mine``
+    (``holds``, ``suspects``) is this rank's part, kept for a next round."""
     from clusterkernel.rank._respawn import copy_namespace, rebuild
 
-    arm(recipe)
-    copied = copy_namespace(root, targets)
+    comm = world()
+    me = comm.Get_rank()
+    every = comm.allgather((mine["holds"], sorted(mine["suspects"])))
+    holders = [r for r, (h, _) in enumerate(every) if h]
+    if not holders:
+        raise RuntimeError("no rank with variables of its own took part in the recovery")
+    suspects = mine["suspects"] = {r for _, ss in every for r in ss}  # the same on all
+    untried = [r for r in holders if r not in suspects]
+    if not untried:
+        raise RuntimeError(
+            f"copying the variables of rank {','.join(map(str, sorted(suspects)))} to the "
+            "new ranks failed each time (a variable whose pickling or unpickling ends the "
+            "process?)"
+        )
+    root = min(untried)
+    targets = [r for r, (h, _) in enumerate(every) if not h]
+    if targets:
+        suspects.add(root)  # until this round is agreed
+    copied: list[str] = []
+    if targets and (me == root or me in targets):
+        copied = copy_namespace(root, targets)["copied"]
+        mine["holds"] = True  # a new rank with its copy
     rebuild()
-    _joining = True
-    _forget_joining_after_the_cell()
-    return copied
+    return {"root": root, "copied": copied}
 
 
 def _forget_joining_after_the_cell() -> None:

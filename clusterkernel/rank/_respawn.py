@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 
+from clusterkernel.protocol._engine import set_world
 from clusterkernel.rank._variables import pickled, put_back, user_namespace
 from clusterkernel.rank._world import replace, world
 
@@ -114,6 +115,9 @@ def grow(
     if not agreed:
         raise RuntimeError(f"rank {_ranks(dead)} did not join: {why or 'another survivor failed'}")
     comm = joined["comm"]
+    # the grown world is every survivor's from here on, also where a death fails what
+    # follows on some of them only: an in-cell recovery's next round starts from it
+    set_world(comm)
     keys = comm.bcast(_group_keys() if me == root else None, root=root)
     replace(comm, keys)
     return {"shrink": t1 - t0, "spawn": time.perf_counter() - t1, "size": comm.Get_size()}

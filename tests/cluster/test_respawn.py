@@ -781,20 +781,37 @@ trainer.add_hook("on_batch_end", chaos)
 """
 
 
+# on the rank it runs on: a SIGKILL during the next in-cell recovery
+_DIE_IN_THE_RECOVERY = """
+import threading, time
+from clusterkernel.rank._world import world
+def die_in_the_recovery(first=world()):      # the survivors' world is grown: the new
+    while world() is first:                  # rank is in it, and they wait for it to
+        time.sleep(0.001)                    # take its copy
+    time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGKILL)
+threading.Thread(target=die_in_the_recovery, daemon=True).start()
+"""
+
+
 def test_chaos_seeded_sigkills_in_a_trainer_cell_end_at_the_undisturbed_weights(ft: Cluster):
     """Three ranks drawn at random (seeded) SIGKILLed at random steps of a 64-step fit with
-    auto-respawn: the cell completes and every rank ends at the undisturbed weights."""
+    auto-respawn, and one more drawn rank SIGKILLed during the first death's recovery
+    (while the survivors wait for the new rank to take its copy): the cell completes
+    and every rank ends at the undisturbed weights."""
     import random
 
     rng = random.Random(44)
     steps = sorted(rng.sample(range(5, 60), 3))
     kills = {(s, rng.randrange(4)) for s in steps}
+    during = rng.choice([r for r in range(4) if r != min(kills)[1]])
     ft.run(_CHAOS + "KILLS = set()\n")
     t0 = time.monotonic()
     ft.run("trainer.fit(2)\nweights = torch.cat([p.detach().flatten() for p in net.parameters()])")
     calm = time.monotonic() - t0
     undisturbed = ft.pull("weights")[0]
     ft.run(_CHAOS + f"KILLS = {kills!r}\n")
+    ft.run(_DIE_IN_THE_RECOVERY, ranks=[during])
     ft.auto_respawn = True
     pids = {r: ft.rank_info[r]["pid"] for r in range(4)}
     try:
@@ -807,14 +824,14 @@ def test_chaos_seeded_sigkills_in_a_trainer_cell_end_at_the_undisturbed_weights(
     finally:
         ft.auto_respawn = False
     replaced = {r for r in range(4) if ft.rank_info[r]["pid"] != pids[r]}
-    assert replaced == {r for _, r in kills}, (kills, replaced)
+    assert replaced == {during} | {r for _, r in kills}, (kills, during, replaced)
     assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead
     assert set(ft.pull("trainer.global_step").values()) == {64}
     for rank, weights in ft.pull("weights").items():
         assert (weights - undisturbed).abs().max().item() < 1e-5, rank
     print(
-        f"chaos: kills {sorted(kills)}; cell {wild:.1f} s vs {calm:.1f} s undisturbed: "
-        f"{(wild - calm) / len(kills):.1f} s lost per death"
+        f"chaos: kills {sorted(kills)}, rank {during} in the first recovery; cell {wild:.1f} s "
+        f"vs {calm:.1f} s undisturbed: {(wild - calm) / (len(kills) + 1):.1f} s lost per death"
     )
 
 
@@ -882,13 +899,53 @@ last = s.index
 """
 
 
+@pytest.fixture(scope="module")
+def steps_undisturbed(ft: Cluster) -> tuple:
+    """The weights and momentum of the ``train.steps`` loop run with no death (seeded)."""
+    ft.run(
+        _STEPS_SETUP.replace("VICTIMS", "()")
+        + "DIE = False\nKILL_AT, AFTER_STEP = 0, 0\n"
+        + _STEPS_LOOP
+    )
+    return ft.pull("weights")[0], ft.pull("momentum")[0]
+
+
+def _steps_recover(
+    ft: Cluster, undisturbed: tuple, victims: tuple, kill_at: int, after_step: bool, then=None
+) -> set[int]:
+    """The ``train.steps`` loop with ``victims`` SIGKILLed at ``kill_at`` and auto-respawn
+    on (``then()`` after the set-up: what else dies, and how): the cell completes on four
+    ranks at the undisturbed weights and momentum. Returns the ranks whose process changed."""
+    ft.run(
+        _STEPS_SETUP.replace("VICTIMS", repr(victims))
+        + f"DIE = True\nKILL_AT, AFTER_STEP = {kill_at}, {after_step}\n"
+    )
+    if then is not None:
+        then()
+    old = {r: ft.rank_info[r]["pid"] for r in range(4)}
+    ft.auto_respawn = True
+    try:
+        ft.run(_STEPS_LOOP, timeout=120)
+    finally:
+        ft.auto_respawn = False
+    assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead
+    assert ft.pull("last") == dict.fromkeys(range(4), 59)
+    weights, momentum = undisturbed
+    for rank, w in ft.pull("weights").items():
+        assert (w - weights).abs().max().item() < 1e-5, rank
+    for rank, m in ft.pull("momentum").items():
+        assert abs(m - momentum) < 1e-5, rank
+    _collective_over(ft, 4)
+    return {r for r in range(4) if ft.rank_info[r]["pid"] != old[r]}
+
+
 @pytest.mark.parametrize(
     "kill_at, after_step, victims",
     [(30, False, (2,)), (59, True, (2,)), (30, False, (1, 2))],
     ids=["step 30", "after the last step", "two ranks at step 30"],
 )
 def test_a_plain_loop_under_train_steps_survives_a_death_in_its_cell(
-    ft: Cluster, kill_at: int, after_step: bool, victims: tuple
+    ft: Cluster, steps_undisturbed: tuple, kill_at: int, after_step: bool, victims: tuple
 ):
     """A user's own DataParallel loop written with ``train.steps``, with auto-respawn:
     rank 2 SIGKILLed at the start of step 30 of 60 (the step is redone), or after the
@@ -897,25 +954,67 @@ def test_a_plain_loop_under_train_steps_survives_a_death_in_its_cell(
     two deaths apart, even after a new process registered under a dead rank's engine
     id: both are replaced in one recovery). The cell completes on four ranks, every
     rank at the undisturbed weights and momentum (dropout draws alike: the RNG follows)."""
-    setup = _STEPS_SETUP
-    ft.run(
-        setup.replace("VICTIMS", "()") + "DIE = False\nKILL_AT, AFTER_STEP = 0, 0\n" + _STEPS_LOOP
+    replaced = _steps_recover(ft, steps_undisturbed, victims, kill_at, after_step)
+    assert replaced == set(victims)
+
+
+# Deaths during an in-cell recovery: rank 2 is SIGKILLed at step 30 of the steps loop, and
+# while the survivors bring it back a second rank dies: the copy's source, the new rank 2,
+# or another survivor. The recovery goes on in a second round (the dead spawned again, the
+# copy from a rank that did not fail), and the cell completes.
+
+
+def test_a_source_that_dies_pickling_in_an_in_cell_recovery_is_replaced_too(
+    ft: Cluster, steps_undisturbed: tuple, capsys
+):
+    """Rank 0, the copy's source, holds a variable whose pickling ends its process: it
+    dies in the recovery; rank 0 and rank 2 both take rank 1's variables."""
+    capsys.readouterr()
+    replaced = _steps_recover(
+        ft, steps_undisturbed, (2,), 30, False, lambda: ft.run(_BOMBS + "fuse = Fuse()", ranks=[0])
     )
-    undisturbed = ft.pull("weights")[0]
-    momentum = ft.pull("momentum")[0]
-    setup = setup.replace("VICTIMS", repr(victims))
-    ft.run(setup + f"DIE = True\nKILL_AT, AFTER_STEP = {kill_at}, {after_step}\n")
-    old = {r: ft.rank_info[r]["pid"] for r in victims}
-    ft.auto_respawn = True
+    assert replaced == {0, 2}
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert (
+        "Rank 2 died (killed by SIGKILL) during this cell and was respawned from rank 1 in" in text
+    ), text
+    assert "Rank 0 died (" in text and "; the cell went on from the step that failed." in text
+    ft.run("fused = 'fuse' in globals()")
+    assert ft.pull("fused") == dict.fromkeys(range(4), False)  # rank 1's variables
+
+
+def test_a_new_rank_that_dies_loading_its_copy_in_the_cell_is_spawned_again(
+    ft: Cluster, steps_undisturbed: tuple, capsys
+):
+    """Rank 0, the copy's source, holds a variable whose unpickling ends the process:
+    the new rank 2 dies loading it; it is spawned again and copies rank 1's variables."""
+    capsys.readouterr()
     try:
-        ft.run(_STEPS_LOOP, timeout=120)
+        replaced = _steps_recover(
+            ft, steps_undisturbed, (2,), 30, False,
+            lambda: ft.run(_BOMBS + "bomb = Bomb()", ranks=[0]),
+        )  # fmt: skip
     finally:
-        ft.auto_respawn = False
-    assert all(ft.rank_info[r]["pid"] != old[r] for r in victims), old
-    assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead
-    assert ft.pull("last") == dict.fromkeys(range(4), 59)
-    for rank, weights in ft.pull("weights").items():
-        assert (weights - undisturbed).abs().max().item() < 1e-5, rank
-    for rank, m in ft.pull("momentum").items():
-        assert abs(m - momentum) < 1e-5, rank
-    _collective_over(ft, 4)
+        ft.run("bomb = None", ranks=[0])
+    assert replaced == {2}
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert "Rank 2 died (killed by SIGKILL; its new process: " in text, text
+    assert "during this cell and was respawned from rank 1 in" in text, text
+
+
+def test_a_survivor_that_dies_during_an_in_cell_recovery_is_replaced_too(
+    ft: Cluster, steps_undisturbed: tuple, capsys
+):
+    """Rank 3, a survivor, dies while the survivors wait for the new rank 2 to take its
+    copy: rank 3 is spawned too, and both copy rank 0's variables."""
+    capsys.readouterr()
+    replaced = _steps_recover(
+        ft, steps_undisturbed, (2,), 30, False,
+        lambda: ft.run(_DIE_IN_THE_RECOVERY, ranks=[3]),
+    )  # fmt: skip
+    assert replaced == {2, 3}
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert "respawned from rank 0 in" in text and "the cell went on" in text, text

@@ -21,7 +21,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from clusterkernel.client.errors import format_ranks
+from clusterkernel.client.cluster import _ipp
+from clusterkernel.client.errors import ClusterError, format_ranks
 from clusterkernel.protocol import _targets
 from clusterkernel.protocol._rank_call import rank_call
 
@@ -50,7 +51,10 @@ def arm(cluster: Cluster, engines: Any, with_recipe: dict | None) -> None:
 
 
 class Replacing:
-    """The dead ranks of one cell run replaced while it runs (see the module)."""
+    """The dead ranks of one cell run replaced while it runs (see the module). Each new
+    process is sent its side of the recovery as soon as it has registered: one that
+    waited for another could keep the survivors waiting for it (a source that died in
+    the recovery is spawned again only once the ranks already spawned have joined)."""
 
     def __init__(self, run: CellRun, dead: list[int], causes: dict[int, str]) -> None:
         self.run = run
@@ -58,40 +62,46 @@ class Replacing:
         self.causes = causes
         self.t0 = time.monotonic()
         self.seconds: float | None = None  # from the death to the new ranks running the cell
-        self.source: int | None = None
+        self.source: int | None = None  # the rank the new ones copied from
+        self.joined: dict[int, Any] = {}  # rank -> its side of the recovery (AsyncResult)
+        self.identity: dict[int, Any] = {}  # rank -> its new engine's registration identity
         self.cells: dict[int, Any] = {}  # rank -> the cell's AsyncResult on its new process
-        self._joined: Any = None
 
     def poll(self) -> None:
-        """Once the new engines have registered: record them and send each its side of
-        the recovery; once that side is done, the cell (a new rank whose copy failed
-        does not run the loop: the survivors' recovery has failed too)."""
-        if self.cells:
-            return
-        if self._joined is not None:
-            if self._joined.ready() and self._joined.successful():
-                self._send_cell()
-            return
+        """Each new engine that has registered: record it and send it its side of the
+        recovery; once that side is done, the cell (a new rank whose recovery failed does
+        not run the loop: the survivors' recovery has failed too)."""
         cluster = self.run.cluster
-        wanted = {cluster.engine_of[r] for r in self.dead}
-        if not wanted <= set(cluster.client.ids):
-            return
-        self.run.faults.ranks_rejoined(self.dead)
-        self.source = min(r for r in cluster.ranks if r not in self.dead)
-        self._joined = cluster.view(self.dead).apply_async(
-            rank_call, _targets.RECOVERY_JOINED, self.source, self.dead, self.run.faults.recipe
-        )
-
-    def _send_cell(self) -> None:
-        view = self.run.cluster.view
+        identities = _ipp.engine_identities(cluster.client)
         for r in self.dead:
-            self.cells[r] = view([r]).execute(self.run.code, silent=False, block=False)
+            if r in self.cells:
+                continue
+            joined = self.joined.get(r)
+            if joined is None and cluster.engine_of[r] in identities:
+                try:
+                    self.run.faults.ranks_rejoined([r])
+                except ClusterError:  # it died before it answered: its next one will
+                    continue
+                # its identity now: a death even before the run looks again is told
+                self.identity[r] = identities[cluster.engine_of[r]]
+                self.joined[r] = cluster.view([r]).apply_async(
+                    rank_call, _targets.RECOVERY_JOINED, self.run.faults.recipe
+                )
+            elif joined is not None and joined.ready() and joined.successful():
+                self.source = joined.get()[0]["root"]
+                self._send_cell(r)
+
+    def _send_cell(self, rank: int) -> None:
+        self.cells[rank] = self.run.cluster.view([rank]).execute(
+            self.run.code, silent=False, block=False
+        )
         self.seconds = time.monotonic() - self.t0
 
     def ready(self) -> bool:
-        """Whether every new rank's cell is done (True while none was started: then the
-        survivors' cells decide when the cell ends)."""
-        return all(ar.ready() for ar in self.cells.values())
+        """Whether every new rank's side of the recovery and cell are done (True while none
+        has registered: then the survivors' cells decide when the cell ends)."""
+        pending = [ar for r, ar in self.joined.items() if r not in self.cells]
+        return all(ar.ready() for ar in [*pending, *self.cells.values()])
 
     def output_ready(self) -> bool:
         return all(ar.wait_for_output(timeout=0) for ar in self.cells.values())
@@ -105,33 +115,54 @@ class Replacing:
         return md[0] if isinstance(md, list) else md
 
     def results(self) -> dict[int, Any]:
-        """``{rank: its new process's result or exception}`` of the replaced ranks."""
+        """``{rank: its new process's result or exception}`` of the ranks whose new
+        process registered."""
         out = {}
-        for r, ar in self.cells.items():
+        for r, joined in self.joined.items():
+            ar = self.cells.get(r, joined)
             try:
-                out[r] = ar.get(return_exceptions=True)[0]
-            except Exception as e:  # noqa: BLE001 (the cell's failure, as a result)
+                out[r] = ar.get(timeout=0, return_exceptions=True)[0]
+            except Exception as e:  # noqa: BLE001 (its failure, as a result)
                 out[r] = e
-        if self._joined is not None and not self.cells:
-            try:
-                self._joined.get(timeout=0)
-            except Exception as e:  # noqa: BLE001 (the copy failed: say it for those ranks)
-                out = dict.fromkeys(self.dead, e)
-            else:  # the survivors ended before the new ranks had their copy
-                out = dict.fromkeys(
-                    self.dead,
-                    RuntimeError("the survivors' recovery failed before this rank had its copy"),
+            if ar is joined and not isinstance(out[r], BaseException):
+                out[r] = RuntimeError(  # the survivors ended before its cell was sent
+                    "the survivors' cell ended before this rank had its copy"
                 )
         return out
 
-    def told(self) -> str:
-        """One line: who died, how, and that the cell went on."""
+    def told(self, went_on: bool) -> str:
+        """One line: who died, how, and what became of them; that the cell went on from
+        the step that failed only where it did (``went_on``: the cell completed)."""
         causes = {self.causes.get(r, "its process exited") for r in self.dead}
         how = next(iter(causes)) if len(causes) == 1 else "; ".join(sorted(causes))
         one = len(self.dead) == 1
-        who = f"{'Rank' if one else 'Ranks'} {format_ranks(self.dead)}"
-        return (
-            f"{who} died ({how}) during this cell and {'was' if one else 'were'} respawned "
-            f"from rank {self.source} in {self.seconds:.1f} s; the cell went on from the step "
-            "that failed."
+        who = (
+            f"{'Rank' if one else 'Ranks'} {format_ranks(self.dead)} died ({how}) during this cell"
         )
+        if len(self.cells) < len(self.dead):
+            back = sorted(self.joined)
+            joined = f"; rank {format_ranks(back)} joined again, but" if back else ";"
+            return f"{who}{joined} the recovery inside the cell failed (below)."
+        respawned = (
+            f"{who} and {'was' if one else 'were'} respawned from rank {self.source} in "
+            f"{self.seconds:.1f} s"
+        )
+        if went_on:
+            return f"{respawned}; the cell went on from the step that failed."
+        return f"{respawned}; the cell failed all the same (below)."
+
+    def registered(self) -> list[int]:
+        """The ranks whose new process registered (and was sent its side of the recovery)."""
+        return sorted(self.joined)
+
+    def hand_over(self, rank: int) -> str | None:
+        """``rank``'s new process died in the recovery (before it ran the cell): it is no
+        longer this replacement's to tell; the cause of the rank's first death, if it
+        was. (One that died later in the cell stays: its output and notice are this
+        replacement's, its next replacement's come after.)"""
+        if rank not in self.joined or rank in self.cells:
+            return None
+        self.dead.remove(rank)
+        self.joined.pop(rank)
+        self.identity.pop(rank, None)
+        return self.causes.pop(rank, "its process exited")

@@ -171,11 +171,11 @@ class CellRun:
         except Exception:  # the controller is gone: the job's end is read elsewhere
             return False
         engine_of = self.cluster.engine_of
-        for i, rep in enumerate(self._replacing):  # a new process took its copy: its
-            for r in rep.dead if rep.source is not None else ():  # own death is news
+        for i, rep in enumerate(self._replacing):  # a new process registered: its own
+            for r in rep.registered():  # death is news (in the recovery, or later)
                 if (i, r) not in self._back:
                     self._back.add((i, r))
-                    self._engine[r] = now.get(engine_of[r])
+                    self._engine[r] = rep.identity[r]
         # gone: its engine left, or one registered under its id before that word came
         gone = [r for r, was in self._engine.items() if now.get(engine_of[r]) != was]
         if not gone:
@@ -187,7 +187,11 @@ class CellRun:
             self.faults.ranks_died([rank], why)
         self._died += gone
         if self.cluster.auto_respawn:  # a guarded loop's survivors bring them back
-            waiting = [rep for rep in self._replacing if rep.source is None]
+            for rep in self._replacing:  # a new process that died: told with its first death
+                for r in gone:
+                    if (first := rep.hand_over(r)) is not None:
+                        causes[r] = f"{first}; its new process: {causes[r]}"
+            waiting = [rep for rep in self._replacing if rep.dead and not rep.registered()]
             if waiting:  # no new process yet: the survivors respawn every dead rank at once
                 waiting[0].dead = sorted(waiting[0].dead + gone)
                 waiting[0].causes.update(causes)
@@ -228,15 +232,18 @@ class CellRun:
         except KeyboardInterrupt:
             failure = self._free_stuck("interrupted", stacks_first=False)
         self._pump()
-        replaced = [rep for rep in self._replacing if rep.cells]
-        for rep in replaced:
-            self.renderer.notice(rep.told())
-        self.renderer.finish()
-        self.done = True
         if failure is None:
             failure = self._collect_errors()
-        if replaced and not isinstance(failure, CellInterrupted):  # all idle: torch group..
-            self.faults.ranks_back(sorted({r for rep in replaced for r in rep.dead}))
+        for rep in self._replacing:
+            if rep.registered():
+                self.renderer.notice(rep.told(went_on=failure is None))
+        self.renderer.finish()
+        self.done = True
+        # the new processes are in the ranks' world: with none left dead, every rank gets
+        # a fresh set's torch group now (all idle); else the respawn after the cell does
+        back = sorted({r for rep in self._replacing for r in rep.registered()})
+        if back and not self.cluster.dead and not isinstance(failure, CellInterrupted):
+            self.faults.ranks_back(back)
         if self._profiling is not None:  # shown whether the cell ended, raised or was stopped
             self.profile, self._profiling = self._profiling.finish(), None
         if failure is not None:
