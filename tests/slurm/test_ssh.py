@@ -122,6 +122,7 @@ ip.run_line_magic("mpi", "stop")
     assert proc.returncode == 0, out
     assert "[rank 0] on node1 sum 3.0" in out, out
     assert "[rank 1] on node2 sum 3.0" in out, out
+    assert "ProfileCreate" not in out, out  # ipyparallel's remote profile: made quietly
     # each node imports its own synced copy, written on the cluster's side, never the
     # laptop's file (the beds share one file system: the path tells them apart)
     notebook = out.split("NOTEBOOK ", 1)[1].split()[0]

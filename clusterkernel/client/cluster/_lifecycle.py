@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -377,12 +378,13 @@ class Engines:
 
 
 def _tunnelled(cluster: ipp.Cluster, login) -> ipp.Client:
-    """A client of ``cluster``'s controller on the login node, through ipyparallel's SSH
-    tunnels, each a forward of the login's master connection (``Login.tunnel_server``)."""
+    """A client of ``cluster``'s controller on the login node, its ports forwarded here
+    through the login's master connection (``Login.forwarded``)."""
+    with open(cluster.controller.connection_files["client"]) as f:
+        info = login.forwarded(json.load(f))
     return ipp.Client(
-        cluster.controller.connection_files["client"], cluster=cluster,
-        profile_dir=cluster.profile_dir, cluster_id=cluster.cluster_id,
-        sshserver=login.tunnel_server(), timeout=30,
+        info, cluster=cluster, profile_dir=cluster.profile_dir,
+        cluster_id=cluster.cluster_id, timeout=30,
     )  # fmt: skip
 
 

@@ -284,6 +284,7 @@ class BatchLauncher:
         login = self.login
         assert login is not None
         remote = login.home_path(run_dir)
+        login.profile_dir(remote)
         launcher.ssh, launcher.remote_python = login.host, login.python
         launcher.remote_profile_dir = remote
         launcher.output_file = f"{remote}/engines.out"

@@ -5,8 +5,10 @@ With ``ssh=HOST`` (``%mpi start --ssh HOST``) every command that must run on the
 ``ssh HOST ...``: the user's own OpenSSH, its config and keys, ``BatchMode`` (a key
 that is refused is an error, never a password prompt). One master connection per
 cluster (``ControlMaster``, its socket in a private directory of this machine) makes
-the repeated commands cheap. Nothing listens on this machine: the notebook reaches the
-controller through ipyparallel's own SSH tunnels (``Client(sshserver=HOST)``).
+the repeated commands cheap. Nothing listens on this machine but its loopback: the
+notebook reaches the controller through forwards of that connection (``ssh -O forward``,
+the controller's ports on 127.0.0.1 here, as ipyparallel's own SSH tunnels would make
+them one by one), and ipyparallel's client connects to those.
 
 Example::
 
@@ -23,12 +25,15 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import tempfile
 
 from clusterkernel.client.errors import ClusterError
 
 _CONNECT_TIMEOUT = 10  # seconds: an unknown or silent host fails in this time, not TCP's
+# what `ipython profile create` makes (all comments: an empty file is the same config)
+_PROFILE_FILES = ("ipython_config.py", "ipython_kernel_config.py")
 
 
 class LoginError(ClusterError):
@@ -72,13 +77,36 @@ class Login:
         """``command`` run on the login node (quoted for its shell)."""
         return [*self.ssh(shared=shared), "--", shlex.join(command)]
 
-    def tunnel_server(self) -> str:
-        """``sshserver=`` for ipyparallel's client: the host with the master connection's
-        socket, so that pyzmq's tunnels are forwards of that connection (``ssh -O
-        forward``): a new ssh of its own per tunnel must log in within pyzmq's one
-        second, which a loaded machine or a distant cluster misses."""
+    def forwarded(self, info: dict) -> dict:
+        """An ipyparallel client's connection ``info`` (the controller's ports on the
+        login node's address) with each port forwarded from this machine's loopback
+        through the master connection, all in one ``ssh -O forward``: a client given it
+        connects as to a local controller.
+
+        Not ipyparallel's ``sshserver=``: pyzmq makes its tunnels one by one, two ssh
+        runs each through pexpect, ~1.5 s for a client's seven (BENCHMARKS.md, "Start
+        and cells", "From outside the cluster"); a new ssh of its own per tunnel must
+        moreover log in within pyzmq's one second."""
+        proto, addr = info["interface"].split("://", 1)
+        ports = _free_ports(len(_CLIENT_PORTS))
+        forwards = []
+        for key, port in zip(_CLIENT_PORTS, ports):
+            forwards += ["-L", f"127.0.0.1:{port}:{addr}:{info[key]}"]
         self.run("true", timeout=30)  # the master connection, made now
-        return f"-o ControlPath={self._control_dir}/%C {self.host}"
+        done = subprocess.run(
+            self.ssh("-O", "forward", *forwards), capture_output=True, text=True, timeout=30
+        )
+        if done.returncode != 0:
+            raise LoginError(
+                f"ssh {self.host}: the controller's ports could not be forwarded "
+                f"({done.stderr.strip() or 'no answer'}); the server must allow TCP "
+                "forwarding (AllowTcpForwarding)."
+            )
+        # no location, no ssh: ipyparallel then connects where it is told, here
+        return {
+            **info, **dict(zip(_CLIENT_PORTS, ports)),
+            "interface": f"{proto}://127.0.0.1", "location": None, "ssh": "",
+        }  # fmt: skip
 
     def write(self, path: str, text: str) -> None:
         """A file of the login node (``path`` under its home unless absolute), private."""
@@ -87,6 +115,14 @@ class Login:
             "sh", "-c", f"umask 077 && mkdir -p {shlex.quote(folder)} && cat > {shlex.quote(path)}",
             input=text,
         )  # fmt: skip
+
+    def profile_dir(self, path: str) -> None:
+        """The cluster's directory on the login node (``path`` as :meth:`write` takes it),
+        private, with empty IPython config files: ipyparallel's ``ipython profile
+        create`` there then finds a profile and prints nothing (it writes a line per file
+        it makes to our stderr, into the notebook's output)."""
+        files = " ".join(shlex.quote(f"{path}/{n}") for n in _PROFILE_FILES)
+        self.run("sh", "-c", f"umask 077 && mkdir -p {shlex.quote(path)} && touch {files}")
 
     def remove(self, path: str) -> None:
         """Remove a directory of the login node (what a cluster left there)."""
@@ -205,6 +241,22 @@ class Login:
             [*self.ssh("-O", "exit")], capture_output=True, timeout=10
         )  # fmt: skip
         self._control_dir = None
+
+
+# the controller's ports an ipyparallel client connects to (its connection file's keys)
+_CLIENT_PORTS = ("registration", "control", "mux", "task", "iopub", "notification", "broadcast")
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on this machine's loopback now."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def _control_dir() -> str:
