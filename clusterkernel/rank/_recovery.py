@@ -206,14 +206,14 @@ def _settle(mine: dict) -> dict:
         raise RuntimeError("no rank with variables of its own took part in the recovery")
     suspects = mine["suspects"] = {r for _, ss in every for r in ss}  # the same on all
     untried = [r for r in holders if r not in suspects]
+    targets = [r for r, (h, _) in enumerate(every) if not h]
     if not untried:
         raise RuntimeError(
-            f"copying the variables of rank {','.join(map(str, sorted(suspects)))} to the "
-            "new ranks failed each time (a variable whose pickling or unpickling ends the "
-            "process?)"
+            f"copying the variables of rank {_listed(sorted(suspects))} to the new rank "
+            f"{_listed(targets)} failed each time (a variable whose pickling or unpickling "
+            f"ends the process?): rank {_listed(targets)} runs on without variables"
         )
     root = min(untried)
-    targets = [r for r, (h, _) in enumerate(every) if not h]
     if targets:
         suspects.add(root)  # until this round is agreed
     copied: list[str] = []
@@ -222,6 +222,10 @@ def _settle(mine: dict) -> dict:
         mine["holds"] = True  # a new rank with its copy
     rebuild()
     return {"root": root, "copied": copied}
+
+
+def _listed(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks))
 
 
 def _forget_joining_after_the_cell() -> None:

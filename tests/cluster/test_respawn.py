@@ -781,7 +781,8 @@ trainer.add_hook("on_batch_end", chaos)
 """
 
 
-# on the rank it runs on: a SIGKILL during the next in-cell recovery
+# on the rank it runs on: a SIGKILL during the next in-cell recovery (0.2 s after its
+# world is grown, while the survivors wait for the new rank to take its copy)
 _DIE_IN_THE_RECOVERY = """
 import threading, time
 from clusterkernel.rank._world import world
@@ -1018,3 +1019,39 @@ def test_a_survivor_that_dies_during_an_in_cell_recovery_is_replaced_too(
     said = capsys.readouterr()
     text = said.out + said.err
     assert "respawned from rank 0 in" in text and "the cell went on" in text, text
+
+
+def test_a_copy_that_kills_every_new_rank_ends_the_cell_with_one_error_and_the_ranks_usable(
+    ft: Cluster, capsys
+):
+    """Every survivor holds a variable whose unpickling ends the process: each copy to the
+    new rank 2 kills it. Once each survivor was tried the recovery stops: one error on
+    every rank that says so, rank 2 back without variables, and later cells run on four."""
+    ft.run(
+        _STEPS_SETUP.replace("VICTIMS", "(2,)")
+        + "DIE = True\nKILL_AT, AFTER_STEP = 30, False\n"
+        + _BOMBS
+        + "bomb = Bomb()"
+    )
+    old = ft.rank_info[2]["pid"]
+    capsys.readouterr()
+    ft.auto_respawn = True
+    try:
+        with pytest.raises(RankError) as info:
+            ft.run(_STEPS_LOOP, timeout=120)
+    finally:
+        ft.auto_respawn = False
+        ft.run("bomb = None")
+    said = str(info.value)
+    told = "copying the variables of rank 0,1,3 to the new rank 2 failed each time"
+    assert told in said and "rank 2 runs on without variables" in said, said
+    # every rank fails alike (a rank whose last failed round ended otherwise, say a
+    # collective that returned garbage as a peer died, names that failure instead)
+    failed = {r for f in info.value.failures for r in f.ranks if f.kind == "error"}
+    assert failed == {0, 1, 2, 3} and said.count("the recovery failed: ") <= 2, said
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "Rank 2 died (killed by SIGKILL; its new process: " in text, text
+    assert "the recovery inside the cell failed (below)" in text and "went on" not in text
+    assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead and ft.rank_info[2]["pid"] != old
+    _collective_over(ft, 4)

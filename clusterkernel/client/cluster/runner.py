@@ -189,8 +189,9 @@ class CellRun:
         if self.cluster.auto_respawn:  # a guarded loop's survivors bring them back
             for rep in self._replacing:  # a new process that died: told with its first death
                 for r in gone:
-                    if (first := rep.hand_over(r)) is not None:
-                        causes[r] = f"{first}; its new process: {causes[r]}"
+                    if (first := rep.hand_over(r)) is not None:  # said once
+                        new = "; its new process: "
+                        causes[r] = first if new in first else f"{first}{new}{causes[r]}"
             waiting = [rep for rep in self._replacing if rep.dead and not rep.registered()]
             if waiting:  # no new process yet: the survivors respawn every dead rank at once
                 waiting[0].dead = sorted(waiting[0].dead + gone)
