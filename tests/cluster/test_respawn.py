@@ -1055,3 +1055,25 @@ def test_a_copy_that_kills_every_new_rank_ends_the_cell_with_one_error_and_the_r
     assert "the recovery inside the cell failed (below)" in text and "went on" not in text
     assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead and ft.rank_info[2]["pid"] != old
     _collective_over(ft, 4)
+
+
+def test_the_notice_says_the_cell_went_on_only_where_it_did(ft: Cluster, capsys):
+    """Rank 2 is replaced inside a ``train.steps`` cell that then fails on every rank (its
+    last line raises): the notice tells the death and the respawn, and that the cell
+    failed all the same, not that it went on."""
+    ft.run(
+        _STEPS_SETUP.replace("VICTIMS", "(2,)") + "DIE = True\nKILL_AT, AFTER_STEP = 30, False\n"
+    )
+    capsys.readouterr()
+    ft.auto_respawn = True
+    try:
+        with pytest.raises(RankError, match="ValueError: after the loop"):
+            ft.run(_STEPS_LOOP + "raise ValueError('after the loop')\n", timeout=120)
+    finally:
+        ft.auto_respawn = False
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert "Rank 2 died (killed by SIGKILL) during this cell and was respawned from rank 0" in text
+    assert "the cell failed all the same (below)." in text and "went on" not in text, text
+    assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead
+    _collective_over(ft, 4)
