@@ -34,6 +34,7 @@ from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.launch import Launcher
 from clusterkernel.client.launch._engine_wait import wait_for_engines
 from clusterkernel.client.launch._guard import Guard
+from clusterkernel.client.launch._login_controller import LoginControllerLauncher
 from clusterkernel.client.launch._run_dir import make_run_dir, private_cluster_file, remove_run_dir
 from clusterkernel.protocol import _shm_names, _targets
 from clusterkernel.protocol._rank_call import rank_call
@@ -127,7 +128,7 @@ class Engines:
         if ip:
             kwargs["controller_ip"] = ip
         if login is not None:
-            kwargs["controller"] = "ssh"
+            kwargs["controller"] = LoginControllerLauncher
         self.run_dir = make_run_dir()
         try:
             self.ipp = ipp.Cluster(

@@ -36,6 +36,7 @@ from traitlets.config import Config
 from clusterkernel.client import scheduler
 from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.launch._engine_set import base_config, engine_cmd, process_ended, tail
+from clusterkernel.client.launch._login_controller import LoginControllerLauncher
 from clusterkernel.client.launch._registry import register
 from clusterkernel.client.launch._ssh import Login, login
 from clusterkernel.client.mpiexec import QUIET_OSC, MPIRuntime
@@ -214,7 +215,7 @@ class BatchLauncher:
 
     def controller(self) -> str | None:
         """ipyparallel's controller launcher: on the login node from outside, else here."""
-        return "ssh" if self.login is not None else None
+        return LoginControllerLauncher.entrypoint_name if self.login is not None else None
 
     def remote_dir(self, run_dir: str) -> str:
         """Where the cluster's files live on the ranks' side (``run_dir``, or its place

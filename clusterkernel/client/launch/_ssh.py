@@ -32,7 +32,8 @@ import tempfile
 from clusterkernel.client.errors import ClusterError
 
 _CONNECT_TIMEOUT = 10  # seconds: an unknown or silent host fails in this time, not TCP's
-# what `ipython profile create` makes (all comments: an empty file is the same config)
+# what `ipython profile create` makes (its config files all comments: empty is the same)
+_PROFILE_DIRS = ("log", "pid", "security", "startup")
 _PROFILE_FILES = ("ipython_config.py", "ipython_kernel_config.py")
 
 
@@ -117,12 +118,13 @@ class Login:
         )  # fmt: skip
 
     def profile_dir(self, path: str) -> None:
-        """The cluster's directory on the login node (``path`` as :meth:`write` takes it),
-        private, with empty IPython config files: ipyparallel's ``ipython profile
-        create`` there then finds a profile and prints nothing (it writes a line per file
-        it makes to our stderr, into the notebook's output)."""
+        """The cluster's IPython profile directory on the login node (``path`` as
+        :meth:`write` takes it), private: what ``ipython profile create`` makes (its
+        folders, its config files empty), where ipyparallel's controller launcher would
+        run that (a Python start, and a line per file into the notebook's output)."""
+        dirs = " ".join(shlex.quote(f"{path}/{d}") for d in _PROFILE_DIRS)
         files = " ".join(shlex.quote(f"{path}/{n}") for n in _PROFILE_FILES)
-        self.run("sh", "-c", f"umask 077 && mkdir -p {shlex.quote(path)} && touch {files}")
+        self.run("sh", "-c", f"umask 077 && mkdir -p {dirs} && touch {files}")
 
     def remove(self, path: str) -> None:
         """Remove a directory of the login node (what a cluster left there)."""
