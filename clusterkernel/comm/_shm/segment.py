@@ -52,6 +52,7 @@ _LIVE: list[Segment] = []  # in creation order, which is the same on every membe
 AFTER_SEGMENTS: list[Callable[[], None]] = []
 _EXIT_HOOK: list = []  # registered once
 _LOOK_EVERY = 0.25  # seconds between looks at the peers' processes while waiting on them
+_ANY_SOURCE, _ANY_TAG = MPI.ANY_SOURCE, MPI.ANY_TAG
 
 
 class Segment:
@@ -109,10 +110,20 @@ class Segment:
         self._next_look = 0.0
 
     def pause(self) -> None:
-        """One turn of a wait on the other members' counters: give up the core, and a
-        few times a second make sure they are all alive. A spin on a dead member's
-        counter would never end (nothing in MPI is waiting, so MPI cannot say); this
-        raises ``PeerDiedError`` instead, as an MPI call on it would."""
+        """One turn of a wait on the other members' counters: let MPI progress, give up
+        the core, and a few times a second make sure they are all alive.
+
+        MPI moves a message only while a process is inside an MPI call: a peer may
+        have left its previous call with its part done while this rank's messages of
+        that call wait for this rank's side (the handshake of a large send, a ring's
+        last segments), and that peer may be the one whose counter this rank waits
+        for. A wait with no MPI call in it would then never end (a ring call, then a
+        shared-memory one: BENCHMARKS.md, "Collectives", the adapting default's hang),
+        so each turn lets MPI's progress engine run (an ``Iprobe``). A spin on a dead
+        member's counter would never end either (nothing in MPI is waiting, so MPI
+        cannot say); this raises ``PeerDiedError`` instead, as an MPI call on it would.
+        """
+        self.comm.Iprobe(_ANY_SOURCE, _ANY_TAG)
         os.sched_yield()
         now = time.monotonic()
         if now < self._next_look:

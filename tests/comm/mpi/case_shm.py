@@ -159,6 +159,22 @@ def test_polling_is_completed_finishes_a_call():
     agree(bool(torch.allclose(t, torch.full((10_000,), (SIZE + 1) / 2))), "polling")
 
 
+def test_a_ring_call_then_shared_memory_calls_at_once():
+    """A rank can leave a ring call with its own part done while the other ranks' last
+    sends of it still wait for this rank's MPI progress; a shared-memory call right
+    after waits on their counters, so it must let MPI progress meanwhile (it did not:
+    both waited for ever, each for the other, as the adapting default's probes ran
+    algorithms back to back)."""
+    t = torch.empty(16 << 20)  # 64 MB: the ring's sends go by MPI's large-message protocol
+    ok = True
+    for _ in range(3):
+        t.fill_(1.0)
+        comm.all_reduce(t, algorithm="ring")
+        comm.all_reduce(t, algorithm="shm")
+        ok = ok and bool((t == SIZE * SIZE).all())
+    agree(ok, "sums")
+
+
 def test_large_avg_matches_numpy():
     n = (4 << 20) // 4 + 13  # just over 4 MB of float32
     t = torch.from_numpy(np.arange(n, dtype=np.float32) * (RANK + 1))
