@@ -162,7 +162,7 @@ def all_reduce_coalesced(
         raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
     buckets = _buckets_for(key, bucket_bytes, tensors, op)
     nbytes = sum(b.nbytes for b in buckets)
-    arm = None
+    arm, why = None, ""
     if algorithm == "auto":
         biggest = max((b.nbytes for b in buckets), default=0)
         algorithm = _auto.pick(g, "all_reduce_coalesced", tensors[0], biggest) if tensors else "mpi"
@@ -170,17 +170,18 @@ def all_reduce_coalesced(
             arm = _auto.adaptive(g, "all_reduce_coalesced", biggest)
         if arm is not None:  # the group's arm: the same algorithm on every member
             algorithm = arm.current if async_op else arm.next()
+            why = arm.why_for(algorithm)  # the records say "ring (probe)", "shm (switch)"
     if arm is None or async_op:
-        return _run_buckets(g, c, tensors, buckets, key, nbytes, op, algorithm, async_op)
+        return _run_buckets(g, c, tensors, buckets, key, nbytes, op, algorithm, async_op, why)
     t0 = _now()
-    _run_buckets(g, c, tensors, buckets, key, nbytes, op, algorithm, False)
+    _run_buckets(g, c, tensors, buckets, key, nbytes, op, algorithm, False, why)
     arm.took(g, algorithm, _now() - t0)
     return None
 
 
 def _run_buckets(
     g: Group, c: MPI.Intracomm, tensors: Sequence[torch.Tensor], buckets: list[_Bucket],
-    key: tuple, nbytes: int, op: ReduceOp, algorithm: str, async_op: bool,
+    key: tuple, nbytes: int, op: ReduceOp, algorithm: str, async_op: bool, why: str = "",
 ) -> Work | None:  # fmt: skip
     call = begin(
         g,
@@ -189,6 +190,7 @@ def _run_buckets(
         nbytes=nbytes,
         op=op,
         alg=algorithm,
+        record_alg=f"{algorithm} ({why})" if why else None,
         count=len(tensors),
         extra=_layout_code(key),
     )

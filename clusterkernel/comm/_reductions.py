@@ -19,7 +19,7 @@ from functools import partial
 import torch
 from mpi4py import MPI
 
-from clusterkernel.comm import _auto, _fastpath, _hier, _plan, _ring, _shm, _torchpath
+from clusterkernel.comm import _auto, _check, _fastpath, _hier, _plan, _ring, _shm, _torchpath
 from clusterkernel.comm._auto.adapt import size_class
 from clusterkernel.comm._begin import begin, enter, open_entry
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
@@ -52,6 +52,7 @@ from clusterkernel.comm._torchpath import ROUTE as _ROUTE
 from clusterkernel.comm._torchpath import route_for, torch_group
 
 _IN_PLACE = MPI.IN_PLACE
+_CHECK = _check.STATE
 _fromaddress = MPI.buffer.fromaddress
 
 
@@ -112,8 +113,7 @@ def all_reduce(
         plan = _plan_all_reduce(g, tensor, op, algorithm, key)
     if plan.probe and g._shm is not None:  # a tensor in the group's shared memory?
         if _auto.zero_copy(g, tensor, plan.size):
-            key = (key[0], key[1], op, "shm", True)
-            plan = g._plans.get(key) or _plan_all_reduce(g, tensor, op, "shm", key)
+            plan = _sub_plan(g, tensor, op, "shm")  # its signature says "shm": checked
     # the flight entry only: the plan holds the rest of the call's records (a Call is
     # made only where a run needs one)
     entry = open_entry(g, plan, tensor)
@@ -121,9 +121,12 @@ def all_reduce(
 
 
 def _plan_all_reduce(
-    g: Group, tensor: torch.Tensor, op: ReduceOp, algorithm: str, key: tuple
+    g: Group, tensor: torch.Tensor, op: ReduceOp, algorithm: str, key: tuple, why: str = ""
 ) -> _plan.Plan:
-    """Validate a new all_reduce signature and work out its plan (see :mod:`._plan`)."""
+    """Validate a new all_reduce signature and work out its plan (see :mod:`._plan`).
+
+    ``why`` (an adaptive ``auto`` call's: ``"probe"`` or ``"switch"``) is added to the
+    algorithm its timing records name, e.g. ``"ring (probe)"``."""
     info = dtype_of(tensor)  # raises for a non-tensor, a sparse one, an unknown dtype
     size = tensor.nbytes
     wired = reduced(info)
@@ -143,7 +146,7 @@ def _plan_all_reduce(
     own = direct(info, cpu)
     divisor = g.size if op is AVG else 1
     handles = None  # the C path: MPI on a host tensor's own memory, nothing after
-    if algorithm == "mpi" and own and divisor == 1 and not probe and run is None:
+    if algorithm == "mpi" and own and divisor == 1 and not probe and run is None and not why:
         if size < HUGE_THRESHOLD:  # huge buffers are registered first (buf())
             handles = _fastpath.handles(g, info, mpi_op)
     plan = _plan.Plan(
@@ -153,7 +156,7 @@ def _plan_all_reduce(
         wired,
         size=size,
         dtype=tensor.dtype,
-        alg=algorithm,
+        alg=f"{algorithm} ({why})" if why else algorithm,
         asked=algorithm,  # all_reduce's signature names the algorithm, "mpi" too
         numel=count,
         count=count,
@@ -210,13 +213,24 @@ def _run_hier(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work 
     return _hier.all_reduce(g, tensor, plan.op, async_op, plan.call(entry), plan)
 
 
+def _sub_plan(g: Group, tensor, op: ReduceOp, alg: str, why: str = "") -> _plan.Plan:
+    """The plan of an ``auto`` call that runs ``alg``: an explicit ``algorithm=alg``
+    call's, or, where ``why`` says so, one whose records name it (``"ring (probe)"``)."""
+    key = (tensor.dtype, tensor.numel(), op, alg, True)
+    if why:
+        key = (*key, why)
+    return g._plans.get(key) or _plan_all_reduce(g, tensor, op, alg, key, why)
+
+
 def _run_adaptive(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> Work | None:
     # auto on an adaptive size class: the plan of the algorithm the group's arm says
-    # (the same on every member), which writes the call's records; blocking calls timed
+    # (the same on every member), which writes the call's records; blocking calls
+    # timed. (A zero-copy call never gets here: all_reduce gave it the shm plan.)
     arm = g._adapt[("all_reduce", size_class(plan.size))]
     alg = arm.current if async_op else arm.next()
-    key = (tensor.dtype, tensor.numel(), plan.op, alg, True)
-    sub = g._plans.get(key) or _plan_all_reduce(g, tensor, plan.op, alg, key)
+    sub = _sub_plan(g, tensor, plan.op, alg, arm.why_for(alg))
+    if _CHECK.on:  # compared before any data moves: a divergence raises, never hangs
+        _check.verify(g, "all_reduce", tensor, op=plan.op, alg=alg)
     done = sub.run(sub, g, tensor, async_op, entry, t0)
     if not async_op:
         arm.took(g, alg, _now() - t0)

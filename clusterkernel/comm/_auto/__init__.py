@@ -17,7 +17,10 @@ the same table. The table comes from, in order: the file named by
 shipped with the package (``auto_table.json``, measured on a 2-core machine).
 ``CLUSTERKERNEL_ALGORITHM=mpi`` (or ``ring``, ``shm``, ``hier``) forces one
 algorithm for every op that has it. If the members' tables differ (different
-caches on different machines), group rank 0's rules are used by all.
+caches on different machines), group rank 0's rules are used by all. The same
+exchange agrees on whether the group adapts (:mod:`.adapt`: on unless
+``CLUSTERKERNEL_AUTO_ADAPT=0``; group rank 0's answer where ranks differ), so the
+algorithm a call runs never depends on what one rank's environment says.
 
 A tensor from :func:`~clusterkernel.comm.shm_empty` of at least
 :data:`ZERO_COPY_MIN` bytes goes to ``"shm"``, which reduces it in place.
@@ -175,15 +178,18 @@ def node_count(g: Group) -> int:
     return inner.allreduce(int(leader))
 
 
-def rules_for(table: list[dict], nodes: int, size: int, forced: str | None = None) -> dict:
+def rules_for(
+    table: list[dict], nodes: int, size: int, forced: str | None = None, adapts: bool = False
+) -> dict:
     """Per op ``(limits, algorithms)`` for a group of ``size`` ranks on ``nodes`` nodes,
-    plus ``"forced"`` (the forced algorithm, or None).
+    plus ``"forced"`` (the forced algorithm, or None), ``"nodes"`` and ``"adapt"``
+    (whether large calls adapt: ``adapts`` unless an algorithm is forced).
 
     Takes the table's rule for the same node layout (one node, or several) with the
     nearest group size; an algorithm the layout cannot run (shared memory across
     nodes, the hierarchy on one node) becomes ``"mpi"``.
     """
-    rules: dict = {"forced": forced, "nodes": nodes}
+    rules: dict = {"forced": forced, "nodes": nodes, "adapt": adapts and forced is None}
     for op in CANDIDATES:
         can = usable(op, nodes)
         if forced is not None and forced in can:
@@ -218,7 +224,7 @@ def _setup(g: Group, name: str) -> dict:
     _check.verify(g, name, None, alg="auto")
     nodes = node_count(g)
     try:
-        text = json.dumps([_load_table(), _forced()], sort_keys=True)
+        text = json.dumps([_load_table(), _forced(), adapt.enabled()], sort_keys=True)
         mine = (zlib.crc32(text.encode()), None)
     except CommError as exc:
         text, mine = "", (0, str(exc))
@@ -227,10 +233,10 @@ def _setup(g: Group, name: str) -> dict:
     errors = [f"rank {g.ranks[i]}: {e[1]}" for i, e in enumerate(everyone) if e[1]]
     if errors:
         raise CommError("algorithm='auto' cannot start:\n  " + "\n  ".join(errors))
-    if any(e[0] != everyone[0][0] for e in everyone):  # different tables: group rank 0's
+    if any(e[0] != everyone[0][0] for e in everyone):  # different answers: group rank 0's
         text = inner.bcast(text if g.rank == 0 else None)
-    table, forced = json.loads(text)
-    rules = rules_for(table, nodes, g.size, forced)
+    table, forced, adapts = json.loads(text)
+    rules = rules_for(table, nodes, g.size, forced, adapts)
     g._auto = rules
     return rules
 
@@ -241,7 +247,9 @@ def zero_copy(g: Group, tensor, nbytes: int) -> bool:
     algorithm).
 
     Decided on each rank from its own tensor, so every rank must pass such a tensor:
-    if only some do, the call waits, and the hang report (or check mode) names it.
+    if only some do, the call waits and the hang report names it; check mode
+    ``"every"`` names it before any data moves (the call's signature says "shm").
+    Such calls run outside the size class's arm (:mod:`.adapt`).
     """
     seg = g._shm
     if nbytes >= ZERO_COPY_MIN and seg is not None and seg.arenas and not g._auto["forced"]:
@@ -267,9 +275,7 @@ def adaptive(g: Group, name: str, nbytes: int):
     rules = g._auto
     if rules is None:
         rules = setup(g, name, nbytes)
-    if rules["forced"] is not None or nbytes < adapt.ADAPT_MIN:
-        return None
-    if g._adapt is None and not adapt.enabled():  # before the work below: per call here
+    if not rules["adapt"] or nbytes < adapt.ADAPT_MIN:  # agreed at set-up: every member
         return None
     algs = usable(RULE_OF[name], rules["nodes"])
     if name == "all_reduce_coalesced":

@@ -8,7 +8,8 @@ choice matters (from :data:`ADAPT_MIN` bytes) each group keeps, per op and size
 class (a power of two of bytes), an :class:`Arm`:
 
 - every blocking call of the class runs the arm's current algorithm and notes how
-  long it took on this rank;
+  long it took on this rank (a tensor from ``shm_empty`` runs ``"shm"``, zero copy,
+  outside the arm);
 - at fixed call numbers (the 3rd call, then after 16, 32, ... up to every 1024 calls
   of the class) the next few calls are *probes*: each other algorithm runs
   :data:`REPS` times, each probe followed by a call of the current one, so both are
@@ -19,14 +20,24 @@ class (a power of two of bytes), an :class:`Arm`:
   member) and all move to the fastest if it beats the current one by
   :data:`MARGIN`; a switch starts the probe interval afresh, a kept choice doubles it.
 
-Every member counts the same blocking calls of the same class in the same order, so
-they probe at the same calls and decide from the same agreed numbers: a group never
-runs two algorithms in one call. Calls with ``async_op=True`` run the current choice
-and are not timed (their time is the caller's, up to ``wait()``). An explicit
-``algorithm=`` and ``CLUSTERKERNEL_ALGORITHM`` never adapt. Adapting is opt-in for
-now (``CLUSTERKERNEL_AUTO_ADAPT=1`` on every rank, :func:`enabled`). Algorithms reduce in different orders, so while a group probes, sums can
-differ from call to call in the last bits of a float: pin ``algorithm=`` for bitwise
-repeatable runs.
+Why the members never disagree: everything that says which algorithm a call runs
+is data they all share. Whether a group adapts is agreed once, at its first ``auto``
+call (group rank 0's answer, with the table); an arm is found by op and size class
+(the call's signature); every member counts the same blocking calls of the class in
+the same order (the same collectives, in the same order, on every member), so they
+probe at the same calls and decide from the same agreed numbers. The one per-rank
+input, whether a tensor lives in the group's shared memory (zero copy, outside the
+arm), is part of the call: every rank must pass such a tensor (the call's signature
+then says "shm"; a rank that does not is a mismatch). Check mode ``"every"``
+(:func:`~clusterkernel.comm.set_check`) compares that, and before each adaptive call
+moves data the algorithm every member is about to run, and raises
+:class:`~clusterkernel.comm.CollectiveMismatchError` on every rank if they differ.
+Calls with ``async_op=True`` run the current choice and are not counted or timed
+(their time is the caller's, up to ``wait()``). An explicit ``algorithm=`` and
+``CLUSTERKERNEL_ALGORITHM`` never adapt; ``CLUSTERKERNEL_AUTO_ADAPT=0`` keeps the
+table's choice (:func:`enabled`). Algorithms reduce in different orders, so while a
+group probes, sums can differ from call to call in the last bits of a float: pin
+``algorithm=`` for bitwise repeatable runs.
 
 The cost is bounded: at most ``REPS * (algorithms - 1)`` probe calls per round,
 rounds at most every :data:`INTERVAL_MAX` calls once the choice has settled, and an
@@ -43,6 +54,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 from collections import deque
 from statistics import median
@@ -69,10 +81,14 @@ DECIDE_LABEL = "auto decision for"
 
 
 def enabled() -> bool:
-    """Whether ``auto`` adapts in this process: ``CLUSTERKERNEL_AUTO_ADAPT=1`` on every
-    rank. Off by default: a benchmark run once left two ranks in different algorithms
-    of one call (a hang), cause not yet found (BENCHMARKS.md)."""
-    return os.environ.get(ENV_ADAPT, "0").strip().lower() in ("1", "true", "yes", "on")
+    """Whether this rank asks ``auto`` to adapt: yes unless ``CLUSTERKERNEL_AUTO_ADAPT``
+    is ``0`` (or ``false``, ``no``, ``off``). Read at a group's first ``auto`` call,
+    where the members agree on group rank 0's answer.
+
+    Example: ``CLUSTERKERNEL_AUTO_ADAPT=0`` in the ranks' environment keeps the table's
+    choice.
+    """
+    return os.environ.get(ENV_ADAPT, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class Arm:
@@ -83,12 +99,13 @@ class Arm:
     """
 
     __slots__ = (
-        "algs", "current", "why", "calls", "next_round", "interval", "queue", "probing",
+        "algs", "start", "current", "why", "calls", "next_round", "interval", "queue", "probing",
         "times", "agreed", "probed_at", "seen",
     )  # fmt: skip
 
     def __init__(self, algs: tuple[str, ...], start: str) -> None:
         self.algs = algs
+        self.start = start  # the table's choice
         self.current = start
         self.why = "table"
         self.calls = 0
@@ -116,6 +133,14 @@ class Arm:
                 self.next_round = self.calls + self.interval
         return self.queue.pop(0) if self.queue else self.current
 
+    def why_for(self, alg: str) -> str:
+        """Why a call runs ``alg`` (what its timing record adds to the algorithm's name):
+        ``"probe"`` (a round tries it), ``"switch"`` (a round moved to it from the
+        table's choice) or ``""`` (the table's choice)."""
+        if alg != self.current:
+            return "probe"
+        return "" if alg == self.start else "switch"
+
     def _worth(self, alg: str) -> bool:
         # An algorithm that lost by far (SLOWER) is tried again only every INTERVAL_MAX
         # calls: a round's probes then cost little. Every member reads the same agreed
@@ -126,7 +151,8 @@ class Arm:
         return self.calls - self.probed_at[alg] >= INTERVAL_MAX
 
     def took(self, g: Group, alg: str, seconds: float) -> None:
-        """Note a blocking call's time; after a round's last probe, agree and decide."""
+        """Note a blocking call's time; after a round's last call, agree and decide (on
+        every member alike)."""
         if alg in self.seen:
             self.times[alg].append(seconds)
         else:  # an algorithm's first call here sets it up (plans, buffers): not its speed
@@ -146,7 +172,8 @@ class Arm:
         for a, t in zip(judged, agreed.tolist(), strict=True):
             self.agreed[a], self.probed_at[a] = t, self.calls
         best = judged[int(np.argmin(agreed))]
-        if best != self.current and self.agreed[best] < MARGIN * self.agreed[self.current]:
+        now = self.agreed[self.current]  # inf where no call of it was timed: keep it
+        if best != self.current and math.isfinite(now) and self.agreed[best] < MARGIN * now:
             self.current, self.why, self.interval = best, "switch", INTERVAL_MIN
             self.times[best].clear()  # its probes were a round's, not a steady state
         else:

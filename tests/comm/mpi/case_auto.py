@@ -217,16 +217,17 @@ def test_a_forced_algorithm_also_holds_for_shm_empty_tensors(table_file):
     comm.destroy_group(g)
 
 
-def _recorded(n: int, op: str = "all_reduce") -> list[str]:
-    return [r["algorithm"] for r in metrics.recorder().records("comm") if r["op"] == op][-n:]
+def _recorded(n: int, op: str = "all_reduce", why: bool = False) -> list[str]:
+    """The algorithms the last ``n`` calls of ``op`` ran, as their records name them
+    (``why``: with an adaptive call's reason, "ring (probe)"; else the bare name)."""
+    names = [r["algorithm"] for r in metrics.recorder().records("comm") if r["op"] == op][-n:]
+    return names if why else [a.split(" ")[0] for a in names]
 
 
 def test_auto_probes_at_the_same_calls_on_every_rank_and_stays_correct(table_file):
     """Large calls adapt: each other algorithm is probed REPS times from the third
     call, every rank runs the same algorithm in every call, sums stay right."""
     from clusterkernel.comm._auto import adapt
-
-    os.environ[adapt.ENV_ADAPT] = "1"  # opt-in (the fixture unsets it)
 
     table_file([_row("all_reduce", [], ["mpi"])])  # the table says MPI at every size
     g = _fresh()
@@ -294,9 +295,9 @@ def test_an_algorithm_that_lost_by_far_is_probed_only_now_and_then():
 
 
 def test_explicit_forced_async_and_small_calls_never_adapt(table_file):
+    """Under the default (adapting), an explicit algorithm= runs what it names in
+    every call, also between auto calls of its size class that probe and switch."""
     from clusterkernel.comm._auto import adapt
-
-    os.environ[adapt.ENV_ADAPT] = "1"  # opt-in (the fixture unsets it)
 
     table_file([_row("all_reduce", [], ["mpi"])])
     g = _fresh()
@@ -315,6 +316,17 @@ def test_explicit_forced_async_and_small_calls_never_adapt(table_file):
     for _ in range(calls):
         comm.all_reduce(small, group=g)
     agree(len(comm.auto_state(g)) == 1, f"a small size class adapts: {comm.auto_state(g)}")
+    # the arm probes ring and shm; explicit ring calls in between stay the ring's
+    rounds = adapt.FIRST_ROUND + 2 * 2 * adapt.REPS + 2
+    ran = []
+    for _ in range(rounds):
+        comm.all_reduce(t, group=g)
+        comm.all_reduce(t, group=g, algorithm="ring")
+        ran.append(_recorded(2, why=True))
+    auto_ran = {a for a, _ in ran}
+    agree(all(e == "ring" for _, e in ran), f"explicit ring overridden: {ran}")
+    if SIZE > 1:  # the auto calls did probe meanwhile
+        agree({"ring (probe)", "shm (probe)"} <= auto_ran, f"auto ran {auto_ran}")
     comm.destroy_group(g)
     os.environ[_auto.ENV_ALGORITHM] = "mpi"
     g = _fresh()
@@ -326,8 +338,6 @@ def test_explicit_forced_async_and_small_calls_never_adapt(table_file):
 
 def test_coalesced_buckets_adapt_like_all_reduce(table_file):
     from clusterkernel.comm._auto import adapt
-
-    os.environ[adapt.ENV_ADAPT] = "1"  # opt-in (the fixture unsets it)
 
     table_file([_row("all_reduce", [], ["mpi"])])
     g = _fresh()
@@ -346,9 +356,10 @@ def test_coalesced_buckets_adapt_like_all_reduce(table_file):
     comm.destroy_group(g)
 
 
-def test_auto_keeps_the_tables_choice_unless_adapting_is_asked_for(table_file):
+def test_auto_adapt_0_keeps_the_tables_choice(table_file):
     from clusterkernel.comm._auto import adapt
 
+    os.environ[adapt.ENV_ADAPT] = "0"  # the fixture unsets it
     table_file([_row("all_reduce", [], ["mpi"])])
     g = _fresh()
     t = torch.ones(adapt.ADAPT_MIN // 4 * 2)
@@ -356,4 +367,94 @@ def test_auto_keeps_the_tables_choice_unless_adapting_is_asked_for(table_file):
     for _ in range(calls):
         comm.all_reduce(t, group=g)
     agree(_recorded(calls) == ["mpi"] * calls and comm.auto_state(g) == {}, "adapted")
+    comm.destroy_group(g)
+
+
+def test_a_group_adapts_by_default_to_the_faster_arm_and_never_mismatches(table_file):
+    """Adapting is the default: a group started on a slow choice (the table says the
+    ring, at 256 KB, where its 2(n-1) Python-driven steps lose to MPI and shared
+    memory) moves, within a few rounds, to the algorithm its slowest rank measured
+    fastest, every rank in every call alike (check mode "every" compares the
+    algorithm each rank is about to run before any data moves)."""
+    from clusterkernel.comm._auto import adapt
+
+    if SIZE == 1:
+        pytest.skip("on one rank every algorithm is a copy: nothing to move to")
+    table_file([_row("all_reduce", [], ["ring"])])
+    g = _fresh()
+    n = adapt.ADAPT_MIN // 4  # float32: the smallest adaptive size class
+    key = ("all_reduce", adapt.size_class(n * 4))
+    comm.set_check("every")
+    try:
+        made, after, ok = 0, 0, True
+        while made < 120 and after < 2:  # three rounds at most: calls 3, 19 and 51
+            t = torch.full((n,), float(RANK + made))
+            comm.all_reduce(t, group=g)
+            ok = ok and bool((t == SIZE * made + SIZE * (SIZE - 1) / 2).all())
+            made += 1
+            state = comm.auto_state(g)[key]
+            after += state["why"] == "switch"  # two calls of the new choice, then stop
+    finally:
+        comm.set_check("new")
+    agree(ok, "sums")
+    ran = _recorded(made, why=True)
+    everyone = WORLD.allgather((ran, state))
+    agree(all(e == (ran, state) for e in everyone), f"the ranks differ: {everyone}")
+    secs = state["seconds"]
+    agree(state["why"] == "switch" and state["algorithm"] != "ring", f"did not move: {state}")
+    # what moved, as measured: the new choice is the fastest the round saw, by the margin
+    agree(secs[state["algorithm"]] == min(secs.values()), f"{state}")
+    agree(secs[state["algorithm"]] < adapt.MARGIN * secs["ring"], f"{state}")
+    agree(ran[-1] == f"{state['algorithm']} (switch)", f"the records say {ran[-3:]}")
+    comm.destroy_group(g)
+
+
+def test_whether_a_group_adapts_is_group_rank_0s_answer(table_file):
+    """CLUSTERKERNEL_AUTO_ADAPT read per rank would let one rank probe while another
+    runs the table's choice (a hang): the group agrees on rank 0's answer instead."""
+    from clusterkernel.comm._auto import adapt
+
+    if SIZE == 1:
+        pytest.skip("needs two ranks that could disagree")
+    table_file([_row("all_reduce", [], ["mpi"])])
+    for first in ("0", "1"):
+        os.environ[adapt.ENV_ADAPT] = first if RANK == 0 else {"0": "1", "1": "0"}[first]
+        g = _fresh()
+        t = torch.ones(adapt.ADAPT_MIN // 4)
+        calls = adapt.FIRST_ROUND + 2 * 2 * adapt.REPS + 1
+        for _ in range(calls):
+            comm.all_reduce(t, group=g)
+        ran = _recorded(calls)
+        agree(all(r == ran for r in WORLD.allgather(ran)), f"adapt={first} on rank 0: {ran}")
+        agree((comm.auto_state(g) != {}) == (first == "1"), f"{first}: {comm.auto_state(g)}")
+        comm.destroy_group(g)
+
+
+def test_zero_copy_calls_run_shm_outside_the_arm(table_file):
+    """A tensor from shm_empty runs "shm" in place whatever the arm says and is not
+    counted (nor timed) in it; plain tensors of the class between them probe as
+    usual, and every member's arm is at the same call."""
+    from clusterkernel.comm._auto import adapt
+
+    table_file([_row("all_reduce", [], ["mpi"])])
+    g = _fresh()
+    n = _auto.ZERO_COPY_MIN // 4
+    shared = comm.shm_empty(n, group=g)
+    plain = torch.empty(n)
+    calls = 2 * (adapt.FIRST_ROUND + 2 * 2 * adapt.REPS)
+    ok = True
+    for i in range(calls):
+        t = shared if i % 2 else plain
+        t.fill_(1.0)
+        comm.all_reduce(t, group=g)
+        ok = ok and bool((t == SIZE).all())
+    agree(ok, "sums")
+    ran = _recorded(calls)
+    agree(all(a == "shm" for a in ran[1::2]), f"zero copy: {ran}")
+    state = comm.auto_state(g)[("all_reduce", adapt.size_class(n * 4))]
+    agree(state["calls"] == calls // 2 and state["why"] != "table", f"{state}")
+    everyone = WORLD.allgather((ran, state))
+    agree(all(e == (ran, state) for e in everyone), f"the ranks differ: {everyone}")
+    if SIZE > 1:  # the plain calls probed
+        agree(set(ran[0::2]) == {"mpi", "ring", "shm"}, f"{ran}")
     comm.destroy_group(g)
