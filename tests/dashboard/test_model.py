@@ -264,6 +264,21 @@ def test_comm_table_names_every_algorithm_an_op_ran_with():
     assert "<div class='ck-alg'>mpi, shm</div>" in view.comm.widget.value  # under the op
 
 
+def test_comm_table_says_why_auto_ran_each_algorithm():
+    # An adapting auto call's record names why: the table's choice plain, a probe, a switch.
+    s = MetricsStore()
+    comm = [("all_reduce", 1 << 20, "mpi", 2, 100.0, 1e-4, 0.0)]
+    comm += [("all_reduce", 1 << 20, "ring (probe)", 2, 100.1, 2e-4, 0.0)]
+    comm += [("all_reduce", 1 << 20, "shm (switch)", 2, 100.2, 1e-4, 0.0)]
+    s.ingest(_msg(0, 1, comm=comm))
+    assert s.comm_table()[0]["algorithms"] == ["mpi", "ring (probe)", "shm (switch)"]
+    view = DashboardView()
+    view.comm.update(s)
+    html_text = view.comm.widget.value
+    assert ">mpi, ring (probe), shm (switch)</div>" in html_text
+    assert "title='why each algorithm ran" in html_text  # the legend, on hover
+
+
 def test_thin_always_keeps_the_latest_point():
     x = np.arange(10_000, dtype=float)  # 250 buckets of 40 exactly: no tail
     y = np.cos(x)  # the last point is neither its bucket's min nor its max

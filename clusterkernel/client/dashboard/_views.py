@@ -158,6 +158,11 @@ def _bytes(n: float) -> str:
 
 
 _COMM_HEAD = ("rank", "op", "count", "bytes", "total s", "blocked s", "mean ms")
+# Why an algorithm ran, as the records of algorithm="auto" name it (comm._auto.adapt)
+_WHY = (
+    "why each algorithm ran: a plain name is the table's choice (or the one asked for); "
+    "(probe): auto tried it beside its choice; (switch): auto moved to it, measured faster"
+)
 
 
 def _secs(value: float | None) -> str:
@@ -171,7 +176,9 @@ class CommPanel:
     made it differ (see :func:`blocked_differs`), blank where not measured.
 
     Plain HTML, sized for a narrow notebook (JupyterLab's file browser open): the
-    algorithms an op ran with sit under its name, the bar behind its total.
+    algorithms an op ran with sit under its name, each with why where
+    ``algorithm="auto"`` adapted (``ring (probe)``, ``shm (switch)``; a plain name is
+    the table's choice or the one asked for), the bar behind its total.
     """
 
     def __init__(self) -> None:
@@ -192,11 +199,13 @@ class CommPanel:
         head = "".join(f"<th>{h}</th>" for h in _COMM_HEAD if blocked or h != "blocked s")
         body = []
         for r in rows:
+            algs = r["algorithms"]
+            why = f" title='{_WHY}'" if any(a.endswith(")") for a in algs) else ""
             share = 100 * r["seconds"] / top
             bar = f"background:linear-gradient(90deg,{rank_color(r['rank'])}55 {share:.1f}%,transparent {share:.1f}%)"
             body.append(
                 f"<tr><td>{r['rank']}</td><td class='ck-op'>{html.escape(str(r['op']))}"
-                f"<div class='ck-alg'>{html.escape(', '.join(r['algorithms']))}</div></td>"
+                f"<div class='ck-alg'{why}>{html.escape(', '.join(algs))}</div></td>"
                 f"<td>{r['count']}</td><td>{_bytes(r['nbytes'])}</td>"
                 f"<td style='{bar}'>{r['seconds']:.4f}</td>"
                 + (f"<td>{_secs(r['wait_s'])}</td>" if blocked else "")
