@@ -29,6 +29,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -147,6 +148,7 @@ class Beds:
     def stop(self) -> None:
         subprocess.run(["bash", str(LOGIN_BED), "stop", str(self.login)], capture_output=True)
         self.slurm.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
 
     def run(self, side: str, cells: int, trace: bool = False) -> dict:
         """One worker, ``inside`` or ``outside``; its times (its trace printed)."""
