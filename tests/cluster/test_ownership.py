@@ -17,9 +17,9 @@ import clusterkernel
 
 PACKAGE = Path(clusterkernel.__file__).resolve().parent
 OWNER = PACKAGE / "client" / "cluster" / "_cluster.py"
-# what a Dashboard tells its cluster (its streams start, it closes): documented in
-# Cluster and the cluster package's docstring
-DASHBOARD_PORT = {"_dashboard_streaming", "_dashboard_closed"}
+# what a Dashboard tells its cluster (its streams start, it closes) and asks of it (its
+# receiver): documented in Cluster and the cluster package's docstring
+DASHBOARD_PORT = {"_dashboard_streaming", "_dashboard_closed", "_dashboard_receiver"}
 # public settings a caller may set (``%mpi timeout`` sets the watchdog)
 SETTINGS = {"timeout"}
 # the parts Cluster holds, each the owner of one piece of its state: {module: class}

@@ -82,6 +82,7 @@ def test_ranks_on_both_nodes_from_outside_then_nothing_left(laptop):
     proc = laptop(
         _SHELL
         + """
+import json, os, signal, tempfile, threading
 ip.run_line_magic("mpi", "start -n 2 --slurm --nodes 2 --ssh login --torch")
 ip.run_cell_magic("mpi", "", '''
 import socket, torch, torch.distributed as dist
@@ -92,6 +93,27 @@ print("on", socket.gethostname(), "sum", t.item())
 ''')
 cluster = ip.user_ns["cluster"]
 print("JOB", cluster.job_id, "CONTROLLER", cluster._ranks.engines.ipp.controller.pid)
+# the dashboard's live stream: the nodes' records reach the laptop's store
+dash = cluster.dashboard()
+ip.run_cell_magic("mpi", "", "import clusterkernel\\nfor s in range(3): clusterkernel.log(step=s, loss=1.0)")
+try:
+    dash.sync(timeout=10)
+    print("STREAMED TO", dash._address, "RECEIVED ON", dash.receiver.address)
+    print("RECORDS", sorted((r["rank"], r["step"]) for r in dash.records("scalar")))
+except Exception as e:
+    print("DASH", type(e).__name__, e)
+# a profile of a short cell, every rank's samples back on the laptop
+ip.run_cell_magic("mpi", "--profile", "import time\\nt0 = time.time()\\nwhile time.time() - t0 < 0.3: pass")
+prof = json.loads(cluster.profile_result.save(tempfile.mkdtemp() + "/p.speedscope.json").read_text())
+print("PROFILED", sorted(p["name"] for p in prof["profiles"] if " thread " not in p["name"]))
+# a kernel interrupt (SIGINT, as the kernel menu sends it) of a sleeping cell
+previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+try:
+    ip.run_cell_magic("mpi", "", "import time\\ntime.sleep(60)")
+except Exception as e:
+    print("INTERRUPTED", type(e).__name__, "SIGINT" in str(e))
+signal.signal(signal.SIGINT, previous)
 # the user's module, edited in a folder of the laptop's, synced to both nodes
 import os, tempfile
 from IPython.core.error import UsageError
@@ -115,6 +137,11 @@ try:
 except UsageError as e:
     print("REFUSED", str(e).splitlines()[0])
 ip.run_cell_magic("mpi", "", 'print("edited", socket.gethostname(), get(), kept + 1, lapmod.VERSION)')
+# a hang (rank 1 skips the collective) under a timeout: the report names who waits
+try:
+    cluster.run("t = torch.ones(4)\\nif comm.rank() == 0:\\n    dist.all_reduce(t)", timeout=2)
+except Exception as e:
+    print("HANG", type(e).__name__, " ".join(str(getattr(e, "note", e)).split()))
 ip.run_line_magic("mpi", "stop")
 """
     )
@@ -132,12 +159,26 @@ ip.run_line_magic("mpi", "stop")
         assert not where.startswith(notebook), out
         # the edit reached the function made before it, and the rank's variables stayed
         assert f"[rank {rank}] edited {node} 20 42 2" in out, out
+    # the dashboard's records came from both nodes, by the relay on the login node
+    # (its address towards the nodes) to the laptop's loopback
+    assert "RECORDS [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]" in out, out
+    streamed, received = re.search(r"STREAMED TO tcp://(\S+) RECEIVED ON tcp://(\S+)", out).groups()
+    assert received.startswith("127.0.0.1:") and not streamed.startswith("127."), out
+    assert "PROFILED ['rank 0', 'rank 1']" in out, out
+    assert "INTERRUPTED CellInterrupted True" in out, out
+    assert "HANG CellInterrupted" in out, out
+    assert re.search(r"rank 0 waits in all_reduce #\d+ \(gloo", out), out
     assert "Synced 1 file to 2 hosts" in out, out
     assert "reloaded lapmod on ranks 0-1" in out, out
     assert "REFUSED Not synced, the ranks keep the code they have: lapmod.py, line 1" in out, out
     job, _, controller = out.split("JOB ", 1)[1].split()[:3]
     assert job not in laptop.slurm.jobs(), out
     assert not any(laptop.slurm.leftovers()), laptop.slurm.leftovers()
+    relays = [
+        p for p in psutil.process_iter(["cmdline"])
+        if "clusterkernel.client.launch._relay" in (p.info["cmdline"] or [])
+    ]  # fmt: skip
+    assert not relays, relays
     # the controller ran on the login side (this machine's root namespace)
     assert (
         not psutil.pid_exists(int(controller))

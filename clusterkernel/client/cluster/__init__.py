@@ -25,7 +25,8 @@ signatures the part's):
   ``lost``, ``dead``, ``respawn``...;
 - ``_keep_state.Keeping``: the keep time and the takeover record (``keep``,
   ``replaced``, ``taken_over_by``), writing and claiming the kept record (``_kept_records``);
-- ``_dashboard_port.DashboardPort``: the one dashboard the ranks stream to;
+- ``_dashboard_port.DashboardPort``: the one dashboard the ranks stream to, and its
+  receiver (from outside the cluster, a relay on the login node to it);
 - ``_cells.Cells``: a cell run (``run``, ``profile``), the running cell's name, the last
   profile; ``_status.RankStatus``: ``status`` (each rank's process, for its CPU %).
 
@@ -50,10 +51,10 @@ Who calls whom, and who changes what:
   change the cluster: a ``CellRun`` reports the job's end, dead ranks and ranks
   stuck for good through the ``runner.CellFaults`` the cluster gave it, and the
   cluster marks itself lost, records them or restarts. A ``Dashboard`` tells its
-  cluster that the ranks stream to it and that it closes (``_dashboard_streaming``,
-  ``_dashboard_closed``: the one private port, ``Cluster``'s, handed to its
-  ``DashboardPort``); the cluster tells it that its streams ended only through the
-  callback it gave then.
+  cluster that the ranks stream to it and that it closes, and asks it for its
+  receiver (``_dashboard_streaming``, ``_dashboard_closed``, ``_dashboard_receiver``:
+  the one private port, ``Cluster``'s, handed to its ``DashboardPort``); the cluster
+  tells it that its streams ended only through the callback it gave then.
 - The helpers (``_rank_faults``, ``_torch``, ``_namespace``, ``_follow``, ``_data``,
   ``_snapshot``, ``_stacks``, ``_hangreport``, ``debug._breakpoints``) are the bodies of
   Cluster's and CellRun's methods: they take the cluster, read it the same public way

@@ -447,6 +447,8 @@ class Cluster:
     run = part_method("_cells", Cells.run)
     profile = part_method("_cells", Cells.profile)
     dashboard = part_method("_port", DashboardPort.dashboard)
-    # the one private port: a Dashboard tells its cluster these two things
+    # the one private port: a Dashboard tells its cluster these two things, and asks it
+    # for its receiver (a relay on the login node to it from outside the cluster)
     _dashboard_streaming = part_method("_port", DashboardPort.streaming, cluster=False)
     _dashboard_closed = part_method("_port", DashboardPort.closed, cluster=False)
+    _dashboard_receiver = part_method("_port", DashboardPort.receiver)

@@ -22,8 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from clusterkernel.client.launch._relay import Relay
+
 if TYPE_CHECKING:
     from clusterkernel.client.dashboard import Dashboard
+    from clusterkernel.client.dashboard._receiver import Receiver
+    from clusterkernel.client.dashboard._store import MetricsStore
 
 
 class DashboardPort:
@@ -32,6 +36,33 @@ class DashboardPort:
     def __init__(self) -> None:
         self._current: Dashboard | None = None  # the one the ranks stream to
         self._current_ended: Callable[[bool], None] | None = None  # what it asked to be told
+        # from outside the cluster: the current dashboard's relay, and the one made for
+        # a dashboard not yet streaming (its receiver made, its ranks not yet told)
+        self._relay: Relay | None = None
+        self._new_relay: Relay | None = None
+
+    def receiver(self, cluster: Any, store: MetricsStore) -> tuple[Receiver, str]:
+        """A receiver of ``store``'s records, started, and the address the ranks stream to.
+
+        On this machine's loopback for one host; on all its interfaces where ranks on
+        other hosts reach it; from outside the cluster on loopback, with a relay on the
+        login node as the ranks' address (see the module).
+        """
+        from clusterkernel.client.dashboard._receiver import Receiver
+
+        login = getattr(cluster.launcher, "login", None)
+        wide = cluster.multi_node and login is None
+        rx = Receiver(store, "0.0.0.0" if wide else "127.0.0.1").start()
+        if login is None:
+            return rx, rx.address
+        try:
+            relay = Relay(login, rx.address, cluster.launcher.controller_ip())
+        except BaseException:
+            rx.stop()
+            raise
+        self._close("_new_relay")  # a dashboard that failed to start
+        self._new_relay = relay
+        return rx, relay.address
 
     def dashboard(self, cluster: Any) -> Dashboard:
         """This cluster's live dashboard, streaming; made on first use.
@@ -62,13 +93,18 @@ class DashboardPort:
         over, ``ended(True)`` when the cluster stops or lets go of its ranks."""
         old, old_ended = self._current, self._current_ended
         self._current, self._current_ended = dash, ended
+        if old is not dash:
+            self._close("_relay")
+            self._relay, self._new_relay = self._new_relay, None
         if old is not None and old is not dash and old_ended is not None:
             old_ended(False)
 
     def closed(self, dash: Dashboard) -> bool:
         """``dash`` is closing: True if it was the cluster's (it no longer is)."""
         if self._current is not dash:
+            self._close("_new_relay")  # one that failed to start closes
             return False
+        self._close("_relay")
         self._current, self._current_ended = None, None
         return True
 
@@ -81,5 +117,20 @@ class DashboardPort:
     def stopped(self) -> None:
         """The cluster no longer drives ranks: its dashboard is told, once (``ended(True)``)."""
         ended, self._current, self._current_ended = self._current_ended, None, None
-        if ended is not None:
-            ended(True)
+        try:
+            if ended is not None:
+                ended(True)
+        finally:
+            try:
+                self._close("_relay")
+            finally:
+                self._close("_new_relay")
+
+    def _close(self, which: str) -> None:
+        """Close the relay ``which`` names (``_relay``, ``_new_relay``), if there is one."""
+        relay = getattr(self, which)
+        setattr(self, which, None)
+        if relay is not None:
+            # what it said is not an error here: at the cluster's stop the master
+            # connection has gone first, and ssh says so
+            relay.close()

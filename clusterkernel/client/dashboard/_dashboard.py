@@ -58,9 +58,11 @@ class Streamed(Protocol):
     def status(self) -> list[dict]: ...
 
     # the dashboard's port: it tells its cluster that the ranks stream to it, and that
-    # it closes; the cluster tells it back only through ``ended`` (Cluster's docstring)
+    # it closes, and asks it for its receiver (started) and the address the ranks
+    # stream to; the cluster tells it back only through ``ended`` (Cluster's docstring)
     def _dashboard_streaming(self, dash: Dashboard, ended: Callable[[bool], None]) -> None: ...
     def _dashboard_closed(self, dash: Dashboard) -> bool: ...
+    def _dashboard_receiver(self, store: MetricsStore) -> tuple[Receiver, str]: ...
 
 
 class Dashboard:
@@ -129,8 +131,11 @@ class Dashboard:
         self.max_points = int(max_points)
         self.interval = float(interval)
         self.store = MetricsStore()
-        self.receiver = Receiver(self.store, "0.0.0.0" if cluster.multi_node else "127.0.0.1")
-        self.receiver.start()
+        # the receiver, started, and the address the ranks stream to (a relay's from
+        # outside the cluster)
+        self.receiver: Receiver
+        self._address: str
+        self.receiver, self._address = cluster._dashboard_receiver(self.store)
         self.updates = 0  # redraws that sent something to the browser
         self.update_seconds = 0.0  # kernel time spent in them
         self.error: BaseException | None = None
@@ -148,6 +153,7 @@ class Dashboard:
             self.attach()
         except BaseException:
             self.receiver.stop()
+            cluster._dashboard_closed(self)  # its relay, if it has one, goes too
             raise
         # The ranks now stream here, so this is the cluster's dashboard from now on
         # (what %mpi dashboard and %%mpi --dashboard show); an older one goes quiet.
@@ -167,7 +173,7 @@ class Dashboard:
         return view.apply_sync(
             rank_call,
             _targets.METRICS_STREAM,
-            self.receiver.address,
+            self._address,
             self.receiver.key,
             self.interval,
         )
