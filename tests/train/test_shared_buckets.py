@@ -13,6 +13,12 @@ def sb(request, run_ranks):
     return n, by_scenario(rec for recs in runs.values() for rec in recs)
 
 
+def _adapted(alg: str) -> bool:
+    """An ordinary bucket of 256 KB or more: auto adapts from the table's choice (its
+    records say why: "ring (probe)", "shm (switch)"); never the zero-copy "shm"."""
+    return alg.endswith((" (probe)", " (switch)"))
+
+
 def _recs(res, scenario, n):
     recs = res[scenario]
     assert sorted(recs) == list(range(n))
@@ -50,7 +56,7 @@ def test_default_buckets_are_shared_and_big_ones_reduce_in_place(sb, model):
         assert len(big) >= 2, rec  # several outstanding zero-copy calls per step
         for size, alg in rec["algorithms"]:
             want = "shm" if size >= rec["big"] else rec["table_pick"][str(size)]
-            assert alg == want, rec
+            assert alg == want or (size < rec["big"] and _adapted(alg)), rec
         assert {s for s, _ in rec["algorithms"]} == set(rec["bucket_bytes"]), rec
 
 
@@ -68,7 +74,7 @@ def test_opt_out_keeps_ordinary_memory(sb):
     for rec in _recs(res, "wide_input shared=False set_to_none=True", n):
         assert rec["shared"] is False and rec["peers_ok"] == [], rec
         for size, alg in rec["algorithms"]:
-            assert alg == rec["table_pick"][str(size)], rec
+            assert alg == rec["table_pick"][str(size)] or _adapted(alg), rec
 
 
 def test_shared_only_where_it_helps_unless_asked(sb):
