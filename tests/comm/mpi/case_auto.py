@@ -401,11 +401,15 @@ def test_a_group_adapts_by_default_to_the_faster_arm_and_never_mismatches(table_
     everyone = WORLD.allgather((ran, state))
     agree(all(e == (ran, state) for e in everyone), f"the ranks differ: {everyone}")
     secs = state["seconds"]
-    agree(state["why"] == "switch" and state["algorithm"] != "ring", f"did not move: {state}")
-    # what moved, as measured: the new choice is the fastest the round saw, by the margin
-    agree(secs[state["algorithm"]] == min(secs.values()), f"{state}")
-    agree(secs[state["algorithm"]] < adapt.MARGIN * secs["ring"], f"{state}")
-    agree(ran[-1] == f"{state['algorithm']} (switch)", f"the records say {ran[-3:]}")
+    best = min(secs, key=secs.get)
+    if secs[best] < adapt.MARGIN * secs["ring"]:
+        # what moved, as measured: the fastest the round saw, by the margin (on an idle
+        # machine the ring loses here by far: BENCHMARKS.md, "Collectives")
+        agree(state["why"] == "switch" and state["algorithm"] == best, f"did not move: {state}")
+        agree(ran[-1] == f"{best} (switch)", f"the records say {ran[-3:]}")
+    else:  # a loaded machine can measure no arm faster by the margin: then it must stay
+        stayed = state["algorithm"] == "ring" and not any(a.endswith("(switch)") for a in ran)
+        agree(stayed, f"moved on noise: {state}")
     comm.destroy_group(g)
 
 
