@@ -73,6 +73,14 @@ ip.run_line_magic("load_ext", "clusterkernel")
 """
 
 
+def _relays() -> list[psutil.Process]:
+    """The dashboard's relays running on the login side (this machine's root namespace)."""
+    return [
+        p for p in psutil.process_iter(["cmdline"])
+        if "clusterkernel.client.launch._relay" in (p.info["cmdline"] or [])
+    ]  # fmt: skip
+
+
 def _output(proc: subprocess.Popen, timeout: float = 180) -> str:
     out, _ = proc.communicate(timeout=timeout)
     return out
@@ -174,11 +182,7 @@ ip.run_line_magic("mpi", "stop")
     job, _, controller = out.split("JOB ", 1)[1].split()[:3]
     assert job not in laptop.slurm.jobs(), out
     assert not any(laptop.slurm.leftovers()), laptop.slurm.leftovers()
-    relays = [
-        p for p in psutil.process_iter(["cmdline"])
-        if "clusterkernel.client.launch._relay" in (p.info["cmdline"] or [])
-    ]  # fmt: skip
-    assert not relays, relays
+    assert not _relays(), _relays()
     # the controller ran on the login side (this machine's root namespace)
     assert (
         not psutil.pid_exists(int(controller))
@@ -190,7 +194,7 @@ def test_a_rank_respawned_from_outside_then_a_killed_kernel_has_its_job_released
     """A fault-tolerant job from outside (the ranks under the login node's ``mpiexec``
     inside the job): rank 1, on node2, SIGKILLed, ``%mpi respawn --from 0`` brings it back
     with rank 0's variables; then the notebook is SIGKILLed and the guard on the login
-    node cancels the job."""
+    node cancels the job (and the dashboard's relay there leaves)."""
     proc = laptop(
         _SHELL
         + """
@@ -209,6 +213,7 @@ from clusterkernel import comm
 total = comm.WORLD.comm.allreduce(comm.WORLD.comm.Get_rank() + 1)
 print("after", socket.gethostname(), "same" if before == os.getpid() else "new", x, total)
 ''')
+ip.user_ns["cluster"].dashboard()  # its relay on the login node must go with the kernel
 print("JOB", ip.user_ns["cluster"].job_id, flush=True)
 time.sleep(600)
 """
@@ -233,6 +238,8 @@ time.sleep(600)
     proc.wait()
     while job in laptop.slurm.jobs():  # the guard on the login node cancels it
         time.sleep(0.5)
+    while _relays():  # its ssh's stdin closed with the kernel: the relay leaves
+        time.sleep(0.2)
 
 
 def test_bad_hosts_are_refused_clearly_and_start_nothing(laptop):
