@@ -112,7 +112,8 @@ except Exception as e:
     print("DASH", type(e).__name__, e)
 # a profile of a short cell, every rank's samples back on the laptop
 ip.run_cell_magic("mpi", "--profile", "import time\\nt0 = time.time()\\nwhile time.time() - t0 < 0.3: pass")
-prof = json.loads(cluster.profile_result.save(tempfile.mkdtemp() + "/p.speedscope.json").read_text())
+with tempfile.TemporaryDirectory() as kept:
+    prof = json.loads(cluster.profile_result.save(kept + "/p.speedscope.json").read_text())
 print("PROFILED", sorted(p["name"] for p in prof["profiles"] if " thread " not in p["name"]))
 # a kernel interrupt (SIGINT, as the kernel menu sends it) of a sleeping cell
 previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -151,6 +152,8 @@ try:
 except Exception as e:
     print("HANG", type(e).__name__, " ".join(str(getattr(e, "note", e)).split()))
 ip.run_line_magic("mpi", "stop")
+import shutil
+shutil.rmtree(os.getcwd())  # the laptop's notebook folder
 """
     )
     out = _output(proc)
