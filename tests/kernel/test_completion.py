@@ -168,7 +168,7 @@ def test_the_mpi_kernel_completes_and_inspects_rank_names(mpi_kernel, kernel_nam
 
 
 def test_an_ordinary_kernel_completes_in_mpi_cells_even_while_one_runs(
-    no_shared_cluster, kernel_named
+    no_shared_cluster, kernel_named, tmp_path
 ):
     kc = kernel_named("python3")
     info = _ask(kc, "kernel_info_request", {})
@@ -200,13 +200,21 @@ def test_an_ordinary_kernel_completes_in_mpi_cells_even_while_one_runs(
         assert reply["metadata"]["clusterkernel"]["from"] == "rank"
         _wait_reply(kc, running)
 
-        # a rank whose main thread holds the GIL (a regular expression backtracking in C)
-        # cannot answer: the names it listed last, with no wait past the deadline
+        # a rank whose main thread holds the GIL (a regular expression backtracking in C,
+        # seconds a match, again until the test is done: one match could end before a
+        # slow relay of 'zz in' lets the question reach it) cannot answer: the names it
+        # listed last, with no wait past the deadline
+        stop = tmp_path / "stop"
         running = kc.execute(
-            "%%mpi\nprint('zz in', flush=True)\nre.match(r'(a+)+$', 'a' * 27 + 'b')"
+            "%%mpi\nimport os\nprint('zz in', flush=True)\n"
+            f"while not os.path.exists({str(stop)!r}):\n"
+            "    re.match(r'(a+)+$', 'a' * 27 + 'b')"
         )
         _wait_output(kc, running, "zz in")
-        reply = _complete(kc, "%%mpi\nzz_se", subshell=subshell)
+        try:
+            reply = _complete(kc, "%%mpi\nzz_se", subshell=subshell)
+        finally:
+            stop.touch()
         assert reply["metadata"]["clusterkernel"]["from"] == "cache", reply
         assert reply["matches"] == ["zz_second"], reply
         _wait_reply(kc, running, timeout=240)
