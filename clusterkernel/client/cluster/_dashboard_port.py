@@ -60,7 +60,7 @@ class DashboardPort:
         except BaseException:
             rx.stop()
             raise
-        self._close("_new_relay")  # a dashboard that failed to start
+        _close(self._new_relay)  # a dashboard that failed to start
         self._new_relay = relay
         return rx, relay.address
 
@@ -94,7 +94,7 @@ class DashboardPort:
         old, old_ended = self._current, self._current_ended
         self._current, self._current_ended = dash, ended
         if old is not dash:
-            self._close("_relay")
+            _close(self._relay)
             self._relay, self._new_relay = self._new_relay, None
         if old is not None and old is not dash and old_ended is not None:
             old_ended(False)
@@ -102,9 +102,11 @@ class DashboardPort:
     def closed(self, dash: Dashboard) -> bool:
         """``dash`` is closing: True if it was the cluster's (it no longer is)."""
         if self._current is not dash:
-            self._close("_new_relay")  # one that failed to start closes
+            _close(self._new_relay)  # one that failed to start closes
+            self._new_relay = None
             return False
-        self._close("_relay")
+        _close(self._relay)
+        self._relay = None
         self._current, self._current_ended = None, None
         return True
 
@@ -121,16 +123,16 @@ class DashboardPort:
             if ended is not None:
                 ended(True)
         finally:
+            relays, self._relay, self._new_relay = (self._relay, self._new_relay), None, None
             try:
-                self._close("_relay")
+                _close(relays[0])
             finally:
-                self._close("_new_relay")
+                _close(relays[1])
 
-    def _close(self, which: str) -> None:
-        """Close the relay ``which`` names (``_relay``, ``_new_relay``), if there is one."""
-        relay = getattr(self, which)
-        setattr(self, which, None)
-        if relay is not None:
-            # what it said is not an error here: at the cluster's stop the master
-            # connection has gone first, and ssh says so
-            relay.close()
+
+def _close(relay: Relay | None) -> None:
+    """Close ``relay``, if there is one."""
+    if relay is not None:
+        # what it said is not an error here: at the cluster's stop the master connection
+        # has gone first, and ssh says so
+        relay.close()
