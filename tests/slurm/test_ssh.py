@@ -62,6 +62,7 @@ def laptop(slurm_testbed):
         )  # fmt: skip
 
     run.slurm = slurm_testbed  # type: ignore[attr-defined]
+    run.home = bed / "home"  # type: ignore[attr-defined]  # the laptop's HOME
     yield run
     stop()
 
@@ -86,12 +87,38 @@ def _output(proc: subprocess.Popen, timeout: float = 180) -> str:
     return out
 
 
-def test_ranks_on_both_nodes_from_outside_then_nothing_left(laptop):
+def _output_until(proc: subprocess.Popen, prefix: str) -> str:
+    """What ``proc`` said up to its line starting with ``prefix`` (all of it if none
+    came): not until its output ends, which a killed kernel's children (an ssh of
+    ipyparallel's waiting on the controller) hold open for a while."""
+    said = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        said.append(line)
+        if line.startswith(prefix):
+            break
+    return "".join(said)
+
+
+def _on_login(module: str, cluster_id: str) -> list[psutil.Process]:
+    """Processes of ``module`` on the login side (this machine's root namespace) for the
+    kept cluster ``cluster_id`` (its id is in their command lines)."""
+    return [
+        p for p in psutil.process_iter(["cmdline"])
+        if module in (p.info["cmdline"] or []) and cluster_id in " ".join(p.info["cmdline"])
+    ]  # fmt: skip
+
+
+def test_ranks_on_both_nodes_from_outside_kept_through_a_killed_kernel_then_nothing_left(laptop):
+    """Everything a session does from outside, in one kept job (``--keep forever``); its
+    kernel then dies (SIGKILL), a new one lists and attaches the job, runs a cell with
+    the first one's variables, and stops it: nothing is left on the login node nor on
+    the nodes."""
     proc = laptop(
         _SHELL
         + """
 import json, os, signal, tempfile, threading
-ip.run_line_magic("mpi", "start -n 2 --slurm --nodes 2 --ssh login --torch")
+ip.run_line_magic("mpi", "start -n 2 --slurm --nodes 2 --ssh login --torch --keep forever")
 ip.run_cell_magic("mpi", "", '''
 import socket, torch, torch.distributed as dist
 from clusterkernel import comm
@@ -146,18 +173,61 @@ try:
 except UsageError as e:
     print("REFUSED", str(e).splitlines()[0])
 ip.run_cell_magic("mpi", "", 'print("edited", socket.gethostname(), get(), kept + 1, lapmod.VERSION)')
+import shutil
+shutil.rmtree(os.getcwd())  # the laptop's notebook folder
+print("KEPT", cluster.id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the kernel dies: the ranks are kept
+"""
+    )
+    out = _output_until(proc, "KEPT ")
+    assert proc.wait(timeout=30) == -signal.SIGKILL, out
+    proc.stdout.close()
+    cluster_id = out.split("KEPT ", 1)[1].split()[0]
+    job = out.split("JOB ", 1)[1].split()[0]
+    assert job in laptop.slurm.jobs(), out
+    # a new kernel on the laptop: the job listed and attached through the login node,
+    # the first kernel's variables on its ranks, then stopped
+    again = laptop(
+        _SHELL
+        + f"""
+import os
+ip.run_line_magic("mpi", "list --ssh login")
+ip.run_line_magic("mpi", "attach {cluster_id} --ssh login")
+ip.run_cell_magic("mpi", "", 'print("back", socket.gethostname(), get(), kept)')
+cluster = ip.user_ns["cluster"]
+print("RUN_DIR", cluster.run_dir)
 # a hang (rank 1 skips the collective) under a timeout: the report names who waits
 try:
     cluster.run("t = torch.ones(4)\\nif comm.rank() == 0:\\n    dist.all_reduce(t)", timeout=2)
 except Exception as e:
     print("HANG", type(e).__name__, " ".join(str(getattr(e, "note", e)).split()))
 ip.run_line_magic("mpi", "stop")
-import shutil
-shutil.rmtree(os.getcwd())  # the laptop's notebook folder
 """
     )
-    out = _output(proc)
-    assert proc.returncode == 0, out
+    back = _output(again)
+    assert again.returncode == 0, back
+    listed = next(line for line in back.splitlines() if line.startswith(cluster_id))
+    assert " 2 " in listed and f"job {job}" in listed and "never" in listed, back
+    assert f"Attached to 2 MPI ranks (cluster {cluster_id})." in back, back
+    assert "[rank 0] back node1 20 41" in back, back
+    assert "[rank 1] back node2 20 41" in back, back
+    assert "HANG CellInterrupted" in back, back
+    assert re.search(r"rank 0 waits in all_reduce #\d+ \(gloo", back), back
+    assert "Stopped all MPI ranks." in back, back
+    # the cluster's directory on the login node (under its home) and here are gone
+    run_dir = back.split("RUN_DIR ", 1)[1].split()[0]
+    remote = Path(os.path.expanduser("~root")) / os.path.relpath(run_dir, laptop.home)
+    assert remote.name == f"cluster-{cluster_id}" and not remote.exists(), remote
+    assert not Path(run_dir).exists(), run_dir
+    # its keeper (the guard) and the sessions' holds on its record have left the login node
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (
+        _on_login("clusterkernel.client.launch._guard", cluster_id)
+        or _on_login("clusterkernel.client.cluster._kept_login", cluster_id)
+    ):
+        time.sleep(0.2)
+    assert not _on_login("clusterkernel.client.launch._guard", cluster_id)
+    assert not _on_login("clusterkernel.client.cluster._kept_login", cluster_id)
     assert "[rank 0] on node1 sum 3.0" in out, out
     assert "[rank 1] on node2 sum 3.0" in out, out
     assert "ProfileCreate" not in out, out  # ipyparallel's remote profile: made quietly
@@ -177,8 +247,6 @@ shutil.rmtree(os.getcwd())  # the laptop's notebook folder
     assert received.startswith("127.0.0.1:") and not streamed.startswith("127."), out
     assert "PROFILED ['rank 0', 'rank 1']" in out, out
     assert "INTERRUPTED CellInterrupted True" in out, out
-    assert "HANG CellInterrupted" in out, out
-    assert re.search(r"rank 0 waits in all_reduce #\d+ \(gloo", out), out
     assert "Synced 1 file to 2 hosts" in out, out
     assert "reloaded lapmod on ranks 0-1" in out, out
     assert "REFUSED Not synced, the ranks keep the code they have: lapmod.py, line 1" in out, out
@@ -221,14 +289,8 @@ print("JOB", ip.user_ns["cluster"].job_id, flush=True)
 time.sleep(600)
 """
     )
-    job, said = None, []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        said.append(line)
-        if line.startswith("JOB "):
-            job = line.split()[1]
-            break
-    out = "".join(said)
+    out = _output_until(proc, "JOB ")
+    job = out.split("JOB ", 1)[1].split()[0] if "JOB " in out else None
     assert job is not None and job in laptop.slurm.jobs(), out
     assert "CELL RankError" in out, out
     assert "[rank 0] on node1" in out and "[rank 1] on node2" in out, out
@@ -258,14 +320,14 @@ for host, python in (
     except Exception as e:
         print("ERR", host, type(e).__name__, str(e).splitlines()[0])
 try:
-    Cluster(n=2, launcher="slurm", ssh="login", keep="10m").start()
+    Cluster.attach("123456", ssh="login")
 except Exception as e:
-    print("KEEP", type(e).__name__, str(e).splitlines()[0])
+    print("ATTACH", type(e).__name__, str(e).splitlines()[0])
 """
     )
     out = _output(proc, timeout=120)
     assert "ERR no-such-host.invalid LoginError ssh no-such-host.invalid: unknown host" in out, out
     assert "ERR nobody@login LoginError ssh nobody@login: the key was refused" in out, out
     assert "ERR login LoginError /no/python on login cannot import clusterkernel" in out, out
-    assert "KEEP ClusterError keep= (--keep) does not work with ssh= yet" in out, out
+    assert "ATTACH ClusterError No kept cluster '123456' of yours" in out, out
     assert not laptop.slurm.jobs()

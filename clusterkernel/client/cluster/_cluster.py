@@ -43,6 +43,7 @@ from clusterkernel.client.cluster._rankmap import RankMap
 from clusterkernel.client.cluster._status import RankStatus
 from clusterkernel.client.errors import CellInterrupted, ClusterError, RankError
 from clusterkernel.client.launch import LaunchSettings, launcher_for
+from clusterkernel.client.launch._ssh import Login, login_for
 from clusterkernel.client.sync import _send as _code_sync
 
 if TYPE_CHECKING:
@@ -282,6 +283,7 @@ class Cluster:
             self._ranks.stop(let_go)
         finally:
             self.gpus = {}
+            self._keeping.stopped()  # a hold on a record on the login node ends
             self.rank_names.forget()
             self._port.stopped()  # after the ranks, so its last picture shows them stopped
 
@@ -300,31 +302,38 @@ class Cluster:
         return _kept_records.cluster_id(self.run_dir) if self.run_dir else None
 
     @classmethod
-    def attach(cls, cluster_id: str | None = None, force: bool = False) -> Cluster:
+    def attach(
+        cls, cluster_id: str | None = None, force: bool = False, ssh: str | Login | None = None
+    ) -> Cluster:
         """Connect to a cluster started with ``keep`` (by this user, on this host): the
         ranks and their variables as they were. ``cluster_id``: as :func:`kept` lists it;
         may be left out when there is one. A cluster another live session drives is
         refused unless ``force`` (a takeover: that session is told at its next call;
-        ``cluster.replaced`` names it here).
+        ``cluster.replaced`` names it here). ``ssh``: the login node of a cluster started
+        from outside the cluster (``ssh=`` at its start; ``%mpi attach --ssh HOST``).
 
         Example::
 
             # not run: needs a cluster another process started with keep=
             cluster = Cluster.attach()      # %mpi attach
             cluster.pull("model_state")
+            Cluster.attach("482913", ssh="login")   # one started with ssh="login"
         """
-        record = _kept_records.to_attach(cluster_id)
-        settings = dict(record["settings"], n=record["n"])
-        cluster = cls(**settings, keep=True if record["keep_s"] is None else record["keep_s"])
-        cluster._keeping.claim(record["run_dir"], force)
+        where = login_for(ssh)
+        keeping, record = Keeping.claimed(cluster_id, force, where)
         try:
+            settings = dict(record["settings"], n=record["n"])
+            if where is not None:  # the login node as this session reaches it
+                settings.update(ssh=where.host, remote_python=where.python)
+            cluster = cls(**settings, keep=keeping.keep)
+            cluster._keeping = keeping
             cluster._ranks.attach(
                 cluster.launcher, record["run_dir"], record["cluster_file"], record["rank_info"],
                 _torch.engine_env(cluster.env, group=cluster.torch),
                 keeper_pid=record.get("guard_pid"), log_level=cluster.log_level,
             )  # fmt: skip
         except BaseException:
-            _kept_records.release(record["run_dir"])
+            keeping.release(record["run_dir"])
             raise
         return cluster
 

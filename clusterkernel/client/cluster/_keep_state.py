@@ -22,16 +22,33 @@ import os
 from typing import Any
 
 from clusterkernel.client.cluster import _kept_records
+from clusterkernel.client.cluster._kept_login import Claim
 from clusterkernel.client.errors import ClusterError
 
 
 class Keeping:
     """The keep time and the takeover record of one cluster (see the module)."""
 
-    def __init__(self, keep: bool | str | float | None) -> None:
+    def __init__(self, keep: bool | str | float | None, claim: Claim | None = None) -> None:
         self._keep = _kept_records.parse_keep(keep)  # seconds, inf, or None: not kept
-        self._replaced: dict | None = None
+        # from outside the cluster: this session's hold on the record on the login node
+        self._claim = claim
+        self._replaced: dict | None = claim.replaced if claim is not None else None
         self._taken_over_by: dict | None = None
+
+    @classmethod
+    def claimed(cls, cluster_id: str | None, force: bool, ssh: Any = None) -> tuple[Keeping, dict]:
+        """The keep state of the kept cluster an attach takes, claimed by this session
+        (``force``: even from a live one), and its record; ``ssh``: the login node (a
+        ``Login``) of a cluster started from outside. A :class:`ClusterError` says why
+        none can be."""
+        if ssh is None:
+            record = _kept_records.to_attach(cluster_id)
+            keeping = cls(_keep_of(record))
+            keeping.claim(record["run_dir"], force)
+            return keeping, record
+        claim = Claim.attach(ssh, cluster_id, force)
+        return cls(_keep_of(claim.record), claim), claim.record
 
     @property
     def keep(self) -> float | None:
@@ -52,14 +69,20 @@ class Keeping:
     def started(self, cluster: Any, settings: dict, guard_pid: int | None) -> None:
         """A kept ``cluster`` has started: write its record (``settings``: what ``attach``
         needs to make it again; ``guard_pid``: its guard process)."""
-        if self._keep is not None:
-            _kept_records.write(
-                cluster.run_dir, _kept_records.new_record(cluster, settings, guard_pid)
-            )
+        if self._keep is None:
+            return
+        record = _kept_records.new_record(cluster, settings, guard_pid)
+        login = getattr(cluster.launcher, "login", None)
+        if login is not None:  # beside the guard on the login node, held from here
+            self._claim = Claim.started(login, record)
+        else:
+            _kept_records.write(cluster.run_dir, record)
 
     def ranks_changed(self, run_dir: str, rank_info: dict) -> None:
         """A restart or a respawn made new rank processes: a kept record names them."""
-        if self._keep is not None:
+        if self._claim is not None:
+            self._claim.update({"rank_info": rank_info})
+        elif self._keep is not None:
             _kept_records.update(run_dir, {"rank_info": rank_info})
 
     def claim(self, run_dir: str, force: bool) -> None:
@@ -78,15 +101,33 @@ class Keeping:
                 "This cluster was not started with keep: detaching would leave ranks no one "
                 "can reach. Stop it (%mpi stop), or start with --keep 2h (keep='2h')."
             )
-        _kept_records.release(run_dir)
+        if self._claim is not None:
+            self.stopped()
+        else:
+            _kept_records.release(run_dir)
+
+    def stopped(self) -> None:
+        """This session no longer drives the cluster (stopped, or let go): a hold on its
+        record on the login node ends (from outside the cluster)."""
+        claim, self._claim = self._claim, None
+        if claim is not None:
+            claim.close()
 
     def taken_over(self, run_dir: str | None) -> dict | None:
         """The session that has taken over the kept cluster in ``run_dir`` since this one
         claimed it (noted as ``taken_over_by``; the cluster must let go), or None."""
         if self._keep is None or run_dir is None:
             return None
+        if self._claim is not None:  # its process on the login node says so
+            self._taken_over_by = self._claim.taken_over()
+            return self._taken_over_by
         holder = _kept_records.holder(run_dir)
         if holder is None or holder.get("pid") == os.getpid():
             return None
         self._taken_over_by = holder
         return holder
+
+
+def _keep_of(record: dict) -> bool | float:
+    """A record's keep time as ``Keeping`` takes it (its None: until stopped)."""
+    return True if record["keep_s"] is None else record["keep_s"]

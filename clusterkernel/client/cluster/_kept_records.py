@@ -275,7 +275,8 @@ def find(cluster_id_: str | None, root: str | None = None) -> dict:
     ids = ", ".join(r["id"] for r in live) or "none"
     raise ValueError(
         f"No kept cluster {cluster_id_!r} of yours (it may have expired or been stopped). "
-        f"Kept now: {ids} (%mpi list)."
+        f"Kept now: {ids} (%mpi list; one started from outside the cluster with --ssh HOST "
+        "is on HOST: %mpi list --ssh HOST, %mpi attach ID --ssh HOST)."
     )
 
 
@@ -306,11 +307,11 @@ def new_record(cluster, settings: dict, guard_pid: int | None) -> dict:
     }
 
 
-def to_attach(cluster_id_: str | None) -> dict:
+def to_attach(cluster_id_: str | None, root: str | None = None) -> dict:
     """The record of the kept cluster ``Cluster.attach`` takes (see :func:`find`); a
     :class:`ClusterError` says why none can be (what is left of an ended one is removed)."""
     try:
-        record = find(cluster_id_)
+        record = find(cluster_id_, root)
     except ValueError as e:
         raise ClusterError(str(e)) from None
     if record.get("ended"):
@@ -377,16 +378,21 @@ def add_arguments(parser) -> None:
     """``clusterkernel list`` takes no options."""
 
 
-def kept_report() -> str:
+def kept_report(ssh=None) -> str:
     """The table of this user's kept clusters (``%mpi list``, ``clusterkernel list``); a
     cluster that ended while no one was attached is in it once, and what is left of it
-    is removed.
+    is removed. ``ssh``: the login node (a ``Login``, ``%mpi list --ssh HOST``) whose kept
+    clusters, started from outside the cluster, to list instead of this machine's.
 
     Example::
 
         from clusterkernel.client.cluster import kept_report
         print(kept_report())    # a line per kept cluster: id, ranks, where, age, stops in, client
     """
+    if ssh is not None:
+        from clusterkernel.client.cluster._kept_login import listing
+
+        return table(listing(ssh))  # ended ones removed there
     records = kept()
     text = table(records)
     for record in records:

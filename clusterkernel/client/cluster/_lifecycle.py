@@ -30,10 +30,11 @@ import psutil
 
 from clusterkernel.client._pids import CLUSTER_MARK, marked
 from clusterkernel.client.cluster import _ipp
+from clusterkernel.client.cluster._kept_login import local_copy
 from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.launch import Launcher
 from clusterkernel.client.launch._engine_wait import wait_for_engines
-from clusterkernel.client.launch._guard import Guard
+from clusterkernel.client.launch._guard import Guard, remote_cluster_file
 from clusterkernel.client.launch._login_controller import LoginControllerLauncher
 from clusterkernel.client.launch._run_dir import make_run_dir, private_cluster_file, remove_run_dir
 from clusterkernel.protocol import _shm_names, _targets
@@ -115,15 +116,6 @@ class Engines:
         _ipp.install_date_parser()  # less work per rank and cell (BENCHMARKS.md, "Scale")
         kwargs: dict[str, Any] = {}
         login = _login(launcher)  # from outside: the controller on the login node
-        if login is not None and keep is not None:
-            # the keeper would run on the login node, which cannot see a client here
-            # (it would stop the job after the keep time under an attached notebook),
-            # and an attach has no tunnel
-            raise ClusterError(
-                "keep= (--keep) does not work with ssh= yet: %mpi attach cannot reach a "
-                "kept job from outside the cluster. Leave out keep (the job ends with the "
-                f"kernel), or run the notebook on {login.host} to keep ranks."
-            )
         ip = launcher.controller_ip()  # may ask Slurm: before anything is made
         if ip:
             kwargs["controller_ip"] = ip
@@ -166,8 +158,12 @@ class Engines:
         cls, launcher: Launcher, run_dir: str, cluster_file: str, rank_info: dict,
         env: dict[str, str], keeper_pid: int | None = None, log_level: int = logging.WARNING,
     ) -> Engines:  # fmt: skip
-        """Connect to the running processes of a kept cluster (its guard keeps watching)."""
+        """Connect to the running processes of a kept cluster (its guard keeps watching).
+        From outside the cluster ``run_dir`` and ``cluster_file`` are the login node's."""
         self = cls(launcher, start_timeout=90.0)
+        login = _login(launcher)
+        if login is not None:  # its files here, where this session's ipyparallel reads them
+            run_dir, cluster_file = local_copy(login, run_dir)
         self.run_dir = run_dir
         # with the launcher's configuration, so that a restart starts ranks as start() did
         self.ipp = ipp.Cluster.from_file(
@@ -176,10 +172,15 @@ class Engines:
             config=launcher.config({**env, CLUSTER_MARK: run_dir}, run_dir),
             log=_ipp_log(log_level),
         )
-        self.client = self.ipp.connect_client_sync()
+        if login is None:
+            self.client = self.ipp.connect_client_sync()
+        else:  # the connection files, and the tunnels, as at the start
+            self.ipp.controller.fetch_files()
+            self.client = _tunnelled(self.ipp, login)
         self.rank_info = {int(r): info for r, info in rank_info.items()}
         self.engine_of = {r: info["engine"] for r, info in self.rank_info.items()}
-        self.keeper = _process(keeper_pid) if keeper_pid else None
+        # from outside its keeper runs on the login node: no process of this machine's
+        self.keeper = _process(keeper_pid) if keeper_pid and login is None else None
         try:
             self.client.wait_for_engines(len(self.engine_of), timeout=10)
         except (ipp.error.TimeoutError, ipp.error.EngineError, OSError):
@@ -269,6 +270,9 @@ class Engines:
             _shm_names.remove(self.run_dir)
         self.ipp.start_engines_sync(self.n)
         self.ipp.update_cluster_file()
+        login = _login(self.launcher)
+        if login is not None and self.run_dir:  # the guard's copy there: the new job's
+            remote_cluster_file(login, self.ipp.cluster_file, self.run_dir)
         self._wait_for_new_engines(old_pids)
 
     def respawned(self, engine_ids: list[int]) -> None:

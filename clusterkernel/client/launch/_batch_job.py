@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -38,7 +37,7 @@ from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.launch._engine_set import base_config, engine_cmd, process_ended, tail
 from clusterkernel.client.launch._login_controller import LoginControllerLauncher
 from clusterkernel.client.launch._registry import register
-from clusterkernel.client.launch._ssh import Login, login
+from clusterkernel.client.launch._ssh import Login, login, login_for
 from clusterkernel.client.mpiexec import QUIET_OSC, MPIRuntime
 from clusterkernel.client.scheduler import BatchSystem, SchedulerError
 from clusterkernel.protocol._net import route_source
@@ -148,7 +147,7 @@ class BatchLauncher:
         # from outside the cluster: every command of the scheduler's on the login node
         self.login: Login | None = None
         if settings.ssh:
-            self.login = login(settings.ssh, settings.remote_python or sys.executable)
+            self.login = login_for(settings.ssh, settings.remote_python)
             system = system.over_ssh(self.login)
         # ranks as a step of the job this process is in (never from outside)
         self.step = system.steps_in_job() and self.login is None

@@ -42,6 +42,7 @@ from clusterkernel.protocol import _shm_names
 _GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 _POLL = 1.0  # seconds between a keeper's looks at the cluster and its client
 _ENDED_FOR = 5.0  # seconds a kept cluster must look ended before the keeper says it is
+_OUTSIDE = "outside"  # main's mark: run on the login node by a notebook outside the cluster
 
 
 class Guard:
@@ -66,15 +67,12 @@ class Guard:
         # there, the cluster file copied to the cluster's directory there; ssh carries our
         # pipe's EOF to it, and sshd gives it one when the connection is lost
         if login is not None:
-            remote_dir = login.home_path(run_dir)
-            remote_file = f"{remote_dir}/cluster.json"
-            with open(cluster_file) as f:
-                login.write(remote_file, f.read())
-            cluster_file, run_dir = remote_file, remote_dir
-        args = [cluster_file, run_dir] + ([repr(float(keep))] if keep is not None else [])
+            cluster_file = remote_cluster_file(login, cluster_file, run_dir)
+            run_dir = login.home_path(run_dir)
+        args = [cluster_file, run_dir, repr(float(keep)) if keep is not None else ""]
         command = [sys.executable, "-m", "clusterkernel.client.launch._guard", *args]
-        if login is not None:
-            command = login.argv(login.python, *command[1:], shared=False)
+        if login is not None:  # it leaves its ssh session when it becomes a keeper
+            command = login.argv(login.python, *command[1:], _OUTSIDE, shared=False)
         self._proc = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -108,6 +106,15 @@ class Guard:
             stdin.close()
         except OSError:
             pass
+
+
+def remote_cluster_file(login: Any, cluster_file: str, run_dir: str) -> str:
+    """Copy the cluster file to the cluster's directory on ``login`` (a ``Login``), where
+    the guard reads it; its path there. Again after a restart: it names the new job."""
+    remote = f"{login.home_path(run_dir)}/cluster.json"
+    with open(cluster_file) as f:
+        login.write(remote, f.read())
+    return remote
 
 
 def batch_jobs(cluster_file: str) -> list[tuple[str, str]]:
@@ -251,12 +258,27 @@ def _stop(cluster_file: str, run_dir: str | None, keep_record: bool = False) -> 
                             os.remove(path)
 
 
-def main(cluster_file: str, run_dir: str | None = None, keep_s: str = "") -> int:
+def _leave_session() -> None:
+    """A keeper on the login node leaves the ssh session that started it (its stdio on
+    /dev/null, its work in a child of its own, the command ended), so that the session
+    closes and a connection the notebook's machine loses later cannot end it."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+
+
+def main(cluster_file: str, run_dir: str | None = None, keep_s: str = "", where: str = "") -> int:
     last = b""
     for line in sys.stdin.buffer:
         last = line.strip()
     if last == b"stopped":
         return 0
+    if keep_s and run_dir and where == _OUTSIDE:
+        _leave_session()
     if keep_s and run_dir and not keep(cluster_file, run_dir, float(keep_s)):
         if not os.path.exists(cluster_file) and not (_kept_records.read(run_dir) or {}).get(
             "ended"
@@ -268,4 +290,4 @@ def main(cluster_file: str, run_dir: str | None = None, keep_s: str = "") -> int
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(*sys.argv[1:5]))

@@ -27,6 +27,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 
 from clusterkernel.client.errors import ClusterError
@@ -281,3 +282,18 @@ def login(host: str, python: str) -> Login:
     if key not in _LOGINS:
         _LOGINS[key] = Login(host, python)
     return _LOGINS[key]
+
+
+def login_for(ssh: str | Login | None, remote_python: str | None = None) -> Login | None:
+    """The login node ``ssh`` names (a host, or a :class:`Login` already), with
+    clusterkernel under ``remote_python`` there (default: this interpreter's path, as
+    ``LaunchSettings`` takes it); None: no ``ssh``, this machine is inside the cluster.
+
+    Example::
+
+        login_for("login").host       # 'login'
+        login_for(None)               # None
+    """
+    if ssh is None or isinstance(ssh, Login):
+        return ssh
+    return login(ssh, remote_python or sys.executable)

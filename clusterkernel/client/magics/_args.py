@@ -139,6 +139,27 @@ def start_args(line):
     """%mpi start: start MPI ranks as ipyparallel engines."""
 
 
+def _login_arguments(func):
+    """``--ssh HOST`` and ``--remote-python PATH`` of ``%mpi list`` and ``attach``: the kept
+    clusters started from outside the cluster with ``%mpi start --ssh HOST``."""
+    func = argument(
+        "--remote-python",
+        metavar="PATH",
+        help="with --ssh: the python on HOST that has clusterkernel (default: this one's path)",
+    )(func)
+    return argument(
+        "--ssh",
+        metavar="HOST",
+        help="the kept clusters started from outside the cluster with --ssh HOST (on HOST)",
+    )(func)
+
+
+@magic_arguments()
+@_login_arguments
+def list_args(line):
+    """%mpi list: your kept clusters (--keep): id, ranks, where, age, idle time left."""
+
+
 @magic_arguments()
 @argument("id", nargs="?", help="the kept cluster's id (%%mpi list); not needed when there is one")
 @argument(
@@ -146,6 +167,7 @@ def start_args(line):
     action="store_true",
     help="take over from a session that is attached now (it is told at its next call)",
 )
+@_login_arguments
 def attach_args(line):
     """%mpi attach: connect to ranks kept with --keep; their variables as they were."""
 
@@ -331,7 +353,7 @@ class _HelpFormatter(MagicHelpFormatter):
 HELP_ROWS = [
     (start_args, "%mpi start"),
     ("%mpi stop", "stop every rank and the controller"),
-    ("%mpi list", "your kept clusters (--keep): id, ranks, where, age, idle time left"),
+    (list_args, "%mpi list"),
     (attach_args, "%mpi attach"),
     ("%mpi detach", "leave kept ranks running (for their --keep time) and let go"),
     (respawn_args, "%mpi respawn"),

@@ -202,6 +202,6 @@ class MPIMagics(Subcommands, Magics):  # type: ignore[misc]
 
 
 # subcommands that take nothing after their name: a word there is a mistake, not ignored
-_NO_ARGUMENTS = frozenset({"stop", "list", "detach", "restart", "status", "on", "off", "dashboard"})
+_NO_ARGUMENTS = frozenset({"stop", "detach", "restart", "status", "on", "off", "dashboard"})
 
 MPIMagics.mpi.__doc__ = mpi_help()

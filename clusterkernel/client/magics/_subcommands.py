@@ -28,10 +28,12 @@ from clusterkernel.client.cluster import (
     snapshot_summary,
 )
 from clusterkernel.client.errors import format_ranks, rank_label
+from clusterkernel.client.launch._ssh import login_for
 from clusterkernel.client.magics._args import (
     attach_args,
     debug_args,
     export_args,
+    list_args,
     profile_args,
     pull_args,
     ranks_arg,
@@ -141,7 +143,9 @@ class Subcommands:
             )
 
     def _sub_list(self, rest: str) -> None:
-        print(kept_report())  # as `clusterkernel list`: ended ones are told once, then removed
+        args = parse(list_args, rest)
+        # as `clusterkernel list`: ended ones are told once, then removed
+        print(kept_report(login_for(args.ssh, args.remote_python)))
 
     def _sub_attach(self, rest: str) -> None:
         args = parse(attach_args, rest)
@@ -150,7 +154,8 @@ class Subcommands:
                 f"This session already drives {self.cluster.n} ranks: %mpi detach (or stop) "
                 "them first."
             )
-        cluster = Cluster.attach(args.id, force=args.force)  # ClusterError: a message
+        where = login_for(args.ssh, args.remote_python)  # the one login node, from here on
+        cluster = Cluster.attach(args.id, force=args.force, ssh=where)  # ClusterError: a message
         self.cluster = cluster
         self._bind_cluster_name(cluster)
         if cluster.replaced:
