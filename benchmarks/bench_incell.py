@@ -19,7 +19,11 @@ On a ``Cluster(n, fault_tolerant=True, torch=True)`` with ``cluster.auto_respawn
    Each wild run is checked: one in-cell replacement per kill, the killed ranks' pids
    changed, every rank at the last step, and the final weights against the calm run's
    (max |difference| on every rank, printed). ``recover`` is the client's own figure
-   (death seen to the new rank running the cell), median over the kills.
+   (death seen to the new rank running the cell), median over the kills. Each death of a
+   ``steps`` loop is also told as a timeline from the death (its marker file's time): the
+   timed parts of the recovery on rank 0 and on the new rank (``rank._respawn.phases``:
+   shrink, spawn, merge, pickle, send, receive, load, rebuild...), rank 0's return to the
+   loop and its next steps; a table of their medians per case ends the run.
 2. **Overhead of auto-respawn with no death**: the ``steps`` loop (small MLP) and a
    plain torch DDP loop (gloo, no ``steps``) timed with ``auto_respawn`` False (A),
    True (B) and False again (A'), interleaved per round; B/A against the A/A band
@@ -71,7 +75,7 @@ BIG_NET = (
 
 # the set-up cell: model, optimizer, DataParallel, data by (step, rank), the kill plan
 SETUP = """
-import os, signal, torch
+import os, signal, time, torch
 from torch.utils.data import TensorDataset
 from clusterkernel import comm, train
 from clusterkernel.train import DataParallel, Trainer
@@ -100,6 +104,7 @@ trainer.add_hook("on_batch_end", lambda t: maybe_die(t.global_step))
 """
 
 LOOP_STEPS = """
+_ends = []                                   # (step, wall clock at its end): the phases' view
 for s in train.steps({steps}, model=net, optimizer=opt):
     with s:
         maybe_die(s.index)
@@ -107,6 +112,7 @@ for s in train.steps({steps}, model=net, optimizer=opt):
         opt.zero_grad()
         torch.nn.functional.mse_loss(dp(x), y).backward()
         opt.step()
+    _ends.append((s.index, time.time()))
 last = s.index + 1
 """
 LOOP_FIT = "trainer.fit({epochs})\nlast = trainer.global_step\n"
@@ -119,6 +125,9 @@ if comm.rank() == 0:
 comm.barrier()
 del _w
 """
+# untimed, after a wild cell: each rank's timed parts of its respawns (rank._respawn.phases)
+PHASES = "from clusterkernel.rank._respawn import phases as _p\n_phases = _p()\ndel _p\n"
+
 DIFF_REF = """
 _w = torch.cat([p.detach().flatten() for p in net.parameters()])
 _diff = float((_w - torch.load({ref!r})).abs().max())
@@ -179,6 +188,8 @@ class Case:
         self.wild: list[float] = []
         self.recover: list[float] = []
         self.diffs: list[float] = []
+        self.deaths: list[dict] = []  # each death's timeline (see timeline())
+        self.calm_step: list[float] = []  # rank 0's median step in the calm runs
         self.checked = 0
         self.runs = 0
         self._steps: int | None = None
@@ -206,6 +217,9 @@ class Case:
         if self._steps is None:  # Trainer.fit: as many steps as the calm run made
             self._steps = self.c.pull("last")[0]
         self.whole(self.steps)
+        if self.loop is not LOOP_FIT:
+            ends = [t for _, t in self.c.pull("_ends")[0]]
+            self.calm_step.append(h.median([b - a for a, b in zip(ends, ends[1:])]))
         if not os.path.exists(self.ref):
             self.c.run(SAVE_REF.format(ref=self.ref))
         else:  # the calm run itself is deterministic
@@ -228,6 +242,11 @@ class Case:
         assert sum(len(rep.dead) for rep in made) == len(self.kills), [rep.dead for rep in made]
         assert changed == killed, (changed, killed)
         self.whole(self.steps)
+        c.run(PHASES)
+        ends = c.pull("_ends")[0] if self.loop is not LOOP_FIT else []
+        self.deaths += timeline(self.kills, marks, c.pull("_phases"), ends)
+        for d in self.deaths[-len(self.kills) :]:
+            print(told(d))
         c.run(DIFF_REF.format(ref=self.ref))
         self.diffs.append(max(c.pull("_diff").values()))
         self.recover += [rep.seconds for rep in made if rep.seconds is not None]
@@ -259,8 +278,59 @@ class Case:
             "lost": self.lost,
             "recover": self.recover,
             "diff": max(self.diffs) if self.diffs else float("nan"),
+            "deaths": self.deaths,
+            "step": h.median(self.calm_step) if self.calm_step else float("nan"),
             "checked": self.checked,
         }
+
+
+def timeline(
+    kills: dict[int, int], marks: str, phases: dict[int, list[dict]], ends: list
+) -> list[dict]:
+    """Each death of a wild run, in seconds from it (its marker file's time: written just
+    before the SIGKILL): the timed parts of the recovery (``rank._respawn.phases``) on
+    rank 0 (never killed here: the rank copied from) and on the new rank, rank 0's end of
+    the recovery (the failed step's ``with`` block left) and the lengths of its next steps
+    (the failed one redone first)."""
+    deaths = sorted(
+        (os.path.getmtime(os.path.join(marks, str(step))), step, rank)
+        for step, rank in kills.items()
+    )
+    out = []
+    for i, (at, step, rank) in enumerate(deaths):
+        until = deaths[i + 1][0] if i + 1 < len(deaths) else float("inf")
+
+        def parts(r: int, at: float = at, until: float = until) -> list[tuple[str, float, float]]:
+            return [
+                (p["phase"], p["at"] - at, p["seconds"])
+                for p in phases.get(r, [])
+                if at <= p["at"] < until
+            ]
+
+        # the failed step's block left twice: at the recovery's end, then the step redone
+        redo = [i for i, (s, t) in enumerate(ends) if s == step and at <= t < until]
+        back = ends[redo[0]][1] - at if redo else float("nan")
+        times = [t for _, t in ends[redo[0] :]] if redo else []
+        steps = [b - a for a, b in zip(times, times[1:])][:3]
+        out.append(
+            {"step": step, "rank": rank, "root": parts(0), "new": parts(rank), "back": back,
+             "after": steps}
+        )  # fmt: skip
+    return out
+
+
+def told(d: dict) -> str:
+    """One death's timeline, two lines: ``phase +start (seconds)`` from the death."""
+
+    def line(parts: list) -> str:
+        return "  ".join(f"{name} +{start:.2f} ({sec:.2f})" for name, start, sec in parts)
+
+    steps = " ".join(f"{x:.2f}" for x in d["after"])
+    return (
+        f"    rank {d['rank']} dies at step {d['step']}: rank 0 back in the loop "
+        f"+{d['back']:.2f} s, the step redone and the next {steps} s\n"
+        f"      rank 0: {line(d['root'])}\n      new {d['rank']}: {line(d['new'])}"
+    )
 
 
 def kills_for(n: int, steps: int, first: int = 0) -> dict[int, int]:
@@ -400,6 +470,38 @@ def overhead(c: Cluster, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def phases_table(death_rows: list[dict]) -> None:
+    """Where a death's time goes, per case: each timed part of the recovery on rank 0 and
+    on the new rank, median start (from the death) and length over the deaths."""
+    print("\n| ranks | model | loop | where | part | starts s after the death | takes s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in death_rows:
+        if not r.get("deaths"):
+            continue
+        head = f"| {r['n']} | {r['model']} | {r['loop']} "
+        for where in ("root", "new"):
+            named: dict[str, list[tuple[float, float]]] = {}
+            for d in r["deaths"]:
+                seen: dict[str, int] = {}
+                for name, start, sec in d[where]:  # a part done twice (rounds): numbered
+                    seen[name] = seen.get(name, 0) + 1
+                    key = name if seen[name] == 1 else f"{name} #{seen[name]}"
+                    named.setdefault(key, []).append((start, sec))
+            for name, xs in sorted(named.items(), key=lambda kv: h.median(x for x, _ in kv[1])):
+                print(
+                    f"{head}| {'rank 0' if where == 'root' else 'new rank'} | {name} "
+                    f"| {h.median(x for x, _ in xs):.2f} | {h.median(y for _, y in xs):.2f} |"
+                )
+        back = [d["back"] for d in r["deaths"]]
+        first = [d["after"][0] for d in r["deaths"] if d["after"]]
+        print(f"{head}| rank 0 | back in the loop | {h.median(back):.2f} | |")
+        if first:
+            print(
+                f"{head}| rank 0 | the step redone (calm step {r['step']:.2f} s) | "
+                f"| {h.median(first):.2f} |"
+            )
+
+
 def table(death_rows: list[dict], aa_rows: list[dict]) -> None:
     print("\n| ranks | model | loop | calm s | with 2 deaths s | lost per death s | recover s "
           "| max abs dw | kills checked |")  # fmt: skip
@@ -415,6 +517,7 @@ def table(death_rows: list[dict], aa_rows: list[dict]) -> None:
             f"[{h.span(r['lost'], '.2f')}] | {h.median(r['recover']):.2f} | {r['diff']:.1e} "
             f"| {r['checked']}/{len(r['wild'])} |"
         )
+    phases_table(death_rows)
     print("\n| ranks | loop | off s | on s | on/off | A/A (off again/off) | within noise |")
     print("|---|---|---|---|---|---|---|")
     for r in aa_rows:

@@ -25,16 +25,54 @@ Example (what ``cluster.respawn(source=0)`` runs; the client side is
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
 import pickle
 import runpy
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 from clusterkernel.protocol._engine import set_world
 from clusterkernel.rank._variables import pickled, put_back, user_namespace
 from clusterkernel.rank._world import replace, world
+
+# the timed parts of the respawns on this rank (see phases()); bounded, so a job that
+# never reads them keeps only the latest
+_phases: collections.deque = collections.deque(maxlen=256)
+
+
+@contextlib.contextmanager
+def timed(phase: str) -> Iterator[None]:
+    """Record how long the block takes as one part of a respawn (:func:`phases`), also
+    when it fails. Cheap enough to stay on: two clock reads and an append."""
+    at, t0 = time.time(), time.perf_counter()
+    try:
+        yield
+    finally:
+        _phases.append({"phase": phase, "at": at, "seconds": time.perf_counter() - t0})
+
+
+def phases() -> list[dict]:
+    """The timed parts of the respawns on this rank since the last call, oldest first
+    (and forgets them): ``{"phase", "at" (wall clock, ``time.time()``, at its start),
+    "seconds"}``. Parts: on a survivor ``shrink``, ``spawn`` (until the new processes
+    have joined MPI), ``merge``, ``agree``, ``keys`` (comm's groups made again);
+    ``pickle`` and ``send`` on the rank copied from; on a new rank ``started`` (its
+    process's start to its joiner's first line), ``merge``, ``keys``, then ``receive``
+    and ``load`` (its copy); on every rank ``rebuild`` (DataParallel models re-attached,
+    rank 0's parameters broadcast).
+
+    Example (on every rank, after a cell in which a rank was replaced)::
+
+        from clusterkernel.rank._respawn import phases
+        [(p["phase"], round(p["seconds"], 2)) for p in phases()]
+    """
+    done = list(_phases)
+    _phases.clear()
+    return done
 
 
 def _group_keys() -> list:
@@ -63,7 +101,8 @@ def grow(
     old = world()
     me = old.Get_rank()
     t0 = time.perf_counter()
-    shrunk = old.Shrink()
+    with timed("shrink"):
+        shrunk = old.Shrink()
     t1 = time.perf_counter()
     infos = []
     for host in hosts:
@@ -78,14 +117,16 @@ def grow(
         # waiting (Open MPI's connect/accept waits 600 s for its port), in C, where
         # neither a deadline nor SIGINT reaches; this thread stays behind in that case.
         try:
-            inter = shrunk.Spawn_multiple(
-                [c[0] for c in commands],
-                [c[1:] for c in commands],
-                [1] * len(commands),
-                infos,
-                root=0,
-            )
-            joined["comm"] = inter.Merge(high=False).Split(0, me)
+            with timed("spawn"):
+                inter = shrunk.Spawn_multiple(
+                    [c[0] for c in commands],
+                    [c[1:] for c in commands],
+                    [1] * len(commands),
+                    infos,
+                    root=0,
+                )
+            with timed("merge"):
+                joined["comm"] = inter.Merge(high=False).Split(0, me)
         except BaseException as e:  # noqa: BLE001 (told to the caller below)
             joined["error"] = e
 
@@ -109,7 +150,8 @@ def grow(
     # another's succeeded would leave the survivors in different worlds, and the next
     # collective would hang); the agreement stands even if a survivor has died.
     try:
-        agreed = bool(shrunk.Agree(0 if why else 1))
+        with timed("agree"):
+            agreed = bool(shrunk.Agree(0 if why else 1))
     except MPI.Exception as e:
         agreed, why = False, why or f"a survivor died ({e})"
     if not agreed:
@@ -118,8 +160,8 @@ def grow(
     # the grown world is every survivor's from here on, also where a death fails what
     # follows on some of them only: an in-cell recovery's next round starts from it
     set_world(comm)
-    keys = comm.bcast(_group_keys() if me == root else None, root=root)
-    replace(comm, keys)
+    with timed("keys"):
+        replace(comm, comm.bcast(_group_keys() if me == root else None, root=root))
     return {"shrink": t1 - t0, "spawn": time.perf_counter() - t1, "size": comm.Get_size()}
 
 
@@ -144,27 +186,32 @@ def copy_namespace(source: int, targets: list[int]) -> dict:
     me = comm.Get_rank()
     tag = 7311
     if me == source:
-        blob, names, skipped = pickled(user_namespace())
-        for t in targets:
-            comm.send(len(blob), dest=t, tag=tag)
-            comm.Send([blob, MPI.BYTE], dest=t, tag=tag)
+        with timed("pickle"):
+            blob, names, skipped = pickled(user_namespace())
+        with timed("send"):
+            for t in targets:
+                comm.send(len(blob), dest=t, tag=tag)
+                comm.Send([blob, MPI.BYTE], dest=t, tag=tag)
         return {"copied": names, "skipped": skipped, "bytes": len(blob)}
-    size = comm.recv(source=source, tag=tag)
-    buf = bytearray(size)
-    comm.Recv([buf, MPI.BYTE], source=source, tag=tag)
-    return {"copied": put_back(*pickle.loads(buf))}
+    with timed("receive"):
+        size = comm.recv(source=source, tag=tag)
+        buf = bytearray(size)
+        comm.Recv([buf, MPI.BYTE], source=source, tag=tag)
+    with timed("load"):
+        return {"copied": put_back(*pickle.loads(buf))}
 
 
 def rebuild() -> list[int]:
     """On every rank, after a respawn and its copy: re-attach the DataParallel models
     every rank has (``train._ddp.rebuild_after_respawn``). Collective over the world."""
     ddp = sys.modules.get("clusterkernel.train._ddp")
-    every = world().allgather(ddp.wrap_state() if ddp is not None else ([], 0))
-    if not any(nxt for _, nxt in every):
-        return []  # no rank ever wrapped a model
-    from clusterkernel.train import _ddp  # a new rank learns the count the others are at
+    with timed("rebuild"):
+        every = world().allgather(ddp.wrap_state() if ddp is not None else ([], 0))
+        if not any(nxt for _, nxt in every):
+            return []  # no rank ever wrapped a model
+        from clusterkernel.train import _ddp  # a new rank learns the count the others are at
 
-    return _ddp.rebuild_after_respawn(every)
+        return _ddp.rebuild_after_respawn(every)
 
 
 def main(argv: list[str]) -> None:
@@ -183,18 +230,34 @@ def main(argv: list[str]) -> None:
         OMPI_COMM_WORLD_LOCAL_RANK=str(local_rank),
         OMPI_COMM_WORLD_LOCAL_SIZE=str(local_size),
     )
+    start = _started()
+    _phases.append({"phase": "started", "at": start, "seconds": time.time() - start})
     from mpi4py import MPI
 
     parent = MPI.Comm.Get_parent()
     if parent == MPI.COMM_NULL:
         raise SystemExit("clusterkernel.rank._respawn: not started by MPI_Comm_spawn")
-    comm = parent.Merge(high=True).Split(0, rank)
-    replace(comm, comm.bcast(None, root=root))
+    with timed("merge"):
+        comm = parent.Merge(high=True).Split(0, rank)
+    with timed("keys"):
+        replace(comm, comm.bcast(None, root=root))
     if program[1:2] != ["-m"] or len(program) < 3:
         raise SystemExit(f"clusterkernel.rank._respawn: cannot run {program!r}")
     module = program[2]
     sys.argv = [module, *program[3:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _started() -> float:
+    """This process's start, wall clock (Linux: its start in ticks since boot; now
+    elsewhere)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.time()
+    return time.time() - since_boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":
