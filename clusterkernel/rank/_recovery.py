@@ -46,13 +46,27 @@ def armed() -> bool:
 
 
 def recovers(exc: BaseException) -> bool:
-    """Whether ``exc`` is a peer's death (``comm.PeerDiedError``, or MPI's own error for it
-    where a path raises that) that this rank recovers from in the cell (armed)."""
+    """Whether ``exc`` is a peer's death (``comm.PeerDiedError``, MPI's own error for it
+    where a path raises that, or a torch.distributed error: a gloo connection a dead peer
+    closed) that this rank recovers from in the cell (armed). A torch error with no peer
+    dead is the cell's own: :func:`rejoin` tells it by returning False."""
     if _recipe is None:
         return False
     from clusterkernel.comm._errors import is_failure
 
-    return is_failure(exc)
+    return is_failure(exc) or _torch_failure(exc)
+
+
+def _torch_failure(exc: BaseException) -> bool:
+    """A torch.distributed collective's error: torch's own type for it, or the
+    RuntimeError gloo raises when a peer's connection closes ("Connection closed by
+    peer", "Connection reset by peer")."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    return isinstance(exc, RuntimeError) and "gloo" in str(exc)
 
 
 def agree(ok: bool) -> bool:
@@ -69,26 +83,34 @@ def agree(ok: bool) -> bool:
         return False
 
 
-def rejoin(agreed: bool = False) -> bool:
+def rejoin(agreed: bool = False, cause: BaseException | None = None) -> bool:
     """At a recovery point, on every survivor: bring the dead ranks back into this world,
-    give them the variables of a survivor and re-attach DataParallel models; False
-    (nothing done) when not armed. ``agreed``: this rank has already taken part in the
-    survivors' :func:`agree` (a loop's end). A death during the recovery (the survivor
-    copied from, a new rank loading its copy, another survivor) starts it again (see
-    :func:`_rounds`). Raises RuntimeError, on every rank of the recovery, when it cannot
-    be done (the new processes do not join, a round fails and nobody died in it); the
-    cell then fails and the notebook respawns."""
+    give them the variables of a survivor, re-attach DataParallel models and make the
+    torch.distributed default group again (DDP models of the namespace wrapped on it);
+    False (nothing done) when not armed. ``agreed``: this rank has already taken part in
+    the survivors' :func:`agree` (a loop's end). ``cause``: the error that brought the
+    rank here; a torch.distributed one while no peer died is the cell's own: the ranks
+    are made whole (world, torch group) and False says to raise it. A death during the
+    recovery (the survivor copied from, a new rank loading its copy, another survivor)
+    starts it again (see :func:`_rounds`). Raises RuntimeError, on every rank of the
+    recovery, when it cannot be done (the new processes do not join, a round fails and
+    nobody died in it); the cell then fails and the notebook respawns."""
     if _recipe is None:
         return False
     from clusterkernel.comm import _groups
+    from clusterkernel.torchdist._regroup import free
 
     t0 = time.perf_counter()
+    # first: a peer blocked in a gloo collective on this rank raises and comes here too
+    free()
     if not agreed:
         # a survivor blocked in any communication fails too (revoked) and comes here;
         # one at the loop's end is in agree() already: every survivor agrees once
         _groups.revoke_all()
         agree(False)
     done = _rounds(holds=True, grown=False)
+    if not done["ranks"] and cause is not None and _torch_failure(cause):
+        return False  # nobody died (uniform: every rank's rounds spawned the same)
     _rejoined.append({**done, "seconds": time.perf_counter() - t0})
     return True
 
@@ -113,14 +135,17 @@ def _rounds(holds: bool, grown: bool) -> dict:
     rank is a new one), then settle (one rank's variables to every rank without any,
     DataParallel re-attached). Each round ends in a uniform agreement, so every rank
     leaves it alike: done, or into the next round, which respawns whoever died during
-    this one. A failed round in which nobody died would fail again: every rank raises
-    (a copy that kills its target gets no second try from the same rank: see
-    :func:`_settle`). ``holds``: this rank has variables of its own (a survivor)."""
+    this one; one whose new processes did not join because a survivor died meanwhile is
+    followed by a spawn of them all (once). A failed round in which nobody died would
+    fail again: every rank raises (a copy that kills its target gets no second try from
+    the same rank: see :func:`_settle`). ``holds``: this rank has variables of its own
+    (a survivor)."""
     from mpi4py import MPI
 
     spawned: list[int] = []
     mine = {"holds": holds, "suspects": set()}  # suspects: ranks copied from in a failed round
     failed: str | None = None  # what failed in the last round here ("": on another rank)
+    tries: list[_NotJoined] = []  # spawns that a survivor's death defeated
     while True:
         error: BaseException | None = None
         if not grown:
@@ -128,6 +153,11 @@ def _rounds(holds: bool, grown: bool) -> dict:
                 died = _shrink_and_grow(spawned)
             except MPI.Exception as e:  # a death once the new ranks had joined (see grow)
                 error = e
+            except _NotJoined as e:  # on every survivor alike
+                if e.lost and not tries:  # a survivor died as they joined: spawn them all
+                    tries.append(e)
+                    continue
+                raise RuntimeError(_not_joined([*tries, e])) from None
             else:
                 if not died and failed is not None:
                     raise RuntimeError(
@@ -187,14 +217,48 @@ def _shrink_and_grow(spawned: list[int]) -> list[int]:
     commands = [
         [str(root) if word == _ROOT else word for word in _recipe["commands"][r]] for r in dead
     ]
-    grow(dead, commands, [_recipe["hosts"].get(r) for r in dead], root, join_timeout=30.0)
+    try:
+        hosts = [_recipe["hosts"].get(r) for r in dead]
+        grow(dead, commands, hosts, root, join_timeout=30.0, watch=True)
+    except RuntimeError as e:  # they did not join; the world is as it was, on every survivor
+        raise _NotJoined(dead, _lost(old, alive), str(e)) from None
     return dead
+
+
+class _NotJoined(RuntimeError):
+    """The new processes of ``joining`` did not join; ``lost``: the survivors that died
+    meanwhile (the same on every survivor)."""
+
+    def __init__(self, joining: list[int], lost: list[int], why: str) -> None:
+        said = (
+            f"rank {_listed(lost)} died while the replacement of rank {_listed(joining)} "
+            "was joining"
+            if lost
+            else why
+        )
+        super().__init__(said)
+        self.joining, self.lost = joining, lost
+
+
+def _lost(old, alive: list[int]) -> list[int]:
+    """The ranks of ``alive`` that have died since (a new shrink of ``old``: collective
+    over the survivors, and every one of them learns the same)."""
+    from mpi4py import MPI
+
+    shrunk = old.Shrink()
+    now = MPI.Group.Translate_ranks(
+        shrunk.Get_group(), list(range(shrunk.Get_size())), old.Get_group()
+    )
+    shrunk.Free()
+    return sorted(set(alive) - set(now))
 
 
 def _settle(mine: dict) -> dict:
     """Collective over the world just grown: the lowest rank with variables (one not
     copied from in a failed round, where there is one) gives them to every rank without;
-    DataParallel models are re-attached on all. Returns ``{"root", "copied"}``. ``mine``
+    DataParallel models are re-attached on all, and where a rank had a torch default
+    group every rank gets a new one (``torchdist._regroup``). Returns ``{"root",
+    "copied", "ddp"}`` (``ddp``: the DDP models wrapped again, None without a group). ``mine``
     (``holds``, ``suspects``) is this rank's part, kept for a next round."""
     from clusterkernel.rank._respawn import copy_namespace, rebuild
 
@@ -221,7 +285,20 @@ def _settle(mine: dict) -> dict:
         copied = copy_namespace(root, targets)["copied"]
         mine["holds"] = True  # a new rank with its copy
     rebuild()
-    return {"root": root, "copied": copied}
+    from clusterkernel.torchdist._regroup import regroup
+
+    assert _recipe is not None
+    return {"root": root, "copied": copied, "ddp": regroup(_recipe.get("torch"))}
+
+
+def _not_joined(tries: list[_NotJoined]) -> str:
+    """The error of a recovery whose new ranks did not join: what happened, what to do."""
+    dead = sorted({r for t in tries for r in (*t.joining, *t.lost)})
+    return (
+        f"the recovery inside the cell failed: {'; then '.join(map(str, tries))}. "
+        f"%mpi respawn brings rank {_listed(dead)} back (with --respawn the respawn "
+        "after this cell does)"
+    )
 
 
 def _listed(ranks: list[int]) -> str:

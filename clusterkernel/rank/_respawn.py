@@ -86,6 +86,7 @@ def grow(
     hosts: list[str | None],
     root: int,
     join_timeout: float = 60.0,
+    watch: bool = False,
 ) -> dict:
     """On every survivor: spawn one process per rank in ``dead`` (``commands[i]`` on
     ``hosts[i]``, None: where MPI places it) and make the N ranks one world again.
@@ -93,8 +94,9 @@ def grow(
     Collective over the survivors; ``root`` is the lowest survivor. Returns this
     rank's timings in seconds. Raises RuntimeError when the new processes have not
     joined within ``join_timeout`` s or SIGINT came first (the client sends it when it
-    sees a new process or a survivor die): the world stays as it was, so a later
-    ``grow`` can try again.
+    sees a new process or a survivor die), or, with ``watch`` (a recovery inside a running
+    cell, which no SIGINT reaches), as soon as MPI knows a survivor died: the world stays
+    as it was, so a later ``grow`` can try again.
     """
     from mpi4py import MPI
 
@@ -137,6 +139,9 @@ def grow(
     try:
         while thread.is_alive() and time.monotonic() < deadline:
             thread.join(0.05)
+            if watch and _failed(shrunk):  # the spawn, collective over them, cannot end
+                why = "a survivor died while they joined"
+                break
     except KeyboardInterrupt:
         why = "the respawn was stopped (SIGINT)"
     if thread.is_alive():
@@ -163,6 +168,30 @@ def grow(
     with timed("keys"):
         replace(comm, comm.bcast(_group_keys() if me == root else None, root=root))
     return {"shrink": t1 - t0, "spawn": time.perf_counter() - t1, "size": comm.Get_size()}
+
+
+def _failed(comm) -> bool:
+    """Whether a process of ``comm`` is known here to have died (ULFM). A probe for a
+    message nobody sends lets MPI progress first: the news of a death is taken in there
+    (the join thread's spawn does not), and an any-source probe fails once it is."""
+    from mpi4py import MPI
+
+    from clusterkernel.comm._errors import is_failure
+
+    try:
+        comm.Iprobe(source=MPI.ANY_SOURCE, tag=_NO_MESSAGE)
+    except MPI.Exception as e:
+        if not is_failure(e):
+            raise
+        return True
+    group = comm.Get_failed()
+    try:
+        return group.Get_size() > 0
+    finally:
+        group.Free()
+
+
+_NO_MESSAGE = 7319  # a tag no message of the survivors' shrunk communicator carries
 
 
 # join threads left waiting in MPI by a respawn that gave up on its new processes

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 from datetime import timedelta
 
 from clusterkernel.protocol._errors import ClusterkernelError
@@ -26,6 +27,12 @@ BACKENDS = ("gloo", "nccl")
 
 # The backend of the last group this process had, for reinit after an abort.
 _last_backend: str | None = None
+# An abort closed this process's default group and none was made or destroyed since:
+# a respawn inside a running cell makes one again (see :func:`held`).
+_closed = False
+# One abort at a time: the second finds no group (torch's own abort fails on a group
+# another thread's abort is taking apart).
+_aborting = threading.Lock()
 
 
 class BackendError(ClusterkernelError, RuntimeError):
@@ -115,7 +122,7 @@ def init(backend: str | None = None, timeout: float | None = None) -> dict:
     With NCCL each rank takes the GPU numbered by its ``LOCAL_RANK``. Returns
     :func:`describe`.
     """
-    global _last_backend
+    global _last_backend, _closed
     import torch
     import torch.distributed as dist
 
@@ -135,11 +142,14 @@ def init(backend: str | None = None, timeout: float | None = None) -> dict:
         kwargs["device_id"] = device
     dist.init_process_group(backend=backend, **kwargs)
     _last_backend = backend
+    _closed = False
     return describe()
 
 
 def destroy() -> bool:
     """Destroy every process group of this rank, if it has any; True if it had."""
+    global _closed
+    _closed = False  # destroyed on purpose: nothing to make again
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return False
@@ -192,10 +202,28 @@ def abort() -> bool:
 
     from clusterkernel.torchdist._sockets import cut
 
-    _remember_backend(dist)
-    cut()
-    _abort_process_group()
+    global _closed
+    with _aborting:  # the main thread's (a recovery) and the control thread's at once
+        if not dist.is_initialized():
+            return False
+        _remember_backend(dist)
+        cut()
+        _abort_process_group()
+        _closed = True
     return True
+
+
+def held() -> bool:
+    """Whether this rank has a default group, or had one that :func:`abort` closed (and
+    none was made or destroyed since): what a respawn inside a running cell makes again."""
+    dist = sys.modules.get("torch.distributed")
+    live = dist is not None and dist.is_available() and dist.is_initialized()
+    return live or _closed
+
+
+def last_backend() -> str | None:
+    """The backend of the last default group this rank had (None: torch's pick by device)."""
+    return _last_backend
 
 
 def device_backends(dist, group=None) -> dict[str, str]:

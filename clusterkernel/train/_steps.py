@@ -58,7 +58,7 @@ class _Loop:
             raise ValueError(f"steps(n): n must be a whole number of steps >= 0, got {n!r}")
         self.n = n
         self.index = start
-        self.model = model
+        self.model = _inner(model)
         self.optimizer = optimizer
         self.done = False  # the current step's body ended without an error
         self.stepped = False  # the optimizer stepped during the current step
@@ -116,14 +116,14 @@ class _Loop:
             return False
         if not self.stepped and self.rng is not None:
             torch.set_rng_state(self.rng)
-        return self._recover(agreed=False)
+        return self._recover(agreed=False, cause=exc)
 
-    def _recover(self, agreed: bool) -> bool:
+    def _recover(self, agreed: bool, cause: BaseException | None = None) -> bool:
         position = self.index + 1 if self.stepped else self.index
         # taken before the recovery: re-attaching DataParallel models copies rank 0's
         # parameters to every rank, and rank 0 may be behind the furthest survivor
         mine = self._state()
-        if not _recovery.rejoin(agreed=agreed):
+        if not _recovery.rejoin(agreed=agreed, cause=cause):
             return False
         # the loop goes on from the agreed step: this one again, or the next
         self.index = self._agree(position, mine)
@@ -151,6 +151,15 @@ class _Loop:
 
     def _state(self) -> bytes:
         return snapshot(self.model, self.optimizer)
+
+
+def _inner(model: Any) -> Any:
+    """The module whose state the loop hands over: a ``DistributedDataParallel``'s own
+    (the recovery wraps the module again on the new group; the loop must not keep the old
+    wrapper, whose gradient hooks would still fire on the closed group)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def steps(n: int, model: Any = None, optimizer: Any = None, start: int = 0) -> Iterator[Step]:

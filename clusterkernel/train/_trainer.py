@@ -183,7 +183,7 @@ class Trainer:
                 if not _recovery.recovers(e):
                     raise
                 mine: bytes | None = self._snapshot()  # before rejoin re-attaches rank 0's model
-                if not _recovery.rejoin():
+                if not _recovery.rejoin(cause=e):
                     raise
             else:
                 # every rank agrees no peer died before any leaves fit: one that died in

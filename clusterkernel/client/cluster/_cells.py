@@ -113,7 +113,7 @@ class Cells:
         faults = CellFaults(
             job_ended=self._rank_map.mark_lost, ranks_died=self._rank_map.mark_dead,
             ranks_stuck=lambda _ranks: self._restart(), ranks_rejoined=self._rank_map.rejoined,
-            ranks_back=cluster.ranks_respawned, recipe=recipe,
+            ranks_back=lambda back: _incell.ranks_back(cluster, back), recipe=recipe,
         )  # fmt: skip
         run = None
         try:

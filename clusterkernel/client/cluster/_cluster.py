@@ -267,9 +267,10 @@ class Cluster:
         self._ranks_up()
         self._keeping.ranks_changed(self.run_dir, self.rank_info)
 
-    def _ranks_up(self) -> None:
-        """What every fresh set of ranks gets: torchrun's environment, and the group if asked."""
-        self.gpus = _torch.ranks_up(self, self.backend if self.torch else False)
+    def _ranks_up(self, group: bool = True) -> None:
+        """What every fresh set of ranks gets: torchrun's environment, and the group if
+        asked (``group`` False: the ranks have theirs)."""
+        self.gpus = _torch.ranks_up(self, self.backend if self.torch and group else False)
 
     def _ranks_going_down(self) -> None:
         """Before the ranks stop: destroy the torch.distributed groups of idle ranks."""
@@ -365,17 +366,20 @@ class Cluster:
     # ------------------------------------------------- faults (_respawn, _rank_faults)
     respawn = part_method("_ranks", RankMap.respawn)
 
-    def ranks_respawned(self, ranks: list[int]) -> None:
+    def ranks_respawned(self, ranks: list[int], group_kept: bool = False) -> None:
         """New processes of ``ranks`` joined the job (``_respawn``): alive again; the
         torch.distributed group that spanned the dead ones is closed on the survivors
-        and everything a fresh set of ranks gets is given to all of them."""
+        and everything a fresh set of ranks gets is given to all of them. ``group_kept``:
+        the ranks share a new default group of all N already (an in-cell recovery made
+        it, ``_incell.ranks_back``): it stays."""
         self._ranks.revived(ranks)
         survivors = [r for r in self.ranks if r not in ranks]
         try:
-            self.abort_torch_groups(survivors)  # it still waits for the dead processes
+            if not group_kept:
+                self.abort_torch_groups(survivors)  # it still waits for the dead processes
         except Exception:  # no torch.distributed on the ranks: nothing to close
             pass
-        self._ranks_up()
+        self._ranks_up(group=not group_kept)
         self._port.ranks_back()
         self._keeping.ranks_changed(self.run_dir, self.rank_info)
 

@@ -35,14 +35,32 @@ _ROOT = "{root}"  # the rank side puts the lowest survivor here (rank._recovery)
 
 def recipe(cluster: Cluster, engines: Any) -> dict:
     """What a rank needs to respawn its dead peers itself: each rank's new-process command
-    (``_respawn``'s, its root left to the survivors) and host."""
+    (``_respawn``'s, its root left to the survivors) and host, and how a fresh rank's
+    torch side is set up (``_torch.ranks_up``'s GPU binding and group timeout), for the
+    default group the recovery makes again where the ranks had one."""
     from clusterkernel.client.cluster._respawn import _command, _mpi_host
+    from clusterkernel.client.cluster._torch import _INIT_TIMEOUT
 
     multi = cluster.launcher.multi_node
     return {
         "commands": {r: _command(engines, r, _ROOT) for r in cluster.ranks},
         "hosts": {r: _mpi_host(cluster, engines, r) if multi else None for r in cluster.ranks},
+        "torch": {
+            "gpus_per_rank": cluster.gpus_per_rank,
+            "share": cluster.gpu_share,
+            "timeout": _INIT_TIMEOUT,
+        },
     }
+
+
+def ranks_back(cluster: Cluster, ranks: list[int]) -> None:
+    """After a cell whose dead ``ranks`` were replaced in it, none left dead: they are
+    alive again (``cluster.ranks_respawned``). Where the recovery made the torch default
+    group again (every rank in one group of all of them, DDP models wrapped on it), that
+    group stays: a fresh one would leave those models on a closed group."""
+    groups = list(cluster.torch_group().values())  # {} where a rank has none
+    kept = all(groups) and len({(g["world_size"], g["master"]) for g in groups}) == 1
+    cluster.ranks_respawned(ranks, group_kept=kept and groups[0]["world_size"] == len(groups))
 
 
 def arm(cluster: Cluster, engines: Any, with_recipe: dict | None) -> None:
