@@ -2,13 +2,13 @@
 
 Built on MPI's own fault tolerance (Open MPI's ULFM, ``--fault-tolerant``): the
 survivors agree on who is gone and make a communicator of themselves
-(``MPI_Comm_shrink``), start one new process per dead rank (``MPI_Comm_spawn_multiple``,
-on the dead rank's host), merge with them (``MPI_Intercomm_merge``) and order the
-result by the old rank numbers (``MPI_Comm_split``). That communicator becomes every
-rank's world (:mod:`clusterkernel.rank._world`); comm's groups are made again in it.
-The survivors stay the same processes with every variable; a new process runs this
-module as its program, joins, and then starts the ipyparallel engine it replaces,
-under the dead rank's engine id.
+(``MPI_Comm_shrink``), start one new process per dead rank (``MPI_Comm_spawn``, each
+its own MPI job, on the dead rank's host), merge with each (``MPI_Intercomm_merge``)
+and order the result by the old rank numbers (``MPI_Comm_split``). That communicator
+becomes every rank's world (:mod:`clusterkernel.rank._world`); comm's groups are made
+again in it. The survivors stay the same processes with every variable; a new process
+runs this module as its program, joins, and then starts the ipyparallel engine it
+replaces, under the dead rank's engine id.
 
 :func:`copy_namespace` then gives the new ranks the picklable variables of a
 survivor (one pickle, so an optimizer keeps pointing at its model's parameters),
@@ -119,16 +119,18 @@ def grow(
         # waiting (Open MPI's connect/accept waits 600 s for its port), in C, where
         # neither a deadline nor SIGINT reaches; this thread stays behind in that case.
         try:
-            with timed("spawn"):
-                inter = shrunk.Spawn_multiple(
-                    [c[0] for c in commands],
-                    [c[1:] for c in commands],
-                    [1] * len(commands),
-                    infos,
-                    root=0,
-                )
-            with timed("merge"):
-                joined["comm"] = inter.Merge(high=False).Split(0, me)
+            comm = shrunk
+            # One MPI job per new process, each spawned by the world grown so far (those
+            # spawned before it take part): Open MPI 5.0 cannot spawn any more once a
+            # process of a spawned job of several exits with an error while another of that
+            # job lives on (MPI_ERR_INTERN; BENCHMARKS.md, "Faults", the chain of deaths).
+            for i, (command, info) in enumerate(zip(commands, infos)):
+                later = len(commands) - 1 - i
+                with timed("spawn"):
+                    inter = comm.Spawn(command[0], _told_later(command[1:], later), 1, info, 0)
+                with timed("merge"):
+                    comm = inter.Merge(high=False)
+            joined["comm"] = comm.Split(0, me)
         except BaseException as e:  # noqa: BLE001 (told to the caller below)
             joined["error"] = e
 
@@ -243,14 +245,22 @@ def rebuild() -> list[int]:
         return _ddp.rebuild_after_respawn(every)
 
 
-def main(argv: list[str]) -> None:
-    """A new rank's program: ``RANK SIZE LOCAL_RANK LOCAL_SIZE ROOT -- ENGINE_COMMAND...``.
+def _told_later(args: list[str], later: int) -> list[str]:
+    """A new process's arguments (``-m clusterkernel.rank._respawn RANK ... ROOT -- ...``)
+    with how many processes are spawned after it, each of which it helps spawn."""
+    split = args.index("--")
+    return [*args[:split], str(later), *args[split:]]
 
-    Joins the survivors, then runs the engine command (``python -m MODULE ARGS``) in
-    this process, as the launcher would have.
+
+def main(argv: list[str]) -> None:
+    """A new rank's program: ``RANK SIZE LOCAL_RANK LOCAL_SIZE ROOT [LATER] --
+    ENGINE_COMMAND...`` (``LATER``: how many new processes are spawned after this one).
+
+    Joins the survivors (and spawns the later ones with them), then runs the engine
+    command (``python -m MODULE ARGS``) in this process, as the launcher would have.
     """
     split = argv.index("--")
-    rank, size, local_rank, local_size, root = map(int, argv[:split])
+    rank, size, local_rank, local_size, root, *later = map(int, argv[:split])
     program = argv[split + 1 :]
     # what MPI would have told the dead rank, for code that reads its environment
     os.environ.update(
@@ -267,7 +277,10 @@ def main(argv: list[str]) -> None:
     if parent == MPI.COMM_NULL:
         raise SystemExit("clusterkernel.rank._respawn: not started by MPI_Comm_spawn")
     with timed("merge"):
-        comm = parent.Merge(high=True).Split(0, rank)
+        comm = parent.Merge(high=True)
+        for _ in range(later[0] if later else 0):  # the command is the spawning root's
+            comm = comm.Spawn(sys.executable, None, 1, MPI.INFO_NULL, 0).Merge(high=False)
+        comm = comm.Split(0, rank)
     with timed("keys"):
         replace(comm, comm.bcast(None, root=root))
     if program[1:2] != ["-m"] or len(program) < 3:
@@ -290,4 +303,8 @@ def _started() -> float:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # run as the package's module, not as __main__: what it keeps (the phases timed) is
+    # then the module's that later code imports
+    from clusterkernel.rank import _respawn
+
+    _respawn.main(sys.argv[1:])
