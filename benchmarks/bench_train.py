@@ -13,6 +13,11 @@ Same data, same models, global batch 128, plain SGD, samples/s of:
 - ``ck_plain``       the same with ordinary-memory buckets (``shared_buckets=False``)
 - ``ck_mpi``         ordinary buckets on a group whose ``auto`` is forced to MPI
   (issue 13's end-to-end comparison)
+- ``ck_again``       ``clusterkernel`` once more, on its own group: the A/A control
+  (what "within noise" is for the ck variants in this run)
+- ``ck_fixed``       ``clusterkernel`` on a group that keeps the table's choice
+  (``CLUSTERKERNEL_AUTO_ADAPT=0`` at the group's set-up): what adapting costs
+- ``ck_plain_fixed`` ``ck_plain`` on such a group (ordinary buckets adapt: 256 KB and up)
 - ``ddp_gloo``       ``torch.nn.parallel.DistributedDataParallel`` over gloo, 2 ranks
 - ``mpi4py_flat``    hand-written loop: flatten grads, one ``MPI.Allreduce``, unflatten
 - ``per_param``      the tutorial's ``average_gradients`` (one allreduce per tensor)
@@ -22,7 +27,11 @@ Same data, same models, global batch 128, plain SGD, samples/s of:
 for an MLP 784-256-10, for a model of many small layers (where fusing the
 gradients into few messages matters), and for ``big_mlp`` 784-2048-1024-10 (3.7M
 parameters, two buckets of 6-8 MB; global batch 16, so communication is a real
-share of the step). ``--ranks 4`` runs the multi-rank variants on 4 ranks. The
+share of the step). ``--ranks 4`` runs the multi-rank variants on 4 ranks;
+``--variants`` a subset of them (e.g. the adapting default against the table's choice
+and the A/A control: ``--variants clusterkernel,ck_again,ck_fixed,ck_plain,ck_plain_fixed``;
+paired ratios per round against ``clusterkernel``/``ck_plain`` are printed with the
+A/A band). Every ck variant has its own group, so each adapts on its own. The
 variants run in one ``mpiexec`` job, interleaved per round with the one-process
 run, so machine noise hits all alike; the figure per variant is the median over
 rounds. Each rank uses one torch thread (2 ranks on 2 cores). Comm time per step is reported per rank where the
@@ -54,12 +63,28 @@ VARIANTS = (
     "clusterkernel",
     "ck_plain",
     "ck_mpi",
+    "ck_again",
+    "ck_fixed",
+    "ck_plain_fixed",
     "ddp_gloo",
     "mpi4py_flat",
     "per_param",
     "no_comm",
 )
-_CK = ("clusterkernel", "ck_plain", "ck_mpi")
+_CK = ("clusterkernel", "ck_plain", "ck_mpi", "ck_again", "ck_fixed", "ck_plain_fixed")
+_SHARED = ("clusterkernel", "ck_again", "ck_fixed")  # the default buckets (shared memory)
+# What each ck variant's group sets at its auto set-up (the rest: the defaults).
+_GROUP_ENV = {
+    "ck_mpi": {"CLUSTERKERNEL_ALGORITHM": "mpi"},
+    "ck_fixed": {"CLUSTERKERNEL_AUTO_ADAPT": "0"},
+    "ck_plain_fixed": {"CLUSTERKERNEL_AUTO_ADAPT": "0"},
+}
+# The paired ratios printed: (variant, against); the A/A control's is the band.
+_PAIRS = (
+    ("ck_again", "clusterkernel"),
+    ("ck_fixed", "clusterkernel"),
+    ("ck_plain_fixed", "ck_plain"),
+)
 # Global batch per model: the big model's is small so the gradient exchange, not
 # the compute, is a sizeable part of a step (as in fine-tuning with small batches).
 BATCH = {"big_mlp": 16}
@@ -132,16 +157,24 @@ def run_single(model_name: str, steps: int, warmup: int) -> dict:
     return {"samples_per_s": steps * batch / elapsed}
 
 
-def mpi_only_group():
-    """Every rank, as a group whose ``algorithm="auto"`` always runs MPI (collective)."""
+def variant_group(variant: str):
+    """Every rank, as a group of its own for ``variant`` (collective): its ``auto``
+    rules are made now, under the variant's :data:`_GROUP_ENV` (forced to MPI, or
+    keeping the table's choice)."""
     from clusterkernel import comm
 
     g = comm.new_group(list(range(comm.size())))
-    os.environ["CLUSTERKERNEL_ALGORITHM"] = "mpi"
+    env = _GROUP_ENV.get(variant, {})
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        comm.auto_choice("all_reduce", 0, g)  # the group's rules are made now, forced
+        comm.auto_choice("all_reduce", 0, g)  # the group's rules are made now
     finally:
-        del os.environ["CLUSTERKERNEL_ALGORITHM"]
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
     return g
 
 
@@ -162,10 +195,10 @@ def _make_step(variant: str, model_name: str, world, comm_times: list[float]):
         net = DataParallel(
             model,
             optimizer=opt,
-            group=mpi_only_group() if variant == "ck_mpi" else None,
-            shared_buckets=None if variant == "clusterkernel" else False,
+            group=variant_group(variant),
+            shared_buckets=None if variant in _SHARED else False,
         )
-        assert net.shared_buckets is (variant == "clusterkernel" and size > 1), variant
+        assert net.shared_buckets is (variant in _SHARED and size > 1), variant
     elif variant == "ddp_gloo":
         net = DDP(model)
     params = list(model.parameters())
@@ -197,6 +230,7 @@ def _make_step(variant: str, model_name: str, world, comm_times: list[float]):
         if variant in _CK:
             exchange()
 
+    step.group = net.group if variant in _CK else None  # type: ignore[attr-defined]
     return step
 
 
@@ -222,8 +256,10 @@ def interleaved_rates(world, fns: dict, batches: list, rounds: int, batch: int) 
     return rates
 
 
-def run_variants(model_name: str, steps: int, warmup: int, port: int, rounds: int) -> None:
-    """Worker under mpiexec: all variants, interleaved for ``rounds`` rounds."""
+def run_variants(
+    model_name: str, steps: int, warmup: int, port: int, rounds: int, variants: list[str]
+) -> None:
+    """Worker under mpiexec: ``variants``, interleaved for ``rounds`` rounds."""
     import torch
     import torch.distributed as dist
     from mpi4py import MPI
@@ -236,24 +272,41 @@ def run_variants(model_name: str, steps: int, warmup: int, port: int, rounds: in
     )
     batch = global_batch(model_name)
     batches = make_batches(steps + warmup, batch // size, rank, batch)
-    comm_times = {v: [] for v in VARIANTS}
-    steps_fn = {v: _make_step(v, model_name, world, comm_times[v]) for v in VARIANTS}
-    for v in VARIANTS:  # warm up every variant before timing any
+    comm_times: dict[str, list[float]] = {v: [] for v in variants}
+    steps_fn = {v: _make_step(v, model_name, world, comm_times[v]) for v in variants}
+    for v in variants:  # warm up every variant before timing any
         for b in batches[:warmup]:
             steps_fn[v](b)
         comm_times[v].clear()
     rates = interleaved_rates(world, steps_fn, batches[warmup:], rounds, batch)
     results = {}
-    for v in VARIANTS:
+    for v in variants:
         mine = h.median(comm_times[v]) * 1e3 if comm_times[v] else None
         per_rank = world.gather(mine, root=0)
         results[v] = {
             "rounds": rates[v],
             "comm_ms_per_rank": None if rank or per_rank[0] is None else per_rank,
+            "auto": _auto_picks(steps_fn[v]),
         }
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     dist.destroy_process_group()
+
+
+def _auto_picks(step) -> list[str]:
+    """What ``auto`` ran last on a ck variant's group, per adaptive size class that had
+    blocking calls (``'all_reduce 1024KB: shm (switch), 470 calls'``; zero-copy buckets
+    run outside the classes); [] for the others."""
+    from clusterkernel import comm
+
+    group = getattr(step, "group", None)
+    if group is None:
+        return []
+    return [
+        f"{op} {size >> 10}KB: {s['algorithm']} ({s['why']}), {s['calls']} calls"
+        for (op, size), s in comm.auto_state(group).items()
+        if s["calls"]
+    ]
 
 
 # ---------------------------------------------------------------- Trainer prefetch
@@ -332,6 +385,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per variant per job")
     ap.add_argument("--jobs", type=int, default=2, help="mpiexec jobs per model")
     ap.add_argument("--models", default="mlp,small_layers,big_mlp")
+    ap.add_argument(
+        "--variants", default=",".join(VARIANTS), help="the multi-rank variants, comma-separated"
+    )
     ap.add_argument("--ranks", type=int, default=2, help="ranks of the multi-rank variants")
     ap.add_argument("--no-trainer", action="store_true", help="skip the Trainer table")
     ap.add_argument("--json", help="also write all figures to this file")
@@ -344,11 +400,16 @@ def main() -> None:
         print("RESULT " + json.dumps(run_single(args.model, args.steps, args.warmup)))
         return
     if args.worker == "variants":
-        run_variants(args.model, args.steps, args.warmup, args.port, args.rounds)
+        run_variants(
+            args.model, args.steps, args.warmup, args.port, args.rounds, args.variants.split(",")
+        )
         return
     if args.worker == "trainer":
         run_trainer(args.steps)
         return
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        ap.error(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     with h.mpi_lock():
         drive(args)
 
@@ -359,9 +420,11 @@ def drive(args: argparse.Namespace) -> None:
     me = [sys.executable, str(Path(__file__).resolve())]
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
     report: dict = {"global_batch": GLOBAL_BATCH, "ranks": args.ranks, "models": {}}
+    variants = args.variants.split(",")
     for model in args.models.split(","):
-        rounds: dict[str, list[float]] = {v: [] for v in ("single", *VARIANTS)}
-        comm_ms: dict[str, list[list[float]]] = {v: [] for v in VARIANTS}
+        rounds: dict[str, list[float]] = {v: [] for v in ("single", *variants)}
+        comm_ms: dict[str, list[list[float]]] = {v: [] for v in variants}
+        picks: dict[str, list[list[str]]] = {v: [] for v in variants}
         for _ in range(args.jobs):
             single_env = dict(env, OMP_NUM_THREADS="2")
             for _ in range(args.rounds):
@@ -369,11 +432,13 @@ def drive(args: argparse.Namespace) -> None:
                 rounds["single"].append(out["samples_per_s"])
             multi = _run(
                 [*rt.command(args.ranks), *me, "--worker", "variants", "--model", model,
-                 "--port", str(_free_port()), "--rounds", str(args.rounds), *common],
+                 "--port", str(_free_port()), "--rounds", str(args.rounds),
+                 "--variants", args.variants, *common],
                 env,
             )  # fmt: skip
-            for v in VARIANTS:
+            for v in variants:
                 rounds[v] += multi[v]["rounds"]
+                picks[v].append(multi[v]["auto"])
                 if multi[v]["comm_ms_per_rank"]:
                     comm_ms[v].append(multi[v]["comm_ms_per_rank"])
         summary = {}
@@ -388,6 +453,9 @@ def drive(args: argparse.Namespace) -> None:
                 if cm
                 else None,
             }
+            if v in picks:
+                summary[v]["auto_per_job"] = picks[v]
+        summary["pairs"] = _pairs(rounds)
         report["models"][model] = summary
         _print_table(model, summary, args.ranks)
 
@@ -410,9 +478,20 @@ def drive(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps(report, indent=2))
 
 
+def _pairs(rounds: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Per :data:`_PAIRS` present: the median and middle half of the per-round ratios
+    of samples/s (variant / against; the rounds of all jobs, paired as they ran)."""
+    return {
+        f"{a} / {b}": list(h.paired(rounds[a], rounds[b]))
+        for a, b in _PAIRS
+        if a in rounds and b in rounds
+    }
+
+
 def _print_table(model: str, summary: dict, ranks: int) -> None:
-    ck = summary["clusterkernel"]["samples_per_s"]
+    pairs = summary.pop("pairs")
     single = summary["single"]["samples_per_s"]
+    ck = summary.get("clusterkernel", summary["single"])["samples_per_s"]
     print(f"\n{model}: global batch {global_batch(model)}, {ranks} ranks (median of rounds)")
     print(
         f"  {'variant':14s} {'samples/s':>10s} {'vs single':>10s} {'ck / this':>10s}  comm ms/step per rank"
@@ -422,6 +501,14 @@ def _print_table(model: str, summary: dict, ranks: int) -> None:
         comm_ms = s["comm_ms_per_rank"]
         comm_txt = ", ".join(f"{c:.3f}" for c in comm_ms) if comm_ms else "-"
         print(f"  {v:14s} {rate:10.0f} {rate / single:9.2f}x {ck / rate:9.2f}x  {comm_txt}")
+        for job, picked in enumerate(s.get("auto_per_job", [])):
+            if picked:
+                print(f"  {'':14s} auto, job {job}: {'; '.join(picked)}")
+    aa = pairs.get("ck_again / clusterkernel")
+    for name, ratio in pairs.items():
+        verdict = f"  within noise: {h.aa_verdict(tuple(ratio), tuple(aa))}" if aa else ""
+        print(f"  samples/s {name}: {h.fmt_ratio(tuple(ratio), 3)} (per round){verdict}")
+    summary["pairs"] = pairs
 
 
 if __name__ == "__main__":
