@@ -33,6 +33,7 @@ _MADV_HUGEPAGE = 14
 _MADV_COLLAPSE = 25
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MAX_TRACKED = 4096
+_ENOMEM, _EINVAL, _ENOSYS = 12, 22, 38
 
 
 class _State:
@@ -40,6 +41,7 @@ class _State:
         "CLUSTERKERNEL_HUGEPAGES", "1"
     ) not in ("0", "")
     madvise = None
+    supported: bool | None = None  # whether MADV_COLLAPSE works here (_supported)
     seen: dict[tuple[int, int], int] = {}
 
 
@@ -72,25 +74,53 @@ def note_buffer(address: int, nbytes: int) -> None:
         collapse(address, nbytes)
 
 
-def _advise(start: int, end: int, advice: int) -> bool:
+def _advise(start: int, end: int, advice: int) -> int:
+    """madvise ``[start, end)``: 0 where the kernel took the advice, else its errno."""
     try:
         ok = _madvise()(start, end - start, advice) == 0
     except (OSError, AttributeError, TypeError):
-        ok = False
-    if not ok and ctypes.get_errno() in (22, 38):  # EINVAL/ENOSYS: not supported here
-        STATE.enabled = False
-    return ok
+        return _EINVAL
+    return 0 if ok else ctypes.get_errno() or _EINVAL
+
+
+def _supported() -> bool:
+    """Whether this kernel collapses private anonymous memory at all (tried once, on a
+    fresh 2 MB page of this process's own).
+
+    One buffer's refusal says little: a range that reaches into a neighbouring mapping,
+    or a buffer in shared or file memory (an MPI window, ``comm.shm_empty``), is refused
+    with the same EINVAL an old kernel gives for the unknown advice."""
+    if STATE.supported is None:
+        raw = np.zeros(2 * HUGE, dtype=np.uint8)
+        start = -(-raw.ctypes.data // HUGE) * HUGE
+        raw[start - raw.ctypes.data :] = 1  # touched: collapse needs present pages
+        STATE.supported = _advise(start, start + HUGE, _MADV_COLLAPSE) == 0
+    return STATE.supported
 
 
 def collapse(address: int, nbytes: int) -> bool:
-    """Back the whole 2 MB pages around ``[address, address + nbytes)`` with huge pages."""
+    """Back the whole 2 MB pages around ``[address, address + nbytes)`` with huge pages
+    (where the kernel refuses the widened range, those inside the buffer only).
+
+    A refusal turns huge pages off for the process only where the kernel cannot
+    collapse at all (:func:`_supported`): a neighbour or a buffer it cannot collapse
+    costs that buffer alone, since one rank left without huge pages slows every large
+    allreduce of its group (BENCHMARKS.md, "Collectives", "The adapting default's
+    costs, measured")."""
     start = address // HUGE * HUGE
     end = -(-(address + nbytes) // HUGE) * HUGE
-    if _advise(start, end, _MADV_COLLAPSE):
+    err = _advise(start, end, _MADV_COLLAPSE)
+    if err == 0:
         return True
-    if ctypes.get_errno() == 12 and STATE.enabled:  # ENOMEM: widened past the mapping
+    if err in (_ENOMEM, _EINVAL):  # widened into a gap or a mapping it cannot collapse
         start, end = -(-address // HUGE) * HUGE, (address + nbytes) // HUGE * HUGE
-        return end > start and _advise(start, end, _MADV_COLLAPSE)
+        if end <= start:
+            return False
+        err = _advise(start, end, _MADV_COLLAPSE)
+        if err == 0:
+            return True
+    if err in (_EINVAL, _ENOSYS) and not _supported():
+        STATE.enabled = False
     return False
 
 

@@ -34,3 +34,30 @@ def test_hot_buffer_is_collapsed_on_third_use_without_changing_it():
     after = _hugepages.huge_kb(t.data_ptr())
     assert after >= before + 8 * 1024, (before, after)  # at least 4 of the ~6 pages
     assert torch.equal(t, torch.arange(3 * 1024 * 1024, dtype=torch.float32))
+
+
+def test_a_buffer_the_kernel_refuses_leaves_huge_pages_on_for_the_others(tmp_path):
+    """A file-backed buffer (like an MPI window or shm_empty memory) is refused with the
+    EINVAL an old kernel gives: that buffer stays as it is, later ones still collapse."""
+    import ctypes
+    import mmap
+
+    first = torch.zeros(3 * 1024 * 1024)
+    if not _hugepages.STATE.enabled or not _hugepages.collapse(first.data_ptr(), first.nbytes):
+        pytest.skip("MADV_COLLAPSE not supported by this kernel")
+    size = 8 * 1024 * 1024
+    with open(tmp_path / "backing", "w+b") as f:
+        f.truncate(size)
+        m = mmap.mmap(f.fileno(), size)
+        m[:] = b"x" * size
+        address = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        assert not _hugepages.collapse(address + 100, 6 * 1024 * 1024)
+        assert m[:4] == b"xxxx" and m[-4:] == b"xxxx"
+        del address
+        m.close()
+    assert _hugepages.STATE.enabled  # was turned off for the whole process
+    t = torch.arange(3 * 1024 * 1024, dtype=torch.float32)
+    before = _hugepages.huge_kb(t.data_ptr())
+    assert _hugepages.collapse(t.data_ptr(), t.nbytes)
+    assert _hugepages.huge_kb(t.data_ptr()) >= before + 8 * 1024
+    assert torch.equal(t, torch.arange(3 * 1024 * 1024, dtype=torch.float32))
