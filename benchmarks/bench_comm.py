@@ -5,6 +5,7 @@ Run from the repository root::
     python benchmarks/bench_comm.py            # 2 and 4 ranks, 4 KB .. 64 MB
     python benchmarks/bench_comm.py --ranks 2 4 8 --max-bytes 256MB   # the floor's table
     python benchmarks/bench_comm.py --ranks 2 --max-bytes 4MB   # quicker
+    python benchmarks/bench_comm.py --ranks 4 --sizes 256KB,1MB --skip gloo   # quicker still
 
 The script measures a single-process memcpy (the physical reference), then starts
 itself under ``mpiexec -n 2`` and ``-n 4``. Inside, every method runs in the same
@@ -22,6 +23,9 @@ Compared, all on float32, allreduce SUM in place:
 - ``mpi`` / ``ring`` / ``shm``: ``comm.all_reduce(tensor, algorithm=...)``
 - ``auto``: ``comm.all_reduce(tensor)``, the default, which adapts from 256 KB (its
   pick is printed: the algorithm and why, ``table``, ``probe`` or ``switch``)
+- ``fixed``: ``comm.all_reduce(tensor)`` on a group of the same ranks that keeps the
+  table's choice (``CLUSTERKERNEL_AUTO_ADAPT=0`` at its set-up): auto / fixed is what
+  adapting gains or costs
 - ``auto_zc``: the same on a tensor from ``comm.shm_empty`` (in shared memory: from
   1 MB auto reduces it in place, with no copy in or out)
 - ``gloo``: ``torch.distributed.all_reduce`` with the gloo backend
@@ -43,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,18 +126,21 @@ def mpi_launch():
     return rt, env
 
 
-def run_job(n: int, sizes: list[int], script: str = __file__) -> dict:
-    """Run ``script --worker OUT --sizes ...`` on ``n`` ranks; the JSON it wrote to OUT."""
+def run_job(n: int, sizes: list[int], script: str = __file__, skip: Sequence[str] = ()) -> dict:
+    """Run ``script --worker OUT --sizes ...`` on ``n`` ranks; the JSON it wrote to OUT
+    (``skip``: methods left out, bench_comm's worker only)."""
     rt, env = mpi_launch()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [*rt.command(n), sys.executable, script, "--worker", str(out)]
         cmd += ["--sizes", ",".join(map(str, sizes))]
+        if skip:
+            cmd += ["--skip", ",".join(skip)]
         subprocess.run(cmd, env=env, check=True, timeout=1800)
         return json.loads(out.read_text())
 
 
-METHODS = ("mpi4py", "mpi", "ring", "shm", "auto", "gloo", "auto_zc")
+METHODS = ("mpi4py", "mpi", "ring", "shm", "auto", "fixed", "gloo", "auto_zc")
 
 
 def _ratio_line(cells: list[str]) -> str:
@@ -152,8 +160,9 @@ def report(n: int, res: dict, memcpy: dict[int, float]) -> list[tuple[str, bool,
     print("best = the fastest of mpi4py and comm's mpi, ring, shm and gloo (median round);")
     print("auto/best = median of the per-round ratio [middle half]; bwfloor = the least")
     print("time the memory allows (bandwidth_floor); busbw = nccl-tests' bus bandwidth")
-    head = ["size", "memcpy", "floor", "bwfloor", *METHODS, "pick", "auto/best"]
-    head += ["mpi4py/auto", "auto/bwfloor", "mpi4py/bwfl", "busbw GB/s"]
+    methods = [m_ for m_ in METHODS if m_ in res["allreduce"][0]]  # those not skipped
+    head = ["size", "memcpy", "floor", "bwfloor", *methods, "pick", "auto/best"]
+    head += ["auto/fixed", "mpi4py/auto", "auto/bwfloor", "mpi4py/bwfl", "busbw GB/s"]
     print(_ratio_line([f"{h:>11}" for h in head]))
     targets = []
     for row in res["allreduce"]:
@@ -161,14 +170,16 @@ def report(n: int, res: dict, memcpy: dict[int, float]) -> list[tuple[str, bool,
         auto, raw, floor = row["auto"], row["mpi4py"], row["floor"]
         bw_floor = bandwidth_floor(nb, n, m)
         rounds = row["rounds"]
-        others = [m_ for m_ in METHODS if m_ not in ("auto", "auto_zc")]
+        others = [m_ for m_ in methods if m_ not in ("auto", "auto_zc", "fixed")]
         best_name = min(others, key=lambda m_: median(rounds[m_]))
         ratio, q1, q3 = paired(rounds["auto"], rounds[best_name])
         busbw = nb / auto * 2 * (n - 1) / n / 1e9 if n > 1 else 0.0
         cells = [_fmt_bytes(nb), f"{memcpy[nb] * 1e6:.1f}", f"{floor * 1e6:.1f}"]
         cells += [f"{bw_floor * 1e6:.1f}"]
-        cells += [f"{row[m_] * 1e6:.1f}" for m_ in METHODS]
+        cells += [f"{row[m_] * 1e6:.1f}" for m_ in methods]
         cells += [row["pick"], f"{ratio:.2f}x [{q1:.2f}-{q3:.2f}] vs {best_name}"]
+        fx, f1, f3 = paired(rounds["auto"], rounds.get("fixed", []))  # NaN when skipped
+        cells += [f"{fx:.2f}x [{f1:.2f}-{f3:.2f}]"]
         cells += [f"{raw / auto:.2f}x", f"{auto / bw_floor:.2f}x", f"{raw / bw_floor:.2f}x"]
         cells += [f"{busbw:.1f}"]
         print(_ratio_line([f"{c:>11}" for c in cells]))
@@ -199,7 +210,7 @@ def report(n: int, res: dict, memcpy: dict[int, float]) -> list[tuple[str, bool,
                     "shared-buffer data movement's",
                 )
             )
-        if nb == 64 * MB:
+        if nb == 64 * MB and "auto_zc" in row:
             targets.append(
                 (
                     f"{n} ranks 64 MB: auto >= 2x mpi4py speed",
@@ -207,7 +218,7 @@ def report(n: int, res: dict, memcpy: dict[int, float]) -> list[tuple[str, bool,
                     f"{raw / auto:.2f}x (on a shm_empty tensor: {raw / row['auto_zc']:.2f}x)",
                 )
             )
-        if nb == 4 * MB:
+        if nb == 4 * MB and "gloo" in row:
             gloo = row["gloo"]
             targets.append(
                 (
@@ -215,6 +226,13 @@ def report(n: int, res: dict, memcpy: dict[int, float]) -> list[tuple[str, bool,
                     gloo / auto >= 4.0,
                     f"{gloo / auto:.1f}x",
                 )
+            )
+    for row in res["allreduce"]:
+        arm = row.get("arm")
+        if arm:  # what the group's last probe rounds agreed (the slowest rank's medians)
+            agreed = ", ".join(f"{a} {t * 1e6:.1f}" for a, t in sorted(arm["seconds"].items()))
+            print(
+                f"auto's arm at {_fmt_bytes(row['bytes'])}: {arm['calls']} calls, agreed us: {agreed}"
             )
     fu = res["fusion"]
     print(
@@ -240,11 +258,11 @@ def report(n: int, res: dict, memcpy: dict[int, float]) -> list[tuple[str, bool,
 
 
 def parent(args: argparse.Namespace) -> None:
-    sizes = [s for s in SIZES if s <= args.max_bytes]
+    sizes = args.sizes or [s for s in SIZES if s <= args.max_bytes]
     memcpy = memcpy_times(sizes)
     all_targets = []
     for n in args.ranks:
-        res = run_job(n, sizes)
+        res = run_job(n, sizes, skip=args.skip)
         all_targets += report(n, res, memcpy)
     print("\nTargets:")
     for name, met, detail in all_targets:
@@ -349,7 +367,22 @@ def bandwidth_floor(nbytes: int, n: int, m: dict) -> float:
     return max(2 * nbytes / m["bw_one"], 2 * n * nbytes / m["bw_all"])
 
 
-def worker(out_path: str, sizes: list[int]) -> None:
+def _fixed_group(comm):
+    """Every rank, as a group whose ``auto`` keeps the table's choice (collective)."""
+    g = comm.new_group(list(range(comm.size())))
+    was = os.environ.get("CLUSTERKERNEL_AUTO_ADAPT")
+    os.environ["CLUSTERKERNEL_AUTO_ADAPT"] = "0"
+    try:
+        comm.auto_choice("all_reduce", 0, g)  # its rules are made now: no adapting
+    finally:
+        if was is None:
+            del os.environ["CLUSTERKERNEL_AUTO_ADAPT"]
+        else:
+            os.environ["CLUSTERKERNEL_AUTO_ADAPT"] = was
+    return g
+
+
+def worker(out_path: str, sizes: list[int], skip: Sequence[str] = ()) -> None:
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -384,6 +417,7 @@ def worker(out_path: str, sizes: list[int]) -> None:
         return {name: min(ts) for name, ts in rounds_of(methods, iters).items()}
 
     bandwidths = machine(world)
+    fixed_group = _fixed_group(comm)
     rows = []
     for nb in sizes:
         # Zeros stay zeros under repeated in-place sums (ones would overflow to inf).
@@ -393,7 +427,7 @@ def worker(out_path: str, sizes: list[int]) -> None:
         # alignment, its pages) moved one method against another by up to 15% at
         # 16-64 KB, with the same code on both.
         shared = torch.zeros(count)
-        ts = dict.fromkeys(("mpi", "ring", "shm", "auto", "gloo"), shared)
+        ts = dict.fromkeys(("mpi", "ring", "shm", "auto", "fixed", "gloo"), shared)
         ts["auto_zc"] = comm.shm_empty(count).zero_()  # lives until exit: one per size
         floor, free_floor = memory_floor(world, count)
         methods = {
@@ -402,10 +436,13 @@ def worker(out_path: str, sizes: list[int]) -> None:
             "ring": lambda t=ts["ring"]: comm.all_reduce(t, algorithm="ring"),
             "shm": lambda t=ts["shm"]: comm.all_reduce(t, algorithm="shm"),
             "auto": lambda t=ts["auto"]: comm.all_reduce(t),
+            "fixed": lambda t=ts["fixed"]: comm.all_reduce(t, group=fixed_group),
             "auto_zc": lambda t=ts["auto_zc"]: comm.all_reduce(t),
             "gloo": lambda t=ts["gloo"]: dist.all_reduce(t),
             "floor": floor,
         }
+        for name in skip:
+            del methods[name]
         times = rounds_of(methods, _iters(nb))
         row = {name: min(ts) for name, ts in times.items()}
         row["rounds"] = times
@@ -418,6 +455,7 @@ def worker(out_path: str, sizes: list[int]) -> None:
         row["pick"] = (
             f"{arm['algorithm']} ({arm['why']})" if arm else comm.auto_choice("all_reduce", nb)
         )
+        row["arm"] = arm and {k: arm[k] for k in ("calls", "seconds")}
         rows.append(row)
         free_floor()
         metrics.recorder().clear()  # keep memory flat across sizes
@@ -477,12 +515,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--max-bytes", type=_parse_bytes, default=64 * MB)
+    ap.add_argument(
+        "--sizes",
+        type=lambda text: [_parse_bytes(x) for x in text.split(",")],
+        help="these sizes only, e.g. 256KB,1MB (instead of 4 KB .. --max-bytes)",
+    )
+    ap.add_argument(
+        "--skip",
+        type=lambda text: text.split(","),
+        default=[],
+        help=f"methods left out, e.g. gloo (its calls take the longest); of {', '.join(METHODS)}",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--sizes", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    unknown = set(args.skip) - set(METHODS) or set(args.skip) & {"mpi4py", "auto"}
+    if unknown:
+        ap.error(
+            f"--skip: cannot leave out {sorted(unknown)}; choose from {METHODS[1:4] + METHODS[5:]}"
+        )
     if args.worker:
         sys.path.insert(0, str(REPO))
-        worker(args.worker, [int(s) for s in args.sizes.split(",")])
+        worker(args.worker, args.sizes, args.skip)
     else:
         with mpi_lock():
             parent(args)

@@ -66,9 +66,12 @@ from clusterkernel.comm._begin import step_entry
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._ledger import abandon
 
-# Below this many bytes a call takes microseconds: the table's choice (MPI's own,
-# through the C path) stays; a timed, Python-side choice would cost more than it saves.
-ADAPT_MIN = 256 << 10
+# Below this many bytes the table's choice (MPI's own, through the C path) stays: an
+# adapting call runs in Python, which costs more there than the algorithms differ by
+# (BENCHMARKS.md, "Collectives", "The adapting default's costs, measured"). From here
+# auto calls run in Python anyway (each one looks for a zero-copy tensor), so an arm
+# adds only its own bookkeeping.
+ADAPT_MIN = 512 << 10
 REPS = 3  # probe calls per other algorithm and round (the median drops a set-up outlier)
 FIRST_ROUND = 3  # the call number of the first round: after the first calls' set-up
 INTERVAL_MIN, INTERVAL_MAX = 16, 1024
