@@ -1097,7 +1097,8 @@ def test_a_survivor_that_dies_while_the_new_rank_is_spawned_in_the_cell_is_spawn
 ):
     """Rank 3, a survivor, is SIGKILLed as soon as rank 2's new process appears, before it
     has joined: the survivors' spawn cannot finish; they see the death, give that spawn up
-    and spawn ranks 2 and 3 together, and the cell completes at the undisturbed weights."""
+    and spawn ranks 2 and 3 together, and the cell completes at the undisturbed weights.
+    The first new rank 2 (waiting in MPI for survivors that moved on) is not left running."""
     looking: list[threading.Thread] = []
 
     def kill_3_as_2_joins() -> None:
@@ -1108,6 +1109,12 @@ def test_a_survivor_that_dies_while_the_new_rank_is_spawned_in_the_cell_is_spawn
     replaced = _steps_recover(ft, steps_undisturbed, (2,), 30, False, kill_3_as_2_joins)
     looking[0].join()
     assert replaced == {2, 3}, replaced
+    joiners = {
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if "clusterkernel.rank._respawn" in (p.info["cmdline"] or [])
+    }
+    assert joiners <= {info["pid"] for info in ft.rank_info.values()}, joiners
     said = capsys.readouterr()
     text = said.out + said.err
     assert "respawned from rank 0 in" in text and "the cell went on" in text, text

@@ -61,6 +61,32 @@ def ranks_back(cluster: Cluster, ranks: list[int]) -> None:
     groups = list(cluster.torch_group().values())  # {} where a rank has none
     kept = all(groups) and len({(g["world_size"], g["master"]) for g in groups}) == 1
     cluster.ranks_respawned(ranks, group_kept=kept and groups[0]["world_size"] == len(groups))
+    _end_strays(cluster)
+
+
+def _end_strays(cluster: Cluster) -> None:
+    """End the new processes of a spawn the survivors gave up on (a survivor died while
+    they joined, and the next round spawned them all again): each waits in MPI for
+    survivors that have moved on, never to be a rank. Those on this machine."""
+    import psutil
+
+    from clusterkernel.client.cluster._respawn import _JOINER
+
+    ranks = {info.get("pid") for info in cluster.rank_info.values()}
+    strays = []
+    for pid in cluster.processes():
+        try:
+            proc = psutil.Process(pid)
+            if _JOINER in proc.cmdline() and pid not in ranks:
+                strays.append(proc)
+        except psutil.Error:  # gone meanwhile
+            continue
+    for proc in strays:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(strays, timeout=5)
 
 
 def arm(cluster: Cluster, engines: Any, with_recipe: dict | None) -> None:
