@@ -12,8 +12,8 @@ class (a power of two of bytes), an :class:`Arm`:
   outside the arm);
 - at fixed call numbers (the 3rd call, then after 16, 32, ... up to every 1024 calls
   of the class) the next few calls are *probes*: each other algorithm runs
-  :data:`REPS` times, each probe followed by a call of the current one, so both are
-  timed under the same conditions (an algorithm's first call, its set-up, is not
+  :data:`REPS` times in a row, as it would run if chosen, and is compared with the
+  current one's last :data:`KEEP` calls (an algorithm's first call, its set-up, is not
   counted);
 - after the last probe the members agree, in one small allreduce, on each
   algorithm's time (the slowest rank's median: a collective ends with its slowest
@@ -40,9 +40,11 @@ group probes, sums can differ from call to call in the last bits of a float: pin
 ``algorithm=`` for bitwise repeatable runs.
 
 The cost is bounded: at most ``REPS * (algorithms - 1)`` probe calls per round,
-rounds at most every :data:`INTERVAL_MAX` calls once the choice has settled, and an
+rounds at most every :data:`INTERVAL_MAX` calls once the choice has settled, an
 algorithm the last round found :data:`SLOWER` than the current one by far is tried
-again only every :data:`INTERVAL_MAX` calls.
+again only every :data:`INTERVAL_MAX` calls, and after the first round the next one
+waits until what it is expected to cost (the agreed times of the algorithms it will
+try, less the current one's) is at most :data:`BUDGET` of the calls' time until it.
 
 Example::
 
@@ -78,6 +80,10 @@ INTERVAL_MIN, INTERVAL_MAX = 16, 1024
 MARGIN = 0.95  # move only to an algorithm at least 5 % faster: no flapping on noise
 SLOWER = 1.5  # an algorithm this much slower than the current one is probed rarely
 KEEP = 5  # the current algorithm's times kept (its median is the comparison)
+# A round's expected extra time at most this share of the calls' time before it: where
+# the others are close the rounds are cheap and come often, where they lose they come
+# late (BENCHMARKS.md, "Collectives", "The adapting default's costs, measured").
+BUDGET = 0.03
 ENV_ADAPT = "CLUSTERKERNEL_AUTO_ADAPT"
 # The flight entry of a round's agreement (the hang report shows ranks waiting there).
 DECIDE_LABEL = "auto decision for"
@@ -128,10 +134,14 @@ class Arm:
             self.probing = [a for a in self.algs if a != self.current and self._worth(a)]
             for a in self.probing:
                 self.times[a].clear()  # this round's probes only
-            # each probe beside a call of the current one: both measured under the
-            # same conditions (a, current, b, current, a, ...); the current's calls cost
-            # nothing extra
-            self.queue = [x for a in self.probing * REPS for x in (a, self.current)]
+            # each algorithm's probes in a row (a, a, a, b, b, b), as its calls would run
+            # if chosen: one run between calls of another found the caches and buffers
+            # that one left and measured slower than it runs (BENCHMARKS.md,
+            # "Collectives", "The adapting default's costs, measured"). The current one
+            # is judged by its last calls, a few more where it has too few yet.
+            self.queue = [a for a in self.probing for _ in range(REPS)]
+            if self.queue and len(self.times[self.current]) < REPS:
+                self.queue += [self.current] * REPS
             if not self.queue:  # every other one far slower lately: nothing to try now
                 self.next_round = self.calls + self.interval
         return self.queue.pop(0) if self.queue else self.current
@@ -183,7 +193,20 @@ class Arm:
             self.why = "probe"
             self.interval = min(2 * self.interval, INTERVAL_MAX)
         self.probing = []
-        self.next_round = self.calls + self.interval
+        self.next_round = self.calls + max(self.interval, self._affordable())
+
+    def _affordable(self) -> int:
+        """Calls until the next round may come, for its expected extra time to be at most
+        :data:`BUDGET` of theirs (from the agreed times: alike on every member)."""
+        now = self.agreed[self.current]
+        if not math.isfinite(now) or now <= 0:
+            return 0
+        extra = sum(
+            REPS * (t - now)
+            for a, t in self.agreed.items()
+            if a != self.current and now < t < SLOWER * now  # the far slower: _worth
+        )
+        return min(math.ceil(extra / (BUDGET * now)), INTERVAL_MAX)
 
     def state(self) -> dict:
         """What :func:`auto_state` shows of this arm."""

@@ -4,6 +4,7 @@ errors raised on every rank, the choice in the timing record, and comm.tune().""
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -231,8 +232,9 @@ def test_auto_probes_at_the_same_calls_on_every_rank_and_stays_correct(table_fil
 
     table_file([_row("all_reduce", [], ["mpi"])])  # the table says MPI at every size
     g = _fresh()
-    # a round: each other algorithm REPS times, each probe followed by the current one
-    calls = adapt.FIRST_ROUND + 2 * 2 * adapt.REPS + 2
+    # a round: each other algorithm REPS times in a row, then (the first round) the
+    # current one REPS times
+    calls = adapt.FIRST_ROUND + 3 * adapt.REPS + 2
     n = adapt.ADAPT_MIN // 4 * 2  # float32: twice the adaptive threshold
     ok = True
     for i in range(calls):
@@ -268,7 +270,10 @@ def test_the_agreed_choice_is_the_fastest_by_its_slowest_rank():
     a.probing = ["ring", "shm"]
     a._decide(g)
     agree(a.current == "shm" and a.why == "switch", f"{a.state()}")
-    agree(a.next_round == 10 + adapt.INTERVAL_MIN, f"{a.state()}")
+    # the next round: the interval afresh, or later where probing mpi (1.25x shm) would
+    # cost more than the budget (ring, 3.75x, is left to its rare rounds)
+    wait = max(adapt.INTERVAL_MIN, math.ceil(adapt.REPS * (1.0 - 0.8) / (adapt.BUDGET * 0.8)))
+    agree(a.next_round == 10 + wait, f"{a.state()}")
     b = adapt.Arm(("mpi", "ring"), "mpi")
     b.calls = b.next_round = 10
     b.times["mpi"].extend([1.0] * 3)
@@ -280,6 +285,28 @@ def test_the_agreed_choice_is_the_fastest_by_its_slowest_rank():
     comm.destroy_group(g)
 
 
+def test_the_next_round_waits_until_its_cost_is_a_small_share_of_the_calls():
+    """After a kept choice the next round comes after the doubled interval, or later
+    where its expected extra time (the probed algorithms' agreed times, less the
+    current one's) would be more than BUDGET of the calls' time until it."""
+    from clusterkernel.comm._auto import adapt
+
+    g = _fresh()
+    waits = []
+    for ring in (1.01, 1.4):  # close: the interval; 1.4x: the budget's wait
+        a = adapt.Arm(("mpi", "ring"), "mpi")
+        a.calls = a.next_round = 10
+        a.times["mpi"].extend([1.0] * 3)
+        a.times["ring"].extend([ring] * 3)
+        a.probing = ["ring"]
+        a._decide(g)
+        agree(a.current == "mpi" and a.why == "probe", f"{a.state()}")
+        waits.append(a.next_round - 10)
+    budget = math.ceil(adapt.REPS * (1.4 - 1.0) / (adapt.BUDGET * 1.0))
+    agree(waits == [2 * adapt.INTERVAL_MIN, budget] and budget > waits[0], f"{waits}")
+    comm.destroy_group(g)
+
+
 def test_an_algorithm_that_lost_by_far_is_probed_only_now_and_then():
     from clusterkernel.comm._auto import adapt
 
@@ -287,8 +314,9 @@ def test_an_algorithm_that_lost_by_far_is_probed_only_now_and_then():
     a.agreed = {"mpi": 1.0, "ring": 3.0, "shm": 1.2}  # ring 3x slower, shm close
     a.probed_at = dict.fromkeys(a.agreed, 0)
     a.calls = a.next_round - 1
-    probes = [a.next() for _ in range(2 * adapt.REPS)]
-    agree(probes == ["shm", "mpi"] * adapt.REPS, f"probed {probes}")
+    a.times["mpi"].extend([1.0] * adapt.REPS)  # the current one's last calls
+    probes = [a.next() for _ in range(adapt.REPS + 1)]
+    agree(probes == ["shm"] * adapt.REPS + ["mpi"], f"probed {probes}")
     a.queue, a.probing = [], []
     a.calls, a.next_round = adapt.INTERVAL_MAX - 1, adapt.INTERVAL_MAX
     agree(a.next() == "ring", "after INTERVAL_MAX calls the slow one is tried again")
