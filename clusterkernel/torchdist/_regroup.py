@@ -17,6 +17,7 @@ Example (collective over the world just grown, on every rank)::
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 
 from clusterkernel.protocol._engine import world
 
@@ -52,5 +53,16 @@ def regroup(settings: dict | None) -> list[str] | None:
     settings = settings or {}
     free()  # a survivor's group is closed already; one made since the death would not be
     prepare_rank(settings.get("gpus_per_rank"), bool(settings.get("share")))
-    _group.init(held[0][1], settings.get("timeout"))
+    # A rank that dies while the group is made leaves the others in its rendezvous for
+    # the whole timeout: a short one for the making (the recovery's next round spawns the
+    # dead), the asked one for the collectives after.
+    full = settings.get("timeout")
+    _group.init(held[0][1], min(full, _MAKING) if full else _MAKING)
+    if full is not None:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(timedelta(seconds=full))
     return rewrap_namespace()
+
+
+_MAKING = 20.0  # seconds for the new group's rendezvous, far above what it takes
