@@ -21,7 +21,7 @@ Compared, all on float32, allreduce SUM in place:
 
 - ``mpi4py``: ``MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, ndarray)``
 - ``mpi`` / ``ring`` / ``shm``: ``comm.all_reduce(tensor, algorithm=...)``
-- ``auto``: ``comm.all_reduce(tensor)``, the default, which adapts from 256 KB (its
+- ``auto``: ``comm.all_reduce(tensor)``, the default, which adapts from 512 KB (its
   pick is printed: the algorithm and why, ``table``, ``probe`` or ``switch``)
 - ``fixed``: ``comm.all_reduce(tensor)`` on a group of the same ranks that keeps the
   table's choice (``CLUSTERKERNEL_AUTO_ADAPT=0`` at its set-up): auto / fixed is what
@@ -192,7 +192,7 @@ def report(n: int, res: dict, memcpy: dict[int, float]) -> list[tuple[str, bool,
                 f"middle half {q1:.3f}-{q3:.3f}",
             )
         )
-        if nb <= 64 * KB:  # small calls: adapting (from 256 KB) must cost them nothing
+        if nb <= 64 * KB:  # small calls: adapting (from 512 KB) must cost them nothing
             targets.append(
                 (
                     f"{n} ranks {size}: auto <= 1.15x mpi4py time",
