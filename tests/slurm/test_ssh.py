@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -87,16 +88,22 @@ def _output(proc: subprocess.Popen, timeout: float = 180) -> str:
     return out
 
 
-def _output_until(proc: subprocess.Popen, prefix: str) -> str:
+def _output_until(proc: subprocess.Popen, prefix: str, timeout: float = 180) -> str:
     """What ``proc`` said up to its line starting with ``prefix`` (all of it if none
-    came): not until its output ends, which a killed kernel's children (an ssh of
-    ipyparallel's waiting on the controller) hold open for a while."""
+    came; ``proc`` is killed after ``timeout``, not left to sleep out its script): not
+    until its output ends, which a killed kernel's children (an ssh of ipyparallel's
+    waiting on the controller) hold open for a while."""
     said = []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        said.append(line)
-        if line.startswith(prefix):
-            break
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    try:
+        for line in proc.stdout:
+            said.append(line)
+            if line.startswith(prefix):
+                break
+    finally:
+        watchdog.cancel()
     return "".join(said)
 
 
