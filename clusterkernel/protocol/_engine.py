@@ -72,7 +72,7 @@ _NOTHING_TO_RECOVER: dict[str, Any] = {
     "armed": lambda: False,
     "recovers": lambda exc: False,
     "rejoin": lambda *args, **kwargs: False,
-    "take_joining": lambda: False,
+    "take_joining": lambda: None,
 }
 
 

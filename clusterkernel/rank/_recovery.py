@@ -30,7 +30,9 @@ from clusterkernel.rank._world import world
 _ROOT = "{root}"  # in a recipe's commands: the lowest survivor, known only at a death
 _recipe: dict | None = None  # {"commands": {rank: [...]}, "hosts": {rank: host or None}}
 _rejoined: list[dict] = []  # what each recovery here did: ranks, seconds
-_joining = False  # a new rank whose guarded loop has yet to learn where the survivors are
+# a new rank whose guarded loop has yet to learn where the survivors are: the rank its
+# variables were copied from
+_joining: int | None = None
 
 
 def arm(recipe: dict | None) -> bool:
@@ -119,12 +121,13 @@ def joined(recipe: dict | None) -> dict:
     """On a new rank, before it runs the cell: its side of the survivors' :func:`rejoin`
     (the copy of a survivor's variables, DataParallel models re-attached, and any round
     a death during it starts), armed with ``recipe`` as the survivors are. Returns
-    ``{"copied": [...], "root": the rank copied from, "ranks": every rank respawned}``."""
+    ``{"copied": [...], "root": the last round's source, "copied_from": the rank this
+    one's variables came from, "ranks": every rank respawned}``."""
     global _joining
 
     arm(recipe)
     done = _rounds(holds=False, grown=True)
-    _joining = True
+    _joining = done["copied_from"]
     _forget_joining_after_the_cell()
     return done
 
@@ -143,7 +146,9 @@ def _rounds(holds: bool, grown: bool) -> dict:
     from mpi4py import MPI
 
     spawned: list[int] = []
-    mine = {"holds": holds, "suspects": set()}  # suspects: ranks copied from in a failed round
+    # suspects: ranks copied from in a failed round; copied_from: where this rank's
+    # variables came from (a new rank; kept across rounds, as the copy is)
+    mine: dict = {"holds": holds, "suspects": set(), "copied_from": None}
     failed: str | None = None  # what failed in the last round here ("": on another rank)
     tries: list[_NotJoined] = []  # spawns that a survivor's death defeated
     while True:
@@ -175,7 +180,7 @@ def _rounds(holds: bool, grown: bool) -> dict:
             _revoke()  # a rank still waiting in this round fails and agrees too
         if agree(settled is not None):
             assert settled is not None  # uniform: every rank passed True
-            return {**settled, "ranks": sorted(spawned)}
+            return {**settled, "copied_from": mine["copied_from"], "ranks": sorted(spawned)}
         failed = failed if settled is None else ""
 
 
@@ -283,7 +288,8 @@ def _settle(mine: dict) -> dict:
     copied: list[str] = []
     if targets and (me == root or me in targets):
         copied = copy_namespace(root, targets)["copied"]
-        mine["holds"] = True  # a new rank with its copy
+        if me in targets:
+            mine["holds"], mine["copied_from"] = True, root  # a new rank with its copy
     rebuild()
     from clusterkernel.torchdist._regroup import regroup
 
@@ -317,17 +323,18 @@ def _forget_joining_after_the_cell() -> None:
 
     def forget(*_args: object) -> None:
         global _joining
-        _joining = False
+        _joining = None
         shell.events.unregister("post_run_cell", forget)
 
     shell.events.register("post_run_cell", forget)
 
 
-def take_joining() -> bool:
-    """On a new rank, once: True if it joined a recovery and its guarded loop
-    (``train.steps``) must now learn from the survivors where they are."""
+def take_joining() -> int | None:
+    """On a new rank, once, if it joined a recovery and its guarded loop (``train.steps``)
+    must now learn from the survivors where they are: the rank its variables were copied
+    from; None otherwise."""
     global _joining
-    joining, _joining = _joining, False
+    joining, _joining = _joining, None
     return joining
 
 

@@ -9,12 +9,15 @@ and, a survivor, the state it had when it failed (:func:`snapshot`, taken before
 recovery: re-attaching DataParallel models copies rank 0's parameters to every rank,
 and rank 0 may be behind). :func:`furthest` gives every rank that must catch up the
 state of the lowest survivor at the furthest position; each loop puts it back
-(:func:`restore`) with the progress it keeps beside the model.
+(:func:`restore`) with the progress it keeps beside the model. A new rank whose copy
+of the variables came from that survivor at that position (the common case: one step,
+no split) already holds its model and optimizer: it is sent only the RNG and progress,
+so a large model's state does not cross to it a second time.
 
 Example (on every rank, after the recovery)::
 
     mine = snapshot(model, opt, step=index)       # taken before rejoin()
-    best, state = furthest(index, mine)
+    best, state = furthest(index, mine)           # a new rank: furthest(None, None, copied_from=r)
     if state is not None:
         index = restore(state, model, opt)["step"]
 """
@@ -22,20 +25,34 @@ Example (on every rank, after the recovery)::
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from clusterkernel.protocol._engine import world
 
 
-def snapshot(model: Any, optimizer: Any, **progress: Any) -> bytes:
+class Held(NamedTuple):
+    """A survivor's state at its failure, in two sizes: ``full`` (model, optimizer, RNG,
+    progress) for a rank that must take all of it, ``light`` (RNG and progress) for a
+    new rank whose copy of the variables came from this survivor at this point."""
+
+    full: bytes
+    light: bytes
+
+
+def snapshot(model: Any, optimizer: Any, **progress: Any) -> Held:
     """This rank's torch RNG, ``model``'s and ``optimizer``'s state (either may be None)
     and ``progress`` (plain values: numbers, strings, lists and dicts of them)."""
+    rng = torch.get_rng_state()
+    return Held(_saved(rng, model, optimizer, progress), _saved(rng, None, None, progress))
+
+
+def _saved(rng: torch.Tensor, model: Any, optimizer: Any, progress: dict) -> bytes:
     buf = io.BytesIO()
     torch.save(
         {
-            "rng": torch.get_rng_state(),
+            "rng": rng,
             "model": model.state_dict() if model is not None else None,
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "progress": progress,
@@ -58,20 +75,25 @@ def restore(blob: bytes, model: Any, optimizer: Any) -> dict:
 
 
 def furthest(
-    position: int | None, mine: bytes | None, refuse: str | None = None
+    position: int | None,
+    mine: Held | None,
+    refuse: str | None = None,
+    copied_from: int | None = None,
 ) -> tuple[int, bytes | None]:
     """Collective over the world after a recovery: ``(the furthest survivor's position,
     its snapshot for this rank to restore, or None when this rank keeps its own)``.
 
-    A new rank passes ``position`` None. Where survivors stand at different positions
-    every rank restores (the re-attached models hold rank 0's parameters, perhaps a step
-    behind); otherwise only the new ranks do. ``refuse``: raised (RuntimeError, on every
-    rank, ``{positions}`` filled in) where survivors disagree, for a loop that has no
-    state to hand over.
+    A new rank passes ``position`` and ``mine`` None and ``copied_from``, the rank its
+    variables were copied from. Where survivors stand at different positions every rank
+    restores (the re-attached models hold rank 0's parameters, perhaps a step behind);
+    otherwise only the new ranks do, and only the RNG and progress where every one of
+    them was copied from the survivor furthest on. ``refuse``: raised (RuntimeError, on
+    every rank, ``{positions}`` filled in) where survivors disagree, for a loop that has
+    no state to hand over.
     """
     comm = world()
-    every = comm.allgather(position)
-    known = {r: p for r, p in enumerate(every) if p is not None}
+    every = comm.allgather((position, copied_from))
+    known = {r: p for r, (p, _) in enumerate(every) if p is not None}
     if not known:
         raise RuntimeError("no survivor took part in the recovery")
     best = max(known.values())
@@ -79,6 +101,11 @@ def furthest(
     split = len(set(known.values())) > 1
     if split and refuse is not None:
         raise RuntimeError(refuse.format(positions=sorted(set(known.values()))))
-    payload = comm.bcast(mine if comm.Get_rank() == src else None, root=src)
-    behind = every[comm.Get_rank()] != best
+    light = not split and all(c == src for p, c in every if p is None)
+    sent = None
+    if comm.Get_rank() == src:
+        assert mine is not None  # a survivor's
+        sent = mine.light if light else mine.full
+    payload = comm.bcast(sent, root=src)
+    behind = every[comm.Get_rank()][0] != best
     return best, payload if behind or split else None

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from clusterkernel.protocol._engine import recovery as _recovery
-from clusterkernel.train._furthest import furthest, restore, snapshot
+from clusterkernel.train._furthest import Held, furthest, restore, snapshot
 
 
 class Step:
@@ -69,8 +69,9 @@ class _Loop:
         if self.optimizer is not None:
             self._hook = self.optimizer.register_step_post_hook(self._optimizer_stepped)
         try:
-            if _recovery.take_joining():  # a new rank: the survivors say where they are
-                self.index = self._agree(None, None)
+            copied_from = _recovery.take_joining()
+            if copied_from is not None:  # a new rank: the survivors say where they are
+                self.index = self._agree(None, None, copied_from)
             while True:
                 while self.index < self.n:
                     self.done = False
@@ -130,11 +131,13 @@ class _Loop:
         self.done = True
         return True
 
-    def _agree(self, position: int | None, mine: bytes | None) -> int:
+    def _agree(
+        self, position: int | None, mine: Held | None, copied_from: int | None = None
+    ) -> int:
         """Collective over the world after a recovery: the position of the survivor that
         is furthest on (a new rank has ``position`` None); the ranks behind it (the new
         ones among them) take its model, optimizer and RNG (``mine``: a survivor's state
-        at its failure)."""
+        at its failure; ``copied_from``: on a new rank, where its variables came from)."""
         refuse = None
         if self.model is None:
             refuse = (
@@ -143,13 +146,13 @@ class _Loop:
                 "optimizer= to steps() so the ranks behind take the state of the one "
                 "furthest on"
             )
-        best, state = furthest(position, mine, refuse)
+        best, state = furthest(position, mine, refuse, copied_from)
         if state is not None:
             restore(state, self.model, self.optimizer)
             self.stepped = False
         return best
 
-    def _state(self) -> bytes:
+    def _state(self) -> Held:
         return snapshot(self.model, self.optimizer)
 
 

@@ -18,7 +18,7 @@ from clusterkernel.partition import Partition, distributed_loader, set_epoch
 from clusterkernel.protocol import _engine
 from clusterkernel.protocol._engine import recovery as _recovery
 from clusterkernel.train._checkpoint import CHECKPOINT_NAME
-from clusterkernel.train._furthest import furthest, restore, snapshot
+from clusterkernel.train._furthest import Held, furthest, restore, snapshot
 from clusterkernel.train._modes import TrainingMode, make_mode
 from clusterkernel.train._prefetch import Prefetcher, spare_core
 from clusterkernel.train._sync import all_objects
@@ -168,7 +168,7 @@ class Trainer:
         (the step's all-reduce completed on some of them only) all go on from the one
         furthest on, with its model, optimizer, RNG and progress.
         """
-        self._take_over_after_respawn(joining=_recovery.take_joining())
+        self._take_over_after_respawn(copied_from=_recovery.take_joining())
         if resume:
             self.load_checkpoint()
         self._ready()
@@ -182,7 +182,7 @@ class Trainer:
                 # rank's fit starts as a fit does, so the survivors' goes on the same way
                 if not _recovery.recovers(e):
                     raise
-                mine: bytes | None = self._snapshot()  # before rejoin re-attaches rank 0's model
+                mine: Held | None = self._snapshot()  # before rejoin re-attaches rank 0's model
                 if not _recovery.rejoin(cause=e):
                     raise
             else:
@@ -200,7 +200,7 @@ class Trainer:
         self.mode.check_batches(self._batches_per_epoch())
         self.module.train()
 
-    def _died_at_the_end(self) -> bytes | None:
+    def _died_at_the_end(self) -> Held | None:
         """With auto-respawn, on a Trainer of every rank: when the ranks' agreement at the
         end of fit finds a peer dead (then recovered here, as a failed step is), this
         rank's :meth:`_snapshot` from before the recovery; else None."""
@@ -213,7 +213,7 @@ class Trainer:
             raise RuntimeError("fit: a peer died at the end of fit and was not recovered")
         return mine
 
-    def _snapshot(self) -> bytes:
+    def _snapshot(self) -> Held:
         """Model, optimizer, RNG and progress: what a rank behind takes after a recovery."""
         return snapshot(
             self.model,
@@ -225,7 +225,9 @@ class Trainer:
             last_loss=self.last_loss,
         )
 
-    def _take_over_after_respawn(self, mine: bytes | None = None, joining: bool = False) -> None:
+    def _take_over_after_respawn(
+        self, mine: Held | None = None, copied_from: int | None = None
+    ) -> None:
         """A Trainer copied onto a respawned rank (``%mpi respawn --from R``) holds rank
         R's share of the data: that rank takes its own, and R's torch RNG state (every
         rank's is the same where they seeded alike, as data parallel training does).
@@ -233,13 +235,15 @@ class Trainer:
         nothing otherwise.
 
         After a recovery inside the cell (``mine``: a survivor's :meth:`_snapshot` from
-        before it; ``joining``: a new rank) every rank first takes the state of the
-        survivor that is furthest on: a step whose collective completed on some
-        survivors only leaves them a step apart (as ``train.steps`` does)."""
+        before it; ``copied_from``: on a new rank, where its variables came from) every
+        rank first takes the state of the survivor that is furthest on: a step whose
+        collective completed on some survivors only leaves them a step apart (as
+        ``train.steps`` does)."""
         if not _engine.replaced():
             return
-        if mine is not None or joining:
-            _, state = furthest(self.global_step if mine is not None else None, mine)
+        if mine is not None or copied_from is not None:
+            position = self.global_step if mine is not None else None
+            _, state = furthest(position, mine, copied_from=copied_from)
             if state is not None:
                 progress = restore(state, self.model, self.optimizer)
                 self.epoch = progress["epoch"]
