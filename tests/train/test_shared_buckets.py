@@ -14,7 +14,7 @@ def sb(request, run_ranks):
 
 
 def _adapted(alg: str) -> bool:
-    """An ordinary bucket of 256 KB or more: auto adapts from the table's choice (its
+    """An ordinary bucket of 512 KB or more: auto adapts from the table's choice (its
     records say why: "ring (probe)", "shm (switch)"); never the zero-copy "shm"."""
     return alg.endswith((" (probe)", " (switch)"))
 

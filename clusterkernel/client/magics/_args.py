@@ -108,8 +108,9 @@ def _scheduler_arguments(func):
 @argument(
     "--respawn",
     action="store_true",
-    help="bring a dead rank back after the cell that saw it die, with a copy of the lowest "
-    "live rank's variables (implies --fault-tolerant)",
+    help="bring a dead rank back with a copy of the lowest live rank's variables: inside "
+    "the cell for a train.steps or Trainer.fit loop, else after the cell that saw it die "
+    "(implies --fault-tolerant)",
 )
 @argument(
     "--torch",
