@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 
+from clusterkernel.protocol._errors import ClusterkernelError
 from clusterkernel.rank._world import world
 
 _ROOT = "{root}"  # in a recipe's commands: the lowest survivor, known only at a death
@@ -230,7 +231,7 @@ def _shrink_and_grow(spawned: list[int]) -> list[int]:
     return dead
 
 
-class _NotJoined(RuntimeError):
+class _NotJoined(ClusterkernelError, RuntimeError):
     """The new processes of ``joining`` did not join; ``lost``: the survivors that died
     meanwhile (the same on every survivor)."""
 

@@ -57,7 +57,8 @@ def test_a_buffer_the_kernel_refuses_leaves_huge_pages_on_for_the_others(tmp_pat
         m.close()
     assert _hugepages.STATE.enabled  # was turned off for the whole process
     t = torch.arange(3 * 1024 * 1024, dtype=torch.float32)
-    before = _hugepages.huge_kb(t.data_ptr())
     assert _hugepages.collapse(t.data_ptr(), t.nbytes)
-    assert _hugepages.huge_kb(t.data_ptr()) >= before + 8 * 1024
+    # all but the unaligned ends huge now (the kernel may have made them so at the
+    # first touch already: the point is that collapse still runs and succeeds)
+    assert _hugepages.huge_kb(t.data_ptr()) >= (t.nbytes - (2 << 20)) // 1024
     assert torch.equal(t, torch.arange(3 * 1024 * 1024, dtype=torch.float32))

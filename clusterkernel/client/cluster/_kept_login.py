@@ -35,6 +35,7 @@ import sys
 
 from clusterkernel.client.cluster import _kept_records
 from clusterkernel.client.errors import ClusterError
+from clusterkernel.client.launch._piped import end, next_line
 from clusterkernel.client.launch._ssh import Login
 
 _ANSWER_WITHIN = 30.0  # seconds for the login node's process to write or claim the record
@@ -50,6 +51,18 @@ def listing(login: Login) -> list[dict]:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def login_kept_report(login: Login) -> str:
+    """The table of this user's kept clusters on ``login`` (``%mpi list --ssh HOST``), as
+    :func:`_kept_records.kept_report` gives this machine's.
+
+    Example::
+
+        # not run: needs an SSH host
+        print(login_kept_report(login("login", "/opt/venv/bin/python")))
+    """
+    return _kept_records.table(listing(login))
+
+
 class Claim:
     """This session's hold on a kept cluster's record on the login node (see the module):
     :meth:`started` (a start writes the record) or :meth:`attach` (an attach claims it)."""
@@ -61,7 +74,7 @@ class Claim:
         )  # fmt: skip
         if record is not None:
             self._say(json.dumps(record))
-        line = _line(self._proc, _ANSWER_WITHIN)
+        line = next_line(self._proc, _ANSWER_WITHIN)
         try:
             said = json.loads(line) if line else {}
         except ValueError:
@@ -99,7 +112,7 @@ class Claim:
         """The session that took this cluster over (``attach --force``), or None; asked
         without waiting."""
         if self._taken_over_by is None:
-            line = _line(self._proc, 0)
+            line = next_line(self._proc, 0)
             if line:
                 self._taken_over_by = json.loads(line).get("taken_over_by")
         return self._taken_over_by
@@ -107,22 +120,7 @@ class Claim:
     def close(self) -> str:
         """Let go of the record (the cluster's keep time starts) and end the process
         there; what it wrote to stderr."""
-        proc = self._proc
-        if proc.stdin is not None and not proc.stdin.closed:
-            try:
-                proc.stdin.close()
-            except OSError:  # it has ended: nothing to tell it
-                pass
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        assert proc.stdout is not None and proc.stderr is not None
-        proc.stdout.close()
-        err = proc.stderr.read()
-        proc.stderr.close()
-        return (err or "").strip()
+        return end(self._proc, 15)
 
     def _say(self, line: str) -> None:
         assert self._proc.stdin is not None
@@ -134,16 +132,6 @@ class Claim:
                 "The kept record's process on the login node has ended: the SSH connection "
                 "was lost. %mpi list --ssh HOST says what is left."
             ) from None
-
-
-def _line(proc: subprocess.Popen, timeout: float) -> str:
-    """The next line ``proc`` writes ("" if none comes within ``timeout``, or it ended)."""
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout):
-            return ""
-    return proc.stdout.readline().strip()
 
 
 # ipyparallel's ssh commands of the starting session (its ControlPath): this one's instead

@@ -378,21 +378,17 @@ def add_arguments(parser) -> None:
     """``clusterkernel list`` takes no options."""
 
 
-def kept_report(ssh=None) -> str:
+def kept_report() -> str:
     """The table of this user's kept clusters (``%mpi list``, ``clusterkernel list``); a
     cluster that ended while no one was attached is in it once, and what is left of it
-    is removed. ``ssh``: the login node (a ``Login``, ``%mpi list --ssh HOST``) whose kept
-    clusters, started from outside the cluster, to list instead of this machine's.
+    is removed. Those on a login node, started from outside the cluster (``%mpi list
+    --ssh HOST``): ``table(_kept_login.listing(login))``.
 
     Example::
 
         from clusterkernel.client.cluster import kept_report
         print(kept_report())    # a line per kept cluster: id, ranks, where, age, stops in, client
     """
-    if ssh is not None:
-        from clusterkernel.client.cluster._kept_login import listing
-
-        return table(listing(ssh))  # ended ones removed there
     records = kept()
     text = table(records)
     for record in records:

@@ -20,10 +20,10 @@ Example::
 
 from __future__ import annotations
 
-import selectors
 import subprocess
 import sys
 
+from clusterkernel.client.launch._piped import end, next_line
 from clusterkernel.client.launch._ssh import Login, LoginError
 
 _START_TIMEOUT = 30  # seconds for the relay on the login node to say where it listens
@@ -52,7 +52,7 @@ class Relay:
             login.argv(login.python, "-m", __name__, bind_ip, str(self._remote_port)),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        line = _first_line(self._proc, _START_TIMEOUT)
+        line = next_line(self._proc, _START_TIMEOUT)
         if not line.startswith("tcp://"):
             err = self.close()
             raise LoginError(
@@ -62,35 +62,14 @@ class Relay:
 
     def close(self) -> str:
         """Stop the relay and cancel its forward; what the relay wrote to stderr."""
-        proc = self._proc
-        if proc.stdin is not None and not proc.stdin.closed:
-            proc.stdin.close()  # the relay exits on this
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        assert proc.stdout is not None and proc.stderr is not None
-        proc.stdout.close()
-        err = proc.stderr.read()
-        proc.stderr.close()
+        err = end(self._proc, 10)
         subprocess.run(
             self._login.ssh(
                 "-O", "cancel", "-R", f"127.0.0.1:{self._remote_port}:127.0.0.1:{self._local_port}"
             ),
             capture_output=True, timeout=10,
         )  # fmt: skip
-        return (err or "").strip()
-
-
-def _first_line(proc: subprocess.Popen, timeout: float) -> str:
-    """The first line ``proc`` writes to stdout ("" if it exits or ``timeout`` passes)."""
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout):
-            return ""
-    return proc.stdout.readline().strip()
+        return err
 
 
 def main(bind_ip: str, port: int) -> None:
