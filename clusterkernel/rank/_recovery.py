@@ -202,17 +202,13 @@ def _shrink_and_grow(spawned: list[int]) -> list[int]:
     """The live ranks of this world, as every one of them agrees, and the dead ones spawned
     again into it (``rank._respawn.grow``; added to ``spawned``); returns the dead ranks.
     With none dead the world (revoked by the recovery) is made again of the same ranks."""
-    from mpi4py import MPI
 
     from clusterkernel.rank._respawn import _group_keys, grow
     from clusterkernel.rank._world import replace
 
     assert _recipe is not None
     old = world()
-    shrunk = old.Shrink()  # who is alive, as every survivor agrees
-    alive = MPI.Group.Translate_ranks(
-        shrunk.Get_group(), list(range(shrunk.Get_size())), old.Get_group()
-    )
+    shrunk, alive = _shrunk(old)  # who is alive, as every survivor agrees
     dead = sorted(set(range(old.Get_size())) - set(alive))
     if not dead:
         replace(shrunk, shrunk.bcast(_group_keys() if shrunk.Get_rank() == 0 else None))
@@ -246,15 +242,21 @@ class _NotJoined(ClusterkernelError, RuntimeError):
         self.joining, self.lost = joining, lost
 
 
-def _lost(old, alive: list[int]) -> list[int]:
-    """The ranks of ``alive`` that have died since (a new shrink of ``old``: collective
-    over the survivors, and every one of them learns the same)."""
+def _shrunk(old) -> tuple:
+    """``(old`` shrunk to its live ranks, those ranks as ``old`` numbers them): collective
+    over the survivors, and every one of them learns the same."""
     from mpi4py import MPI
 
     shrunk = old.Shrink()
-    now = MPI.Group.Translate_ranks(
+    alive = MPI.Group.Translate_ranks(
         shrunk.Get_group(), list(range(shrunk.Get_size())), old.Get_group()
     )
+    return shrunk, alive
+
+
+def _lost(old, alive: list[int]) -> list[int]:
+    """The ranks of ``alive`` that have died since (a new shrink of ``old``)."""
+    shrunk, now = _shrunk(old)
     shrunk.Free()
     return sorted(set(alive) - set(now))
 
