@@ -31,6 +31,8 @@ import os
 import sys
 import time
 
+from clusterkernel.torchdist import _import_hooks
+
 MODULE = "torch.nn.parallel.distributed"
 _NAN = float("nan")
 
@@ -155,10 +157,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run(module)
-            try:
-                sys.meta_path.remove(self)
-            except ValueError:
-                pass
+            _import_hooks.remove(self)
             _patch(module)
 
         loader.exec_module = exec_module
@@ -184,4 +183,4 @@ def watch() -> None:
     if module is not None:
         _patch(module)
     else:
-        sys.meta_path.insert(0, _PatchOnImport())
+        _import_hooks.add(_PatchOnImport())

@@ -33,6 +33,8 @@ import socket
 import sys
 import threading
 
+from clusterkernel.torchdist import _import_hooks
+
 _C10D = "torch.distributed.distributed_c10d"
 _HELPER = "_new_process_group_helper"
 
@@ -80,7 +82,7 @@ class _OnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name != _C10D:
             return None
-        sys.meta_path.remove(self)  # once: the finders after it find the module
+        _import_hooks.remove(self)  # once: the finders after it find the module
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
@@ -105,7 +107,7 @@ def track() -> None:
     if "torch.distributed" in sys.modules or _C10D in sys.modules:
         _wrap(importlib.import_module(_C10D))
     elif not any(isinstance(f, _OnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _OnImport())
+        _import_hooks.add(_OnImport())
 
 
 def cut() -> int:
