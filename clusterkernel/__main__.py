@@ -36,7 +36,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "copy the teaching notebooks into a folder",
     ),
     "list": (
-        "clusterkernel.client.cluster._kept_records",
+        "clusterkernel.client.cluster._kept_list",
         "your kept clusters (%mpi start --keep): %mpi attach",
     ),
 }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from clusterkernel.client.cluster._status import unfinished
 from clusterkernel.client.output import RankOutput, Renderer, default_renderer
 
 if TYPE_CHECKING:
@@ -42,10 +43,12 @@ def busy_ranks(cluster: Cluster) -> list[int]:
 
 def running(cluster: Cluster) -> dict[int, str]:
     """``{rank: msg_id}`` of the request each rank has been sent and not finished."""
-    status = cluster.client.queue_status(verbose=True)
+    client = cluster.client
+    status = client.queue_status(verbose=True)
+    ours = client.session.session + "_"
     out = {}
     for rank, engine in cluster.engine_of.items():
-        queue = (status.get(engine) or {}).get("queue") or []
+        queue = unfinished((status.get(engine) or {}).get("queue") or [], ours, client.outstanding)
         if queue:
             out[rank] = queue[0]  # the oldest: the one running now
     return out

@@ -51,18 +51,6 @@ def listing(login: Login) -> list[dict]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def login_kept_report(login: Login) -> str:
-    """The table of this user's kept clusters on ``login`` (``%mpi list --ssh HOST``), as
-    :func:`_kept_records.kept_report` gives this machine's.
-
-    Example::
-
-        # not run: needs an SSH host
-        print(login_kept_report(login("login", "/opt/venv/bin/python")))
-    """
-    return _kept_records.table(listing(login))
-
-
 class Claim:
     """This session's hold on a kept cluster's record on the login node (see the module):
     :meth:`started` (a start writes the record) or :meth:`attach` (an attach claims it)."""

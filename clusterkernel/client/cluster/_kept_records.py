@@ -373,30 +373,6 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- clusterkernel list
-def add_arguments(parser) -> None:
-    """``clusterkernel list`` takes no options."""
-
-
-def kept_report() -> str:
-    """The table of this user's kept clusters (``%mpi list``, ``clusterkernel list``); a
-    cluster that ended while no one was attached is in it once, and what is left of it
-    is removed. Those on a login node, started from outside the cluster (``%mpi list
-    --ssh HOST``): ``table(_kept_login.listing(login))``.
-
-    Example::
-
-        from clusterkernel.client.cluster import kept_report
-        print(kept_report())    # a line per kept cluster: id, ranks, where, age, stops in, client
-    """
-    records = kept()
-    text = table(records)
-    for record in records:
-        if record.get("ended"):
-            remove_ended(record)
-    return text
-
-
 def set_origin(cluster, origin: str) -> None:
     """Note in a running kept ``cluster``'s record who started it (``origin``: the MPI
     kernel's own name), so that a restarted kernel finds it in :func:`kept` again.
@@ -407,9 +383,3 @@ def set_origin(cluster, origin: str) -> None:
         set_origin(cluster, "kernel-3f2a")   # kept(): its record has origin 'kernel-3f2a'
     """
     update(cluster.run_dir, {"origin": origin})
-
-
-def main(args) -> int:
-    """``clusterkernel list``: the table ``%mpi list`` shows; ended clusters are removed."""
-    print(kept_report())
-    return 0

@@ -72,8 +72,8 @@ class RankStatus:
         return rows
 
 
-def busy_engines(queue: dict, ours: str, outstanding: set[str]) -> set[int]:
-    """Engines with a task still running or queued, from a verbose queue status.
+def unfinished(msg_ids, ours: str, outstanding: set[str]) -> list[str]:
+    """The requests of ``msg_ids`` (from a verbose queue status) still running or queued.
 
     The controller books a task as done some time after its reply has reached
     the client (seconds, on a loaded machine), so for this client's own tasks
@@ -81,11 +81,15 @@ def busy_engines(queue: dict, ours: str, outstanding: set[str]) -> set[int]:
     ``outstanding`` set decides; tasks of other clients count as the
     controller says.
     """
-    busy = set()
-    for eid, q in queue.items():
-        if isinstance(q, dict) and any(
-            m in outstanding or not m.startswith(ours)
-            for m in (*q.get("queue", ()), *q.get("tasks", ()))
-        ):
-            busy.add(eid)
-    return busy
+    return [m for m in msg_ids if m in outstanding or not m.startswith(ours)]
+
+
+def busy_engines(queue: dict, ours: str, outstanding: set[str]) -> set[int]:
+    """Engines with a task still running or queued (:func:`unfinished`), from a verbose
+    queue status."""
+    return {
+        eid
+        for eid, q in queue.items()
+        if isinstance(q, dict)
+        and unfinished((*q.get("queue", ()), *q.get("tasks", ())), ours, outstanding)
+    }

@@ -25,7 +25,6 @@ from clusterkernel.client.cluster import (
     busy_ranks,
     describe_keep,
     kept_report,
-    login_kept_report,
     snapshot_summary,
 )
 from clusterkernel.client.errors import format_ranks, rank_label
@@ -146,9 +145,7 @@ class Subcommands:
     def _sub_list(self, rest: str) -> None:
         args = parse(list_args, rest)
         # as `clusterkernel list`: ended ones are told once, then removed
-        login = login_for(args.ssh, args.remote_python)
-        # on a login node the ended ones are removed there, as kept_report does here
-        print(kept_report() if login is None else login_kept_report(login))
+        print(kept_report(args.ssh, args.remote_python))
 
     def _sub_attach(self, rest: str) -> None:
         args = parse(attach_args, rest)

@@ -1,0 +1,47 @@
+"""What ``%mpi list`` and ``clusterkernel list`` show: this user's kept clusters, on this
+machine or (``ssh``) on a login node outside of which the notebook runs. A cluster that
+ended while no one was attached is in the table once; what is left of it is then removed,
+there."""
+
+from __future__ import annotations
+
+from clusterkernel.client.cluster import _kept_login, _kept_records
+from clusterkernel.client.launch._ssh import login_for
+
+
+def kept_report(ssh: str | None = None, remote_python: str | None = None) -> str:
+    """The table of this user's kept clusters (``%mpi list``, ``clusterkernel list``):
+    one line per cluster: id, ranks, where, age, stops in, client. ``ssh``: those kept on
+    that login node (``%mpi list --ssh HOST``; clusterkernel under ``remote_python``
+    there, default this interpreter's path).
+
+    Example::
+
+        from clusterkernel.client.cluster import kept_report
+        print(kept_report())    # a line per kept cluster: id, ranks, where, age, stops in, client
+    """
+    login = login_for(ssh, remote_python)
+    if login is not None:  # the login node removes its ended ones as it lists them
+        return _kept_records.table(_kept_login.listing(login))
+    records = _kept_records.kept()
+    text = _kept_records.table(records)
+    for record in records:
+        if record.get("ended"):
+            _kept_records.remove_ended(record)
+    return text
+
+
+def add_arguments(parser) -> None:
+    """``clusterkernel list [--ssh HOST] [--remote-python PATH]``."""
+    parser.add_argument("--ssh", metavar="HOST", help="list those kept on this login node")
+    parser.add_argument(
+        "--remote-python",
+        metavar="PATH",
+        help="clusterkernel's Python on HOST (default: this one's path)",
+    )
+
+
+def main(args) -> int:
+    """``clusterkernel list``: the table ``%mpi list`` shows."""
+    print(kept_report(args.ssh, args.remote_python))
+    return 0
