@@ -31,14 +31,13 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _harness import median, mpi_lock  # noqa: E402
-from bench_comm import _fmt_bytes, _iters, _parse_bytes, mpi_launch  # noqa: E402
+from bench_comm import _fmt_bytes, _iters, _parse_bytes, mpi_launch, time_calls  # noqa: E402
 
 WAYS = (
     "np",
@@ -99,15 +98,7 @@ def worker(out_path: str, sizes: list[int], rounds: int) -> None:
             keys = list(ways)
             shift = r % len(keys)
             for k in keys[shift:] + keys[:shift]:
-                fn = ways[k]
-                for _ in range(min(3, iters)):
-                    fn()
-                world.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn()
-                elapsed = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-                times[k].append(elapsed / iters)
+                times[k].append(time_calls(world, ways[k], iters))
         huge = {k: _hugepages.huge_kb(a.ctypes.data) for k, a in bufs.items()}
         huge.update({k: _hugepages.huge_kb(t.data_ptr()) for k, t in tensors.items()})
         state = comm.auto_state()
