@@ -32,6 +32,7 @@ _MARKERS = (
     "ipyparallel.engine",
     "clusterkernel.rank._warm_start",  # the ranks' engine command (it runs ipyparallel's)
     "ipyparallel.controller",
+    "clusterkernel.client.launch._handover",  # the login node's controller, from outside
     "prterun",
     "prted",
     "clusterkernel.client.launch._guard",

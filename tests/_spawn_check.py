@@ -37,6 +37,7 @@ _INFO_ONLY = frozenset({"--version", "-V", "--help", "-h", "-help", "--usage"})
 _IPP = (
     "ipyparallel.engine", "ipyparallel.controller", "ipyparallel.cluster", "ipyparallel.apps",
     "clusterkernel.rank._warm_start",  # the ranks' engine command (it runs ipyparallel's)
+    "clusterkernel.client.launch._handover",  # the login node's controller, from outside
 )  # fmt: skip
 _IPP_SCRIPTS = frozenset({"ipengine", "ipcontroller", "ipcluster"})
 _KERNELS = ("ipykernel_launcher", "clusterkernel.client.kernel", "clusterkernel.kernel")

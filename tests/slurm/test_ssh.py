@@ -1,7 +1,8 @@
 """``%mpi start --ssh login``: a notebook outside the cluster (the login bed's laptop
 namespace, which reaches the cluster by SSH to the login node only) starts ranks on
 the Slurm bed's two nodes, runs cells there, syncs and reloads the user's module on
-both, respawns a dead rank in a fault-tolerant job, and leaves nothing behind.
+both, respawns a dead rank in a fault-tolerant job, survives a network drop that loses
+its SSH connection mid-cell, and leaves nothing behind.
 
 The login bed is ``/work/shared/login/testbed.sh`` (one per module, stopped by the
 module fixture); the Slurm bed is the session's. Each check is a real IPython shell
@@ -64,6 +65,9 @@ def laptop(slurm_testbed):
 
     run.slurm = slurm_testbed  # type: ignore[attr-defined]
     run.home = bed / "home"  # type: ignore[attr-defined]  # the laptop's HOME
+    named = dict(line.split("=", 1) for line in (bed / "env.sh").read_text().split()[1:])
+    run.netns = named["CK_LOGIN_NS"]  # type: ignore[attr-defined]  # the laptop's
+    run.login_addr = named["CK_LOGIN_ADDR"]  # type: ignore[attr-defined]
     yield run
     stop()
 
@@ -312,6 +316,72 @@ time.sleep(600)
         time.sleep(0.5)
     while _relays():  # its ssh's stdin closed with the kernel: the relay leaves
         time.sleep(0.2)
+
+
+def _cut(laptop) -> int:
+    """Kill the laptop's master connections to the login node (ssh's ``[mux]``
+    processes in its namespace): the connection is lost, as ssh gives it up after
+    ``ServerAliveCountMax`` unanswered probes or the laptop's address changes. How many."""
+    ids = subprocess.run(["ip", "netns", "pids", laptop.netns], capture_output=True, text=True)
+    cut = 0
+    for pid in map(int, ids.stdout.split()):
+        try:
+            if "[mux]" in " ".join(psutil.Process(pid).cmdline()):
+                os.kill(pid, signal.SIGKILL)
+                cut += 1
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return cut
+
+
+def _firewall(laptop, action: str) -> None:
+    """Drop (``-I``) or let through again (``-D``) every packet between the laptop and
+    the login node, in the laptop namespace's firewall: its network is cut, its TCP
+    connections stall (nothing tells either end they are gone)."""
+    for chain, way in (("OUTPUT", "-d"), ("INPUT", "-s")):
+        rule = [chain, "1"] if action == "-I" else [chain]
+        subprocess.run(
+            ["ip", "netns", "exec", laptop.netns, "iptables", action, *rule,
+             way, laptop.login_addr, "-j", "DROP"],
+            check=True,
+        )  # fmt: skip
+
+
+def test_a_network_drop_mid_cell_loses_the_connection_and_the_cell_completes(laptop):
+    """The laptop's network is cut for 12 s while a cell runs on both nodes, and its SSH
+    connection is lost in it (shorter than the guard's bound, ``$CLUSTERKERNEL_SSH_GRACE``):
+    the connection, its forwards and the guard are made again; rank 0's output resumes
+    and its reply comes; rank 1, which ended while the network was cut, has its reply
+    and its output read from the controller's record; the next cell runs and stop
+    leaves no job."""
+    proc = laptop(
+        _SHELL
+        + """
+ip.run_line_magic("mpi", "start -n 2 --slurm --nodes 2 --ssh login")
+print("JOB", ip.user_ns["cluster"].job_id, flush=True)
+ip.run_cell_magic("mpi", "", "import time, socket\\nfrom clusterkernel import comm\\nfor i in range(50 if comm.rank() == 0 else 8):\\n    print('tick', i, 'on', socket.gethostname(), flush=True)\\n    time.sleep(0.5)")
+print("CELL DONE", flush=True)
+ip.run_cell_magic("mpi", "", "print('next', comm.rank())")
+ip.run_line_magic("mpi", "stop")
+print("STOPPED", flush=True)
+"""
+    )
+    out = _output_until(proc, "[rank 1] tick 2 ")
+    assert "[rank 1] tick 2 on node2" in out, out
+    _firewall(laptop, "-I")
+    try:
+        time.sleep(2)
+        assert _cut(laptop) >= 1, out
+        time.sleep(10)
+    finally:
+        _firewall(laptop, "-D")
+    out += _output_until(proc, "STOPPED")
+    assert proc.wait(timeout=60) == 0, out
+    assert "[rank 0] tick 49 on node1" in out and "[rank 1] tick 7 on node2" in out, out
+    assert "CELL DONE" in out, out
+    assert "[rank 0] next 0" in out and "[rank 1] next 1" in out, out
+    job = out.split("JOB ", 1)[1].split()[0]
+    assert job not in laptop.slurm.jobs(), out
 
 
 def test_bad_hosts_are_refused_clearly_and_start_nothing(laptop):

@@ -31,12 +31,14 @@ import psutil
 from clusterkernel.client._pids import CLUSTER_MARK, marked
 from clusterkernel.client.cluster import _ipp
 from clusterkernel.client.cluster._kept_login import local_copy
+from clusterkernel.client.cluster._lost_replies import recover
 from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.launch import Launcher
 from clusterkernel.client.launch._engine_wait import wait_for_engines
 from clusterkernel.client.launch._guard import Guard, remote_cluster_file
 from clusterkernel.client.launch._login_controller import LoginControllerLauncher
 from clusterkernel.client.launch._run_dir import make_run_dir, private_cluster_file, remove_run_dir
+from clusterkernel.client.launch._ssh import stable_context
 from clusterkernel.protocol import _shm_names, _targets
 from clusterkernel.protocol._rank_call import rank_call
 
@@ -146,7 +148,10 @@ class Engines:
             self.ipp.start_engines_sync(n)
             self.ipp.update_cluster_file()  # now with the job id, for the guard
             if guard and login is not None:  # it runs there, told the job by its file
-                self.guard = Guard(self.ipp.cluster_file, self.run_dir, keep, login=login)
+                self.guard = Guard(
+                    self.ipp.cluster_file, self.run_dir, keep, login=login,
+                    on_back=lambda: self.client is not None and recover(self.client),
+                )  # fmt: skip
             self._wait_for_new_engines(old_pids=set(), progress=say if progress else None)
         except BaseException:
             self.teardown()
@@ -389,7 +394,7 @@ def _tunnelled(cluster: ipp.Cluster, login) -> ipp.Client:
         info = login.forwarded(json.load(f))
     return ipp.Client(
         info, cluster=cluster, profile_dir=cluster.profile_dir,
-        cluster_id=cluster.cluster_id, timeout=30,
+        cluster_id=cluster.cluster_id, timeout=30, context=stable_context(),
     )  # fmt: skip
 
 

@@ -37,7 +37,7 @@ from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.launch._engine_set import base_config, engine_cmd, process_ended, tail
 from clusterkernel.client.launch._login_controller import LoginControllerLauncher
 from clusterkernel.client.launch._registry import register
-from clusterkernel.client.launch._ssh import Login, login, login_for
+from clusterkernel.client.launch._ssh import Login, LoginError, login, login_for
 from clusterkernel.client.mpiexec import QUIET_OSC, MPIRuntime
 from clusterkernel.client.scheduler import BatchSystem, SchedulerError
 from clusterkernel.protocol._net import route_source
@@ -299,6 +299,8 @@ class BatchLauncher:
         # scp runs the ssh of PATH (the user's, as every other command here), not its own
         ctl.scp_cmd = ["scp", "-S", shutil.which("ssh") or "ssh", *ssh[1:-1]]
         ctl.remote_python = login.python
+        # its client sockets hand a reconnected client's routing id over (see the module)
+        ctl.controller_cmd = [login.python, "-m", "clusterkernel.client.launch._handover"]
         ctl.remote_profile_dir = remote
         ctl.controller_args = list(cfg.LocalControllerLauncher.controller_args)
 
@@ -311,9 +313,25 @@ class BatchLauncher:
             return None
         now = time.monotonic()
         if self._state is None or job != self.job_id or now - self._state_at > _POLL:
+            if self._reconnecting(job):
+                return self._state  # unknown while the guard makes the connection again
+            try:
+                state = self.system.state(job) or ("GONE", "")
+            except LoginError:
+                if not self._reconnecting(job):
+                    raise
+                return self._state
             self.job_id = job
-            self._state, self._state_at = self.system.state(job) or ("GONE", ""), now
+            self._state, self._state_at = state, now
         return self._state
+
+    def _reconnecting(self, job: str) -> bool:
+        """Whether the connection to the login node is lost and being made again (the
+        job's state is the last one read, not an end)."""
+        return (
+            self.login is not None and self.login.lost
+            and self._state is not None and job == self.job_id
+        )  # fmt: skip
 
     def waiting(self, engine_set) -> str | None:
         state = None if self.step else self._job_state(engine_set)

@@ -20,6 +20,14 @@ not stopped then: the guard becomes its keeper. It stops the cluster once no cli
 has been attached for the keep time, leaves at once when a client stopped it (the
 cluster file is gone), and when the ranks or the controller die with no one there
 it stops what is left and keeps only the record, saying why, for ``%mpi list``.
+
+From outside the cluster the guard runs on the login node, over the notebook's SSH
+master connection, and the notebook writes it an ``alive`` line every few seconds. A
+connection lost (no line for ``_SILENT`` s, or the ssh session gone) is not a dead
+notebook yet: the guard waits ``$CLUSTERKERNEL_SSH_GRACE`` s (:func:`grace_s`) for the
+notebook to come back, which makes the connection, its forwards and a new guard again
+(the old one leaves), or for its lines to resume (a network drop TCP outlived); then it
+stops the cluster as above.
 """
 
 from __future__ import annotations
@@ -27,10 +35,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -43,6 +54,14 @@ _GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 _POLL = 1.0  # seconds between a keeper's looks at the cluster and its client
 _ENDED_FOR = 5.0  # seconds a kept cluster must look ended before the keeper says it is
 _OUTSIDE = "outside"  # main's mark: run on the login node by a notebook outside the cluster
+# From outside: how long the guard on the login node waits, once its connection to the
+# notebook is lost, for the notebook to make it again before it cancels the job
+GRACE_ENV = "CLUSTERKERNEL_SSH_GRACE"
+_GRACE_DEFAULT = 60.0
+_BEAT = 5.0  # seconds between the notebook's "alive" lines to a guard on the login node
+_SILENT = 30.0  # seconds without one after which that guard takes the connection as lost
+_LOOK = 0.5  # seconds between the notebook's looks at its guard's ssh
+_SUCCESSOR = "guard.pid"  # in the run directory there: the guard that watches it now
 
 
 class Guard:
@@ -60,21 +79,35 @@ class Guard:
     """
 
     def __init__(
-        self, cluster_file: str, run_dir: str, keep: float | None = None, login: Any = None
-    ) -> None:
+        self, cluster_file: str, run_dir: str, keep: float | None = None, login: Any = None,
+        on_back: Callable[[], object] | None = None,
+    ) -> None:  # fmt: skip
         # keep: seconds (inf: until stopped) the guard keeps the cluster once we are gone
         # login: the cluster's login node (launch._ssh.Login) from outside: the guard runs
         # there, the cluster file copied to the cluster's directory there; ssh carries our
         # pipe's EOF to it, and sshd gives it one when the connection is lost
+        # on_back: from outside, called (in a thread of its own) once a lost connection
+        # was made again
+        self._login, self._grace, self._on_back = login, grace_s(), on_back
         if login is not None:
             cluster_file = remote_cluster_file(login, cluster_file, run_dir)
             run_dir = login.home_path(run_dir)
         args = [cluster_file, run_dir, repr(float(keep)) if keep is not None else ""]
         command = [sys.executable, "-m", "clusterkernel.client.launch._guard", *args]
-        if login is not None:  # it leaves its ssh session when it becomes a keeper
-            command = login.argv(login.python, *command[1:], _OUTSIDE, shared=False)
-        self._proc = subprocess.Popen(
-            command,
+        if login is not None:  # it waits out a lost connection; it leaves ssh to keep
+            # over the master connection: its loss (the forwards' too) ends this ssh,
+            # which _watch sees
+            command = login.argv(login.python, *command[1:], _OUTSIDE, repr(self._grace))
+        self._command = command
+        self._lock = threading.Lock()  # the guard's process, replaced after a lost connection
+        self._done = threading.Event()
+        self._proc = self._started()
+        if login is not None:
+            threading.Thread(target=self._watch, daemon=True, name="clusterkernel-guard").start()
+
+    def _started(self) -> subprocess.Popen:
+        return subprocess.Popen(
+            self._command,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -87,25 +120,95 @@ class Guard:
 
     def release(self) -> None:
         """Tell the guard we stopped the cluster ourselves, and wait for it to go."""
-        self._say(b"stopped\n")
+        proc = self._say(b"stopped\n")
         try:
-            self._proc.wait(timeout=10)
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
+            proc.kill()
 
     def detach(self) -> None:
         """Leave a kept cluster to the guard (it keeps it, see :func:`keep`)."""
         self._say(b"detached\n")
 
-    def _say(self, line: bytes) -> None:
-        stdin = self._proc.stdin  # a pipe: Popen was given stdin=PIPE
-        if stdin is None:
-            return
+    def _say(self, line: bytes) -> subprocess.Popen:
+        """Our last word to the guard (no more watching); its process."""
+        self._done.set()
+        with self._lock:
+            proc = self._proc
+        stdin = proc.stdin  # a pipe: Popen was given stdin=PIPE
+        if stdin is not None:
+            try:
+                stdin.write(line)
+                stdin.close()
+            except OSError:
+                pass
+        return proc
+
+    def _watch(self) -> None:
+        """From outside: tell the guard on the login node we live, and where its ssh ended
+        (the connection was lost), make the connection, the forwards and the guard again
+        while that guard waits for us (:func:`_listen_outside`)."""
+        beat = 0.0
+        while not self._done.wait(_LOOK):
+            with self._lock:
+                if self._done.is_set():
+                    return
+                if self._proc.poll() is None:
+                    beat += _LOOK
+                    if beat >= _BEAT:
+                        beat = 0.0
+                        _write(self._proc, b"alive\n")
+                    continue
+            self._reconnect()
+
+    def _reconnect(self) -> None:
+        from clusterkernel.client.launch._ssh import LoginError
+
+        deadline = time.monotonic() + self._grace
+        self._login.lost = True
         try:
-            stdin.write(line)
-            stdin.close()
-        except OSError:
-            pass
+            while not self._done.is_set() and time.monotonic() < deadline:
+                try:
+                    self._login.reconnect()
+                except (LoginError, subprocess.TimeoutExpired):
+                    self._done.wait(1.0)
+                    continue
+                with self._lock:
+                    if not self._done.is_set():
+                        self._proc = self._started()
+                if self._on_back is not None:
+                    threading.Thread(target=self._on_back, daemon=True).start()
+                return
+            self._done.set()  # too late: the guard there has cancelled the job
+        finally:
+            self._login.lost = False
+
+
+def _write(proc: subprocess.Popen, line: bytes) -> None:
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(line)
+        proc.stdin.flush()
+    except OSError:  # its ssh has ended: the next look makes it again
+        pass
+
+
+def grace_s() -> float:
+    """Seconds a guard on the login node waits for a lost connection to be made again
+    (``$CLUSTERKERNEL_SSH_GRACE``, default 60).
+
+    Example::
+
+        grace_s()      # 60.0
+    """
+    text = os.environ.get(GRACE_ENV, "")
+    try:
+        value = float(text) if text else _GRACE_DEFAULT
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"${GRACE_ENV} takes seconds (e.g. 60), got {text!r}.")
+    return value
 
 
 def remote_cluster_file(login: Any, cluster_file: str, run_dir: str) -> str:
@@ -203,6 +306,8 @@ def keep(cluster_file: str, run_dir: str, keep_s: float) -> bool:
     while True:
         if not os.path.exists(cluster_file):  # a client stopped it
             return False
+        if _successor(run_dir):  # its notebook made its connection again: a new guard
+            return False
         try:
             ended = why_ended(cluster_file)
         except (OSError, ValueError):  # gone or half-written: look again after a pause
@@ -271,13 +376,91 @@ def _leave_session() -> None:
     os.setsid()
 
 
-def main(cluster_file: str, run_dir: str | None = None, keep_s: str = "", where: str = "") -> int:
-    last = b""
-    for line in sys.stdin.buffer:
-        last = line.strip()
+def _successor(run_dir: str) -> bool:
+    """Whether another guard, alive, watches the cluster now (the notebook made its lost
+    connection again and started it)."""
+    try:
+        with open(os.path.join(run_dir, _SUCCESSOR)) as f:
+            pid = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    return pid != os.getpid() and pid_alive(pid)
+
+
+def _register(run_dir: str) -> None:
+    """This guard watches the cluster now (a guard before it leaves: :func:`_successor`)."""
+    path = os.path.join(run_dir, _SUCCESSOR)
+    with open(path + ".new", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".new", path)
+
+
+def _listen_outside(cluster_file: str, run_dir: str, grace_s: float) -> tuple[bytes, bool]:
+    """From outside: read the notebook's lines until they end; ``(its last word, whether
+    it came back)``. Its connection is lost when no line came for ``_SILENT`` s or stdin
+    ended with the ssh session (a notebook that ends or closes its pipe leaves the
+    session open); then for ``grace_s`` it comes back by a new guard (it made its
+    connection again), by a stop (the cluster file gone) or by lines on this one again
+    (the network came back before ssh gave the connection up)."""
+    last, buf, reading = b"", b"", True
+    lost_at: float | None = None
+    while True:
+        if lost_at is not None:
+            if _successor(run_dir) or not os.path.exists(cluster_file):
+                return last, True
+            if time.monotonic() - lost_at >= grace_s:
+                return last, False
+        wait = _SILENT if lost_at is None else _LOOK
+        ready, _, _ = select.select([0] if reading else [], [], [], wait)
+        if not ready:
+            if lost_at is None:
+                lost_at = time.monotonic()
+            continue
+        chunk = os.read(0, 4096)
+        if not chunk:
+            reading = False
+            if lost_at is None and (last or _session_open()):
+                return last, False  # its last word, or the notebook ended
+            lost_at = time.monotonic() if lost_at is None else lost_at
+            continue
+        lost_at = None
+        *lines, buf = (buf + chunk).split(b"\n")
+        for line in (x.strip() for x in lines):
+            if line and line != b"alive":
+                last = line
+
+
+def _session_open() -> bool:
+    """Whether our ssh session still carries our output: sshd closes both ends of a
+    session whose connection ended, within moments."""
+    for _ in range(5):
+        time.sleep(0.2)
+        try:
+            os.write(1, b"\n")
+        except OSError:
+            return False
+    return True
+
+
+def main(
+    cluster_file: str, run_dir: str | None = None, keep_s: str = "", where: str = "",
+    grace: str = "",
+) -> int:  # fmt: skip
+    outside = where == _OUTSIDE and run_dir is not None
+    if outside:
+        assert run_dir is not None
+        _register(run_dir)
+        # a kept cluster needs no grace: its keeper waits for a client anyway
+        last, back = _listen_outside(cluster_file, run_dir, 0.0 if keep_s else float(grace or 0))
+        if back:
+            return 0
+    else:
+        last = b""
+        for line in sys.stdin.buffer:
+            last = line.strip()
     if last == b"stopped":
         return 0
-    if keep_s and run_dir and where == _OUTSIDE:
+    if keep_s and run_dir and outside:
         _leave_session()
     if keep_s and run_dir and not keep(cluster_file, run_dir, float(keep_s)):
         if not os.path.exists(cluster_file) and not (_kept_records.read(run_dir) or {}).get(
@@ -290,4 +473,4 @@ def main(cluster_file: str, run_dir: str | None = None, keep_s: str = "", where:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:5]))
+    sys.exit(main(*sys.argv[1:6]))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import time
 
 from ipyparallel.cluster.launcher import SSHControllerLauncher
 
@@ -27,6 +28,7 @@ from clusterkernel.client.errors import ClusterError
 
 _FILES_WITHIN = 30.0  # seconds the controller may take to write its connection files
 _LOOK_EVERY = 0.05  # seconds between looks for them on the login node
+_LOOK_AGAIN = 5.0  # seconds before the controller is looked at again after a lost connection
 
 
 class LoginControllerLauncher(SSHControllerLauncher):
@@ -47,6 +49,16 @@ class LoginControllerLauncher(SSHControllerLauncher):
         self.notify_start({"host": self.location, "pid": self.pid})
         self._start_waiting()
         self.fetch_files()
+
+    def wait_one(self, timeout):
+        """ipyparallel's look at the controller (an ssh over the master connection), which
+        a lost connection ends: looked at again, once the guard made it again (an error
+        would end ipyparallel's watch, with a traceback in the notebook)."""
+        try:
+            return super().wait_one(timeout)
+        except (subprocess.CalledProcessError, RuntimeError):
+            time.sleep(_LOOK_AGAIN)
+            raise TimeoutError("the connection to the login node was lost") from None
 
     def fetch_files(self):
         """The connection files, once the controller wrote them all, by scp."""

@@ -8,7 +8,9 @@ cluster (``ControlMaster``, its socket in a private directory of this machine) m
 the repeated commands cheap. Nothing listens on this machine but its loopback: the
 notebook reaches the controller through forwards of that connection (``ssh -O forward``,
 the controller's ports on 127.0.0.1 here, as ipyparallel's own SSH tunnels would make
-them one by one), and ipyparallel's client connects to those.
+them one by one), and ipyparallel's client connects to those. A master connection that
+was lost is made again with the same forwards (:meth:`Login.reconnect`, by the guard),
+and the client's sockets keep their routing ids across it (:func:`stable_context`).
 
 Example::
 
@@ -23,12 +25,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+
+import zmq
 
 from clusterkernel.client.errors import ClusterError
 
@@ -57,6 +63,10 @@ class Login:
             raise ValueError(f"ssh= {host!r}: give an SSH host, e.g. 'login' or 'me@cluster'.")
         self.host, self.python = host, python
         self._control_dir: str | None = None
+        self._forwards: list[str] = []  # the master connection's -L forwards, made again
+        self._forwarded_by: int | None = None  # the pid of the master that holds them
+        # set while a lost connection is being made again (Guard): commands fail meanwhile
+        self.lost = False
 
     def ssh(self, *options: str, shared: bool = True) -> list[str]:
         """The ``ssh`` command line up to the host (its options first); ``shared``: over
@@ -104,6 +114,8 @@ class Login:
                 f"({done.stderr.strip() or 'no answer'}); the server must allow TCP "
                 "forwarding (AllowTcpForwarding)."
             )
+        self._forwards += forwards
+        self._forwarded_by = self._master_pid()
         # no location, no ssh: ipyparallel then connects where it is told, here
         return {
             **info, **dict(zip(_CLIENT_PORTS, ports)),
@@ -236,14 +248,80 @@ class Login:
         home = os.path.expanduser("~").rstrip("/") + "/"
         return path[len(home) :] if path.startswith(home) else path.lstrip("/")
 
+    def reconnect(self) -> None:
+        """Make the master connection again if it was lost, with the controller's forwards
+        on the same ports here (the client's sockets connect to them again by
+        themselves); a :class:`LoginError` while the host cannot be reached. Any ssh
+        command may have made the new master meanwhile (``ControlMaster=auto``): the
+        forwards go to whichever master runs now, unless it already holds them."""
+        self.run("true", timeout=30)
+        master = self._master_pid()
+        if not self._forwards or master == self._forwarded_by:
+            return
+        done = subprocess.run(
+            self.ssh("-O", "forward", *self._forwards),
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise LoginError(
+                f"ssh {self.host}: the controller's ports could not be forwarded again "
+                f"({done.stderr.strip() or 'no answer'})."
+            )
+        self._forwarded_by = master
+
+    def _master_pid(self) -> int | None:
+        """The pid of the master connection running now (None: none)."""
+        done = subprocess.run(
+            self.ssh("-O", "check"), capture_output=True, text=True, timeout=10
+        )  # fmt: skip
+        found = re.search(r"pid=(\d+)", done.stderr)
+        return int(found.group(1)) if done.returncode == 0 and found else None
+
     def close(self) -> None:
         """End the master connection (its socket goes with it)."""
+        self._forwards, self._forwarded_by = [], None
         if self._control_dir is None:
             return
         subprocess.run(
             [*self.ssh("-O", "exit")], capture_output=True, timeout=10
         )  # fmt: skip
         self._control_dir = None
+
+
+class StableContext(zmq.Context):
+    """A zmq context whose DEALER sockets have a routing id of their own, kept when their
+    connection is made again: a client of a controller reached through forwards that a
+    lost connection ended gets the replies to what it sent before (the controller's
+    ROUTER routes them by that id; a reconnected socket would otherwise get a new one).
+    The controller must hand an id over to its newest connection
+    (:mod:`~clusterkernel.client.launch._handover`). One per process: :func:`stable_context`.
+
+    Example::
+
+        # not run: needs a controller
+        ipp.Client(info, context=stable_context())
+    """
+
+    def socket(self, socket_type, **kwargs):
+        sock = super().socket(socket_type, **kwargs)
+        if socket_type == zmq.DEALER:
+            sock.setsockopt(zmq.ROUTING_ID, b"ck-" + secrets.token_bytes(12))
+        return sock
+
+
+_STABLE: list[StableContext] = []
+
+
+def stable_context() -> StableContext:
+    """This process's one :class:`StableContext` (its IO thread shared by every client).
+
+    Example::
+
+        stable_context() is stable_context()      # True
+    """
+    if not _STABLE:
+        _STABLE.append(StableContext())
+    return _STABLE[0]
 
 
 # the controller's ports an ipyparallel client connects to (its connection file's keys)
