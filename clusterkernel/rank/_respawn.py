@@ -282,12 +282,35 @@ def main(argv: list[str]) -> None:
             comm = comm.Spawn(sys.executable, None, 1, MPI.INFO_NULL, 0).Merge(high=False)
         comm = comm.Split(0, rank)
     with timed("keys"):
-        replace(comm, comm.bcast(None, root=root))
+        _take_world(comm, root)
     if program[1:2] != ["-m"] or len(program) < 3:
         raise SystemExit(f"clusterkernel.rank._respawn: cannot run {program!r}")
     module = program[2]
     sys.argv = [module, *program[3:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _take_world(comm, root: int) -> None:
+    """A new rank's side of ``grow``'s last step: ``comm`` (the N ranks) becomes its world
+    and comm's groups are made again in it, as on the survivors.
+
+    A rank that dies meanwhile fails these collectives here as on the survivors (a new
+    rank that must import comm first, to make a live comm group again, reaches them
+    late). The survivors keep the grown world and their recovery goes on in a next round
+    over it (``rank._recovery``): this process keeps that world too and takes part in
+    the round through its engine. Raising here ended it with an error in the middle of
+    the recovery; in the run that showed it, a survivor ended at the same time and Open
+    MPI never reported that end, so the next round's shrink waited for it for ever."""
+    from mpi4py import MPI
+
+    try:
+        replace(comm, comm.bcast(None, root=root))
+    except MPI.Exception as e:
+        from clusterkernel.comm._errors import is_failure
+
+        if not is_failure(e):
+            raise
+        set_world(comm)
 
 
 def _started() -> float:
