@@ -39,6 +39,10 @@ import zmq
 from clusterkernel.client.errors import ClusterError
 
 _CONNECT_TIMEOUT = 10  # seconds: an unknown or silent host fails in this time, not TCP's
+# Where the user's ssh config sets no keepalive: a connection that answers none of 3
+# probes 10 s apart is taken as dead, within the login node's own bound for a silent
+# notebook (``_guard``: 30 s, then its grace), so the notebook makes it again in time.
+_ALIVE = ("-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3")
 # what `ipython profile create` makes (its config files all comments: empty is the same)
 _PROFILE_DIRS = ("log", "pid", "security", "startup")
 _PROFILE_FILES = ("ipython_config.py", "ipython_kernel_config.py")
@@ -65,6 +69,7 @@ class Login:
         self._control_dir: str | None = None
         self._forwards: list[str] = []  # the master connection's -L forwards, made again
         self._forwarded_by: int | None = None  # the pid of the master that holds them
+        self._alive: tuple[str, ...] | None = None  # _ALIVE, or () where the user set theirs
         # set while a lost connection is being made again (Guard): commands fail meanwhile
         self.lost = False
 
@@ -80,9 +85,11 @@ class Login:
              "-o", f"ControlPath={self._control_dir}/%C"]
             if shared else ["-o", "ControlPath=none"]
         )  # fmt: skip
+        if self._alive is None:
+            self._alive = () if sets_keepalive(self.host) else _ALIVE
         return [
             "ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={_CONNECT_TIMEOUT}",
-            *control, *options, self.host,
+            *self._alive, *control, *options, self.host,
         ]  # fmt: skip
 
     def argv(self, *command: str, shared: bool = True) -> list[str]:
@@ -360,6 +367,30 @@ def login(host: str, python: str) -> Login:
     if key not in _LOGINS:
         _LOGINS[key] = Login(host, python)
     return _LOGINS[key]
+
+
+def sets_keepalive(host: str) -> bool:
+    """Whether the user's ssh configuration gives ``host`` a keepalive of its own
+    (``ServerAliveInterval``, read with ``ssh -G``, which connects nowhere). Without
+    one, a laptop that slept or changed network learns that its connection is dead
+    only from TCP, many minutes on, when the login node has given its job up: so
+    :meth:`Login.ssh` adds one, and leaves the user's where there is one.
+
+    Example::
+
+        sets_keepalive("login")   # False: no ServerAliveInterval in ~/.ssh/config
+    """
+    try:
+        out = subprocess.run(
+            ["ssh", "-G", host], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False  # the connection itself then says what is wrong with the host
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "serveraliveinterval":
+            return value.strip() != "0"
+    return False
 
 
 def login_for(ssh: str | Login | None, remote_python: str | None = None) -> Login | None:
