@@ -294,17 +294,20 @@ def _take_world(comm, root: int) -> None:
     """A new rank's side of ``grow``'s last step: ``comm`` (the N ranks) becomes its world
     and comm's groups are made again in it, as on the survivors.
 
-    A rank that dies meanwhile fails these collectives here as on the survivors (a new
-    rank that must import comm first, to make a live comm group again, reaches them
+    The root sends the group keys only once the survivors have agreed on this world: a
+    rank that dies after that fails the groups' collectives here as on the survivors (a
+    new rank that must import comm first, to make a live comm group again, reaches them
     late). The survivors keep the grown world and their recovery goes on in a next round
     over it (``rank._recovery``): this process keeps that world too and takes part in
     the round through its engine. Raising here ended it with an error in the middle of
     the recovery; in the run that showed it, a survivor ended at the same time and Open
-    MPI never reported that end, so the next round's shrink waited for it for ever."""
+    MPI never reported that end, so the next round's shrink waited for it for ever. (A
+    spawn the survivors gave up never sends the keys: that process fails or waits here.)"""
     from mpi4py import MPI
 
+    keys = comm.bcast(None, root=root)
     try:
-        replace(comm, comm.bcast(None, root=root))
+        replace(comm, keys)
     except MPI.Exception as e:
         from clusterkernel.comm._errors import is_failure
 
