@@ -95,3 +95,12 @@ def wait_no_cluster_processes(timeout: float) -> list[psutil.Process]:
         time.sleep(0.25)
         left = cluster_processes()
     return left
+
+
+def wait_dead(cluster, ranks: list[int], timeout: float = 30) -> None:
+    """Wait until ``cluster`` knows that each of ``ranks`` died (its ``dead``)."""
+    deadline = time.monotonic() + timeout
+    while set(ranks) - set(cluster.dead) and time.monotonic() < deadline:
+        cluster.live_ranks  # noqa: B018 (reads the controller's news of dead engines)
+        time.sleep(0.1)
+    assert set(ranks) <= set(cluster.dead), cluster.dead

@@ -309,8 +309,15 @@ def _take_world(comm, root: int) -> None:
     keys = comm.bcast(None, root=root)
     try:
         replace(comm, keys)
-    except MPI.Exception:  # a death's error class varies here (PROC_FAILED, ERR_OTHER)
+    except MPI.Exception as e:  # a death's error class varies here (PROC_FAILED, ERR_OTHER)
         set_world(comm)  # the survivors' round fails the same collective: they tell it
+        # and the job's log keeps this rank's side of it (its engine has not started)
+        print(
+            f"clusterkernel: new rank {comm.Get_rank()}: re-making comm's groups failed "
+            f"({e}); it takes part in the recovery's next round",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _started() -> float:

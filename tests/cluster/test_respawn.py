@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from clusterkernel import Cluster, ClusterError, RankError
-from tests._procs import wait_no_cluster_processes
+from tests._procs import wait_dead, wait_no_cluster_processes
 from tests.cluster.test_out_of_memory import _memory_cgroup
 
 _STATE = """
@@ -108,7 +108,7 @@ def test_start_respawn_as_typed_respawns_after_the_cell_that_saw_a_death(_shared
         assert "Started 2 MPI ranks" in capsys.readouterr().out
         shell.run_cell_magic("mpi", "", "import os, signal\nfrom clusterkernel import comm")
         os.kill(started.rank_info[1]["pid"], signal.SIGKILL)
-        _wait_dead(started, [1])
+        wait_dead(started, [1])
         shell.run_cell_magic("mpi", "", "print('here', comm.rank())")
         said = capsys.readouterr()
         assert "Rank 1 died (killed by SIGKILL)" in said.err, said
@@ -131,14 +131,6 @@ def ft(_shared_holder):
     yield c
     c.stop()
     assert not wait_no_cluster_processes(20)
-
-
-def _wait_dead(cluster: Cluster, ranks: list[int]) -> None:
-    deadline = time.monotonic() + 30
-    while set(ranks) - set(cluster.dead) and time.monotonic() < deadline:
-        cluster.live_ranks  # noqa: B018 (reads the controller's news of dead engines)
-        time.sleep(0.1)
-    assert set(ranks) <= set(cluster.dead), cluster.dead
 
 
 def test_respawn_when_nothing_died_is_a_clear_no_op(ft: Cluster):
@@ -234,7 +226,7 @@ def test_two_deaths_at_once_between_cells_are_told_and_respawned(ft: Cluster, ca
     pids = ft.rank_info
     for r in (1, 3):
         os.kill(pids[r]["pid"], signal.SIGKILL)
-    _wait_dead(ft, [1, 3])
+    wait_dead(ft, [1, 3])
     ft.run("x = 1")  # runs on 0 and 2, and says why
     said = capsys.readouterr().err
     assert "Rank 1,3 died" in said and "%mpi respawn --from 0" in said, said
@@ -274,7 +266,7 @@ def test_a_rank_that_dies_in_the_copy_is_told_and_a_further_respawn_works(ft: Cl
     ft.run(_BOMBS + "fuse = Fuse()", ranks=[1])
     pids = {r: ft.rank_info[r]["pid"] for r in (0, 1, 3)}
     os.kill(ft.rank_info[2]["pid"], signal.SIGKILL)
-    _wait_dead(ft, [2])
+    wait_dead(ft, [2])
     # the new rank 2 dies unpickling rank 0's variables
     with pytest.raises(ClusterError) as info:
         ft.respawn(source=0)
@@ -325,7 +317,7 @@ def test_a_death_while_the_new_rank_joins_is_told_in_bounded_time(ft: Cluster):
     pids = {r: ft.rank_info[r]["pid"] for r in (0, 1)}
     ft.run("import threading\nkept = threading.Lock()", ranks=[0, 1])
     os.kill(ft.rank_info[2]["pid"], signal.SIGKILL)
-    _wait_dead(ft, [2])
+    wait_dead(ft, [2])
     # the new process dies before it joins: MPI_Comm_spawn would wait 600 s for it
     looking = _when_a_joiner_starts(ft, lambda proc: proc.kill())
     t0 = time.monotonic()
@@ -563,7 +555,7 @@ def test_a_rank_comes_back_from_its_own_snapshot_and_a_restart_restores_all(ft: 
     # which goes with the cluster; private to the user
     ft.run("mine = -1")  # changed after the snapshot: the snapshot holds the old value
     os.kill(ft.rank_info[1]["pid"], signal.SIGKILL)
-    _wait_dead(ft, [1])
+    wait_dead(ft, [1])
     report = ft.respawn(from_snapshot=True)
     assert report.ranks == [1] and "from its own last snapshot" in report.summary()
     assert ft.pull("mine") == {0: -1, 1: 10, 2: -1, 3: -1}
@@ -622,7 +614,7 @@ def test_cell_functions_change_the_ranks_globals_after_a_restore_and_a_respawn(f
     assert ft.pull("step") == dict.fromkeys(range(4), 30)
     # across a respawn: rank 2 killed between cells, back with rank 0's variables
     os.kill(ft.rank_info[2]["pid"], signal.SIGKILL)
-    _wait_dead(ft, [2])
+    wait_dead(ft, [2])
     assert ft.respawn(source=0).ranks == [2]
     ft.run(_ADVANCE + _EVERY_WAY + _BOUND)
     assert _each_rank(ft, "bound") == {repr([True] * 7)}
@@ -692,7 +684,7 @@ def test_the_magics_respawn_by_hand_and_after_the_cell_that_saw_a_death(ft: Clus
             shell.run_line_magic("mpi", "snapshot n nothing_here")
         ft.auto_respawn = True  # what %mpi start --respawn sets
         os.kill(ft.rank_info[3]["pid"], signal.SIGKILL)
-        _wait_dead(ft, [3])
+        wait_dead(ft, [3])
         shell.run_cell_magic(
             "mpi", "", "from clusterkernel import comm\nprint('here', comm.rank())"
         )

@@ -14,20 +14,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
 from clusterkernel import Cluster, RankError
-from tests._procs import wait_no_cluster_processes
-
-
-def _wait_dead(cluster: Cluster, ranks: list[int]) -> None:
-    deadline = time.monotonic() + 30
-    while set(ranks) - set(cluster.dead) and time.monotonic() < deadline:
-        cluster.live_ranks  # noqa: B018 (reads the controller's news of dead engines)
-        time.sleep(0.1)
-    assert set(ranks) <= set(cluster.dead), cluster.dead
+from tests._procs import wait_dead, wait_no_cluster_processes
 
 
 def test_a_rank_respawned_with_another_that_exits_with_an_error_leaves_respawns_working(
@@ -37,14 +28,14 @@ def test_a_rank_respawned_with_another_that_exits_with_an_error_leaves_respawns_
     try:
         for r in (1, 2):
             os.kill(c.rank_info[r]["pid"], signal.SIGKILL)
-        _wait_dead(c, [1, 2])
+        wait_dead(c, [1, 2])
         assert c.respawn().ranks == [1, 2]  # both in one respawn
         c.run("from clusterkernel.rank._respawn import phases\n_ = phases()")
         # rank 1 ends with an exit code (what a variable whose pickling calls os._exit does)
         with pytest.raises(RankError) as info:
             c.run("import os\nos._exit(3)", ranks=[1], timeout=60)
         assert [f.ranks for f in info.value.failures if f.kind == "died"] == [[1]]
-        _wait_dead(c, [1])
+        wait_dead(c, [1])
         pid2 = c.rank_info[2]["pid"]
         assert c.respawn(source=0).ranks == [1]  # failed with MPI_ERR_INTERN before
         assert c.rank_info[2]["pid"] == pid2 and not c.dead
