@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 
 from clusterkernel import Cluster, RankError
-from tests._procs import wait_no_cluster_processes
+from tests._procs import wait_dead, wait_no_cluster_processes
 from tests._tiny_model import TINY
-from tests.cluster.test_respawn import _stop_shared, _wait_dead
+from tests.cluster.test_respawn import _stop_shared
 
 _SETUP = (
     """
@@ -99,7 +99,7 @@ def test_fsdp2_and_ddp_models_train_on_after_a_holder_is_respawned(ft: Cluster, 
     with pytest.raises(RankError) as info:
         ft.run(_FSDP_LOOP, timeout=120)
     assert [f.ranks for f in info.value.failures if f.kind == "died"] == [[0]]
-    _wait_dead(ft, [0])
+    wait_dead(ft, [0])
     assert set(ft.pull("keep.step", ranks=[1, 2, 3]).values()) == {15}  # the last save
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "clusterkernel")
