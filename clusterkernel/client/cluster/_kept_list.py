@@ -32,16 +32,10 @@ def kept_report(ssh: str | None = None, remote_python: str | None = None) -> str
 
 
 def add_arguments(parser) -> None:
-    """``clusterkernel list [--ssh HOST] [--remote-python PATH]``."""
-    parser.add_argument("--ssh", metavar="HOST", help="list those kept on this login node")
-    parser.add_argument(
-        "--remote-python",
-        metavar="PATH",
-        help="clusterkernel's Python on HOST (default: this one's path)",
-    )
+    """``clusterkernel list`` takes no options (from outside: ``%mpi list --ssh HOST``)."""
 
 
 def main(args) -> int:
     """``clusterkernel list``: the table ``%mpi list`` shows."""
-    print(kept_report(args.ssh, args.remote_python))
+    print(kept_report())
     return 0
