@@ -13,13 +13,8 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -27,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-LOGIN_BED = Path("/work/shared/login/testbed.sh")
+from tests._login_bed import LOGIN_BED, laptop_bed
 
 pytestmark = pytest.mark.skipif(not LOGIN_BED.exists(), reason="no login test bed")
 
@@ -35,41 +30,10 @@ pytestmark = pytest.mark.skipif(not LOGIN_BED.exists(), reason="no login test be
 @pytest.fixture(scope="module")
 def laptop(slurm_testbed):
     """``run(script)``: a Python script in the laptop namespace, ``ssh login`` to a login
-    node whose sessions see the Slurm bed; the login bed is stopped at the end."""
-    base = Path(tempfile.mkdtemp(prefix="ck-login-"))
-    env_sh = base / "slurm-env.sh"
-    env_sh.write_text(
-        "".join(f"export {k}={shlex.quote(v)}\n" for k, v in slurm_testbed.env.items())
-    )
-    bed = base / "bed"
-    started = subprocess.run(
-        ["bash", str(LOGIN_BED), "start", str(bed), str(env_sh)], capture_output=True, text=True
-    )
-
-    def stop() -> None:
-        subprocess.run(["bash", str(LOGIN_BED), "stop", str(bed)], capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
-
-    if started.returncode != 0:
-        stop()
-        pytest.fail(f"the login bed did not start: {started.stdout}{started.stderr}")
-
-    def run(code: str, timeout: float = 180) -> subprocess.Popen:
-        script = base / f"s{time.monotonic_ns()}.py"
-        script.write_text(textwrap.dedent(code))
-        return subprocess.Popen(
-            ["bash", str(LOGIN_BED), "run", str(bed), sys.executable, "-u", str(script)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            cwd=os.getcwd(),
-        )  # fmt: skip
-
-    run.slurm = slurm_testbed  # type: ignore[attr-defined]
-    run.home = bed / "home"  # type: ignore[attr-defined]  # the laptop's HOME
-    named = dict(line.split("=", 1) for line in (bed / "env.sh").read_text().split()[1:])
-    run.netns = named["CK_LOGIN_NS"]  # type: ignore[attr-defined]  # the laptop's
-    run.login_addr = named["CK_LOGIN_ADDR"]  # type: ignore[attr-defined]
-    yield run
-    stop()
+    node whose sessions see the Slurm bed (tests/_login_bed.py); stopped at the end."""
+    with laptop_bed(slurm_testbed.env) as run:
+        run.slurm = slurm_testbed
+        yield run
 
 
 _SHELL = """
