@@ -212,6 +212,20 @@ def test_timeline_puts_rank_0_on_top_with_comm_above_compute():
                 assert at > rows[r]  # compute below it
 
 
+def test_timeline_labels_a_rank_whose_first_records_come_after_the_others():
+    """Ranks 1-2 are heard from first, then rank 0 (under load its first records can come
+    later): rank 0 gets its row's label too, not only the ranks first seen."""
+    s = MetricsStore()
+    now = time.time()
+    view = DashboardView(window=10.0)
+    for rank in (1, 2, 0):
+        comm = [("all_reduce", 64, "mpi", 3, 98.0, 1.0, 0.5)]
+        s.ingest(_msg(rank, 1, comm=comm, pc=100.3, wall=now))
+        view.timeline.update(s, s.ranks())
+    plot = view.timeline.plot
+    assert plot.yticks == [0.0, 1.0, 2.0] and plot.ylim == [2.6, -0.6]
+
+
 def test_comm_table_keeps_numbers_and_units_on_one_line():
     from html.parser import HTMLParser
 

@@ -263,7 +263,8 @@ class TimelinePanel:
         return x.reshape(-1, 2)
 
     def update(self, store: MetricsStore, ranks: list[int]) -> None:
-        if ranks and self.plot.ylim[0] != max(ranks) + 0.6:
+        # every rank seen so far labelled: the first records may come from some ranks only
+        if ranks and list(self.plot.yticks) != [float(r) for r in ranks]:
             with self.plot.hold_sync():
                 self.plot.ylim = [max(ranks) + 0.6, -0.6]  # high to low: rank 0 on top
                 self.plot.yticks = [float(r) for r in ranks]
