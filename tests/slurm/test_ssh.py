@@ -87,8 +87,9 @@ def _on_login(module: str, cluster_id: str) -> list[psutil.Process]:
 def test_ranks_on_both_nodes_from_outside_kept_through_a_killed_kernel_then_nothing_left(laptop):
     """Everything a session does from outside, in one kept job (``--keep forever``); its
     kernel then dies (SIGKILL), a new one lists and attaches the job, runs a cell with
-    the first one's variables, and stops it: nothing is left on the login node nor on
-    the nodes."""
+    the first one's variables, then one through a short network drop that loses its SSH
+    connection (made again as after a start: every line shown once), and stops it:
+    nothing is left on the login node nor on the nodes."""
     proc = laptop(
         _SHELL
         + """
@@ -169,6 +170,8 @@ import os
 ip.run_line_magic("mpi", "list --ssh login")
 ip.run_line_magic("mpi", "attach {cluster_id} --ssh login")
 ip.run_cell_magic("mpi", "", 'print("back", socket.gethostname(), get(), kept)')
+# the connection lost mid-cell (the test cuts it): made again, every line shown once
+ip.run_cell_magic("mpi", "", "import time\\nfor i in range(28):\\n    print('tick', i, 'on', socket.gethostname(), flush=True)\\n    time.sleep(0.25)")
 cluster = ip.user_ns["cluster"]
 print("RUN_DIR", cluster.run_dir)
 # a hang (rank 1 skips the collective) under a timeout: the report names who waits
@@ -179,8 +182,12 @@ except Exception as e:
 ip.run_line_magic("mpi", "stop")
 """
     )
-    back = _output(again)
+    # a short network drop in which the attached session's SSH connection is lost
+    back = _output_until(again, "[rank 1] tick 2 ")
+    _drop(laptop, cut_after=0.5, back_after=0.5)
+    back += _output(again)
     assert again.returncode == 0, back
+    assert _ticks(back, 0) == list(range(28)) and _ticks(back, 1) == list(range(28)), back
     listed = next(line for line in back.splitlines() if line.startswith(cluster_id))
     assert " 2 " in listed and f"job {job}" in listed and "never" in listed, back
     assert f"Attached to 2 MPI ranks (cluster {cluster_id})." in back, back
@@ -311,13 +318,31 @@ def _firewall(laptop, action: str) -> None:
         )  # fmt: skip
 
 
+def _drop(laptop, cut_after: float, back_after: float) -> None:
+    """Cut the laptop's network (:func:`_firewall`), its SSH connection lost ``cut_after``
+    seconds in (:func:`_cut`), and let it through again ``back_after`` seconds later."""
+    _firewall(laptop, "-I")
+    try:
+        time.sleep(cut_after)
+        assert _cut(laptop) >= 1, "no master connection to cut"
+        time.sleep(back_after)
+    finally:
+        _firewall(laptop, "-D")
+
+
+def _ticks(out: str, rank: int) -> list[int]:
+    """The numbers of the ``tick N`` lines ``rank`` is shown with in ``out``, in order."""
+    return [int(n) for n in re.findall(rf"^\[rank {rank}\] tick (\d+) on ", out, re.M)]
+
+
 def test_a_network_drop_mid_cell_loses_the_connection_and_the_cell_completes(laptop):
     """The laptop's network is cut for 12 s while a cell runs on both nodes, and its SSH
     connection is lost in it (shorter than the guard's bound, ``$CLUSTERKERNEL_SSH_GRACE``):
-    the connection, its forwards and the guard are made again; rank 0's output resumes
-    and its reply comes; rank 1, which ended while the network was cut, has its reply
-    and its output read from the controller's record; the next cell runs and stop
-    leaves no job."""
+    the connection, its forwards and the guard are made again; rank 0, which runs on,
+    has what it printed in the drop filled in from the controller's record before what
+    it prints after; rank 1, which ended while the network was cut, has its reply and
+    its output read from the record: every line of each rank shown once, in order. The
+    next cell runs and stop leaves no job."""
     proc = laptop(
         _SHELL
         + """
@@ -332,16 +357,10 @@ print("STOPPED", flush=True)
     )
     out = _output_until(proc, "[rank 1] tick 2 ")
     assert "[rank 1] tick 2 on node2" in out, out
-    _firewall(laptop, "-I")
-    try:
-        time.sleep(2)
-        assert _cut(laptop) >= 1, out
-        time.sleep(10)
-    finally:
-        _firewall(laptop, "-D")
+    _drop(laptop, cut_after=2, back_after=10)
     out += _output_until(proc, "STOPPED")
     assert proc.wait(timeout=60) == 0, out
-    assert "[rank 0] tick 49 on node1" in out and "[rank 1] tick 7 on node2" in out, out
+    assert _ticks(out, 0) == list(range(50)) and _ticks(out, 1) == list(range(8)), out
     assert "CELL DONE" in out, out
     assert "[rank 0] next 0" in out and "[rank 1] next 1" in out, out
     job = out.split("JOB ", 1)[1].split()[0]

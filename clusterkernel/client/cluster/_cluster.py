@@ -332,6 +332,7 @@ class Cluster:
                 cluster.launcher, record["run_dir"], record["cluster_file"], record["rank_info"],
                 _torch.engine_env(cluster.env, group=cluster.torch),
                 keeper_pid=record.get("guard_pid"), log_level=cluster.log_level,
+                keep=keeping.keep,
             )  # fmt: skip
         except BaseException:
             keeping.release(record["run_dir"])

@@ -31,7 +31,7 @@ import psutil
 from clusterkernel.client._pids import CLUSTER_MARK, marked
 from clusterkernel.client.cluster import _ipp
 from clusterkernel.client.cluster._kept_login import local_copy
-from clusterkernel.client.cluster._lost_replies import recover
+from clusterkernel.client.cluster._lost_replies import hold
 from clusterkernel.client.errors import ClusterError
 from clusterkernel.client.launch import Launcher
 from clusterkernel.client.launch._engine_wait import wait_for_engines
@@ -148,10 +148,7 @@ class Engines:
             self.ipp.start_engines_sync(n)
             self.ipp.update_cluster_file()  # now with the job id, for the guard
             if guard and login is not None:  # it runs there, told the job by its file
-                self.guard = Guard(
-                    self.ipp.cluster_file, self.run_dir, keep, login=login,
-                    on_back=lambda: self.client is not None and recover(self.client),
-                )  # fmt: skip
+                self.guard = self._guard_outside(login, keep)
             self._wait_for_new_engines(old_pids=set(), progress=say if progress else None)
         except BaseException:
             self.teardown()
@@ -162,9 +159,12 @@ class Engines:
     def attach(
         cls, launcher: Launcher, run_dir: str, cluster_file: str, rank_info: dict,
         env: dict[str, str], keeper_pid: int | None = None, log_level: int = logging.WARNING,
+        keep: float | None = None,
     ) -> Engines:  # fmt: skip
         """Connect to the running processes of a kept cluster (its guard keeps watching).
-        From outside the cluster ``run_dir`` and ``cluster_file`` are the login node's."""
+        From outside the cluster ``run_dir`` and ``cluster_file`` are the login node's, and
+        this session's own guard there takes the keeper's place (``keep``: the cluster's
+        keep time), so that a lost connection is made again as after a start."""
         self = cls(launcher, start_timeout=90.0)
         login = _login(launcher)
         if login is not None:  # its files here, where this session's ipyparallel reads them
@@ -191,13 +191,28 @@ class Engines:
         except (ipp.error.TimeoutError, ipp.error.EngineError, OSError):
             pass
         missing = sorted(set(self.engine_of.values()) - set(self.client.ids))
-        if missing:
+        try:
+            if missing:
+                raise ClusterError(
+                    f"The kept cluster's engines {missing} did not register again within "
+                    "10 s; %mpi list says what is left of it."
+                )
+            if login is not None:
+                self.guard = self._guard_outside(login, keep)
+        except BaseException:
             self.client.close()
-            raise ClusterError(
-                f"The kept cluster's engines {missing} did not register again within 10 s; "
-                "%mpi list says what is left of it."
-            )
+            raise
         return self
+
+    def _guard_outside(self, login, keep: float | None) -> Guard:
+        """The guard on ``login`` of a cluster driven from outside: it makes a lost
+        connection again, and the client's output and replies of the gap are recovered
+        (``_lost_replies``)."""
+        assert self.ipp is not None and self.run_dir is not None
+        return Guard(
+            self.ipp.cluster_file, self.run_dir, keep, login=login,
+            on_lost=lambda: hold(self.client) if self.client is not None else None,
+        )  # fmt: skip
 
     def detach(self) -> None:
         """Leave the processes running for the guard to keep; this object is done."""

@@ -80,15 +80,15 @@ class Guard:
 
     def __init__(
         self, cluster_file: str, run_dir: str, keep: float | None = None, login: Any = None,
-        on_back: Callable[[], object] | None = None,
+        on_lost: Callable[[], Callable[[], object] | None] | None = None,
     ) -> None:  # fmt: skip
         # keep: seconds (inf: until stopped) the guard keeps the cluster once we are gone
         # login: the cluster's login node (launch._ssh.Login) from outside: the guard runs
         # there, the cluster file copied to the cluster's directory there; ssh carries our
         # pipe's EOF to it, and sshd gives it one when the connection is lost
-        # on_back: from outside, called (in a thread of its own) once a lost connection
-        # was made again
-        self._login, self._grace, self._on_back = login, grace_s(), on_back
+        # on_lost: from outside, called once the connection is known lost, before it is
+        # made again; what it returns is called (in a thread of its own) once it is back
+        self._login, self._grace, self._on_lost = login, grace_s(), on_lost
         if login is not None:
             cluster_file = remote_cluster_file(login, cluster_file, run_dir)
             run_dir = login.home_path(run_dir)
@@ -165,6 +165,7 @@ class Guard:
         from clusterkernel.client.launch._ssh import LoginError
 
         deadline = time.monotonic() + self._grace
+        back = self._on_lost() if self._on_lost is not None else None
         self._login.lost = True
         try:
             while not self._done.is_set() and time.monotonic() < deadline:
@@ -176,8 +177,8 @@ class Guard:
                 with self._lock:
                     if not self._done.is_set():
                         self._proc = self._started()
-                if self._on_back is not None:
-                    threading.Thread(target=self._on_back, daemon=True).start()
+                if back is not None:
+                    threading.Thread(target=back, daemon=True).start()
                 return
             self._done.set()  # too late: the guard there has cancelled the job
         finally:
