@@ -11,28 +11,12 @@ from __future__ import annotations
 
 import os
 
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether ``pid`` runs here: another user's process counts, a zombie (its parent
-    has not reaped it) does not."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
+from clusterkernel.protocol._names import RUN_DIR_ENV
+from clusterkernel.protocol._procs import pid_alive
 
 # Every rank's environment names its cluster's run directory: every process under the
 # ranks (their nannies, respawned ranks) carries it, also once its parent is gone.
-CLUSTER_MARK = "CLUSTERKERNEL_CLUSTER"
+CLUSTER_MARK = RUN_DIR_ENV
 
 
 def marked(run_dir: str) -> list:

@@ -21,6 +21,10 @@ from __future__ import annotations
 import os
 import signal
 
+# Every engine's environment names its cluster's run directory (the launcher sets it for
+# every engine and what they start, so a rank on another node finds the same name; a
+# cluster started over SSH gives its own side's directory here, never the notebook's)
+RUN_DIR_ENV = "CLUSTERKERNEL_CLUSTER"
 # a rank's Python stack (and, asked, its locals); the signal writes it to stack_path
 STACK_SIGNAL = signal.SIGUSR1
 STACK_REQUEST = "clusterkernel_stack_request"

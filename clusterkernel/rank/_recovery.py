@@ -30,6 +30,7 @@ from clusterkernel.rank._world import world
 
 _ROOT = "{root}"  # in a recipe's commands: the lowest survivor, known only at a death
 _recipe: dict | None = None  # {"commands": {rank: [...]}, "hosts": {rank: host or None}}
+_SPAWNS_AGAIN = 2  # spawns that a death defeated, each followed by another
 _rejoined: list[dict] = []  # what each recovery here did: ranks, seconds
 # a new rank whose guarded loop has yet to learn where the survivors are: the rank its
 # variables were copied from
@@ -139,10 +140,10 @@ def _rounds(holds: bool, grown: bool) -> dict:
     rank is a new one), then settle (one rank's variables to every rank without any,
     DataParallel re-attached). Each round ends in a uniform agreement, so every rank
     leaves it alike: done, or into the next round, which respawns whoever died during
-    this one; one whose new processes did not join because a survivor died meanwhile is
-    followed by a spawn of them all (once). A failed round in which nobody died would
-    fail again: every rank raises (a copy that kills its target gets no second try from
-    the same rank: see :func:`_settle`). ``holds``: this rank has variables of its own
+    this one; one whose new processes did not join because a survivor or a new process
+    died meanwhile is followed by a spawn of them all (twice at most). A failed round in
+    which nobody died would fail again: every rank raises (a copy that kills its target
+    gets no second try from the same rank: see :func:`_settle`). ``holds``: this rank has variables of its own
     (a survivor)."""
     from mpi4py import MPI
 
@@ -160,7 +161,7 @@ def _rounds(holds: bool, grown: bool) -> dict:
             except MPI.Exception as e:  # a death once the new ranks had joined (see grow)
                 error = e
             except _NotJoined as e:  # on every survivor alike
-                if e.lost and not tries:  # a survivor died as they joined: spawn them all
+                if e.again and len(tries) < _SPAWNS_AGAIN:  # the dead spawned (all) again
                     tries.append(e)
                     continue
                 raise RuntimeError(_not_joined([*tries, e])) from None
@@ -203,7 +204,7 @@ def _shrink_and_grow(spawned: list[int]) -> list[int]:
     again into it (``rank._respawn.grow``; added to ``spawned``); returns the dead ranks.
     With none dead the world (revoked by the recovery) is made again of the same ranks."""
 
-    from clusterkernel.rank._respawn import _group_keys, grow
+    from clusterkernel.rank._respawn import JoinerDied, _group_keys, grow
     from clusterkernel.rank._world import replace
 
     assert _recipe is not None
@@ -223,15 +224,16 @@ def _shrink_and_grow(spawned: list[int]) -> list[int]:
         hosts = [_recipe["hosts"].get(r) for r in dead]
         grow(dead, commands, hosts, root, join_timeout=30.0, watch=True)
     except RuntimeError as e:  # they did not join; the world is as it was, on every survivor
-        raise _NotJoined(dead, _lost(old, alive), str(e)) from None
+        raise _NotJoined(dead, _lost(old, alive), str(e), isinstance(e, JoinerDied)) from None
     return dead
 
 
 class _NotJoined(ClusterkernelError, RuntimeError):
     """The new processes of ``joining`` did not join; ``lost``: the survivors that died
-    meanwhile (the same on every survivor)."""
+    meanwhile; ``again``: one of them, or a new process, died, so that a new spawn may
+    well succeed (each the same on every survivor)."""
 
-    def __init__(self, joining: list[int], lost: list[int], why: str) -> None:
+    def __init__(self, joining: list[int], lost: list[int], why: str, died: bool) -> None:
         said = (
             f"rank {_listed(lost)} died while the replacement of rank {_listed(joining)} "
             "was joining"
@@ -240,6 +242,7 @@ class _NotJoined(ClusterkernelError, RuntimeError):
         )
         super().__init__(said)
         self.joining, self.lost = joining, lost
+        self.again = bool(lost) or died
 
 
 def _shrunk(old) -> tuple:

@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 
 from clusterkernel.protocol._engine import set_world
+from clusterkernel.protocol._procs import Joiners, announce
 from clusterkernel.rank._variables import pickled, put_back, user_namespace
 from clusterkernel.rank._world import replace, world
 
@@ -134,15 +135,21 @@ def grow(
         except BaseException as e:  # noqa: BLE001 (told to the caller below)
             joined["error"] = e
 
+    joiners = Joiners(dead) if watch else None
     thread = threading.Thread(target=join, name="clusterkernel-respawn-join", daemon=True)
     thread.start()
     deadline = time.monotonic() + join_timeout
-    why = ""
+    why, died = "", []
     try:
         while thread.is_alive() and time.monotonic() < deadline:
             thread.join(0.05)
             if watch and _failed(shrunk):  # the spawn, collective over them, cannot end
                 why = "a survivor died while they joined"
+                break
+            died = joiners.died() if joiners is not None else []
+            if died:
+                why = f"the new process of rank {_ranks(died)} died before it joined"
+                shrunk.Revoke()  # the survivors that cannot see it (another host) stop too
                 break
     except KeyboardInterrupt:
         why = "the respawn was stopped (SIGINT)"
@@ -156,12 +163,17 @@ def grow(
     # Every survivor takes the new world or none does (one whose spawn failed while
     # another's succeeded would leave the survivors in different worlds, and the next
     # collective would hang); the agreement stands even if a survivor has died.
+    # A bitwise AND over the survivors: bit 0, every one joined; bit 1, none saw a new
+    # process die before it joined (only one on its host can), so all know it alike.
+    flag = (0 if why else _JOINED) | (0 if died else _NONE_DIED)
     try:
         with timed("agree"):
-            agreed = bool(shrunk.Agree(0 if why else 1))
+            flag = shrunk.Agree(flag)
     except MPI.Exception as e:
-        agreed, why = False, why or f"a survivor died ({e})"
-    if not agreed:
+        flag, why = flag & ~_JOINED, why or f"a survivor died ({e})"
+    if not flag & _JOINED:
+        if not flag & _NONE_DIED:  # said alike on every survivor
+            raise JoinerDied(f"the new process of rank {_ranks(dead)} died before it joined")
         raise RuntimeError(f"rank {_ranks(dead)} did not join: {why or 'another survivor failed'}")
     comm = joined["comm"]
     # the grown world is every survivor's from here on, also where a death fails what
@@ -170,6 +182,14 @@ def grow(
     with timed("keys"):
         replace(comm, comm.bcast(_group_keys() if me == root else None, root=root))
     return {"shrink": t1 - t0, "spawn": time.perf_counter() - t1, "size": comm.Get_size()}
+
+
+_JOINED, _NONE_DIED = 1, 2  # the bits of the survivors' agreement after a spawn
+
+
+class JoinerDied(RuntimeError):
+    """A new process died before it joined the survivors (seen on its host): spawning it
+    again may well succeed, where a spawn that failed otherwise would fail again."""
 
 
 def _failed(comm) -> bool:
@@ -261,6 +281,7 @@ def main(argv: list[str]) -> None:
     """
     split = argv.index("--")
     rank, size, local_rank, local_size, root, *later = map(int, argv[:split])
+    announced = announce(rank)  # the survivors on this host tell a death before joining
     program = argv[split + 1 :]
     # what MPI would have told the dead rank, for code that reads its environment
     os.environ.update(
@@ -281,6 +302,8 @@ def main(argv: list[str]) -> None:
         for _ in range(later[0] if later else 0):  # the command is the spawning root's
             comm = comm.Spawn(sys.executable, None, 1, MPI.INFO_NULL, 0).Merge(high=False)
         comm = comm.Split(0, rank)
+    if announced is not None:
+        announced.unlink(missing_ok=True)
     with timed("keys"):
         _take_world(comm, root)
     if program[1:2] != ["-m"] or len(program) < 3:

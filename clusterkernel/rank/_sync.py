@@ -27,10 +27,7 @@ import socket
 import sys
 from typing import Any
 
-# The engine's environment names its cluster's run directory (the launcher sets it for
-# every engine, so a rank on another node finds the same name; a cluster started over
-# SSH gives its own side's directory here, never the notebook's).
-_RUN_DIR_ENV = "CLUSTERKERNEL_CLUSTER"
+from clusterkernel.protocol._names import RUN_DIR_ENV
 
 # path -> (mtime_ns, size, sha256): a file is hashed again only when it changed on disk
 _hashes: dict[str, tuple[int, int, str]] = {}
@@ -41,7 +38,7 @@ _old_objects: dict[Any, list] = {}
 
 def directory() -> str:
     """This host's sync directory (it may not exist yet)."""
-    base = os.environ.get(_RUN_DIR_ENV) or os.path.join(
+    base = os.environ.get(RUN_DIR_ENV) or os.path.join(
         os.path.expanduser("~"), ".cache", "clusterkernel"
     )
     return os.path.join(base, "sync", socket.gethostname())

@@ -19,11 +19,13 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from clusterkernel import Cluster, ClusterError, RankError
+from clusterkernel.protocol._procs import new_ranks
 from tests._procs import wait_dead, wait_no_cluster_processes
 from tests.cluster.test_out_of_memory import _memory_cgroup
 
@@ -300,13 +302,28 @@ def _when_a_joiner_starts(cluster: Cluster, act) -> threading.Thread:
     def look() -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            for proc in psutil.process_iter(["cmdline"]):
-                if proc.pid in ranks:
-                    continue
-                if "clusterkernel.rank._respawn" in (proc.info["cmdline"] or []):
+            for _rank, proc in new_ranks(cluster.processes()):
+                if proc.pid not in ranks:
                     act(proc)
                     return
             time.sleep(0.005)
+
+    thread = threading.Thread(target=look, daemon=True)
+    thread.start()
+    return thread
+
+
+def _when_a_joiner_announces(cluster: Cluster, rank: int) -> threading.Thread:
+    """SIGKILL ``rank``'s new process once it has said it is joining (its file in the
+    run directory, ``protocol._procs.announce``), before it has joined."""
+
+    def look() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for path in Path(cluster.run_dir).glob(f"joining-*-{rank}-*"):
+                os.kill(int(path.name.rsplit("-", 1)[1]), signal.SIGKILL)
+                return
+            time.sleep(0.002)
 
     thread = threading.Thread(target=look, daemon=True)
     thread.start()
@@ -1114,6 +1131,28 @@ def test_a_survivor_that_dies_while_the_new_rank_is_spawned_in_the_cell_is_spawn
         if "clusterkernel.rank._respawn" in (p.info["cmdline"] or [])
     }
     assert joiners <= {info["pid"] for info in ft.rank_info.values()}, joiners
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert "respawned from rank 0 in" in text and "the cell went on" in text, text
+
+
+def test_a_new_process_that_dies_before_it_joins_in_the_cell_is_spawned_again(
+    ft: Cluster, steps_undisturbed: tuple, capsys
+):
+    """Rank 2's new process is SIGKILLed as soon as it appears, before it has joined (MPI
+    would leave the survivors' spawn waiting for it): the survivors on its host see it
+    end, the others learn it from them, they spawn rank 2 again in the same recovery,
+    and the cell completes at the undisturbed weights."""
+    looking: list[threading.Thread] = []
+
+    def kill_2_as_it_joins() -> None:
+        looking.append(_when_a_joiner_announces(ft, 2))
+        _recovered_at_once(ft, 0)
+
+    capsys.readouterr()
+    replaced = _steps_recover(ft, steps_undisturbed, (2,), 30, False, kill_2_as_it_joins)
+    looking[0].join()
+    assert replaced == {2} and _recovered_at_once(ft, 0) == [[2]]
     said = capsys.readouterr()
     text = said.out + said.err
     assert "respawned from rank 0 in" in text and "the cell went on" in text, text

@@ -70,17 +70,10 @@ def _end_strays(cluster: Cluster) -> None:
     survivors that have moved on, never to be a rank. Those on this machine."""
     import psutil
 
-    from clusterkernel.client.cluster._respawn import _JOINER
+    from clusterkernel.protocol._procs import new_ranks
 
     ranks = {info.get("pid") for info in cluster.rank_info.values()}
-    strays = []
-    for pid in cluster.processes():
-        try:
-            proc = psutil.Process(pid)
-            if _JOINER in proc.cmdline() and pid not in ranks:
-                strays.append(proc)
-        except psutil.Error:  # gone meanwhile
-            continue
+    strays = [proc for _, proc in new_ranks(cluster.processes()) if proc.pid not in ranks]
     for proc in strays:
         try:
             proc.kill()

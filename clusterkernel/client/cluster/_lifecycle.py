@@ -40,6 +40,7 @@ from clusterkernel.client.launch._login_controller import LoginControllerLaunche
 from clusterkernel.client.launch._run_dir import make_run_dir, private_cluster_file, remove_run_dir
 from clusterkernel.client.launch._ssh import stable_context
 from clusterkernel.protocol import _shm_names, _targets
+from clusterkernel.protocol._procs import alive
 from clusterkernel.protocol._rank_call import rank_call
 
 
@@ -428,7 +429,7 @@ def _wait_gone(procs: list[psutil.Process], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     left = list(procs)
     while left and time.monotonic() < deadline:
-        left = [p for p in left if _running(p)]
+        left = [p for p in left if alive(p)]
         if left:
             time.sleep(0.05)
     psutil.wait_procs(procs, timeout=0)  # reaps those that are our children
@@ -444,7 +445,7 @@ _NANNY_GRACE = 5.0
 def _end(procs: list[psutil.Process], grace: float) -> None:
     """Give ``procs`` ``grace`` s to exit by themselves, then terminate (and kill) the rest."""
     _wait_gone(procs, timeout=grace)
-    left = [p for p in procs if _running(p)]
+    left = [p for p in procs if alive(p)]
     for sig in ("terminate", "kill"):
         for proc in left:
             try:
@@ -452,7 +453,7 @@ def _end(procs: list[psutil.Process], grace: float) -> None:
             except psutil.Error:
                 pass
         _wait_gone(left, timeout=2)
-        left = [p for p in left if _running(p)]
+        left = [p for p in left if alive(p)]
         if not left:
             return
 
@@ -474,13 +475,6 @@ def _tree(pid: int | None) -> list[psutil.Process]:
         return [proc, *proc.children(recursive=True)]
     except psutil.Error:
         return [proc]
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _process(pid: int) -> psutil.Process | None:

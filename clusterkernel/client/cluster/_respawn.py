@@ -24,6 +24,7 @@ import psutil
 
 from clusterkernel.client.errors import ClusterError, format_ranks
 from clusterkernel.protocol import _targets
+from clusterkernel.protocol._procs import alive, new_ranks
 from clusterkernel.protocol._rank_call import rank_call
 
 if TYPE_CHECKING:
@@ -252,7 +253,7 @@ class _Watch:
         gone = [
             r
             for r, proc in self.new.items()
-            if not _running(proc) and self.engines.engine_of[r] not in ids
+            if not alive(proc) and self.engines.engine_of[r] not in ids
         ]
         if gone:
             return f"the new process of rank {format_ranks(gone)} died before it joined"
@@ -264,16 +265,9 @@ class _Watch:
         return self.lost
 
     def _find_new(self) -> None:
-        for pid in self.engines.processes():
-            try:
-                proc = psutil.Process(pid)
-                cmd = proc.cmdline()
-            except psutil.Error:
-                continue
-            if _JOINER in cmd and cmd.index(_JOINER) + 1 < len(cmd):
-                rank = int(cmd[cmd.index(_JOINER) + 1])
-                if rank in self.dead and rank not in self.new:
-                    self.new[rank] = proc
+        for rank, proc in new_ranks(self.engines.processes()):
+            if rank in self.dead and rank not in self.new:
+                self.new[rank] = proc
 
     def give_up(self, grow) -> None:
         """Free the survivors (SIGINT ends their wait for the new processes), end the new
@@ -304,16 +298,6 @@ class _Watch:
             " still dead. %mpi respawn (--from "
             f"{live[0]}) tries again; %mpi restart starts a full set."
         )
-
-
-_JOINER = "clusterkernel.rank._respawn"
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _rank_errors(cluster: Cluster, err: ipp.error.CompositeError) -> str:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import psutil
 from ipyparallel.cluster.launcher import ipengine_cmd_argv
 from traitlets.config import Config
 
 from clusterkernel.protocol._names import PREIMPORT
+from clusterkernel.protocol._procs import alive
 
 # An engine counts as registered once the controller has seen its heartbeat; at
 # ipyparallel's default period (3 s) that alone costs 1.5 s on average per start.
@@ -70,7 +70,4 @@ def process_ended(engine_set: Any) -> bool:
     proc = getattr(engine_set, "process", None)
     if proc is None:
         return False
-    try:
-        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True
+    return not alive(proc)
