@@ -188,13 +188,12 @@ class Login:
 
     def check(self, *programs: str) -> None:
         """Refuse, in seconds, a login node that cannot be reached or lacks ``programs``
-        or this package under :attr:`python`."""
+        (whether this package is there under :attr:`python` is told by the first Python
+        run there, :meth:`controller_address`: a Python start costs ~0.3 s)."""
         probe = " && ".join(
-            [f"command -v {shlex.quote(p)} >/dev/null || {{ echo missing:{p}; exit 3; }}"
-             for p in programs]
-            + [f"{shlex.quote(self.python)} -c 'import clusterkernel' 2>/dev/null "
-               f"|| {{ echo missing-python; exit 3; }}"]
-        )  # fmt: skip
+            f"command -v {shlex.quote(p)} >/dev/null || {{ echo missing:{p}; exit 3; }}"
+            for p in programs
+        )
         done = self.run("sh", "-c", probe, check=False, timeout=30)
         out = done.stdout.strip()
         if out.startswith("missing:"):
@@ -204,22 +203,29 @@ class Login:
                 f"work in `ssh {self.host}` (a login node of the cluster, with its module "
                 "loaded in your shell's profile)."
             )
-        if out == "missing-python":
-            raise LoginError(
-                f"{self.python} on {self.host} cannot import clusterkernel: install it there "
-                "and give its interpreter as remote_python= (--remote-python)."
-            )
 
     def controller_address(self, nodes: list[str], title: str) -> str:
         """The login node's one address on its routes to ``nodes`` (where the controller
-        listens, so that the ranks reach it)."""
+        listens, so that the ranks reach it); a :class:`LoginError` where :attr:`python`
+        there cannot import this package."""
         code = (
-            "import sys\nfrom clusterkernel.protocol._net import route_source\n"
+            "import sys\n"
+            "try: from clusterkernel.protocol._net import route_source\n"
+            "except ImportError: print('missing-python'); sys.exit()\n"
             "for a in sys.argv[1:]:\n"
             "    try: print(route_source(a))\n"
             "    except OSError: pass\n"
         )
-        out = self.run(self.python, "-c", code, *nodes, timeout=30).stdout.split()
+        done = self.run(self.python, "-c", code, *nodes, check=False, timeout=30)
+        out = done.stdout.split()
+        if out == ["missing-python"] or done.returncode in (126, 127):  # no such python
+            raise LoginError(
+                f"{self.python} on {self.host} cannot import clusterkernel: install it there "
+                "and give its interpreter as remote_python= (--remote-python)."
+            )
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip()
+            raise LoginError(f"{self.python} on {self.host} failed: {said}")
         if len(set(out)) != 1:
             raise LoginError(
                 f"{self.host} reaches the {title} nodes ({', '.join(nodes) or 'none'}) through "
