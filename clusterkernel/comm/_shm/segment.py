@@ -41,6 +41,7 @@ from clusterkernel.comm._errors import CommError, PeerDiedError
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Work
 from clusterkernel.protocol import _shm_names
+from clusterkernel.protocol._procs import pid_alive
 
 MIN_SLOT = 64 * 1024  # bytes; slot sizes are multiples of it
 PIPE_CHUNK = 256 * 1024  # bytes per stage buffer of the all-reduce pipe
@@ -129,7 +130,7 @@ class Segment:
         if now < self._next_look:
             return
         self._next_look = now + _LOOK_EVERY
-        dead = [rank for rank, pid in self.peers.items() if not _alive(pid)]
+        dead = [rank for rank, pid in self.peers.items() if not pid_alive(pid)]
         if dead:
             raise PeerDiedError(op="all_reduce", dead=dead)
 
@@ -273,15 +274,6 @@ def _make(group: Group) -> Segment:
     seg.open_pipe()
     _LIVE.append(seg)
     return seg
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` (on this node) runs: not gone, not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _remove_singleton_files() -> None:
