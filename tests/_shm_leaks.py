@@ -19,7 +19,8 @@ _leaks: dict[str, list[str]] = {}
 _before: set[str] = set()
 
 
-def _segments() -> set[str]:
+def segments() -> set[str]:
+    """The ``sm_segment.*`` files of this user in /dev/shm now."""
     try:
         return {
             p.name
@@ -33,9 +34,9 @@ def _segments() -> set[str]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     global _before
-    _before = _segments()
+    _before = segments()
     yield
-    left = sorted(_segments() - _before)
+    left = sorted(segments() - _before)
     if left:
         _leaks[item.nodeid] = left
 
@@ -43,7 +44,7 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_terminal_summary(terminalreporter):
     # only what outlived the session: the shared cluster's segments outlive the test
     # that started it and go when the session's fixtures stop it
-    still = _segments()
+    still = segments()
     lines = [
         f"{nodeid}: {' '.join(left)}"
         for nodeid, names in _leaks.items()

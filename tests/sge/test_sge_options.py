@@ -22,7 +22,10 @@ def test_the_magic_and_the_api_make_the_same_grid_engine_job():
     script = launcher.batch_script()
     for line in ("#$ -pe mpi 4", "#$ -q all.q", "#$ -l h_rt=0:30:00", "#$ -o {output_file}"):
         assert line in script.splitlines(), script
-    assert script.rstrip().endswith(" -n 4 {program_and_args}") and "mpiexec" in script
+    assert " -n 4 {program_and_args} &" in script and "mpiexec" in script
+    # qdel's warning ends mpiexec, which ends the ranks (qdel's SIGKILL would miss them)
+    assert "#$ -notify" in script.splitlines(), script
+    assert "trap 'kill -TERM $ranks 2>/dev/null' USR2" in script.splitlines(), script
     exported = job_script("sge", "job.py", 4, queue="all.q", time="0:30:00")
     assert [ln for ln in exported.splitlines() if ln.startswith(("#$ -pe", "#$ -q", "#$ -l"))] == [
         "#$ -pe mpi 4",

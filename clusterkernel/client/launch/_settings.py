@@ -136,9 +136,10 @@ class LaunchSettings:
         if self.hostfile and not os.path.isfile(self.hostfile):
             raise FileNotFoundError(f"Hostfile {self.hostfile!r} does not exist.")
         if self.ssh is not None and self.launcher in (None, "mpiexec"):
+            names = " or ".join(repr(name) for name in scheduler.schedulers())
             raise ValueError(
                 "ssh= starts the ranks as a scheduler's job from outside the cluster: give "
-                "the scheduler too (--slurm, launcher='slurm')."
+                f"the scheduler too (--slurm or --scheduler NAME, launcher={names})."
             )
         if self.remote_python is not None and self.ssh is None:
             raise ValueError("remote_python= is the interpreter on the ssh= host: give ssh= too.")

@@ -11,7 +11,7 @@ in one file.
 Example::
 
     GridEngine(n=4, values={"queue": "all.q"}).directives("job", "/tmp/job.out")
-    # ['-N job', '-pe mpi 4', '-o /tmp/job.out', '-j y', '-V', '-S /bin/sh',
+    # ['-N job', '-pe mpi 4', '-o /tmp/job.out', '-j y', '-V', '-S /bin/sh', '-notify',
     #  '-l h_rt=01:00:00', '-q all.q']
 """
 
@@ -91,8 +91,10 @@ class GridEngine(BatchSystem):
         time = v["time"]
         if isinstance(time, str) and time.lower() == "unlimited":
             time = "INFINITY"
+        # -notify: qdel sends SIGUSR2 before its SIGKILL, which mpiexec_line's trap turns
+        # into mpiexec's own ending of the ranks (see there)
         lines = [f"-N {job_name}", f"-pe {v['pe']} {self.n}", f"-o {output}", "-j y", "-V",
-                 "-S /bin/sh"]  # fmt: skip
+                 "-S /bin/sh", "-notify"]  # fmt: skip
         lines += [f"-l h_rt={time}"] if time else []
         lines += [f"-q {v['queue']}"] if v["queue"] else []
         return lines + list(v["sge_args"])
@@ -101,12 +103,23 @@ class GridEngine(BatchSystem):
         """``mpiexec`` on the job's slots: the hosts of ``$PE_HOSTFILE`` as an Open MPI
         hostfile (Open MPI builds without Grid Engine support, pip's among them, do not
         read it), daemons on other hosts started by ``qrsh -inherit`` (the parallel
-        environment's ``control_slaves``), as Open MPI's own Grid Engine support does."""
+        environment's ``control_slaves``), as Open MPI's own Grid Engine support does.
+
+        ``qdel`` kills the job's process group, and Open MPI's ranks run in process
+        groups of their own: a SIGKILLed ``mpiexec`` leaves them running, with their
+        shared-memory files, on every host. So the job asks for a warning first
+        (``-notify``: SIGUSR2, the queue's ``notify`` time before the SIGKILL), on which
+        the script sends ``mpiexec`` SIGTERM: it ends the ranks and removes their files,
+        and the job ends before the SIGKILL."""
         hosts = '"${TMPDIR:-/tmp}/clusterkernel-hosts.$JOB_ID"'
         return "\n".join([
             f"awk '{{print $1\" slots=\"$2}}' \"$PE_HOSTFILE\" > {hosts}",
             "export PRTE_MCA_plm_ssh_agent='qrsh -inherit -nostdin -V'",
-            f"{shlex.quote(mpiexec)} --hostfile {hosts} -n {self.n} {command}",
+            "trap 'kill -TERM $ranks 2>/dev/null' USR2",
+            f"{shlex.quote(mpiexec)} --hostfile {hosts} -n {self.n} {command} &",
+            "ranks=$!",
+            # a trapped signal ends a wait early: wait again until mpiexec has ended
+            "while :; do wait $ranks; status=$?; kill -0 $ranks 2>/dev/null || exit $status; done",
         ])  # fmt: skip
 
     def export_output(self, script: str) -> str:
