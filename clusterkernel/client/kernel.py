@@ -5,15 +5,19 @@ loaded and kernel mode on: every cell runs as if it started with ``%%mpi`` (the
 same per-rank output), a cell starting with ``%%local`` runs in the kernel's own
 process, and ``%mpi`` line magics work as usual. The ranks start with the first
 cell that needs them and stop with the kernel; the kernel menu's interrupt reaches
-the running ``%%mpi`` cell as KeyboardInterrupt, and a restart ends the kernel
-process, whose guard process stops the ranks.
+the running ``%%mpi`` cell as KeyboardInterrupt, and its shutdown and restart stop
+the ranks (or let kept ones go) before the kernel ends; a kernel killed outright has
+its guard process stop them.
 
 Install it once, then pick it in JupyterLab's launcher::
 
     clusterkernel install-kernel -n 4 --user     # or --sys-prefix, --prefix P
+    clusterkernel install-kernel -n 2 --name slurm --start-options "--slurm --nodes 2 --ssh login"
     clusterkernel uninstall-kernel
 
-The kernelspec runs ``python -m clusterkernel.client.kernel -f {connection_file} --ranks 4``.
+The kernelspec runs ``python -m clusterkernel.client.kernel -f {connection_file} --ranks 4``
+(and ``--start-options=...``: the rest of ``%mpi start``'s options, checked at install by
+``%mpi start``'s own parser).
 """
 
 from __future__ import annotations
@@ -32,27 +36,87 @@ DEFAULT_NAME = "clusterkernel"
 _NAME_RE = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)  # what jupyter_client accepts
 
 
-def display_name(ranks: int, torch: bool = False) -> str:
+def display_name(ranks: int, torch: bool = False, start: str = "") -> str:
     """The launcher's label, e.g. ``Python 3 (MPI, 4 ranks)``, ``Python 3 (MPI, 2 ranks,
-    torch.distributed)`` for a kernel whose ranks get the default process group."""
+    torch.distributed)`` for a kernel whose ranks get the default process group, followed
+    by the kernel's other ``%mpi start`` options (``start``), if any.
+
+    Example::
+
+        display_name(2, start="--slurm --ssh login")   # 'Python 3 (MPI, 2 ranks) --slurm --ssh login'
+    """
     group = ", torch.distributed" if torch else ""
-    return f"Python 3 (MPI, {ranks} rank{'s' if ranks != 1 else ''}{group})"
+    where = f" {' '.join(start.split())}" if start.strip() else ""
+    return f"Python 3 (MPI, {ranks} rank{'s' if ranks != 1 else ''}{group}){where}"
 
 
-def kernel_spec(ranks: int, torch: bool = False, keep: str | None = None) -> dict:
+def start_line(ranks: int, torch: bool = False, keep: str | None = None, start: str = "") -> str:
+    """The ``%mpi start`` options the kernel starts its ranks with: ``-n``, ``--torch``,
+    ``--keep`` and the rest (``start``, as ``--start-options`` gave them).
+
+    Example::
+
+        start_line(2, keep="2h", start="--slurm --ssh login")   # '-n 2 --keep 2h --slurm --ssh login'
+    """
+    line = f"-n {ranks}" + (" --torch" if torch else "") + (f" --keep {keep}" if keep else "")
+    return f"{line} {start.strip()}" if start.strip() else line
+
+
+# what install-kernel takes as its own options: in --start-options they would say it twice
+_OWN = {"n": "-n N", "torch": "--torch", "keep": "--keep TIME"}
+
+
+def check_start(ranks: int, torch: bool = False, keep: str | None = None, start: str = "") -> None:
+    """Refuse, with a ``ValueError`` that says what to write, options the kernel could not
+    start its ranks with: ``start`` read by ``%mpi start``'s own parser and the whole line
+    checked as ``%mpi start`` checks it before it starts anything (nothing is started here,
+    and nothing is asked of a login node or a scheduler).
+
+    Example::
+
+        check_start(2, start="--slurm --nodes 2 --ssh login")   # fine
+        check_start(2, start="--nodes 2")   # ValueError: ... --nodes: they go with --slurm ...
+    """
+    from IPython.core.error import UsageError
+
+    from clusterkernel.client.magics._args import start_args
+    from clusterkernel.client.magics._parse import parse
+    from clusterkernel.client.magics._subcommands import cluster_for
+
+    try:
+        given = vars(parse(start_args, start))
+    except UsageError as e:
+        raise ValueError(f"--start-options {start.strip()!r}: {e}") from None
+    twice = [flag for name, flag in _OWN.items() if given[name] not in (None, False)]
+    if twice:
+        raise ValueError(
+            f"--start-options: give {', '.join(twice)} as install-kernel's own option "
+            f"(clusterkernel install-kernel {' '.join(twice)} --start-options ...), not in it."
+        )
+    try:
+        cluster_for(start_line(ranks, torch, keep, start))
+    except UsageError as e:
+        raise ValueError(str(e)) from None
+
+
+def kernel_spec(ranks: int, torch: bool = False, keep: str | None = None, start: str = "") -> dict:
     """The kernel.json of the MPI kernel with ``ranks`` ranks (``torch``: as ``%mpi start
-    --torch``; ``keep``: as ``%mpi start --keep``, and a restarted kernel attaches again).
+    --torch``; ``keep``: as ``%mpi start --keep``, and a restarted kernel attaches again;
+    ``start``: more ``%mpi start`` options, e.g. ``--slurm --nodes 2 --ssh login``).
 
     Example::
 
         kernel_spec(4)["argv"][-2:]   # ['--ranks', '4']
+        kernel_spec(2, start="--slurm --ssh login")["argv"][-1]   # '--start-options=--slurm --ssh login'
     """
     return {
         "argv": [sys.executable, "-m", "clusterkernel.client.kernel", "-f", "{connection_file}"]
         + ["--ranks", str(ranks)]
         + (["--torch"] if torch else [])
-        + (["--keep", keep] if keep else []),
-        "display_name": display_name(ranks, torch),
+        + (["--keep", keep] if keep else [])
+        # one word with "=": argparse would take a lone "--slurm" for an option of its own
+        + ([f"--start-options={start.strip()}"] if start.strip() else []),
+        "display_name": display_name(ranks, torch, start),
         "language": "python",
         "interrupt_mode": "signal",  # SIGINT: %%mpi's KeyboardInterrupt handling
         "metadata": {"debugger": False},
@@ -76,6 +140,7 @@ def install(
     prefix: str | None = None,
     torch: bool = False,
     keep: str | None = None,
+    start: str = "",
 ) -> str:
     """Install the kernelspec; return the directory it went to.
 
@@ -83,7 +148,9 @@ def install(
     (``sys.prefix`` for a virtualenv); neither: the system-wide location. ``torch``:
     the ranks start with torch.distributed's default group (``%mpi start --torch``).
     ``keep``: the ranks outlive the kernel for that long (``%mpi start --keep``), and a
-    restarted kernel (the kernel menu's restart) attaches to them again.
+    restarted kernel (the kernel menu's restart) attaches to them again. ``start``: the
+    rest of ``%mpi start``'s options (``--slurm --nodes 2 --ssh login``), checked now
+    (:func:`check_start`: a ``ValueError``), not at the first cell.
 
     Example::
 
@@ -93,15 +160,12 @@ def install(
     from jupyter_client.kernelspec import KernelSpecManager
 
     _check(ranks, name)
-    if keep is not None:
-        from clusterkernel.client.cluster._kept_records import parse_keep
-
-        parse_keep(keep)  # a ValueError now, not when the kernel starts
+    check_start(ranks, torch, keep, start)  # --keep's time too: refused now, not at the first cell
     with tempfile.TemporaryDirectory() as tmp:
         for logo in Path(RESOURCES).glob("logo-*.png"):  # the launcher tile's icon
             shutil.copy(logo, tmp)
         with open(os.path.join(tmp, "kernel.json"), "w") as f:
-            json.dump(kernel_spec(ranks, torch, keep), f, indent=1)
+            json.dump(kernel_spec(ranks, torch, keep, start), f, indent=1)
         return KernelSpecManager().install_kernel_spec(
             tmp, kernel_name=name, user=user, prefix=prefix, replace=True
         )
@@ -158,6 +222,15 @@ def add_install_kernel_arguments(parser: argparse.ArgumentParser) -> None:
         help="the ranks outlive the kernel for TIME (e.g. 2h; %%mpi start --keep), and a "
         "restarted kernel attaches to them again",
     )
+    parser.add_argument(
+        "--start-options",
+        metavar="OPTIONS",
+        default="",
+        help="the rest of %%mpi start's options, quoted as one, e.g. \"--slurm --nodes 2 --ssh "
+        'login" (ranks under Slurm, from outside the cluster) or "--hosts a:2,b:2"; checked '
+        "now by %%mpi start's parser (%%mpi help start lists them); one option alone: "
+        "--start-options=--slurm",
+    )
     _location(parser)
 
 
@@ -166,11 +239,13 @@ def install_kernel_main(args: argparse.Namespace) -> int:
     prefix = sys.prefix if args.sys_prefix else args.prefix
     try:
         path = install(
-            args.ranks, args.name, user=not prefix, prefix=prefix, torch=args.torch, keep=args.keep
-        )
+            args.ranks, args.name, user=not prefix, prefix=prefix, torch=args.torch,
+            keep=args.keep, start=args.start_options,
+        )  # fmt: skip
     except ValueError as e:
-        raise SystemExit(str(e)) from None
-    print(f"Installed kernelspec {args.name!r} ({display_name(args.ranks, args.torch)}) in {path}")
+        raise SystemExit(f"{e} Nothing was installed.") from None
+    label = display_name(args.ranks, args.torch, args.start_options)
+    print(f"Installed kernelspec {args.name!r} ({label}) in {path}")
     return 0
 
 
@@ -204,13 +279,19 @@ cast(Any, _kernel_cell).sends_to_ranks = True
 
 
 def kernel_mode(
-    shell, ranks: int, torch: bool = False, keep: str | None = None, origin: str | None = None
+    shell,
+    ranks: int,
+    torch: bool = False,
+    keep: str | None = None,
+    origin: str | None = None,
+    start: str = "",
 ) -> None:
     """Run every cell of ``shell`` on ``ranks`` ranks, started when a cell first needs them.
 
     Loads the clusterkernel extension if it is not loaded yet. ``keep``: the ranks outlive
     the kernel (``%mpi start --keep``); a kernel of the same ``origin`` (a restart keeps
-    the connection file) attaches to them instead of starting new ones.
+    the connection file) attaches to them instead of starting new ones (on the login node
+    of ``--ssh HOST`` from outside). ``start``: more ``%mpi start`` options.
 
     Example::
 
@@ -219,12 +300,28 @@ def kernel_mode(
     # the kernel asks for it, but a user's IPython config may replace the extension list
     shell.extension_manager.load_extension("clusterkernel")
     magics = shell.magics_manager.registry["MPIMagics"]
-    magics.autostart = f"-n {ranks}" + (" --torch" if torch else "")
+    magics.autostart = start_line(ranks, torch, keep, start)
     if keep:
-        magics.autostart += f" --keep {keep}"
         magics.origin = origin
     if _kernel_cell not in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.append(_kernel_cell)
+
+
+def _kernel_class() -> type:
+    """ipykernel's IPython kernel whose shutdown (and restart) first stops its ranks, or
+    lets kept ones go: at exit, once ipykernel has closed its sockets, the cluster's
+    client waits for replies that never come until Jupyter kills the kernel (SIGTERM to
+    its process group 2.5 s after the shutdown request, SIGKILL 2.5 s later)."""
+    from ipykernel.ipkernel import IPythonKernel
+
+    class MPIKernel(IPythonKernel):
+        def do_shutdown(self, restart):
+            magics = self.shell.magics_manager.registry.get("MPIMagics")
+            if magics is not None:
+                magics._stop_quietly()
+            return super().do_shutdown(restart)
+
+    return MPIKernel
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,14 +332,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--torch", action="store_true")
     parser.add_argument("--keep")
+    parser.add_argument("--start-options", default="")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.ranks < 1:
         raise SystemExit(f"--ranks must be at least 1, got {args.ranks}.")
-    app = IPKernelApp.instance(extensions=["clusterkernel"])
+    app = IPKernelApp.instance(extensions=["clusterkernel"], kernel_class=_kernel_class())
     app.initialize(rest)
     # a restart from the kernel menu keeps the connection file: it names this notebook's kernel
     origin = f"kernel {os.path.abspath(app.connection_file)}"
-    kernel_mode(app.shell, args.ranks, args.torch, args.keep, origin)
+    kernel_mode(app.shell, args.ranks, args.torch, args.keep, origin, args.start_options)
     app.start()
 
 

@@ -81,3 +81,33 @@ def test_a_kernelspec_from_before_the_client_folder_still_reaches_the_kernel():
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode != 0 and "--ranks must be at least 1, got 0" in done.stderr
+
+
+def test_start_options_go_into_the_spec_and_a_bad_one_is_refused_at_install(tmp_path):
+    """``--start-options``: the rest of ``%mpi start``'s options, read by its own parser at
+    install (no login node, no scheduler asked), carried by the kernelspec's argv to the
+    kernel's ``%mpi start``; a mistake is refused at install, saying what to write, and
+    nothing is installed."""
+    from clusterkernel.client.kernel import start_line
+
+    prefix = tmp_path / "p"
+    options = "--slurm --nodes 2 --ssh login"
+    done = _cli("install-kernel", "-n", "2", "--keep", "2h", "--start-options", options,
+                "--name", "slurm2", "--prefix", str(prefix))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    spec = json.loads((prefix / "share/jupyter/kernels/slurm2/kernel.json").read_text())
+    assert spec["argv"][-5:] == ["--ranks", "2", "--keep", "2h", f"--start-options={options}"]
+    assert spec["display_name"] == f"Python 3 (MPI, 2 ranks) {options}"
+    assert start_line(2, keep="2h", start=options) == f"-n 2 --keep 2h {options}"
+
+    for bad, says in (
+        ("--nodse 2", "unknown option --nodse. Did you mean --nodes?"),
+        ("--nodes 2", "--nodes: they go with --slurm or --scheduler slurm."),
+        ("--ssh login", "ssh= starts the ranks as a scheduler's job"),
+        ("--slurm --keep 2h", "give --keep TIME as install-kernel's own option"),
+    ):
+        done = _cli("install-kernel", "-n", "2", "--start-options", bad, "--prefix", str(prefix))
+        assert done.returncode != 0, bad
+        assert says in done.stderr and "Nothing was installed." in done.stderr, done.stderr
+    assert [p.parent.name for p in prefix.rglob("kernel.json")] == ["slurm2"]
+    assert "--start-options OPTIONS" in _cli("install-kernel", "--help").stdout

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import threading
@@ -246,12 +247,14 @@ ip.run_line_magic("mpi", "stop")
 def test_a_rank_respawned_from_outside_then_a_killed_kernel_has_its_job_released(laptop):
     """A fault-tolerant job from outside (the ranks under the login node's ``mpiexec``
     inside the job): rank 1, on node2, SIGKILLed, ``%mpi respawn --from 0`` brings it back
-    with rank 0's variables; then the notebook is SIGKILLed and the guard on the login
-    node cancels the job (and the dashboard's relay there leaves)."""
+    with rank 0's variables; a cell is exported as a Slurm job, written for the login
+    node and sent there; then the notebook is SIGKILLed and the guard on the login node
+    cancels the job (and the dashboard's relay there leaves). The exported job, submitted
+    from the laptop as printed, runs a rank on each node."""
     proc = laptop(
         _SHELL
         + """
-import time
+import os, tempfile, time
 ip.run_line_magic("mpi", "start -n 2 --slurm --nodes 2 --ssh login --fault-tolerant")
 ip.run_cell_magic("mpi", "", "import os, socket\\nbefore, x = os.getpid(), 7\\nprint('on', socket.gethostname())")
 try:
@@ -266,6 +269,10 @@ from clusterkernel import comm
 total = comm.WORLD.comm.allreduce(comm.WORLD.comm.Get_rank() + 1)
 print("after", socket.gethostname(), "same" if before == os.getpid() else "new", x, total)
 ''')
+# a cell of the notebook (in its history) exported from a folder under the laptop's home
+os.chdir(tempfile.mkdtemp(prefix="ck-export-", dir=os.path.expanduser("~")))
+ip.run_cell("%%mpi\nimport socket\nprint('job on', socket.gethostname())", store_history=True)
+ip.run_line_magic("mpi", "export job.py --sbatch job.sbatch --nodes 2")
 ip.user_ns["cluster"].dashboard()  # its relay on the login node must go with the kernel
 print("JOB", ip.user_ns["cluster"].job_id, flush=True)
 time.sleep(600)
@@ -287,6 +294,32 @@ time.sleep(600)
         time.sleep(0.5)
     while _relays():  # its ssh's stdin closed with the kernel: the relay leaves
         time.sleep(0.2)
+    # the export: the job's files on the login side (the same place under its home as
+    # the laptop's folder under the laptop's), naming the login node's Python and paths
+    submit = out.split("or submit it:", 1)[1].split("\n", 1)[0].split()
+    assert submit[:3] == ["ssh", "login", "sbatch"] and len(submit) == 4, out
+    sbatch = Path(submit[3])
+    folder = Path(os.path.expanduser("~root")) / sbatch.parent.name
+    try:
+        assert sbatch.parent == folder and (laptop.home / folder.name / "job.sbatch").exists()
+        assert f"srun --mpi=pmix {sys.executable} {folder}/job.py" in sbatch.read_text()
+        assert f"-m clusterkernel run -n 2 {folder}/job.py" in (folder / "job.py").read_text()
+        run = out.split("Run it on 2 ranks:", 1)[1].split()
+        assert run[:3] == ["ssh", "login", sys.executable] and run[-1] == f"{folder}/job.py"
+        # submitted from the laptop as printed (sbatch --wait: back when the job ends)
+        ran = laptop(
+            "import subprocess\n"
+            f"done = subprocess.run({[*submit[:3], '--wait', *submit[3:]]!r})\n"
+            "print('SUBMITTED', done.returncode)\n"
+        )
+        said = _output(ran, timeout=120)
+        assert "SUBMITTED 0" in said, said
+        (log,) = folder.glob("job-*.out")
+        assert "[rank 0] job on node1" in log.read_text(), log.read_text()
+        assert "[rank 1] job on node2" in log.read_text(), log.read_text()
+        assert not laptop.slurm.jobs()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _cut(laptop) -> int:
@@ -365,6 +398,154 @@ print("STOPPED", flush=True)
     assert "[rank 0] next 0" in out and "[rank 1] next 1" in out, out
     job = out.split("JOB ", 1)[1].split()[0]
     assert job not in laptop.slurm.jobs(), out
+
+
+_KERNEL = """
+import subprocess, sys, time
+from jupyter_client.manager import start_new_kernel
+
+def shown(kc, code):
+    said = []
+    def hook(msg):
+        content = msg["content"]
+        if msg["msg_type"] == "stream":
+            said.append(content["text"])
+        elif msg["msg_type"] in ("display_data", "update_display_data", "execute_result"):
+            said.append(content["data"].get("text/plain", ""))
+        elif msg["msg_type"] == "error":
+            said.append("ERROR " + content["ename"] + " " + content["evalue"])
+    kc.execute_interactive(code, timeout=180, output_hook=hook)
+    return "".join(said)
+
+def squeue():
+    return subprocess.run(["ssh", "login", "squeue", "-h", "-o", "%i"], capture_output=True,
+                          text=True, check=True).stdout.split()
+"""
+
+
+def _guide_command(text: str) -> list[str]:
+    """The GUIDE's ``clusterkernel install-kernel`` block containing ``text``, as argv."""
+    from tests._examples import doc_blocks
+
+    [block] = [
+        b for b in doc_blocks()
+        if b.lang == "bash" and "install-kernel" in b.code and text in b.code
+    ]  # fmt: skip
+    assert block.checked_by == "tests/slurm/test_ssh.py", block.name
+    return shlex.split(block.code.strip())
+
+
+def _in_laptop(laptop) -> set[int]:
+    """The processes in the laptop's network namespace."""
+    ids = subprocess.run(["ip", "netns", "pids", laptop.netns], capture_output=True, text=True)
+    return set(map(int, ids.stdout.split()))
+
+
+def _naming(text: str) -> list[psutil.Process]:
+    """Processes of this machine (the login side, node1) whose command line has ``text``."""
+    return [
+        p for p in psutil.process_iter(["cmdline"])
+        if text in " ".join(p.info["cmdline"] or [])
+    ]  # fmt: skip
+
+
+def test_the_mpi_kernel_installed_on_the_laptop_runs_its_cells_on_both_nodes(laptop):
+    """The MPI kernel whose ranks start under Slurm through ``ssh login``, installed in the
+    laptop as the GUIDE types it (``--user``: the laptop's home): its first cell runs on
+    both nodes, and its shutdown (JupyterLab's) cancels the job and leaves no process but
+    the ssh master connection (for its ControlPersist time)."""
+    argv = _guide_command("--ssh login")
+    assert argv[:2] == ["clusterkernel", "install-kernel"] and argv[-1] == "--user", argv
+    name, start = (argv[argv.index(flag) + 1] for flag in ("--name", "--start-options"))
+    before = _in_laptop(laptop)
+    proc = laptop(
+        _KERNEL
+        + f"""
+done = subprocess.run([sys.executable, "-m", "clusterkernel", *{argv[1:]!r}],
+                      capture_output=True, text=True)
+print("INSTALLED", done.returncode, done.stdout, done.stderr)
+km, kc = start_new_kernel(kernel_name={name!r}, startup_timeout=60)
+print("FIRST", shown(kc, "import socket\\nfrom clusterkernel import comm\\nprint('on', comm.rank(), socket.gethostname())"))
+print("JOB", shown(kc, "%%local\\nprint(cluster.job_id, cluster.id)"), flush=True)
+job = shown(kc, "%%local\\nprint(cluster.job_id)").strip()
+kc.stop_channels()
+kernel = km.provisioner.process
+km.shutdown_kernel()  # JupyterLab's: SIGTERM 2.5 s after the request, if it has not ended
+deadline = time.monotonic() + 20
+while job in squeue() and time.monotonic() < deadline:
+    time.sleep(0.25)
+print("SHUT", kernel.returncode, job in squeue(), flush=True)
+"""
+    )
+    out = _output(proc, timeout=180)
+    assert proc.returncode == 0, out
+    assert f"INSTALLED 0 Installed kernelspec {name!r} (Python 3 (MPI, 2 ranks) {start})" in out
+    assert f"{laptop.home}/.local/share/jupyter/kernels/{name}" in out, out
+    first = out.split("FIRST ", 1)[1].split("JOB ", 1)[0]
+    assert "Started 2 MPI ranks (slurm) on 2 nodes (node1, node2)." in first, out
+    assert "on 0 node1" in first and "on 1 node2" in first, out
+    job, cluster_id = out.split("JOB ", 1)[1].split()[:2]
+    assert job.isdigit() and re.search(r"^SHUT -?\d+ False$", out, re.M), out
+    # Jupyter's SIGTERM to the kernel's process group (2.5 s after its shutdown request)
+    # ends the ssh commands of the kernel's stop: the job is cancelled, by the stop or by
+    # the guard on the login node, but the master connection stays its ControlPersist time
+    _nothing_left(laptop, before, cluster_id, masters=True)
+
+
+def test_the_kept_mpi_kernel_on_the_laptop_attaches_again_after_a_restart(laptop):
+    """The same kernel with ``--keep``: the kernel menu's restart (a clean shutdown, then a
+    new kernel of the same connection file) attaches to its ranks again, through the login
+    node's record of them, their variables intact; ``%mpi stop`` leaves nothing."""
+    argv = _guide_command("--ssh login")
+    start = argv[argv.index("--start-options") + 1]
+    before = _in_laptop(laptop)
+    proc = laptop(
+        _KERNEL
+        + f"""
+from clusterkernel.client.kernel import install
+install(2, "kept-login", user=True, keep="10m", start={start!r})
+km, kc = start_new_kernel(kernel_name="kept-login", startup_timeout=60)
+print("KEPT", shown(kc, "import os\\nbefore = os.getpid()\\nprint('kept')"))
+print("KEPTID", shown(kc, "%%local\\nprint(cluster.job_id, cluster.id)"), flush=True)
+km.restart_kernel(now=False)
+kc.wait_for_ready(timeout=60)
+print("AGAIN", shown(kc, "print('again', os.getpid() == before)"))
+print("STOP", shown(kc, "%mpi stop"))
+kc.stop_channels()
+km.shutdown_kernel()
+"""
+    )
+    out = _output(proc, timeout=180)
+    assert proc.returncode == 0, out
+    _, kept_id = out.split("KEPTID ", 1)[1].split()[:2]
+    assert f"kept 10m without a session as cluster {kept_id}" in out.split("KEPTID ")[0], out
+    again = out.split("AGAIN ", 1)[1].split("STOP ", 1)[0]
+    assert f"Attached to 2 MPI ranks (cluster {kept_id})." in again, out
+    assert "again True" in again and "ERROR" not in again, out
+    assert "Stopped all MPI ranks." in out.split("STOP ", 1)[1], out
+    _nothing_left(laptop, before, kept_id)
+
+
+def _nothing_left(laptop, before: set[int], cluster_id: str, masters: bool = False) -> None:
+    """No job, no process on the nodes, none of the cluster's on the login side, none
+    new in the laptop (the kernel's, its ssh's); ``masters``: but for ssh's master
+    connections (``[mux]``), which end by themselves after ControlPersist's 60 s."""
+    assert not any(laptop.slurm.leftovers()), laptop.slurm.leftovers()
+
+    def left() -> list[str]:
+        cmds = []
+        for pid in _in_laptop(laptop) - before:
+            try:
+                cmds.append(" ".join(psutil.Process(pid).cmdline()))
+            except psutil.Error:
+                continue
+        return [c for c in cmds if not (masters and "[mux]" in c)]
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (left() or _naming(f"cluster-{cluster_id}")):
+        time.sleep(0.25)
+    assert not left(), left()
+    assert not _naming(f"cluster-{cluster_id}")
 
 
 def test_bad_hosts_are_refused_clearly_and_start_nothing(laptop):

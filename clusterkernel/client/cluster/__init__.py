@@ -89,8 +89,8 @@ from clusterkernel.client._session import cluster as current_cluster
 from clusterkernel.client._session import set_cluster as set_current_cluster
 from clusterkernel.client.cluster._cluster import CellInterrupted, Cluster, ClusterError, RankError
 from clusterkernel.client.cluster._follow import busy_ranks
-from clusterkernel.client.cluster._kept_list import kept_report
-from clusterkernel.client.cluster._kept_records import describe_keep, kept, set_origin
+from clusterkernel.client.cluster._kept_list import kept_records, kept_report
+from clusterkernel.client.cluster._kept_records import describe_keep, kept
 from clusterkernel.client.cluster._snapshot import summary as snapshot_summary
 from clusterkernel.client.launch import LaunchSettings
 
@@ -104,8 +104,8 @@ __all__ = [
     "set_current_cluster",
     "kept",
     "kept_report",
+    "kept_records",
     "describe_keep",
-    "set_origin",
     "busy_ranks",
     "snapshot_summary",
 ]

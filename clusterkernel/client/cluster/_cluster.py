@@ -265,7 +265,7 @@ class Cluster:
         self._ranks_going_down()
         self._ranks.restart()
         self._ranks_up()
-        self._keeping.ranks_changed(self.run_dir, self.rank_info)
+        self._keeping.note(self.run_dir, {"rank_info": self.rank_info})
 
     def _ranks_up(self, group: bool = True) -> None:
         """What every fresh set of ranks gets: torchrun's environment, and the group if
@@ -357,6 +357,17 @@ class Cluster:
 
     taken_over_note = _kept_records.taken_over_note
 
+    def set_origin(self, origin: str) -> None:
+        """Note in this kept cluster's record who started it (``origin``: the MPI kernel's
+        own name), so that the kernel, restarted, finds it again in :func:`kept` (on the
+        login node from outside: ``kept_records``). Nothing for a cluster not kept.
+
+        Example::
+
+            cluster.set_origin("kernel-3f2a")   # kept: kept() shows its origin 'kernel-3f2a'
+        """
+        self._keeping.note(self.run_dir, {"origin": origin})
+
     def _taken_over(self) -> dict | None:
         """The session that took this kept cluster over, if one did (we then let go)."""
         holder = self._keeping.taken_over(self.run_dir)
@@ -382,7 +393,7 @@ class Cluster:
             pass
         self._ranks_up(group=not group_kept)
         self._port.ranks_back()
-        self._keeping.ranks_changed(self.run_dir, self.rank_info)
+        self._keeping.note(self.run_dir, {"rank_info": self.rank_info})
 
     lost = part_property("_ranks", RankMap, "lost")
     dead = part_property("_ranks", RankMap, "dead")

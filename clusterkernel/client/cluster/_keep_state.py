@@ -78,12 +78,14 @@ class Keeping:
         else:
             _kept_records.write(cluster.run_dir, record)
 
-    def ranks_changed(self, run_dir: str, rank_info: dict) -> None:
-        """A restart or a respawn made new rank processes: a kept record names them."""
+    def note(self, run_dir: str, fields: dict) -> None:
+        """Set ``fields`` in a kept cluster's record (new ranks after a restart or a
+        respawn, who started it), here or, from outside, on the login node; a cluster not
+        kept has no record."""
         if self._claim is not None:
-            self._claim.update({"rank_info": rank_info})
+            self._claim.update(fields)
         elif self._keep is not None:
-            _kept_records.update(run_dir, {"rank_info": rank_info})
+            _kept_records.update(run_dir, fields)
 
     def claim(self, run_dir: str, force: bool) -> None:
         """This session drives the kept cluster in ``run_dir`` from now on (``force``: even

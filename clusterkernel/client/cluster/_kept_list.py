@@ -6,7 +6,20 @@ there."""
 from __future__ import annotations
 
 from clusterkernel.client.cluster import _kept_login, _kept_records
-from clusterkernel.client.launch._ssh import login_for
+from clusterkernel.client.launch._ssh import Login, login_for
+
+
+def kept_records(login: Login | None = None) -> list[dict]:
+    """This user's kept clusters' records, newest first (:func:`_kept_records.kept`): on
+    this machine, or (``login``) on that login node, where those that ended while no one
+    was attached are removed as they are listed.
+
+    Example::
+
+        from clusterkernel.client.cluster import kept_records
+        [r["id"] for r in kept_records() if not r["attached"]]   # say ['482913']
+    """
+    return _kept_login.listing(login) if login is not None else _kept_records.kept()
 
 
 def kept_report(ssh: str | None = None, remote_python: str | None = None) -> str:
@@ -21,13 +34,12 @@ def kept_report(ssh: str | None = None, remote_python: str | None = None) -> str
         print(kept_report())    # a line per kept cluster: id, ranks, where, age, stops in, client
     """
     login = login_for(ssh, remote_python)
-    if login is not None:  # the login node removes its ended ones as it lists them
-        return _kept_records.table(_kept_login.listing(login))
-    records = _kept_records.kept()
+    records = kept_records(login)
     text = _kept_records.table(records)
-    for record in records:
-        if record.get("ended"):
-            _kept_records.remove_ended(record)
+    if login is None:  # the login node has removed its ended ones as it listed them
+        for record in records:
+            if record.get("ended"):
+                _kept_records.remove_ended(record)
     return text
 
 

@@ -371,15 +371,3 @@ def table(records: list[dict]) -> str:
             f"{left:>13}  {client}"
         )
     return "\n".join(lines)
-
-
-def set_origin(cluster, origin: str) -> None:
-    """Note in a running kept ``cluster``'s record who started it (``origin``: the MPI
-    kernel's own name), so that a restarted kernel finds it in :func:`kept` again.
-
-    Example::
-
-        from clusterkernel.client.cluster import set_origin
-        set_origin(cluster, "kernel-3f2a")   # kept(): its record has origin 'kernel-3f2a'
-    """
-    update(cluster.run_dir, {"origin": origin})

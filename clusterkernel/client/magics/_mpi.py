@@ -30,8 +30,9 @@ from typing import cast
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, magics_class
 
-from clusterkernel.client.cluster import Cluster, kept, set_current_cluster, set_origin
+from clusterkernel.client.cluster import Cluster, kept_records, set_current_cluster
 from clusterkernel.client.errors import ClusterError
+from clusterkernel.client.launch._ssh import login_for
 from clusterkernel.client.magics._args import (
     cell_args,
     help_text,
@@ -79,7 +80,8 @@ class MPIMagics(Subcommands, Magics):  # type: ignore[misc]
         set_current_cluster(cluster)
 
     def _stop_quietly(self) -> None:
-        """At exit (a kernel shut down or restarted): stop the ranks, or leave kept ones."""
+        """At exit (IPython's, or the MPI kernel's shutdown or restart): stop the ranks, or
+        leave kept ones."""
         if self.cluster is None or not self.cluster.running:
             return
         try:
@@ -107,21 +109,23 @@ class MPIMagics(Subcommands, Magics):  # type: ignore[misc]
     origin: str | None = None
 
     def _start_lazily(self, autostart: str) -> None:
+        args = parse(start_args, autostart)
         if self.origin is not None:
+            # kept here, or (--ssh) on the login node, where this kernel's earlier self kept them
+            where = login_for(args.ssh, args.remote_python)
             mine = [
                 r
-                for r in kept()
+                for r in kept_records(where)
                 if r.get("origin") == self.origin and not r["attached"] and not r.get("ended")
             ]
             if mine:
-                self._sub_attach(mine[0]["id"])
+                self._attach(mine[0]["id"], False, where)
                 return
-        n = parse(start_args, autostart).n
-        print(f"Starting {n or 'the'} MPI ranks...", flush=True)
+        print(f"Starting {args.n or 'the'} MPI ranks...", flush=True)
         self._sub_start(autostart)
         cluster = cast(Cluster, self.cluster)  # _sub_start made it or raised
         if self.origin is not None and cluster.keep is not None:
-            set_origin(cluster, self.origin)
+            cluster.set_origin(self.origin)
 
     @cell_magic
     def local(self, line: str, cell: str):

@@ -28,7 +28,7 @@ from clusterkernel.client.cluster import (
     snapshot_summary,
 )
 from clusterkernel.client.errors import format_ranks, rank_label
-from clusterkernel.client.launch._ssh import login_for
+from clusterkernel.client.launch._ssh import Login, login_for
 from clusterkernel.client.magics._args import (
     attach_args,
     debug_args,
@@ -71,6 +71,35 @@ def auto_mpi(lines: list[str]) -> list[str]:
 cast(Any, auto_mpi).sends_to_ranks = True  # %%local runs its cell without it
 
 
+def cluster_for(line: str) -> Cluster:
+    """The cluster ``%mpi start LINE`` starts, made but not started: every option read by
+    ``start_args`` and checked as a start checks it before anything runs (a
+    :class:`UsageError` says what to write). The MPI kernel's install checks its options
+    with it.
+
+    Example::
+
+        cluster_for("-n 2 --timeout 60").n         # 2
+        cluster_for("-n 2 --nodes 2")              # UsageError: --nodes: they go with --slurm ...
+    """
+    args = parse(start_args, line)
+    if args.no_gpu_binding and args.gpus_per_rank:
+        raise UsageError("--no-gpu-binding and --gpus-per-rank contradict each other.")
+    try:
+        return Cluster(
+            # every launch option, -n to --respawn, on the one settings object
+            launcher=LaunchSettings.from_args(args),
+            timeout=args.timeout,
+            torch=args.torch,
+            backend=args.backend,
+            gpus_per_rank=0 if args.no_gpu_binding else args.gpus_per_rank,
+            gpu_share=args.gpu_share,
+            keep=args.keep,
+        )
+    except (ClusterkernelError, ValueError, FileNotFoundError) as e:  # the base; settings' own
+        raise UsageError(str(e)) from None
+
+
 class Subcommands:
     """The ``%mpi`` subcommands, mixed into :class:`~clusterkernel.client.magics.MPIMagics`.
 
@@ -86,27 +115,12 @@ class Subcommands:
         def _require_cluster(self) -> Cluster: ...
 
     def _sub_start(self, rest: str) -> None:
-        args = parse(start_args, rest)
         if self.cluster is not None and self.cluster.running:
             raise UsageError(
                 f"MPI ranks are already running ({self.cluster.n} ranks). "
                 "Use %mpi restart, or %mpi stop first."
             )
-        if args.no_gpu_binding and args.gpus_per_rank:
-            raise UsageError("--no-gpu-binding and --gpus-per-rank contradict each other.")
-        try:
-            cluster = Cluster(
-                # every launch option, -n to --respawn, on the one settings object
-                launcher=LaunchSettings.from_args(args),
-                timeout=args.timeout,
-                torch=args.torch,
-                backend=args.backend,
-                gpus_per_rank=0 if args.no_gpu_binding else args.gpus_per_rank,
-                gpu_share=args.gpu_share,
-                keep=args.keep,
-            )
-        except (ClusterkernelError, ValueError, FileNotFoundError) as e:  # the base; settings' own
-            raise UsageError(str(e)) from None
+        cluster = cluster_for(rest)
         try:
             cluster.start(progress=LiveLine(self.shell))  # shown in place, gone at the end
         except ClusterkernelError as e:
@@ -149,13 +163,17 @@ class Subcommands:
 
     def _sub_attach(self, rest: str) -> None:
         args = parse(attach_args, rest)
+        # the one login node, from here on
+        self._attach(args.id, args.force, login_for(args.ssh, args.remote_python))
+
+    def _attach(self, cluster_id: str | None, force: bool, where: Login | None) -> None:
+        """``%mpi attach``'s work: ``where``, the login node of a cluster started from outside."""
         if self.cluster is not None and self.cluster.running:
             raise UsageError(
                 f"This session already drives {self.cluster.n} ranks: %mpi detach (or stop) "
                 "them first."
             )
-        where = login_for(args.ssh, args.remote_python)  # the one login node, from here on
-        cluster = Cluster.attach(args.id, force=args.force, ssh=where)  # ClusterError: a message
+        cluster = Cluster.attach(cluster_id, force=force, ssh=where)  # ClusterError: a message
         self.cluster = cluster
         self._bind_cluster_name(cluster)
         if cluster.replaced:
@@ -406,6 +424,7 @@ class Subcommands:
         # cells that raised or were interrupted (history index = execution count)
         failed = set() if args.include_failed else set(getattr(self, "failed_cells", ()))
         job = export.job_args(args)  # --sbatch, --qsub, --nodes, --time, ...: by name
+        side = export.cluster_side(live)  # from outside: the job is the login node's too
         try:
             written = export.write_job(
                 cells,
@@ -418,11 +437,12 @@ class Subcommands:
                 failed=failed,
                 torch=(live.torch, live.backend) if live is not None else None,
                 gpus=(live.gpus_per_rank, live.gpu_share) if live is not None else None,
+                side=side,
                 **job,
             )
+            print(export.written_text(written, export.job_ranks(cells, running), job, side))
         except ClusterkernelError as e:
             raise UsageError(str(e)) from None
-        print(export.written_text(written, export.job_ranks(cells, running), job))
 
     def _sub_dashboard(self, rest: str) -> None:
         self._require_cluster().dashboard().show()
