@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -271,7 +273,7 @@ print("after", socket.gethostname(), "same" if before == os.getpid() else "new",
 ''')
 # a cell of the notebook (in its history) exported from a folder under the laptop's home
 os.chdir(tempfile.mkdtemp(prefix="ck-export-", dir=os.path.expanduser("~")))
-ip.run_cell("%%mpi\nimport socket\nprint('job on', socket.gethostname())", store_history=True)
+ip.run_cell("%%mpi\\nimport socket\\nprint('job on', socket.gethostname())", store_history=True)
 ip.run_line_magic("mpi", "export job.py --sbatch job.sbatch --nodes 2")
 ip.user_ns["cluster"].dashboard()  # its relay on the login node must go with the kernel
 print("JOB", ip.user_ns["cluster"].job_id, flush=True)
@@ -304,7 +306,7 @@ time.sleep(600)
         assert sbatch.parent == folder and (laptop.home / folder.name / "job.sbatch").exists()
         assert f"srun --mpi=pmix {sys.executable} {folder}/job.py" in sbatch.read_text()
         assert f"-m clusterkernel run -n 2 {folder}/job.py" in (folder / "job.py").read_text()
-        run = out.split("Run it on 2 ranks:", 1)[1].split()
+        run = out.split("Run it on 2 ranks:", 1)[1].split("\n", 1)[0].split()
         assert run[:3] == ["ssh", "login", sys.executable] and run[-1] == f"{folder}/job.py"
         # submitted from the laptop as printed (sbatch --wait: back when the job ends)
         ran = laptop(

@@ -6,7 +6,9 @@ effect), in order, become one plain script that every rank runs, under
 the script's first lines give it with absolute paths, runnable as printed), plain
 ``mpiexec``, ``srun --mpi=pmix python job.py`` (``--sbatch``) or ``qsub`` of a Grid
 Engine script (``--qsub``): the scheduler's class writes it
-(:meth:`~clusterkernel.client.scheduler.BatchSystem.export_script`). Client-only
+(:meth:`~clusterkernel.client.scheduler.BatchSystem.export_script`); from a notebook
+outside the cluster (``%mpi start --ssh login``) the files are the login node's and
+are sent there too (:mod:`~clusterkernel.client.export._cluster_side`). Client-only
 cells are left out with a comment. ``%mpi push`` values come along: embedded from
 the live namespace (``%mpi export`` in the notebook), or, exporting a file,
 ``push x=expr`` becomes ``x = expr`` and ``push x`` replays the notebook's own
@@ -40,6 +42,7 @@ from clusterkernel.client.export._cli import (  # noqa: F401
     read_notebook,
     sbatch_args,
 )
+from clusterkernel.client.export._cluster_side import ClusterSide, cluster_side
 from clusterkernel.client.export._jobfile import (
     job_ranks,
     job_script,
@@ -58,6 +61,8 @@ from clusterkernel.client.export._script import (  # noqa: F401
 
 __all__ = [
     "ExportError",
+    "ClusterSide",
+    "cluster_side",
     "export_cells",
     "sbatch_script",
     "job_script",

@@ -17,10 +17,11 @@ import math
 import shlex
 import sys
 from collections.abc import Collection
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from clusterkernel.client import scheduler
 from clusterkernel.client.export._cellcode import ExportError
+from clusterkernel.client.export._cluster_side import ClusterSide
 from clusterkernel.client.export._run_command import run_command
 from clusterkernel.client.export._script import export_cells, notebook_ranks
 from clusterkernel.client.mpiexec import QUIET_OSC, MPINotFoundError, find_mpiexec
@@ -35,13 +36,16 @@ def job_script(
     *,
     job_name: str | None = None,
     python: str | None = None,
+    side: ClusterSide | None = None,
     **options,
 ) -> str:
     """The job file of scheduler ``launcher`` (``"slurm"``, ``"sge"``) that runs ``script``
     on ``n`` ranks; ``options`` are that scheduler's (others are ignored).
 
     Uses this Python (``sys.executable``) and the script's absolute path; the job's
-    output goes to ``<script stem>-<jobid>.out`` beside the script. A bad value is an
+    output goes to ``<script stem>-<jobid>.out`` beside the script. With ``side`` (a
+    notebook outside the cluster) the job is the login node's: its Python, its
+    ``mpiexec`` and the script's path there (:class:`ClusterSide`). A bad value is an
     :class:`ExportError` saying what to give, as ``%mpi start`` says it.
 
     Example::
@@ -50,13 +54,16 @@ def job_script(
         from clusterkernel.client.export import job_script
         Path("job.qsub").write_text(job_script("sge", "job.py", 4, queue="all.q"))
     """
-    path = Path(script).resolve()
+    path = PurePosixPath(side.path(script)) if side is not None else Path(script).resolve()
+    python = side.python if side is not None else python
     system = scheduler.get(launcher)
     mine = {o.name for o in system.options}
     try:
         job = system(n, {k: v for k, v in options.items() if k in mine})
         mpiexec = "mpiexec"
-        if system.launch == "mpiexec":
+        if system.launch == "mpiexec" and side is not None:
+            mpiexec = side.mpiexec()
+        elif system.launch == "mpiexec":
             try:
                 mpiexec = find_mpiexec()  # the one beside this Python: the same MPI
             except MPINotFoundError:
@@ -130,6 +137,7 @@ def write_job(
     ntasks_per_node: int | None = None,
     profile: ProfileKind | None = None,
     gpus: tuple[int | None, bool] | None = None,
+    side: ClusterSide | None = None,
     **job,
 ) -> list[Path]:
     """Write the script (and each scheduler's job file asked for); the paths written.
@@ -139,6 +147,9 @@ def write_job(
     ``ntasks_per_node`` (default: the notebook's ranks, ``ranks``, else its ``%mpi start
     -n``, else 4, spread over ``nodes``) per node; another scheduler's, the ranks.
     ``profile``, ``gpus``: as :func:`export_cells` (``--profile``; the ranks' GPU binding).
+    ``side``: the login node of a cluster run from outside (:func:`cluster_side`): the
+    files are written for it (its Python, its paths) and sent there as well, each to
+    the same place under its home as here under this one.
     """
     path = Path(path)
     ranks = job_ranks(cells, ranks)
@@ -147,13 +158,14 @@ def write_job(
         pushed,
         names=names,
         source=source,
-        script_name=str(path.resolve()),
+        script_name=side.path(path) if side is not None else str(path.resolve()),
         ranks=ranks,
         auto=auto,
         torch=torch,
         failed=failed,
         profile=profile,
         gpus=gpus,
+        python=side.python if side is not None else None,
     )
     files = {name: job.pop(_file_dest(system), None) for name, system in _exporters()}
     written: list[tuple[Path, str]] = []
@@ -166,10 +178,13 @@ def write_job(
             n = nodes * per_node if _counts(nodes, per_node) else 1
         else:
             options, n = job, ranks
-        written.append((Path(target), job_script(name, path, n, **options)))
+        written.append((Path(target), job_script(name, path, n, side=side, **options)))
     path.write_text(text)
     for target, body in written:
         target.write_text(body)
+    if side is not None:
+        for target, body in [(path, text), *written]:
+            side.send(target, body)
     return [path, *(target for target, _ in written)]
 
 
@@ -179,10 +194,13 @@ def job_ranks(cells: list[str], ranks: int | None = None) -> int:
     return ranks or notebook_ranks(cells) or 4
 
 
-def written_text(written: list[Path], ranks: int, job: dict | None = None) -> str:
+def written_text(
+    written: list[Path], ranks: int, job: dict | None = None, side: ClusterSide | None = None
+) -> str:
     """What an export prints: the files written, the command that runs the job here, and
     the one that submits each scheduler's file ``job`` names (``sbatch="job.sbatch"``, as
-    :func:`write_job` takes them).
+    :func:`write_job` takes them). With ``side`` (:func:`write_job`'s) the commands run
+    them on the login node, as typed here: ``ssh login sbatch /home/me/job.sbatch``.
 
     Example::
 
@@ -194,14 +212,21 @@ def written_text(written: list[Path], ranks: int, job: dict | None = None) -> st
         # Run it on 4 ranks:  /opt/venv/bin/python -m clusterkernel run -n 4 /home/me/job.py
         #   or submit it:     sbatch job.sbatch
     """
-    lines = [
-        "Wrote " + ", ".join(map(str, written)),
-        f"Run it on {ranks} ranks:  {run_command(ranks, Path(written[0]).resolve())}",
-    ]
+    lines = ["Wrote " + ", ".join(map(str, written))]
+    if side is None:
+        lines.append(f"Run it on {ranks} ranks:  {run_command(ranks, Path(written[0]).resolve())}")
+    else:
+        there = [side.path(p) for p in written]
+        lines.append(f"  and on {side.login.host}: " + ", ".join(there))
+        run = shlex.split(run_command(ranks, there[0], side.python))
+        lines.append(f"Run it on {ranks} ranks:  {side.command(*run)}")
     for _, system in _exporters():
         target = (job or {}).get(_file_dest(system))
         if target is not None and system.submit_command:
-            submit = shlex.join([system.submit_command[0], str(target)])
+            if side is not None:
+                submit = side.command(system.submit_command[0], side.path(target))
+            else:
+                submit = shlex.join([system.submit_command[0], str(target)])
             lines.append(f"  or submit it:     {submit}")
     return "\n".join(lines)
 

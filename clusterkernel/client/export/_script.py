@@ -170,6 +170,7 @@ def export_cells(
     failed: Collection[int] = (),
     profile: ProfileKind | None = None,
     gpus: tuple[int | None, bool] | None = None,
+    python: str | None = None,
 ) -> str:
     """The rank cells of ``cells`` (cell sources in notebook order) as one MPI script.
 
@@ -180,7 +181,8 @@ def export_cells(
     ``failed``: indices of cells that raised or were interrupted in the notebook: left
     out with a comment (a job would stop at the first of them).
     ``script_name``: the job's path as its run line names it (:func:`write_job` gives
-    the absolute one, so the line runs from any folder).
+    the absolute one, so the line runs from any folder); ``python``: the interpreter that
+    line names (default this one; the login node's for a job exported there).
     ``torch``: (the ranks had a default group made for them, its backend), as the live
     cluster knows it; default: read from the cells' ``%mpi start``. Every rank gets
     torchrun's environment and its GPU, as in the notebook: ``gpus`` (GPUs per rank,
@@ -193,7 +195,7 @@ def export_cells(
     stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     header = [
         f"# Batch job exported by clusterkernel from {source} on {stamp}.".replace("\n", " "),
-        *run_lines(n, script_name),
+        *run_lines(n, script_name, python),
         "# Each rank runs the whole file; its lines are labelled [rank N] as in the notebook.",
     ]
     out = ["\n".join(header), _prelude(gpu_options(cells) if gpus is None else gpus)]
