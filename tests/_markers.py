@@ -60,7 +60,7 @@ SLOW: dict[str, float] = {
     "tests/slurm/test_slurm_respawn.py::test_a_rank_killed_on_node2_is_respawned_on_node2": 17,
     "tests/slurm/test_slurm_respawn.py::test_a_train_steps_cell_survives_a_death_on_node2_by_itself": 20,
     "tests/slurm/test_ssh.py::test_ranks_on_both_nodes_from_outside_kept_through_a_killed_kernel_then_nothing_left": 27,
-    "tests/slurm/test_ssh.py::test_a_rank_respawned_from_outside_then_a_killed_kernel_has_its_job_released": 12,
+    "tests/slurm/test_ssh.py::test_a_rank_respawned_from_outside_then_a_killed_kernel_has_its_job_released": 15,
     "tests/slurm/test_ssh.py::test_a_network_drop_mid_cell_loses_the_connection_and_the_cell_completes": 38,
     "tests/sge/test_sge_ssh.py::test_two_ranks_under_grid_engine_from_outside_then_nothing_left": 11,
     "tests/slurm/test_ssh.py::test_the_mpi_kernel_installed_on_the_laptop_runs_its_cells_on_both_nodes": 11,

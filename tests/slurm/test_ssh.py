@@ -308,14 +308,18 @@ time.sleep(600)
         assert f"-m clusterkernel run -n 2 {folder}/job.py" in (folder / "job.py").read_text()
         run = out.split("Run it on 2 ranks:", 1)[1].split("\n", 1)[0].split()
         assert run[:3] == ["ssh", "login", sys.executable] and run[-1] == f"{folder}/job.py"
-        # submitted from the laptop as printed (sbatch --wait: back when the job ends)
+        # submitted from the laptop as printed, then awaited here (sbatch --wait polls
+        # Slurm seconds apart)
         ran = laptop(
             "import subprocess\n"
-            f"done = subprocess.run({[*submit[:3], '--wait', *submit[3:]]!r})\n"
+            f"done = subprocess.run({[*submit[:3], '--parsable', *submit[3:]]!r})\n"
             "print('SUBMITTED', done.returncode)\n"
         )
-        said = _output(ran, timeout=120)
+        said = _output(ran, timeout=60)
         assert "SUBMITTED 0" in said, said
+        deadline = time.monotonic() + 60
+        while laptop.slurm.jobs() and time.monotonic() < deadline:
+            time.sleep(0.2)
         (log,) = folder.glob("job-*.out")
         assert "[rank 0] job on node1" in log.read_text(), log.read_text()
         assert "[rank 1] job on node2" in log.read_text(), log.read_text()
