@@ -14,7 +14,9 @@ work only as ``ssh login ...``.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,11 @@ t = torch.tensor([comm.rank() + 1.0])
 comm.all_reduce(t)
 print("rank", comm.rank(), "of", comm.size(), "sum", t.item(), "in job", os.environ["JOB_ID"])
 ''')
+# a cell exported as a Grid Engine job, from a folder under the laptop's home
+import os, tempfile
+os.chdir(tempfile.mkdtemp(prefix="ck-export-", dir=os.path.expanduser("~")))
+ip.run_cell("%%mpi\\nprint('job')", store_history=True)
+ip.run_line_magic("mpi", "export job.py --qsub job.qsub")
 ip.run_line_magic("mpi", "stop")
 print("STOPPED", flush=True)
 """
@@ -60,6 +67,16 @@ def test_two_ranks_under_grid_engine_from_outside_then_nothing_left(sge_testbed,
         assert f"[rank 0] rank 0 of 2 sum 3.0 in job {job}" in out, out
         assert f"[rank 1] rank 1 of 2 sum 3.0 in job {job}" in out, out
         assert "Stopped all MPI ranks." in out, out
+        # the export: its qsub file on the login side runs the login node's Python there
+        submit = out.split("or submit it:", 1)[1].split("\n", 1)[0].split()
+        assert submit[:3] == ["ssh", "login", "qsub"] and len(submit) == 4, out
+        folder = Path(submit[3]).parent
+        try:
+            assert folder.parent == Path(os.path.expanduser("~root")), out
+            assert (laptop.home / folder.name / "job.qsub").exists(), out
+            assert f"{sys.executable} {folder}/job.py" in (folder / "job.qsub").read_text()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         assert_job_gone(sge_testbed, job)
         left = wait_no_cluster_processes(20)
         assert not left, [p.cmdline() for p in left]
