@@ -252,12 +252,16 @@ def test_a_rank_respawned_from_outside_then_a_killed_kernel_has_its_job_released
     with rank 0's variables; a cell is exported as a Slurm job, written for the login
     node and sent there; then the notebook is SIGKILLed and the guard on the login node
     cancels the job (and the dashboard's relay there leaves). The exported job, submitted
-    from the laptop as printed, runs a rank on each node."""
+    from the laptop as printed, runs a rank on each node. The login node's Python is
+    named apart from the laptop's (another name of the same venv's interpreter), so
+    that the job's files show which one they run."""
+    there = str(Path(sys.executable).with_name("python3.11"))  # the login node's Python
     proc = laptop(
         _SHELL
-        + """
+        + f"""
 import os, tempfile, time
-ip.run_line_magic("mpi", "start -n 2 --slurm --nodes 2 --ssh login --fault-tolerant")
+ip.run_line_magic("mpi", "start -n 2 --slurm --nodes 2 --ssh login --fault-tolerant --remote-python {there}")"""
+        + """
 ip.run_cell_magic("mpi", "", "import os, socket\\nbefore, x = os.getpid(), 7\\nprint('on', socket.gethostname())")
 try:
     ip.run_cell_magic("mpi", "--ranks 1", "os.kill(os.getpid(), 9)")
@@ -304,10 +308,12 @@ time.sleep(600)
     folder = Path(os.path.expanduser("~root")) / sbatch.parent.name
     try:
         assert sbatch.parent == folder and (laptop.home / folder.name / "job.sbatch").exists()
-        assert f"srun --mpi=pmix {sys.executable} {folder}/job.py" in sbatch.read_text()
-        assert f"-m clusterkernel run -n 2 {folder}/job.py" in (folder / "job.py").read_text()
+        assert f"srun --mpi=pmix {there} {folder}/job.py" in sbatch.read_text()
+        assert (
+            f"{there} -m clusterkernel run -n 2 {folder}/job.py" in (folder / "job.py").read_text()
+        )
         run = out.split("Run it on 2 ranks:", 1)[1].split("\n", 1)[0].split()
-        assert run[:3] == ["ssh", "login", sys.executable] and run[-1] == f"{folder}/job.py"
+        assert run[:3] == ["ssh", "login", there] and run[-1] == f"{folder}/job.py", out
         # submitted from the laptop as printed, then awaited here (sbatch --wait polls
         # Slurm seconds apart)
         ran = laptop(
