@@ -42,7 +42,7 @@ from clusterkernel.client.export._cli import (  # noqa: F401
     read_notebook,
     sbatch_args,
 )
-from clusterkernel.client.export._cluster_side import ClusterSide, cluster_side
+from clusterkernel.client.export._cluster_side import cluster_side
 from clusterkernel.client.export._jobfile import (
     job_ranks,
     job_script,
@@ -61,7 +61,6 @@ from clusterkernel.client.export._script import (  # noqa: F401
 
 __all__ = [
     "ExportError",
-    "ClusterSide",
     "cluster_side",
     "export_cells",
     "sbatch_script",
