@@ -115,6 +115,7 @@ class Subcommands:
         def _require_cluster(self) -> Cluster: ...
 
     def _sub_start(self, rest: str) -> None:
+        parse(start_args, rest)  # a mistake in the line is told first, also while ranks run
         if self.cluster is not None and self.cluster.running:
             raise UsageError(
                 f"MPI ranks are already running ({self.cluster.n} ranks). "
