@@ -307,26 +307,21 @@ def kernel_mode(
         shell.input_transformers_cleanup.append(_kernel_cell)
 
 
-def _kernel_class() -> type:
-    """ipykernel's IPython kernel whose shutdown (and restart) first stops its ranks, or
-    lets kept ones go: at exit, once ipykernel has closed its sockets, the cluster's
-    client waits for replies that never come until Jupyter kills the kernel (SIGTERM to
-    its process group 2.5 s after the shutdown request, SIGKILL 2.5 s later)."""
-    from ipykernel.ipkernel import IPythonKernel
-
-    class MPIKernel(IPythonKernel):
-        def do_shutdown(self, restart):
-            magics = self.shell.magics_manager.registry.get("MPIMagics")
-            if magics is not None:
-                magics._stop_quietly()
-            return super().do_shutdown(restart)
-
-    return MPIKernel
+def _stop_at_shutdown(shell) -> None:
+    """A shutdown (and restart) of this kernel first stops its ranks, or lets kept ones
+    go: at exit, once ipykernel has closed its sockets, the cluster's client waits for
+    replies that never come until Jupyter kills the kernel (SIGTERM to its process group
+    2.5 s after the shutdown request, SIGKILL 2.5 s later)."""
+    magics = shell.magics_manager.registry.get("MPIMagics")
+    if magics is not None:
+        magics._stop_quietly()
 
 
 def main(argv: list[str] | None = None) -> None:
     """Start the kernel (the kernelspec's argv): ipykernel with kernel mode on."""
     from ipykernel.kernelapp import IPKernelApp
+
+    from clusterkernel.protocol._ipykernel import before_shutdown
 
     parser = argparse.ArgumentParser(prog="python -m clusterkernel.client.kernel", add_help=False)
     parser.add_argument("--ranks", type=int, default=4)
@@ -336,8 +331,9 @@ def main(argv: list[str] | None = None) -> None:
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.ranks < 1:
         raise SystemExit(f"--ranks must be at least 1, got {args.ranks}.")
-    app = IPKernelApp.instance(extensions=["clusterkernel"], kernel_class=_kernel_class())
+    app = IPKernelApp.instance(extensions=["clusterkernel"])
     app.initialize(rest)
+    before_shutdown(app.kernel, lambda: _stop_at_shutdown(app.shell))
     # a restart from the kernel menu keeps the connection file: it names this notebook's kernel
     origin = f"kernel {os.path.abspath(app.connection_file)}"
     kernel_mode(app.shell, args.ranks, args.torch, args.keep, origin, args.start_options)

@@ -135,3 +135,20 @@ def complete(kernel: Any, code: str, cursor_pos: int) -> Any:
 def inspect(kernel: Any, code: str, cursor_pos: int, detail_level: int, omit: tuple) -> Any:
     """``kernel``'s own ``inspect_reply`` content (``Kernel.do_inspect``): Shift-Tab."""
     return kernel.do_inspect(code, cursor_pos, detail_level, omit)
+
+
+def before_shutdown(kernel: Any, fn: Callable[[], Any]) -> None:
+    """Run ``fn`` when ``kernel`` shuts down or restarts, before ipykernel closes its
+    sockets.
+
+    Wraps the instance's ``do_shutdown`` (ipykernel's step of a ``shutdown_request``, on
+    the control thread): ipykernel has no public hook there, and by the time the
+    interpreter exits its sockets are closed.
+    """
+    original = kernel.do_shutdown
+
+    def do_shutdown(restart: bool) -> Any:
+        fn()
+        return original(restart)
+
+    kernel.do_shutdown = do_shutdown

@@ -204,7 +204,7 @@ def _shrink_and_grow(spawned: list[int]) -> list[int]:
     again into it (``rank._respawn.grow``; added to ``spawned``); returns the dead ranks.
     With none dead the world (revoked by the recovery) is made again of the same ranks."""
 
-    from clusterkernel.rank._respawn import JoinerDied, _group_keys, grow
+    from clusterkernel.rank._respawn import JoinerDiedError, _group_keys, grow
     from clusterkernel.rank._world import replace
 
     assert _recipe is not None
@@ -224,7 +224,7 @@ def _shrink_and_grow(spawned: list[int]) -> list[int]:
         hosts = [_recipe["hosts"].get(r) for r in dead]
         grow(dead, commands, hosts, root, join_timeout=30.0, watch=True)
     except RuntimeError as e:  # they did not join; the world is as it was, on every survivor
-        raise _NotJoined(dead, _lost(old, alive), str(e), isinstance(e, JoinerDied)) from None
+        raise _NotJoined(dead, _lost(old, alive), str(e), isinstance(e, JoinerDiedError)) from None
     return dead
 
 

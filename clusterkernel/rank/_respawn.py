@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 
 from clusterkernel.protocol._engine import set_world
+from clusterkernel.protocol._errors import ClusterkernelError
 from clusterkernel.protocol._procs import Joiners, announce
 from clusterkernel.rank._variables import pickled, put_back, user_namespace
 from clusterkernel.rank._world import replace, world
@@ -173,7 +174,7 @@ def grow(
         flag, why = flag & ~_JOINED, why or f"a survivor died ({e})"
     if not flag & _JOINED:
         if not flag & _NONE_DIED:  # said alike on every survivor
-            raise JoinerDied(f"the new process of rank {_ranks(dead)} died before it joined")
+            raise JoinerDiedError(f"the new process of rank {_ranks(dead)} died before it joined")
         raise RuntimeError(f"rank {_ranks(dead)} did not join: {why or 'another survivor failed'}")
     comm = joined["comm"]
     # the grown world is every survivor's from here on, also where a death fails what
@@ -187,7 +188,7 @@ def grow(
 _JOINED, _NONE_DIED = 1, 2  # the bits of the survivors' agreement after a spawn
 
 
-class JoinerDied(RuntimeError):
+class JoinerDiedError(ClusterkernelError, RuntimeError):
     """A new process died before it joined the survivors (seen on its host): spawning it
     again may well succeed, where a spawn that failed otherwise would fail again."""
 

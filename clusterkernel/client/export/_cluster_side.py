@@ -81,6 +81,7 @@ def cluster_side(cluster: Any) -> ClusterSide | None:
 
     Example::
 
+        from clusterkernel.client.export import cluster_side
         cluster_side(None)       # None: an export without a cluster writes files here only
     """
     login = getattr(getattr(cluster, "launcher", None), "login", None)
