@@ -120,10 +120,17 @@ def test_where_shows_a_blocked_ranks_cell_line_and_locals(shell, capsys, tmp_pat
     try:
 
         def both_in_the_barrier() -> str:
+            # each rank's own section at its Barrier line with the cell's locals: a look
+            # that caught rank 2 on its way in (ipykernel publishing "busy") looks again
             capsys.readouterr()
             shell.run_line_magic("mpi", "where --ranks 0,2 --locals")
             out = capsys.readouterr().out
-            return out if out.count("MPI.COMM_WORLD.Barrier()") >= 2 else ""
+            parts = out.split("[rank 2]")
+            there = len(parts) == 2 and all(
+                "MPI.COMM_WORLD.Barrier()" in part and re.search(rf"secret\s+= {40 + r}", part)
+                for r, part in zip((0, 2), parts)
+            )
+            return out if there else ""
 
         out = wait_until(both_in_the_barrier, 60, "ranks 0 and 2 in the Barrier")
     finally:
