@@ -23,6 +23,8 @@ import uuid
 
 import psutil
 
+from clusterkernel.protocol import _procs
+
 SESSION_VAR = "CLUSTERKERNEL_TEST_SESSION"
 # setdefault: a pytest started by a test (on MPI ranks, say) belongs to the same session
 SESSION = os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)
@@ -66,15 +68,8 @@ def cluster_processes() -> list[psutil.Process]:
 
 
 def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    """Those of ``procs`` still running (zombies count as gone)."""
-    left = []
-    for proc in procs:
-        try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                left.append(proc)
-        except psutil.Error:
-            pass
-    return left
+    """Those of ``procs`` still running (zombies count as gone: ``protocol._procs.alive``)."""
+    return [proc for proc in procs if _procs.alive(proc)]
 
 
 def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
