@@ -85,6 +85,8 @@ def _register_ours(ddp) -> None:
     if "nccl" in backend:
         return  # the flight recorder has NCCL's times
     timed = _Timed(backend, group.size(), metrics.recorder())
+    # torch's default averages over the model's group (None would be the whole world)
+    timed.state = group
     _ORIGINAL["register_comm_hook"](ddp, timed, timed_hook)
     ddp._ck_timed = timed
 

@@ -22,6 +22,7 @@ import threading
 from datetime import timedelta
 
 from clusterkernel.protocol._errors import ClusterkernelError
+from clusterkernel.torchdist import _subgroups
 
 BACKENDS = ("gloo", "nccl")
 
@@ -143,6 +144,8 @@ def init(backend: str | None = None, timeout: float | None = None) -> dict:
     dist.init_process_group(backend=backend, **kwargs)
     _last_backend = backend
     _closed = False
+    # the subgroups made so far hold the old group's world: a respawn makes them again
+    _subgroups.rotate()
     return describe()
 
 
@@ -155,6 +158,7 @@ def destroy() -> bool:
         return False
     _remember_backend(dist)
     dist.destroy_process_group()
+    _subgroups.forget()
     return True
 
 

@@ -3,10 +3,11 @@
 A respawn between cells gets its torch side from the notebook, one step at a time on
 every rank: torchrun's environment and the rank's GPU (:func:`~clusterkernel.torchdist.
 _gpu.prepare_rank`), the default group (:func:`~clusterkernel.torchdist._group.init`),
-the DDP models of the namespace wrapped on it (:func:`~clusterkernel.torchdist._rewrap.
-rewrap_namespace`). Inside a running cell the notebook cannot reach the survivors (they
-run the cell), so the recovery (``rank._recovery``) runs the same three steps itself,
-through :func:`regroup`, once the new ranks have joined and taken their copy.
+the user's subgroups made again and the DDP models of the namespace wrapped on them
+(:func:`~clusterkernel.torchdist._rewrap.rewrap_namespace`). Inside a running cell the
+notebook cannot reach the survivors (they run the cell), so the recovery
+(``rank._recovery``) runs the same three steps itself, through :func:`regroup`, once
+the new ranks have joined and taken their copy.
 
 Example (collective over the world just grown, on every rank)::
 
@@ -37,8 +38,9 @@ def regroup(settings: dict | None) -> list[str] | None:
     """Collective over the world: where any rank has, or had until the recovery closed
     it, a default group, every rank gets a new one on this world (the first such rank's
     backend; ``settings``: ``gpus_per_rank``, ``share``, ``timeout``, as the notebook's
-    ``--torch`` start gives them) and the DDP models of the namespace are wrapped on it.
-    Returns their names, or None where no rank had a group (nothing done)."""
+    ``--torch`` start gives them), the user's subgroups are made again on it and the DDP
+    models of the namespace wrapped on their new group (``_rewrap.rewrap_namespace``).
+    Returns the DDP models' names, or None where no rank had a group (nothing done)."""
     from clusterkernel.torchdist import _group
 
     comm = world()
@@ -62,7 +64,7 @@ def regroup(settings: dict | None) -> list[str] | None:
         from torch.distributed.distributed_c10d import _set_pg_timeout
 
         _set_pg_timeout(timedelta(seconds=full))
-    return rewrap_namespace()
+    return rewrap_namespace()["ddp"]
 
 
 _MAKING = 20.0  # seconds for the new group's rendezvous, far above what it takes

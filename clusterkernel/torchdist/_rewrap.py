@@ -20,6 +20,7 @@ import inspect
 
 from clusterkernel.protocol._engine import user_namespace as _user_namespace
 from clusterkernel.protocol._engine import world
+from clusterkernel.torchdist import _subgroups
 
 # DDP's settings that its constructor takes under the same name as its attribute
 _SAME_NAME = (
@@ -85,22 +86,32 @@ class Unwrapped:
 
 def for_copy(value):
     """What a respawn's copy sends for ``value``: an :class:`Unwrapped` for a DDP model
-    (DDP itself pickles only while it holds the current default group), else ``value``."""
+    (DDP itself pickles only while it holds the current default group), a stand-in for
+    a torch.distributed group (``_subgroups.for_copy``: made again after the copy),
+    else ``value``."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return Unwrapped(value.module, _settings(value)) if isinstance(value, DDP) else value
+    if isinstance(value, DDP):
+        return Unwrapped(value.module, _settings(value))
+    return _subgroups.for_copy(value)
 
 
-def rewrap_namespace(namespace: dict | None = None) -> list[str]:
-    """After a respawn, on every rank: the DDP models of the namespace that every rank
-    has (by name; a respawned rank's :class:`Unwrapped`) wrapped again on the current
-    default group, in name order. Collective over the world; names returned."""
+def rewrap_namespace(namespace: dict | None = None) -> dict[str, list[str]]:
+    """After a respawn, on every rank, once the new default group is made: the user's
+    subgroups made again and the names that held them rebound
+    (:func:`clusterkernel.torchdist._subgroups.remake`), then the DDP models of the
+    namespace that every rank has (by name; a respawned rank's :class:`Unwrapped`)
+    wrapped again, each on the new group of the one it held (the default group, or a
+    subgroup made again), in name order. Collective over the world. Returns
+    ``{"groups": names rebound to a subgroup, "ddp": DDP models wrapped again}``."""
     import sys
 
     ns = _user_namespace() if namespace is None else namespace
     mine: list[str] = []
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
+    live = dist is not None and dist.is_available() and dist.is_initialized()
+    groups = _subgroups.remake(ns, live)
+    if live:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         mine = sorted(
@@ -108,14 +119,14 @@ def rewrap_namespace(namespace: dict | None = None) -> list[str]:
         )
     common = sorted(set.intersection(*map(set, world().allgather(mine))))
     for name in common:
-        value = ns[name]
+        value, group = ns[name], groups["ddp"].get(name)
         if isinstance(value, Unwrapped):
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            ns[name] = DDP(value.module, **value.settings)
+            ns[name] = DDP(value.module, process_group=group, **value.settings)
         else:
-            ns[name] = rewrap(value)
-    return common
+            ns[name] = rewrap(value, group)
+    return {"groups": groups["names"], "ddp": common}
 
 
 def held_models(namespace: dict | None = None) -> dict[str, list[str]]:

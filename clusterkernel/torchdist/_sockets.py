@@ -33,7 +33,7 @@ import socket
 import sys
 import threading
 
-from clusterkernel.torchdist import _import_hooks
+from clusterkernel.torchdist import _import_hooks, _subgroups
 
 _C10D = "torch.distributed.distributed_c10d"
 _HELPER = "_new_process_group_helper"
@@ -58,6 +58,7 @@ def _socket_fds() -> dict[int, int]:
 
 def _wrap(c10d) -> None:
     global _wrapped
+    _subgroups.watch(c10d)  # the same moment: every group the user makes is recorded too
     with _lock:
         if _wrapped or not hasattr(c10d, _HELPER):
             return
@@ -97,7 +98,8 @@ class _OnImport(importlib.abc.MetaPathFinder):
 
 
 def track() -> None:
-    """Record the sockets of every torch.distributed group made in this process from now on.
+    """Record the sockets of every torch.distributed group made in this process from now on,
+    and each ``new_group`` call (:func:`clusterkernel.torchdist._subgroups.watch`).
 
     Idempotent. Where torch.distributed is being imported by another thread (the
     engine's pre-import), waits for that import to finish first.

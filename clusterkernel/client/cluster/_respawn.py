@@ -53,6 +53,7 @@ class Respawned:
     bytes: int = 0
     models: int = 0  # DataParallel models re-attached on the N ranks
     from_snapshot: bool = False
+    groups: list[str] = field(default_factory=list)  # names of subgroups made again
     ddp: list[str] = field(default_factory=list)  # DDP models wrapped again on the new group
     kept: dict[str, int] = field(default_factory=dict)  # torchdist.Keeper restored: its step
 
@@ -72,6 +73,8 @@ class Respawned:
         )
         if self.models:
             text += f"; {self.models} DataParallel model(s) attached to all ranks again"
+        if self.groups:
+            text += f"; torch.distributed subgroup(s) {', '.join(self.groups)} made again"
         if self.ddp:
             text += f"; DDP model(s) {', '.join(self.ddp)} wrapped again on the new group"
         if self.kept:
@@ -196,7 +199,8 @@ def respawn(
     if source is not None:
         report = _copy(cluster, report, source, dead)
         report.models = _rebuild(cluster)
-        report.ddp = _on_all(cluster, _targets.REWRAP_NAMESPACE)
+        rewrapped = _on_all(cluster, _targets.REWRAP_NAMESPACE)
+        report.groups, report.ddp = rewrapped["groups"], rewrapped["ddp"]
         report.kept = _on_all(cluster, _targets.KEEP_RESTORE)
     elif from_snapshot:
         from clusterkernel.client.cluster import _snapshot
