@@ -11,7 +11,9 @@ next ``copies - 1`` ranks: one death leaves a copy. After a respawn (run for you
 model and optimizer again with the user's ``build`` on the current default group and
 loads the newest surviving copy into them (``set_model_state_dict`` /
 ``set_optimizer_state_dict``, ``broadcast_from_rank0=True``): the user's loop goes on
-from :attr:`Keeper.step`, redoing the steps since that save.
+from :attr:`Keeper.step`, redoing the steps since that save. Inside a running cell with
+auto-respawn, a ``clusterkernel.train.steps(n, keep=keep)`` loop calls
+:meth:`Keeper.restore` itself on every rank after the dead rank is replaced.
 
 The cost is memory and one gather per save: each of the ``copies`` ranks holds the
 whole model and optimizer state in CPU memory (Adam: 3x the parameters' bytes), and

@@ -6,7 +6,11 @@ Real ranks of a fault-tolerant (Open MPI ULFM) cluster with torch's default grou
 of the two holders, is SIGKILLed mid-loop; ``%mpi respawn --from 1`` typed in a real
 IPython shell brings it back, rebuilds the FSDP2 model on the new group from the
 surviving holder's copy and wraps the DDP model again; the loops are run again as
-they are and end at the undisturbed run's weights on every rank.
+they are and end at the undisturbed run's weights on every rank. Inside a running
+cell, with auto-respawn, a ``train.steps(n, keep=keep)`` loop does the same by itself:
+a rank killed mid-loop is respawned, every rank rebuilds the model from the last save
+and the cell ends at the same weights; without ``keep=`` the cell fails on every rank
+with what to do.
 """
 
 from __future__ import annotations
@@ -87,13 +91,20 @@ def ft(_shared_holder):
     assert not wait_no_cluster_processes(20)
 
 
-def test_fsdp2_and_ddp_models_train_on_after_a_holder_is_respawned(ft: Cluster, capsys):
+@pytest.fixture(scope="module")
+def undisturbed(ft: Cluster) -> tuple:
+    """The FSDP2 and DDP weights of both loops run with no death."""
+    ft.run(_SETUP + "DIE = False\n" + _FSDP_LOOP + "STOP = 10\n" + _DDP_LOOP, timeout=120)
+    return ft.pull("weights")[0], ft.pull("ddp_weights")[0]
+
+
+def test_fsdp2_and_ddp_models_train_on_after_a_holder_is_respawned(
+    ft: Cluster, undisturbed: tuple, capsys
+):
     from IPython.core.interactiveshell import InteractiveShell
 
     import clusterkernel.client.magics as ck_magics
 
-    ft.run(_SETUP + "DIE = False\n" + _FSDP_LOOP + "STOP = 10\n" + _DDP_LOOP, timeout=120)
-    undisturbed = ft.pull("weights")[0], ft.pull("ddp_weights")[0]
     ft.run(_SETUP + "DIE = True\nSTOP = 5\n" + _DDP_LOOP, timeout=120)
     pid = ft.rank_info[0]["pid"]
     with pytest.raises(RankError) as info:
@@ -129,12 +140,94 @@ def test_fsdp2_and_ddp_models_train_on_after_a_holder_is_respawned(ft: Cluster, 
         assert (weights - undisturbed[1]).abs().max().item() < 1e-5, rank
 
 
+# the FSDP2 loop written with train.steps: saved inside the step, every 5 steps
+_STEPS_LOOP = """
+from clusterkernel import train
+for s in train.steps(24, keep=keep):
+    with s:
+        if s.index == 17 and os.getpid() == VICTIM:
+            os.kill(os.getpid(), signal.SIGKILL)
+        tok = tokens(s.index)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(tok[:, :-1]).flatten(0, 1), tok[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        if (s.index + 1) % 5 == 0:
+            keep.save(s.index + 1)
+weights = torch.cat([p.full_tensor().flatten() for p in model.parameters()])
+where = (s.index, keep.step, model is keep.model, opt is keep.optimizer, dist.get_world_size())
+"""
+
+
+@pytest.mark.parametrize("victim", [2, 0], ids=["rank 2", "rank 0, a holder"])
+def test_an_fsdp2_loop_under_train_steps_is_rebuilt_inside_its_cell(
+    ft: Cluster, undisturbed: tuple, capsys, victim: int
+):
+    """``%mpi start --respawn``: an FSDP2 model in a Keeper (copies on ranks 0 and 1),
+    trained by a ``train.steps(24, keep=keep)`` loop that saves every 5 steps; rank 2
+    (no copy), or rank 0 (a holder), SIGKILLed at step 17. The survivors respawn it
+    inside the cell, every rank rebuilds the model on the new group from the save of
+    step 15 (the new rank as its loop starts), the names ``model`` and ``opt`` the loop
+    reads are the new ones, steps 15-23 are redone, and the cell ends on four ranks at
+    the undisturbed run's weights."""
+    ft.run(_SETUP + f"VICTIM = os.getpid() if dist.get_rank() == {victim} else None\n")
+    old = {r: ft.rank_info[r]["pid"] for r in range(4)}
+    capsys.readouterr()
+    ft.auto_respawn = True
+    try:
+        ft.run(_STEPS_LOOP, timeout=120)
+    finally:
+        ft.auto_respawn = False
+    said = capsys.readouterr()
+    text = said.out + said.err
+    source = 1 if victim == 0 else 0
+    assert (
+        f"Rank {victim} died (killed by SIGKILL) during this cell and was respawned from "
+        f"rank {source} in" in text
+    ), text
+    assert "the cell went on" in text, text
+    assert {r for r in range(4) if ft.rank_info[r]["pid"] != old[r]} == {victim}
+    assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead
+    assert ft.pull("where") == dict.fromkeys(range(4), (23, 20, True, True, 4))
+    apart = {r: (w - undisturbed[0]).abs().max().item() for r, w in ft.pull("weights").items()}
+    assert max(apart.values()) < 1e-5, apart
+
+
+def test_an_fsdp2_model_in_a_steps_loop_without_keep_fails_its_cell_with_what_to_do(
+    ft: Cluster,
+):
+    """The same loop written ``train.steps(24)``, no keeper passed: after rank 2 is
+    respawned inside the cell every rank fails it at once, naming the FSDP2 model and
+    what to do (not a step on the closed group, which hangs), and ``keep.restore()``
+    then rebuilds the model from the save of step 15, as the error says."""
+    ft.run(_SETUP + "VICTIM = os.getpid() if dist.get_rank() == 2 else None\n")
+    ft.auto_respawn = True
+    try:
+        with pytest.raises(RankError) as info:
+            loop = _STEPS_LOOP.replace("train.steps(24, keep=keep)", "train.steps(24)")
+            ft.run(loop, timeout=120)
+    finally:
+        ft.auto_respawn = False
+    said = str(info.value)
+    assert "steps(): model is an FSDP2 (fully_shard) model and cannot go on" in said, said
+    assert {r for f in info.value.failures for r in f.ranks if f.kind == "error"} == {0, 1, 2, 3}
+    assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead
+    ft.run("back = (keep.restore(), model is keep.model)")
+    assert ft.pull("back") == dict.fromkeys(range(4), (15, True))
+
+
 def test_a_keeper_with_every_copy_lost_and_bad_input_say_what_to_do(ft: Cluster):
     ft.run(
         "bad = []\n"
         "for arg in ('model', lambda: 3):\n"
         "    try:\n        torchdist.Keeper(arg)\n"
         "    except TypeError as e:\n        bad.append(str(e))\n"
+        "from clusterkernel import train\n"
+        "for call in (lambda: train.steps(3, keep='keep'),\n"
+        "             lambda: train.steps(3, model=model, optimizer=opt, keep=keep),\n"
+        "             lambda: train.steps(3, model=model, optimizer=opt)):\n"
+        "    try:\n        call()\n"
+        "    except (TypeError, ValueError) as e:\n        bad.append(str(e))\n"
         "lost = torchdist.Keeper(build, copies=1)\n"
         "lost._kept = None                 # as if rank 0, its one holder, had died\n"
         "try:\n    lost.restore()\nexcept RuntimeError as e:\n    said = str(e)\n"
@@ -142,6 +235,10 @@ def test_a_keeper_with_every_copy_lost_and_bad_input_say_what_to_do(ft: Cluster)
     bad = ft.pull("bad")[0]
     assert "build must be a function returning (model, optimizer)" in bad[0], bad
     assert "build() must return (model, optimizer), got int" in bad[1], bad
+    assert "keep must be a torchdist.Keeper (keep = torchdist.Keeper(build)), got str" in bad[2]
+    assert "pass keep= alone" in bad[3] and "drop model= and optimizer=" in bad[3], bad
+    assert "model is an FSDP2 (fully_shard) model" in bad[4], bad
+    assert "steps(n, keep=keep) instead of model= and optimizer=" in bad[4], bad
     assert set(ft.pull("said").values()) == {
         "Keeper: no rank holds a kept state (rank 0 kept it and died); rebuild the model "
         "and start again, or keep more copies (torchdist.Keeper(build, copies=2))."
