@@ -16,7 +16,7 @@ Engine set-up (``client/cluster/_lifecycle.py``, each new engine)
 torch.distributed (``client/cluster/_torch.py``)
     ``TORCH_PREPARE_RANK``: torchrun's environment and the rank's GPU;
     ``TORCH_INIT``: the default process group; ``TORCH_REINIT``: a new one in the live
-    ranks; ``TORCH_DESTROY``: its end before the ranks stop; ``TORCH_DESCRIBE``: the
+    ranks, the user's subgroups made again on it; ``TORCH_DESTROY``: its end before the ranks stop; ``TORCH_DESCRIBE``: the
     group as the rank sees it; ``TORCH_HELD_MODELS``: DDP/FSDP models that hold a
     closed group.
 
@@ -28,7 +28,9 @@ Respawn (``client/cluster/_respawn.py``; ``REBUILD`` also ``_snapshot.py``)
     ``RESPAWN_GROW``: the survivors shrink, spawn and merge the communicator;
     ``RESPAWN_COPY``: a survivor's variables copied to the new ranks;
     ``REBUILD``: DataParallel models attached again (collective);
-    ``REWRAP_NAMESPACE``: DDP models wrapped again; ``KEEP_RESTORE``: Keepers restored.
+    ``REWRAP_NAMESPACE``: the user's torch.distributed subgroups made again and the
+    names holding them rebound, then DDP models wrapped again (also after a respawn
+    without ``--from``: the survivors' subgroups); ``KEEP_RESTORE``: Keepers restored.
 
 Recovery inside a running cell (``client/cluster/_incell.py``)
     ``RECOVERY_ARM``: the ranks get the respawn recipe; ``RECOVERY_JOINED``: a new

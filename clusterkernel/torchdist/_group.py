@@ -151,6 +151,14 @@ def init(backend: str | None = None, timeout: float | None = None) -> dict:
 
 def destroy() -> bool:
     """Destroy every process group of this rank, if it has any; True if it had."""
+    if not _destroy():
+        return False
+    _subgroups.forget()  # destroyed on purpose: no subgroup to make again
+    return True
+
+
+def _destroy() -> bool:
+    """Destroy the groups, keeping the record of the subgroups made (:func:`reinit`)."""
     global _closed
     _closed = False  # destroyed on purpose: nothing to make again
     dist = sys.modules.get("torch.distributed")
@@ -158,7 +166,6 @@ def destroy() -> bool:
         return False
     _remember_backend(dist)
     dist.destroy_process_group()
-    _subgroups.forget()
     return True
 
 
@@ -265,17 +272,22 @@ def _remember_backend(dist) -> None:
 
 
 def reinit(backend: str | None = None, timeout: float | None = None) -> dict:
-    """A new default group in this live process: destroy what is left, fresh rendezvous, init.
+    """A new default group in this live process: destroy what is left, fresh rendezvous,
+    init; then the subgroups made with ``dist.new_group`` are made again on it and the
+    user's names that held them rebound (:func:`~clusterkernel.torchdist._subgroups.remake`).
 
     Collective over MPI's world and torch's new group: every rank calls it.
     ``backend`` defaults to the last group's. Variables stay; a model wrapped in
-    DDP/FSDP holds the old group and must be wrapped again.
+    DDP/FSDP holds the old group and must be wrapped again. Returns :func:`describe`
+    and ``"subgroups"``: the names rebound to a subgroup made again (``["g"]``).
     """
+    from clusterkernel.protocol._engine import user_namespace
     from clusterkernel.torchdist._env import torchrun_env
 
     try:
-        destroy()
+        _destroy()
     except Exception:  # an aborted group may be half gone: a new one is made anyway
         pass
     torchrun_env()
-    return init(backend if backend is not None else _last_backend, timeout)
+    made = init(backend if backend is not None else _last_backend, timeout)
+    return {**made, "subgroups": _subgroups.remake(user_namespace())["names"]}

@@ -20,9 +20,12 @@ group of a DDP model (``DDP(net, process_group=cur)``, wrapped again on the new 
 of a survivor's variables cannot hold groups (they do not pickle: the copy carries
 :class:`Regrouped` in their place), gets at each such name the group of the survivors'
 view that it is a member of, else torch's ``NON_GROUP_MEMBER``, as ``new_group`` gives a
-non-member. Not made again: groups made with ``use_local_synchronization=True`` (only
-their members made them: no rank knows the whole order) and a ``DeviceMesh``'s
-(it holds them by name: make the mesh again, or rebuild with ``torchdist.Keeper``).
+non-member; one respawned empty (no ``--from``: it has none of those names) only takes
+part in making them. A new default group in the same processes (``%mpi torch-reinit``,
+:func:`~clusterkernel.torchdist._group.reinit`) has them made again the same way. Not
+made again: groups made with ``use_local_synchronization=True`` (only their members
+made them: no rank knows the whole order) and a ``DeviceMesh``'s (it holds them by
+name: make the mesh again, or rebuild with ``torchdist.Keeper``).
 
 Example (in ``%%mpi`` cells; a respawn runs the second part)::
 
@@ -198,6 +201,8 @@ def remake(ns: dict, live: bool = True) -> dict:
                 continue
             i = where[path]
         else:  # a new rank: the group of the survivors' view it is a member of
+            if path[0] not in ns:
+                continue  # respawned empty (no copy): it only took part in making them
             members = sorted(i for i in found if specs[i]["ranks"] in (None, [])
                              or me in specs[i]["ranks"])  # fmt: skip
             if path[1] == _DDP and not members:

@@ -125,3 +125,35 @@ def test_subgroups_are_made_again_by_a_respawn_inside_a_running_cell(ft: Cluster
     assert ft.rank_info[2]["pid"] != pid
     assert ft.pull("last") == dict.fromkeys(range(4), 11)
     assert ft.pull("wrong") == dict.fromkeys(range(4), [])
+
+
+_NEW_H = """
+import torch, torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+me = dist.get_rank()
+mine = g if me < 2 else h if me == 2 else c10d._resolve_process_group(h_name)
+t = torch.ones(1) * (me + 1)
+dist.all_reduce(t, group=mine)
+pair = t.item()
+"""
+
+
+def test_subgroups_are_made_again_by_a_respawn_without_from(ft: Cluster):
+    """Rank 3 (in ``h``) SIGKILLed, ``cluster.respawn()`` with no source: the new rank
+    starts empty, takes part in making the survivors' groups again and gets no name;
+    the survivors' names work again, and the new rank reaches its ``h`` by the name
+    torch gave it (the same on every rank: it made them in the same order)."""
+    ft.run(_GROUPS)
+    pid = ft.rank_info[3]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_dead(ft, [3])
+    report = ft.respawn()
+    assert report.ranks == [3] and ft.rank_info[3]["pid"] != pid, report.summary()
+    ft.run("named = 'g' in globals()")
+    assert ft.pull("named") == {0: True, 1: True, 2: True, 3: False}  # nothing bound on it
+    ft.run("h_name = h.group_name", ranks=[2])
+    ft.push({"h_name": ft.pull("h_name", ranks=[2])[2]}, ranks=[3])
+    ft.run(_NEW_H, timeout=60)
+    assert ft.pull("pair") == {0: _LOW, 1: _LOW, 2: _HIGH, 3: _HIGH}
+    said = report.summary()
+    assert "torch.distributed subgroup(s) cur, g, h, pairs, subs made again" in said, said

@@ -184,7 +184,8 @@ def _listening(port: int) -> bool:
 def test_a_rank_blocked_in_gloo_is_named_and_freed_keeping_variables(tcluster: Cluster):
     tcluster.restart()  # nothing of the tests above holds the group (see the next test)
     tcluster.run(
-        "import os, torch, torch.distributed as dist\nt = torch.ones(1000)\ndist.all_reduce(t)"
+        "import os, torch, torch.distributed as dist\nt = torch.ones(1000)\ndist.all_reduce(t)\n"
+        "g = dist.new_group([0, 1])"  # a subgroup: closed by the abort, made again with the group
     )
     tcluster.run("port = int(os.environ['MASTER_PORT'])")
     old_port = tcluster.pull("port")[0]
@@ -201,9 +202,17 @@ def test_a_rank_blocked_in_gloo_is_named_and_freed_keeping_variables(tcluster: C
     assert "restarted" not in text
     # the variables stayed, a new group was made (the aborted group's store lives on in
     # rank 0's last traceback, for post-mortem: its port is not checked here)
-    tcluster.run("t = torch.ones(2)\ndist.all_reduce(t)\ntotal = t.tolist()")
+    tcluster.run(
+        "t = torch.ones(2)\ndist.all_reduce(t)\ntotal = t.tolist()\n"
+        "u = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(u, group=g)\non_g = u.item()"
+    )
     assert tcluster.pull("kept") == {0: 41, 1: 41}
     assert tcluster.pull("total") == {0: [2.0, 2.0], 1: [2.0, 2.0]}
+    assert tcluster.pull("on_g") == {0: 3.0, 1: 3.0}
+    assert (
+        "A new default group is made (as %mpi torch-reinit does); torch.distributed "
+        "subgroup(s) g made again." in text
+    ), text
     tcluster.run("port = int(os.environ['MASTER_PORT'])")
     assert tcluster.pull("port")[0] != old_port
     # a second hang, in the group made again, is read as well as the first
@@ -378,10 +387,18 @@ def test_an_interrupt_inside_a_gloo_collective(tcluster: Cluster):
 
 
 def test_reinit_and_restart_make_the_group_again(tcluster: Cluster):
-    tcluster.run("import os\nport = int(os.environ['MASTER_PORT'])")
+    tcluster.run(
+        "import os, torch, torch.distributed as dist\nport = int(os.environ['MASTER_PORT'])\n"
+        "pair = dist.new_group([0, 1])"  # destroyed with the group, made again on the new one
+    )
     before = tcluster.pull("port")[0]
     groups = tcluster.torch_reinit()
     assert {g["backend"] for g in groups.values()} == {"gloo"}
+    assert {"pair" in g["subgroups"] for g in groups.values()} == {True}, groups
+    tcluster.run(
+        "u = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(u, group=pair)\none = u.item()"
+    )
+    assert tcluster.pull("one") == {0: 3.0, 1: 3.0}
     assert not _listening(before)
     tcluster.restart()
     assert {g["world_size"] for g in tcluster.torch_group().values()} == {2}

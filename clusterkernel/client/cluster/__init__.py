@@ -92,6 +92,7 @@ from clusterkernel.client.cluster._follow import busy_ranks
 from clusterkernel.client.cluster._kept_list import kept_records, kept_report
 from clusterkernel.client.cluster._kept_records import describe_keep, kept
 from clusterkernel.client.cluster._snapshot import summary as snapshot_summary
+from clusterkernel.client.cluster._torch import subgroups_note
 from clusterkernel.client.launch import LaunchSettings
 
 __all__ = [
@@ -108,4 +109,5 @@ __all__ = [
     "describe_keep",
     "busy_ranks",
     "snapshot_summary",
+    "subgroups_note",
 ]

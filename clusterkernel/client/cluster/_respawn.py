@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, cast
 import ipyparallel as ipp
 import psutil
 
+from clusterkernel.client.cluster._torch import subgroups_note
 from clusterkernel.client.errors import ClusterError, format_ranks
 from clusterkernel.protocol import _targets
 from clusterkernel.protocol._procs import alive, new_ranks
@@ -66,15 +67,17 @@ class Respawned:
         if self.from_snapshot:
             return f"{who} {took}; {len(self.copied)} variables loaded from its own last snapshot."
         if self.source is None:
-            return f"{who} {took} with an empty namespace (--from R copies a rank's variables)."
+            return (
+                f"{who} {took} with an empty namespace (--from R copies a rank's "
+                f"variables){subgroups_note(self.groups)}."
+            )
         text = (
             f"{who} from rank {self.source} {took}; {len(self.copied)} variables copied "
             f"({self.bytes / 2**20:.1f} MiB)"
         )
         if self.models:
             text += f"; {self.models} DataParallel model(s) attached to all ranks again"
-        if self.groups:
-            text += f"; torch.distributed subgroup(s) {', '.join(self.groups)} made again"
+        text += subgroups_note(self.groups)
         if self.ddp:
             text += f"; DDP model(s) {', '.join(self.ddp)} wrapped again on the new group"
         if self.kept:
@@ -196,20 +199,21 @@ def respawn(
     engines.respawned(sorted(wanted))
     cluster.ranks_respawned(dead)
     report = Respawned(ranks=dead, source=source)
-    if source is not None:
-        report = _copy(cluster, report, source, dead)
-        report.models = _rebuild(cluster)
-        rewrapped = _on_all(cluster, _targets.REWRAP_NAMESPACE)
-        report.groups, report.ddp = rewrapped["groups"], rewrapped["ddp"]
-        report.kept = _on_all(cluster, _targets.KEEP_RESTORE)
-    elif from_snapshot:
+    if from_snapshot and source is None:
         from clusterkernel.client.cluster import _snapshot
 
         loaded = _snapshot.restore_on(cluster, None, dead)  # re-attaches the models too
         report.copied = sorted({n for res in loaded.values() for n in res["restored"]})
         report.from_snapshot = True
     else:
+        if source is not None:
+            report = _copy(cluster, report, source, dead)
         report.models = _rebuild(cluster)
+        # the survivors' subgroups too (a new rank with no copy binds no name to one)
+        rewrapped = _on_all(cluster, _targets.REWRAP_NAMESPACE)
+        report.groups, report.ddp = rewrapped["groups"], rewrapped["ddp"]
+        if source is not None:
+            report.kept = _on_all(cluster, _targets.KEEP_RESTORE)
     report.seconds = time.monotonic() - t0
     return report
 

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
@@ -154,9 +155,11 @@ def torch_reinit(cluster: Cluster, backend: str | None = None) -> dict[int, dict
     """A new default torch.distributed group in the live ranks, their variables kept.
 
     Destroys what is left of the old group (or an aborted one), gives rank 0 a
-    fresh port, and makes the group again (``backend``: default the last one).
+    fresh port, and makes the group again (``backend``: default the last one), and
+    the subgroups made with ``dist.new_group`` on it, the names holding them rebound.
     Models wrapped in DDP/FSDP hold the old group: wrap them again. Returns each
-    rank's group (``{rank: {"backend": "gloo", "world_size": 4, ...}}``).
+    rank's group (``{rank: {"backend": "gloo", "world_size": 4, ..., "subgroups":
+    ["g"]}}``).
 
     Example::
 
@@ -172,6 +175,17 @@ def torch_reinit(cluster: Cluster, backend: str | None = None) -> dict[int, dict
         _INIT_TIMEOUT,
         timeout=_INIT_TIMEOUT + 10,
     )
+
+
+def subgroups_note(names: Iterable[str]) -> str:
+    """What a report says of the user's subgroups made again on a new default group
+    (a respawn, ``torch_reinit``: each rank's ``"subgroups"``), or ``""`` for none.
+
+    Example: ``subgroups_note(["h", "g"])`` is
+    ``"; torch.distributed subgroup(s) g, h made again"``
+    """
+    made = sorted(set(names))
+    return f"; torch.distributed subgroup(s) {', '.join(made)} made again" if made else ""
 
 
 def aborted_note(cluster: Cluster, aborted: list[int], stuck: list[int]) -> str:
@@ -194,10 +208,11 @@ def aborted_note(cluster: Cluster, aborted: list[int], stuck: list[int]) -> str:
             "then wrap DDP models again: model = torchdist.rewrap(model)."
         )
     try:
-        cluster.torch_reinit()
+        groups = cluster.torch_reinit()
     except ClusterError as e:
         return f"{head}\nMaking a new default group failed: {e}"
-    return f"{head} A new default group is made (as %mpi torch-reinit does).{_held(cluster)}"
+    made = subgroups_note(n for g in groups.values() for n in g.get("subgroups", ()))
+    return f"{head} A new default group is made (as %mpi torch-reinit does){made}.{_held(cluster)}"
 
 
 def _held(cluster: Cluster) -> str:

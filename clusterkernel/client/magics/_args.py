@@ -215,8 +215,9 @@ def restore_args(line):
 def torch_reinit_args(line):
     """%mpi torch-reinit: a new torch.distributed default group in the live ranks, variables kept.
 
-    After an aborted group (a hang freed) or to change backend. DDP/FSDP models hold
-    the old group: wrap them again.
+    After an aborted group (a hang freed) or to change backend. The subgroups made with
+    dist.new_group are made again on it, your names rebound; DDP/FSDP models hold the
+    old group: wrap them again.
     """
 
 

@@ -26,6 +26,7 @@ from clusterkernel.client.cluster import (
     describe_keep,
     kept_report,
     snapshot_summary,
+    subgroups_note,
 )
 from clusterkernel.client.errors import format_ranks, rank_label
 from clusterkernel.client.launch._ssh import Login, login_for
@@ -264,7 +265,8 @@ class Subcommands:
             groups = cluster.torch_reinit(args.backend)
         except ClusterkernelError as e:
             raise UsageError(str(e)) from None
-        print(f"New torch.distributed default group: {_group_text(groups)}.")
+        made = subgroups_note(n for g in groups.values() for n in g.get("subgroups", ()))
+        print(f"New torch.distributed default group: {_group_text(groups)}{made}.")
 
     def _sub_status(self, rest: str) -> None:
         rows = self._require_cluster().status()
