@@ -126,9 +126,15 @@ def mpi_launch():
     return rt, env
 
 
-def run_job(n: int, sizes: list[int], script: str = __file__, skip: Sequence[str] = ()) -> dict:
+def run_job(
+    n: int,
+    sizes: list[int],
+    script: str = __file__,
+    skip: Sequence[str] = (),
+    rounds: int | None = None,
+) -> dict:
     """Run ``script --worker OUT --sizes ...`` on ``n`` ranks; the JSON it wrote to OUT
-    (``skip``: methods left out, bench_comm's worker only)."""
+    (``skip``: methods left out, ``rounds``: interleaved rounds; bench_comm's worker only)."""
     rt, env = mpi_launch()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
@@ -136,6 +142,8 @@ def run_job(n: int, sizes: list[int], script: str = __file__, skip: Sequence[str
         cmd += ["--sizes", ",".join(map(str, sizes))]
         if skip:
             cmd += ["--skip", ",".join(skip)]
+        if rounds:
+            cmd += ["--rounds", str(rounds)]
         subprocess.run(cmd, env=env, check=True, timeout=1800)
         return json.loads(out.read_text())
 
@@ -152,9 +160,12 @@ def report(n: int, res: dict, memcpy: dict[int, float]) -> list[tuple[str, bool,
     m = res["machine"]
     print(f"\n=== {n} ranks (Open MPI {res['mpi']}, torch {res['torch']}) ===")
     lat = f"{m['latency'] * 1e6:.2f} us" if m["latency"] else "-"
+    r = {k: v / 1e9 for k, v in m["rates"].items()}
     print(
-        f"memory: one rank copies at {m['bw_one'] / 1e9:.1f} GB/s, all {n} at once "
-        f"{m['bw_all'] / 1e9:.1f} GB/s together (bytes read + written); MPI 8 B one-way {lat}"
+        f"memory, bytes read + written: one rank streams {m['bw_one'] / 1e9:.1f} GB/s (copy "
+        f"{r['copy_one']:.1f}, in-place sum {r['sum_one']:.1f}), all {n} at once "
+        f"{m['bw_all'] / 1e9:.1f} GB/s together (copy {r['copy_all']:.1f}, sum "
+        f"{r['sum_all']:.1f}); MPI 8 B one-way {lat}"
     )
     print("time per allreduce, us (slowest rank, best round); pick = what auto ran last;")
     print("best = the fastest of mpi4py and comm's mpi, ring, shm and gloo (median round);")
@@ -262,7 +273,7 @@ def parent(args: argparse.Namespace) -> None:
     memcpy = memcpy_times(sizes)
     all_targets = []
     for n in args.ranks:
-        res = run_job(n, sizes, skip=args.skip)
+        res = run_job(n, sizes, skip=args.skip, rounds=args.rounds)
         all_targets += report(n, res, memcpy)
     print("\nTargets:")
     for name, met, detail in all_targets:
@@ -311,31 +322,48 @@ def memory_floor(world, count: int):
 
 
 def machine(world, nbytes: int = 256 * MB) -> dict:
-    """What the memory gives a rank here: streaming copy bandwidth (bytes read plus
-    bytes written per second) of one rank alone and of every rank at once (each its
-    share of the node's), and MPI's one-way latency for 8 bytes between ranks 0 and 1
-    (half a ping-pong: an upper bound on the cache-to-cache latency, MPI's own costs
-    included)."""
+    """What the memory gives a rank here: the rate it streams memory (bytes read plus
+    bytes written per second) alone and with every rank at once (each its share of
+    the node's), and MPI's one-way latency for 8 bytes between ranks 0 and 1 (half a
+    ping-pong: an upper bound on the cache-to-cache latency, MPI's own costs included).
+
+    The rate is the faster of two ways to stream: a plain copy (glibc's, non-temporal
+    stores at this size) and an in-place sum of two arrays (read two, write one: a
+    reduction's own pattern). On the 2-core machine the sum streams 1.4-1.6x the
+    copy's bytes per second, and an all_reduce in place (``auto_zc``) ran faster than
+    a floor taken from the copy alone (BENCHMARKS.md, "Collectives", "The adapting
+    default at 8 ranks, and the floor measured again"). With more ranks than cores,
+    "at once" shares the cores among the ranks: the cores' combined rate, which is
+    what moves all the ranks' bytes."""
     import numpy as np
+    import torch
     from mpi4py import MPI
 
     rank, n = world.Get_rank(), world.Get_size()
     src = np.ones(nbytes // 8)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # pages touched
+    into, other = torch.from_numpy(dst), torch.from_numpy(src)
+    ways = {  # name: (one pass, bytes read + written per byte of the array)
+        "copy": (lambda: np.copyto(dst, src), 2),
+        "sum": (lambda: into.add_(other), 3),
+    }
 
-    def copy_time(me: bool) -> float:
+    def best_time(fn, me: bool) -> float:
         best = float("inf")
         for _ in range(5):
             world.Barrier()
             t0 = time.perf_counter()
             if me:
-                np.copyto(dst, src)
+                fn()
             best = min(best, time.perf_counter() - t0)
         return best
 
-    alone = copy_time(rank == 0)
-    together = world.allreduce(copy_time(True), op=MPI.MAX)
+    rates = {}
+    for name, (fn, k) in ways.items():
+        rates[f"{name}_one"] = k * nbytes / world.bcast(best_time(fn, rank == 0), root=0)
+        slowest = world.allreduce(best_time(fn, True), op=MPI.MAX)
+        rates[f"{name}_all"] = n * k * nbytes / slowest
     latency = None
     if n > 1:
         buf = np.zeros(1)
@@ -352,8 +380,9 @@ def machine(world, nbytes: int = 256 * MB) -> dict:
         latency = (time.perf_counter() - t0) / reps / 2
         latency = world.bcast(latency, root=0)
     return {
-        "bw_one": 2 * nbytes / world.bcast(alone, root=0),
-        "bw_all": n * 2 * nbytes / together,
+        "bw_one": max(rates[f"{w}_one"] for w in ways),
+        "bw_all": max(rates[f"{w}_all"] for w in ways),
+        "rates": rates,
         "latency": latency,
     }
 
@@ -361,9 +390,9 @@ def machine(world, nbytes: int = 256 * MB) -> dict:
 def bandwidth_floor(nbytes: int, n: int, m: dict) -> float:
     """The least time an allreduce of ``nbytes`` on ``n`` ranks of one node can take:
     every rank reads its input and writes its result once (2 x nbytes at one rank's
-    bandwidth), and the node moves that for all ranks at once (2 n x nbytes at all
-    ranks' bandwidth). Real algorithms also copy through a shared buffer, about twice
-    this traffic."""
+    rate), and the node moves that for all ranks at once (2 n x nbytes at all ranks'
+    rate), each rate the faster way to stream (:func:`machine`). Algorithms that copy
+    through a shared buffer move more than this; one in place (``auto_zc``) does not."""
     return max(2 * nbytes / m["bw_one"], 2 * n * nbytes / m["bw_all"])
 
 
@@ -512,6 +541,7 @@ def worker(out_path: str, sizes: list[int], skip: Sequence[str] = ()) -> None:
 
 
 def main() -> None:
+    global ROUNDS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--max-bytes", type=_parse_bytes, default=64 * MB)
@@ -526,6 +556,12 @@ def main() -> None:
         default=[],
         help=f"methods left out, e.g. gloo (its calls take the longest); of {', '.join(METHODS)}",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=ROUNDS,
+        help=f"interleaved rounds per size (default {ROUNDS}; fewer for a quick run)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     unknown = set(args.skip) - set(METHODS) or set(args.skip) & {"mpi4py", "auto"}
@@ -533,6 +569,9 @@ def main() -> None:
         ap.error(
             f"--skip: cannot leave out {sorted(unknown)}; choose from {METHODS[1:4] + METHODS[5:]}"
         )
+    if args.rounds < 1:
+        ap.error("--rounds: at least 1")
+    ROUNDS = args.rounds  # the parent's memcpy reference and the worker's rounds alike
     if args.worker:
         sys.path.insert(0, str(REPO))
         worker(args.worker, args.sizes, args.skip)
