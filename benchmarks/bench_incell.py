@@ -560,7 +560,10 @@ def main() -> None:
             c = Cluster(n=n, fault_tolerant=True, torch=True, env=env).start()
             try:
                 c.auto_respawn = True
-                print(f"\n{n} ranks:")
+                c.run("import clusterkernel as _ck\n_ck_file = _ck.__file__\ndel _ck")
+                print(
+                    f"\n{n} ranks (clusterkernel from {sorted(set(c.pull('_ck_file').values()))}):"
+                )
                 if args.skip != "overhead":
                     aa_rows += overhead(c, args)
                 if args.skip != "death":

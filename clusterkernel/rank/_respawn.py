@@ -229,6 +229,10 @@ def copy_namespace(source: int, targets: list[int]) -> dict:
     """Run on ``source`` and every rank in ``targets`` at once: the targets get the
     source's picklable variables (modules imported again by name).
 
+    The bytes of CPU tensors travel out of band, each storage sent from its own memory
+    and received into the memory the new tensor keeps (``_variables.dumps``): no copy of
+    them through a pickle on either side.
+
     Returns on the source ``{"copied": [...], "skipped": {name: why}, "bytes": n}``,
     on a target ``{"copied": [...]}``.
     """
@@ -239,18 +243,44 @@ def copy_namespace(source: int, targets: list[int]) -> dict:
     tag = 7311
     if me == source:
         with timed("pickle"):
-            blob, names, skipped = pickled(user_namespace())
+            buffers: list = []
+            blob, names, skipped = pickled(user_namespace(), buffers)
+            raw = [b.raw() for b in buffers]
         with timed("send"):
             for t in targets:
-                comm.send(len(blob), dest=t, tag=tag)
+                comm.send((len(blob), [r.nbytes for r in raw]), dest=t, tag=tag)
                 comm.Send([blob, MPI.BYTE], dest=t, tag=tag)
-        return {"copied": names, "skipped": skipped, "bytes": len(blob)}
+                for r in raw:
+                    comm.Send([r, MPI.BYTE], dest=t, tag=tag)
+        return {
+            "copied": names,
+            "skipped": skipped,
+            "bytes": len(blob) + sum(r.nbytes for r in raw),
+        }
     with timed("receive"):
-        size = comm.recv(source=source, tag=tag)
-        buf = bytearray(size)
-        comm.Recv([buf, MPI.BYTE], source=source, tag=tag)
+        size, sizes = comm.recv(source=source, tag=tag)
+        blob = bytearray(size)
+        comm.Recv([blob, MPI.BYTE], source=source, tag=tag)
+        held = [_received(comm, source, tag, n) for n in sizes]
     with timed("load"):
-        return {"copied": put_back(*pickle.loads(buf))}
+        return {"copied": put_back(*pickle.loads(blob, buffers=held))}
+
+
+def _received(comm, source: int, tag: int, nbytes: int):
+    """One out-of-band buffer of the copy, received straight into a new uint8 torch
+    tensor, whose storage the copied tensor then keeps (``_variables._storage_from``):
+    torch's own memory, resizable. Not numpy's: it asks for huge pages for large arrays,
+    whose first touch made the receive twice as slow in a respawn (BENCHMARKS.md,
+    "Faults", "The copy's page faults"); and a tensor seen as numpy cannot resize."""
+    import torch
+    from mpi4py import MPI
+
+    t = torch.empty(nbytes, dtype=torch.uint8)
+    if nbytes:
+        comm.Recv([MPI.buffer.fromaddress(t.data_ptr(), nbytes), MPI.BYTE], source, tag)
+    else:
+        comm.Recv([bytearray(0), MPI.BYTE], source, tag)
+    return t
 
 
 def rebuild() -> list[int]:

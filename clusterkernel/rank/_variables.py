@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import io
 import os
+import pickle
 import sys
 import types
 
@@ -53,11 +54,18 @@ class _Pickler(cloudpickle.Pickler):
     """cloudpickle, with ``namespace`` (the user namespace) kept as a function's globals
     by reference: such a function is made on load with the loading rank's namespace."""
 
-    def __init__(self, file, namespace: dict) -> None:
-        super().__init__(file, protocol=5)
+    def __init__(self, file, namespace: dict, buffers: list | None = None) -> None:
+        super().__init__(
+            file, protocol=5, buffer_callback=None if buffers is None else buffers.append
+        )
         self._namespace = namespace
+        self._storages = _storage_types() if buffers is not None else ()
 
     def reducer_override(self, obj):
+        if type(obj) in self._storages:
+            reduced = _storage_out_of_band(obj)
+            if reduced is not None:
+                return reduced
         reduced = super().reducer_override(obj)
         if (
             reduced is NotImplemented
@@ -90,19 +98,71 @@ def _set_live_state(func: types.FunctionType, state) -> None:
         ns["__builtins__"] = builtins
 
 
-def dumps(value) -> bytes:
-    """``value`` pickled (protocol 5), cell functions bound to the user namespace on load."""
+def _storage_types() -> tuple:
+    """The storage type a CPU tensor pickles through (none while torch is not imported;
+    the few dtypes torch pickles with an untyped storage keep torch's own way)."""
+    torch = sys.modules.get("torch")
+    return () if torch is None else (torch.storage.TypedStorage,)
+
+
+def _storage_out_of_band(storage):
+    """A CPU storage reduced to its own bytes as an out-of-band buffer (pickle protocol 5):
+    no copy here. torch's own reduction copies the bytes three or four times through new
+    memory (a ``torch.save`` per storage, then into the pickle) and unpickling twice
+    more, and first touches of new memory were most of a respawn's copy time
+    (BENCHMARKS.md, "Faults", "The copy's page faults")."""
+    import torch
+
+    untyped = storage._untyped_storage
+    if untyped.device.type != "cpu":
+        return None
+    raw = torch.empty(0, dtype=torch.uint8).set_(untyped)  # the storage's bytes, shared
+    return _storage_from, (pickle.PickleBuffer(raw.numpy()), storage.dtype)
+
+
+def _storage_from(buffer, dtype):
+    """A storage of ``dtype`` over ``buffer`` itself (no copy). A torch tensor given as the
+    buffer (pickle hands each object of ``buffers`` over as it is) lends its own storage:
+    torch's memory, resizable as the sender's was (``copy_namespace`` receives into such
+    tensors); any other buffer gets a storage over it."""
+    import torch
+
+    if isinstance(buffer, torch.Tensor):
+        untyped = buffer.untyped_storage()
+    elif memoryview(buffer).nbytes:
+        untyped = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
+    else:
+        untyped = torch.UntypedStorage(0)
+    return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+
+
+def dumps(value, buffers: list | None = None) -> bytes:
+    """``value`` pickled (protocol 5), cell functions bound to the user namespace on load.
+
+    With ``buffers`` (a list), the bytes of CPU tensors are not copied into the pickle:
+    each storage's memory goes into ``buffers`` as a ``pickle.PickleBuffer``, in order, to
+    be sent as it is and given back as ``pickle.loads(blob, buffers=...)`` (writable
+    buffers, or uint8 torch tensors, of the same sizes: the tensors are made over them,
+    without a copy).
+
+    Example::
+
+        bufs = []
+        blob = dumps({"w": torch.ones(4)}, bufs)        # bufs: one buffer of 16 bytes
+        pickle.loads(blob, buffers=[bytearray(b.raw()) for b in bufs])["w"]
+    """
     out = io.BytesIO()
-    _Pickler(out, user_namespace()).dump(value)
+    _Pickler(out, user_namespace(), buffers).dump(value)
     return out.getvalue()
 
 
-def pickled(ns: dict) -> tuple[bytes, list[str], dict[str, str]]:
+def pickled(ns: dict, buffers: list | None = None) -> tuple[bytes, list[str], dict[str, str]]:
     """``(blob, names, skipped)``: one pickle of ``ns``'s picklable variables and modules
     (by name), the names in it, and why the rest are not.
 
     One pickle, so objects shared between variables stay shared; made once when every
     value pickles, else again without the values that do not. :func:`put_back` loads it.
+    ``buffers``: a list that gets the CPU tensors' bytes out of band (see :func:`dumps`).
     """
     hidden = _hidden()
     values, modules, skipped = {}, {}, {}
@@ -118,14 +178,16 @@ def pickled(ns: dict) -> tuple[bytes, list[str], dict[str, str]]:
             value = for_copy(value)
         values[name] = value
     try:
-        blob = dumps((values, modules))
+        blob = dumps((values, modules), buffers)
     except Exception:
         for name in list(values):
             try:
-                dumps(values[name])
+                dumps(values[name], None if buffers is None else [])
             except Exception as e:
                 skipped[name] = f"{type(values.pop(name)).__name__}: {e}"[:200]
-        blob = dumps((values, modules))
+        if buffers is not None:
+            buffers.clear()  # those of the failed pickle
+        blob = dumps((values, modules), buffers)
     return blob, sorted([*values, *modules]), skipped
 
 

@@ -67,3 +67,62 @@ def test_cell_functions_come_back_bound_to_the_live_namespace():
         "module",
         "6",
     ], done.stdout
+
+
+def test_cpu_tensors_go_out_of_band_and_come_back_over_the_buffers_given():
+    """What a respawn's copy does (``rank._respawn.copy_namespace``): with a buffer list,
+    every CPU tensor's bytes go into it instead of the pickle, and the loaded tensors are
+    made over the buffers handed back (no copy; a uint8 tensor handed back lends its own
+    storage, resizable); an optimizer still holds the loaded model's parameters. Without
+    the list the pickle holds the bytes, as before."""
+    import pickle
+
+    import torch
+
+    from clusterkernel.rank._variables import pickled
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 256)).sum().backward()
+    opt.step()
+    half = torch.arange(6.0).to(torch.bfloat16)
+    ns = {"model": model, "opt": opt, "half": half, "view": half[2:4], "none": torch.empty(0)}
+
+    buffers: list = []
+    blob, names, skipped = pickled(ns, buffers)
+    sizes = [b.raw().nbytes for b in buffers]
+    assert (names, skipped) == (["half", "model", "none", "opt", "view"], {})
+    # weight, bias, their two momentum buffers, half and its view (storage each), empty
+    assert sorted(sizes) == sorted([256 * 256 * 4, 256 * 4] * 2 + [12, 12, 0])
+    assert len(blob) < 20_000  # no tensor's bytes in the pickle itself
+    given = [bytearray(b.raw()) for b in buffers]
+    values, _ = pickle.loads(blob, buffers=given)
+
+    new, new_opt = values["model"], values["opt"]
+    assert torch.equal(new.weight, model.weight) and torch.equal(new.bias, model.bias)
+    assert new_opt.param_groups[0]["params"] == list(new.parameters())
+    assert torch.equal(
+        new_opt.state[new.weight]["momentum_buffer"], opt.state[model.weight]["momentum_buffer"]
+    )
+    assert values["half"].dtype == torch.bfloat16 and torch.equal(values["view"], half[2:4])
+    first = sizes.index(256 * 256 * 4)  # the weight's: the model is pickled first
+    assert float(new.weight.detach()[0, 0]) != 0.0
+    given[first][:4] = bytes(4)  # the buffer handed back is the new tensor's memory
+    assert float(new.weight.detach()[0, 0]) == 0.0 and float(model.weight.detach()[0, 0]) != 0.0
+
+    # what copy_namespace receives into: new uint8 tensors, whose storage is kept
+    own = [
+        torch.frombuffer(bytearray(b.raw()), dtype=torch.uint8).clone()
+        if b.raw().nbytes
+        else torch.empty(0, dtype=torch.uint8)
+        for b in buffers
+    ]
+    again, _ = pickle.loads(blob, buffers=own)
+    assert torch.equal(again["model"].weight, model.weight)
+    assert again["model"].weight.untyped_storage().data_ptr() == own[first].data_ptr()
+    again["model"].weight.data.resize_(256 * 256 + 1)  # in place: its storage grows
+
+    alone, _, _ = pickled(ns)
+    assert len(alone) > 2 * 256 * 256 * 4
+    assert torch.equal(pickle.loads(alone)[0]["model"].weight, model.weight)
