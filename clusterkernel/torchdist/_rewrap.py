@@ -37,7 +37,9 @@ _SAME_NAME = (
 
 def rewrap(model, process_group=None):
     """A new ``DistributedDataParallel`` around ``model.module``, same settings, on
-    ``process_group`` (default: the current default group). Collective.
+    ``process_group`` (default: the subgroup made again in place of the one ``model``
+    held, as ``%mpi torch-reinit`` and a respawn make them, else the current default
+    group). Collective.
 
     ``model`` is a DDP model made before the group it holds was aborted. Comm hooks
     registered on the old wrapper are not carried over: register them again.
@@ -60,6 +62,8 @@ def rewrap(model, process_group=None):
             f"rewrap: expected a DistributedDataParallel model, got {kind}; a plain "
             "module needs no new group (wrap it: DDP(module))."
         )
+    if process_group is None:
+        process_group = _subgroups.again(model.process_group)
     return DDP(model.module, process_group=process_group, **_settings(model))
 
 

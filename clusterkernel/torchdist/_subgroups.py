@@ -53,6 +53,8 @@ _DDP = ".process_group"  # the key of a DDP model's group in a path
 _lock = threading.Lock()
 _made: list[_Made] = []  # made under the current default group, in order
 _before: list[_Made] = []  # made under the one before it: what remake makes again
+# an old group -> the newest remake made in its place (what rewrap puts a DDP model on)
+_again: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _watched = False
 
 
@@ -188,6 +190,13 @@ def remake(ns: dict, live: bool = True) -> dict:
         for i, spec in enumerate(specs)
     ]
     index = {id(m.group()): i for i, m in enumerate(own) if m.group() is not None}
+    with _lock:
+        # each old group to the newest made in its place: one made in an earlier remake
+        # and made again now is let go (its store with it) once nothing else holds it
+        newest = {id(m.group()): new[i] for i, m in enumerate(own) if m.group() is not None}
+        for old, made in list(_again.items()):
+            _again[old] = newest.get(id(made), made)
+        _again.update({m.group(): new[i] for i, m in enumerate(own) if m.group() is not None})
     where = _paths(ns, index)
     held: dict[tuple, set[int]] = {}
     for paths in comm.allgather(where):
@@ -215,6 +224,16 @@ def remake(ns: dict, live: bool = True) -> dict:
             _bind(ns, path, group)
     names = sorted({path[0] for path in held if path[1] != _DDP})
     return {"names": names, "ddp": ddp}
+
+
+def again(group):
+    """The group :func:`remake` made last in place of ``group``, else None (not one it
+    made again, or the default group).
+
+    Example: ``again(ddp.process_group)`` after ``%mpi torch-reinit``: the new ``cur``
+    """
+    with _lock:
+        return _again.get(group) if group is not None else None
 
 
 def _same(mine: list[dict], specs: list[dict]) -> bool:

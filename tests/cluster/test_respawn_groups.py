@@ -157,3 +157,17 @@ def test_subgroups_are_made_again_by_a_respawn_without_from(ft: Cluster):
     assert ft.pull("pair") == {0: _LOW, 1: _LOW, 2: _HIGH, 3: _HIGH}
     said = report.summary()
     assert "torch.distributed subgroup(s) cur, g, h, pairs, subs made again" in said, said
+
+
+def test_torch_reinit_makes_the_subgroups_again_and_rewrap_keeps_a_ddp_models_own(ft: Cluster):
+    """``%mpi torch-reinit`` (``cluster.torch_reinit()``): every subgroup made again, the
+    names rebound; ``torchdist.rewrap(ddp)`` wraps a DDP model on the subgroup made again
+    in place of its own (its gradient averaged over its pair, not the world)."""
+    ft.run(_GROUPS)
+    groups = ft.torch_reinit()
+    made = {"cur", "g", "h", "pairs", "subs"}  # and a name an earlier test left holding one
+    assert all(made <= set(g["subgroups"]) for g in groups.values()), groups
+    ft.run("from clusterkernel import torchdist\nddp = torchdist.rewrap(ddp)\n" + _SUMS, timeout=60)
+    assert ft.pull("sums") == {r: _expected(r) for r in range(4)}
+    assert ft.pull("grad") == _GRAD  # averaged over its pair
+    assert set(ft.pull("same").values()) == {(True, True, True, True)}
