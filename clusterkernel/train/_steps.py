@@ -179,6 +179,12 @@ class _Loop:
                     raise
                 continue
             self.stepped = False
+            if world().Get_rank() == 0:  # the notice says a rank came back; this, from where
+                print(
+                    f"train.steps: rebuilt from keep's save at step {step}; "
+                    f"the steps from {step} on are done again",
+                    flush=True,
+                )
             return step
 
     def _state(self) -> Held | None:

@@ -186,6 +186,8 @@ def test_an_fsdp2_loop_under_train_steps_is_rebuilt_inside_its_cell(
         f"rank {source} in" in text
     ), text
     assert "the cell went on" in text, text
+    # and rank 0 says from where: the save of step 15, not the step that failed
+    assert "train.steps: rebuilt from keep's save at step 15; the steps from 15 on" in text
     assert {r for r in range(4) if ft.rank_info[r]["pid"] != old[r]} == {victim}
     assert ft.live_ranks == [0, 1, 2, 3] and not ft.dead
     assert ft.pull("where") == dict.fromkeys(range(4), (23, 20, True, True, 4))
