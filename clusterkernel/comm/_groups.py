@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Iterable
 
@@ -94,7 +95,7 @@ class Group:
         self._sigs = set()
         self._sig_gen += 1
         self._plans = {}
-        self._shm = None  # its segment was the old ranks': the guard removes its names
+        self._shm = None  # the old world's, abandoned by rebind_world (_shm.segment.drop_world)
         self._hier = None
         self._auto = None
         self._adapt = None  # every member starts the arms afresh, the respawned too
@@ -216,6 +217,9 @@ def rebind_world(comm: MPI.Intracomm, keys: list | None = None) -> None:
     mine = {(g.name, g.ranks, g.instance): g for g in _LIVE if g is not WORLD}
     for g in mine.values():
         g._reset(None)
+    segments = sys.modules.get("clusterkernel.comm._shm.segment")
+    if segments is not None:  # the old world's shared memory (the resets dropped its
+        segments.drop_world()  # plans' views of it), before the new groups make theirs
     for name, ranks, instance in keys or []:
         made = comm.Create(_WORLD_GROUP.Incl(list(ranks)))
         made = None if made == MPI.COMM_NULL else made

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from clusterkernel import comm
+from clusterkernel.comm._shm import alloc as shm_alloc
 from clusterkernel.train._reducer import GradReducer
 from clusterkernel.train._sync import broadcast_tensors, check_replicas, world_rank
 from clusterkernel.train.comm_hooks import CommHook, fp16_compress_hook
@@ -138,6 +139,7 @@ class DataParallel(nn.Module):
         self._settings = {"bucket_bytes": bucket_bytes, "shared_buckets": shared_buckets}
         self._optimizer = optimizer
         self._number = _take_number()
+        self._old_windows = False  # a respawn left windows to give back (reattach)
         _LIVE[self._number] = self
         check_replicas(module, optimizer, group)
         self._attach()
@@ -173,10 +175,22 @@ class DataParallel(nn.Module):
 
     def reattach(self) -> None:
         """After a respawn: new buckets and hooks in the new world, rank 0's state to
-        every rank (collective over the model's ranks; :func:`rebuild_after_respawn`)."""
-        if getattr(self, "_reducer", None) is not None:
+        every rank (collective over the model's ranks; :func:`rebuild_after_respawn`).
+
+        Shared buckets of the old world are let go first, so that their memory goes
+        back (before the new window is made, or at the next forward where the failed
+        step's error still viewed them): a ``p.grad`` in them becomes None (as on the
+        new rank, whose copy carries no gradients)."""
+        old = getattr(self, "_reducer", None)
+        if old is not None:
             self.remove_hooks()
+            if old.shared:
+                _let_go_of(old)
+        self._reducer = old = None
         self._attach()
+        # A failed step's error, alive while the recovery runs, may still view the old
+        # buckets: the next forward gives back what nothing views by then.
+        self._old_windows = True
 
     @property
     def last_comm_seconds(self) -> float:
@@ -275,6 +289,9 @@ class DataParallel(nn.Module):
         mixing two steps' allreduces would hang or corrupt the average.
         """
         red = self._reducer
+        if self._old_windows:
+            self._old_windows = False
+            shm_alloc.release_stale()
         if red.launched and torch.is_grad_enabled():
             raise RuntimeError(
                 "DataParallel: the previous step's gradients were never synchronized. "
@@ -312,6 +329,16 @@ class DataParallel(nn.Module):
             self._step_hook = None
 
 
+def _let_go_of(reducer: GradReducer) -> None:
+    # No tensor may view the old buckets' window any more once it is given back.
+    for b in reducer.buckets:
+        where = b.flat.untyped_storage().data_ptr()
+        for p in b.params:
+            if p.grad is not None and p.grad.untyped_storage().data_ptr() == where:
+                p.grad = None
+    reducer.buckets = []
+
+
 def _unattached(module, optimizer, group, compression, buffers, settings, number) -> DataParallel:
     """A DataParallel as unpickled on a respawned rank: no buckets until reattached."""
     self = DataParallel.__new__(DataParallel)
@@ -319,6 +346,7 @@ def _unattached(module, optimizer, group, compression, buffers, settings, number
     self.module, self._optimizer, self.group = module, optimizer, group
     self.compression, self.buffer_mode, self._settings = compression, buffers, settings
     self._number, self._reducer, self._step_hook = number, None, None
+    self._old_windows = False
     _LIVE[number] = self
     return self
 

@@ -22,6 +22,7 @@ from torch import nn
 from clusterkernel import comm
 from clusterkernel.comm._auto import ZERO_COPY_MIN
 from clusterkernel.comm._groups import resolve
+from clusterkernel.comm._shm import alloc as shm_alloc
 from clusterkernel.train._sync import all_objects
 
 ALIGN = 64  # bytes: each bucket starts on its own cache line
@@ -30,6 +31,14 @@ ALIGN = 64  # bytes: each bucket starts on its own cache line
 # reuses one whose owner is gone on every rank (re-running a notebook cell that
 # wraps a model must not take a new window each time).
 _ARENAS: dict[comm.Group, list[list]] = {}  # group -> [[arena, weakref to owner], ...]
+
+
+def _drop_stale() -> None:
+    # Windows of a world replaced since (a respawn): never reused (the new ranks
+    # cannot map them), and let go of so that comm gives their memory back before
+    # the new window is made.
+    for slots in _ARENAS.values():
+        slots[:] = [s for s in slots if not shm_alloc.stale(s[0])]
 
 
 def _free_arenas(g: comm.Group) -> list[int]:
@@ -95,6 +104,7 @@ def shared_flats(
     # Gathered whatever ``choice`` is: a rank passing False must not skip the
     # collectives the others make here (they would wait for it forever).
     g = resolve(group)
+    _drop_stale()
     mine = (_local_reason(params), [(n, str(d)) for n, d in layout], choice, _free_arenas(g))
     everyone = all_objects(mine, group)
     if any(e[1] != mine[1] for e in everyone):

@@ -410,6 +410,66 @@ def test_data_parallel_killed_at_step_50_resumes_to_the_undisturbed_weights(ft: 
         assert (weights - undisturbed).abs().max().item() < 1e-5, rank
 
 
+_WINDOWS = """
+import os, torch
+from clusterkernel import comm
+from clusterkernel.comm._groups import WORLD
+from clusterkernel.comm._shm.unmap import shared_mapping
+from clusterkernel.train import DataParallel
+x = torch.ones(1 << 16)
+comm.all_reduce(x, algorithm="shm")                  # the world's segment: its pipe
+comm.broadcast(x, 0, algorithm="shm")                # and its banks
+kept = comm.shm_empty(1 << 14)                       # a user's tensor: must stay valid
+kept.fill_(comm.rank() + 1)
+gone = comm.shm_empty(1 << 14)
+wnet = torch.nn.Linear(64, 64)
+wdp = DataParallel(wnet, shared_buckets=True)
+wdp(torch.ones(2, 64)).sum().backward(); wdp.synchronize()   # p.grad in the shared buckets
+old = [WORLD._shm.mem.data_ptr(), WORLD._shm.stage.data_ptr(), gone.data_ptr(),
+       wnet.weight.grad.data_ptr()]
+del gone
+mapped = [shared_mapping(a) is not None for a in old]
+"""
+
+
+def _shared_at(pid: int, addresses: list[int]) -> list[bool]:
+    # As the kernel shows the process's mappings: is each address in a shared one?
+    found = []
+    for addr in addresses:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            lo, hi = (int(a, 16) for a in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                found.append(line.split()[1][3] == "s")
+                break
+        else:
+            found.append(False)
+    return found
+
+
+def test_the_dead_worlds_shared_windows_are_given_back_on_the_survivors(ft: Cluster):
+    ft.run(_WINDOWS + "pid = os.getpid()\n")
+    assert set(map(tuple, ft.pull("mapped").values())) == {(True,) * 4}
+    survivors = [0, 1, 3]
+    pids, old = ft.pull("pid", ranks=survivors), ft.pull("old", ranks=survivors)
+    assert all(all(_shared_at(pids[r], old[r])) for r in survivors)
+    with pytest.raises(RankError):
+        ft.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", ranks=[2], timeout=60)
+    assert ft.respawn(source=0).ranks == [2]
+    # the segment's windows, the allocation nobody views and the old buckets: unmapped
+    still = {r: _shared_at(pids[r], old[r]) for r in survivors}
+    assert still == {r: [False] * 4 for r in survivors}
+    ft.run(
+        "y = torch.ones(1 << 16) * (comm.rank() + 1)\n"
+        "comm.all_reduce(y, algorithm='shm')\n"
+        "z = torch.ones(3) * (comm.rank() + 1)\ncomm.all_reduce(z)\n"
+        "wdp(torch.ones(2, 64)).sum().backward(); wdp.synchronize()\n"
+        "sums = (y.min().item(), y.max().item(), z.tolist(), wdp.shared_buckets)\n"
+        "held = kept.sum().item()"
+    )
+    assert set(map(str, ft.pull("sums").values())) == {str((10.0, 10.0, [10.0] * 3, True))}
+    assert ft.pull("held", ranks=survivors) == {r: (r + 1.0) * (1 << 14) for r in survivors}
+
+
 _TRAINER = """
 import os, signal, torch
 from torch.utils.data import TensorDataset

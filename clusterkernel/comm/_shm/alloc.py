@@ -12,7 +12,11 @@ synchronization.
 
 The windows are freed at exit, not with the group: a tensor may outlive
 ``destroy_group`` and must stay valid memory while it does. Allocate once (a
-gradient buffer, a model's flat parameters) and reuse it.
+gradient buffer, a model's flat parameters) and reuse it. When the world is
+replaced (a respawn), the old world's windows are given back on each survivor as
+soon as no tensor views them any more (at once for those no tensor views, else at
+a later :func:`shm_empty`); one that is still viewed stays valid memory, but the new
+rank has no part in it, so reduce it with the new world only after allocating anew.
 """
 
 from __future__ import annotations
@@ -25,20 +29,29 @@ from mpi4py import MPI
 
 from clusterkernel.comm._dtypes import dtype_of
 from clusterkernel.comm._groups import Group, resolve
-from clusterkernel.comm._shm.segment import AFTER_SEGMENTS, PIPE_CHUNK, Segment, segment
+from clusterkernel.comm._shm.segment import (
+    AFTER_SEGMENTS,
+    PIPE_CHUNK,
+    WORLD_DROPPED,
+    Segment,
+    segment,
+)
 from clusterkernel.comm._shm.steps import share
+from clusterkernel.comm._shm.unmap import only_ours, release, views
 
 _ARENAS: list[Arena] = []  # every live allocation, in creation order (same on all members)
+_STALE: list[Arena] = []  # the old worlds' allocations some tensor still views
 
 
 class Arena:
     """One :func:`shm_empty` allocation: its window and every member's part."""
 
-    __slots__ = ("win", "parts", "lo", "hi")
+    __slots__ = ("win", "parts", "lo", "hi", "made")
 
     def __init__(self, win: MPI.Win, parts: list[torch.Tensor], lo: int, hi: int):
         self.win = win
         self.parts = parts  # uint8 tensor of each member's part, by group rank
+        self.made = [views(p) for p in parts]  # before any view of them (unmap.views)
         self.lo, self.hi = lo, hi  # this rank's part: [lo, hi) addresses
 
     def free(self) -> None:
@@ -77,6 +90,7 @@ def shm_empty(
     if any(not isinstance(s, int) or s < 0 for s in size):
         raise ValueError(f"shape must be non-negative ints, got {shape!r}")
     nbytes = math.prod(size) * dtype.itemsize
+    release_stale()  # before the new window: it may reuse the memory given back
     seg = segment(g)  # raises when the group spans nodes
     win = MPI.Win.Allocate_shared(-(-nbytes // 4096) * 4096, 1, comm=seg.comm)
     win.Lock_all(MPI.MODE_NOCHECK)
@@ -141,6 +155,40 @@ def zero_copy_reduce(
             mine[lo:hi].copy_(acc)
         for x in others:
             x[lo:hi].copy_(acc)
+
+
+def stale(t: torch.Tensor) -> bool:
+    """Whether ``t`` lies in a window of a world replaced since (see the module doc).
+
+    Example: ``stale(bucket_arena)`` after a respawn is True on a survivor.
+    """
+    p = t.data_ptr()
+    return any(arena.lo <= p < arena.hi for arena in _STALE)
+
+
+def release_stale() -> None:
+    """Give back the old worlds' windows that no tensor views any more (local)."""
+    kept = []
+    for arena in _STALE:
+        if all(only_ours(p, m) for p, m in zip(arena.parts, arena.made, strict=True)):
+            some = [part for part in arena.parts if part.numel()]
+            if some:
+                release(some[0].data_ptr())
+            arena.parts = []
+        else:
+            kept.append(arena)
+    _STALE[:] = kept
+
+
+def _drop_world() -> None:
+    # Every allocation so far was on the old world's groups; Win_free would be
+    # collective over a dead rank, so none is ever freed through MPI now.
+    _STALE.extend(_ARENAS)
+    _ARENAS.clear()
+    release_stale()
+
+
+WORLD_DROPPED.append(_drop_world)
 
 
 def free_all() -> None:

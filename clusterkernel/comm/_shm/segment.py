@@ -20,7 +20,9 @@ never grows and stays in cache.
 A call larger than the slots grows the window: at the call, in program order (so
 every member grows at the same call), after this rank's earlier calls on the group
 have finished. The window is freed with the group (:func:`comm.destroy_group`) and
-at exit. Open MPI's backing file (``/dev/shm/osc_sm.<host>.<jobid>...``) is unlinked
+at exit. When the world is replaced (a respawn), the old world's windows cannot be
+freed through MPI (their communicators hold a dead rank): :func:`drop_world` gives
+their memory back on each survivor without MPI (:mod:`.unmap`). Open MPI's backing file (``/dev/shm/osc_sm.<host>.<jobid>...``) is unlinked
 as soon as every rank has mapped it, so a crash leaves no file behind. A job of
 one process removes Open MPI's own shared-memory segment at exit (a singleton has
 no mpiexec to do it).
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -40,6 +43,7 @@ from mpi4py import MPI
 from clusterkernel.comm._errors import CommError, PeerDiedError
 from clusterkernel.comm._groups import Group
 from clusterkernel.comm._handle import Work
+from clusterkernel.comm._shm.unmap import only_ours, release, views
 from clusterkernel.protocol import _shm_names
 from clusterkernel.protocol._procs import pid_alive
 
@@ -51,6 +55,8 @@ _LIVE: list[Segment] = []  # in creation order, which is the same on every membe
 # Frees that must run at exit once the segments are gone (shm_empty's arenas: alloc.py
 # adds its own, so this module need not import the one that imports it).
 AFTER_SEGMENTS: list[Callable[[], None]] = []
+# What else to abandon with the old world's segments (alloc.py adds its arenas).
+WORLD_DROPPED: list[Callable[[], None]] = []
 _EXIT_HOOK: list = []  # registered once
 _LOOK_EVERY = 0.25  # seconds between looks at the peers' processes while waiting on them
 _ANY_SOURCE, _ANY_TAG = MPI.ANY_SOURCE, MPI.ANY_TAG
@@ -83,6 +89,8 @@ class Segment:
         "arenas",
         "peers",
         "_next_look",
+        "made",
+        "raw",
     )
 
     def __init__(self, comm: MPI.Intracomm | None, n: int, rank: int, error: str = ""):
@@ -109,6 +117,8 @@ class Segment:
         self.seq = 0  # all-reduce chunks started on this group (same on every member)
         self.peers: dict[int, int] = {}  # world rank -> pid of every other member
         self._next_look = 0.0
+        self.made: dict[str, int] = {}  # references of mem and stage when made (unmap.views)
+        self.raw = None  # numpy uint8 over the pipe window, under ctl and stage
 
     def pause(self) -> None:
         """One turn of a wait on the other members' counters: let MPI progress, give up
@@ -141,12 +151,16 @@ class Segment:
         win = MPI.Win.Allocate_shared(head + body if self.rank == 0 else 0, 1, comm=self.comm)
         mem, _ = win.Shared_query(0)
         win.Lock_all(MPI.MODE_NOCHECK)
-        raw = np.frombuffer(mem, dtype=np.uint8)
+        raw = self.raw = np.frombuffer(mem, dtype=np.uint8)
+        self.stage = torch.from_numpy(raw[head : head + body]).view(self.n, PIPE_DEPTH, PIPE_CHUNK)
+        self.made["stage"] = views(self.stage)
+        # Every numpy view of the window holds raw: more references than now (less
+        # self.raw's, dropped before they are counted again) means one is alive.
+        self.made["raw"] = sys.getrefcount(raw) - 1
         self.ctl = raw[: self.n * _LINE].view(np.int64).reshape(self.n, _LINE // 8)
         self.ctl[self.rank] = 0  # the standard does not promise zeroed memory
         self.mine = self.ctl[self.rank]
         self.cols = (self.ctl[:, 0], self.ctl[:, 1], self.ctl[:, 2])
-        self.stage = torch.from_numpy(raw[head : head + body]).view(self.n, PIPE_DEPTH, PIPE_CHUNK)
         self.pipe_win = win
         win.Sync()
         self.comm.Barrier()  # nobody reads a counter before its owner zeroed it
@@ -191,6 +205,7 @@ class Segment:
         self.win = win
         self.cap = cap
         self.mem = torch.frombuffer(mem, dtype=torch.uint8).view(2, self.n, cap)
+        self.made["mem"] = views(self.mem)
 
     def sync(self) -> None:
         """Order this rank's loads and stores on the window against the others'."""
@@ -226,7 +241,7 @@ class Segment:
         if self.pipe_win is not None:
             self.stages.clear()
             self.pipes.clear()
-            self.ctl = self.stage = self.mine = None
+            self.ctl = self.stage = self.mine = self.raw = None
             self.cols = ()
             self.comm.Barrier()  # nobody still reads the counters or stages
             self.pipe_win.Unlock_all()
@@ -234,6 +249,54 @@ class Segment:
             self.pipe_win = None
         self.comm.Free()
         self.comm = None
+
+    def abandon(self) -> bool:
+        """On a survivor of a respawn: forget this old-world segment without MPI (its
+        communicators hold a dead rank) and give its windows' memory back, unless
+        something else still views them (then they stay mapped). No MPI call is
+        made on it again, at exit neither. Returns whether both windows went back."""
+        if self in _LIVE:
+            _LIVE.remove(self)
+        self.views.clear()
+        self.stages.clear()
+        self.pipes.clear()
+        self.ctl = self.mine = None
+        self.cols = ()
+        self.arenas = []  # alloc.py abandons them itself
+        gone = True
+        raw, self.raw = self.raw, None
+        for name in ("mem", "stage"):
+            t = getattr(self, name)
+            setattr(self, name, None)
+            if t is None:
+                continue
+            if only_ours(t, self.made[name]) and (
+                name == "mem" or sys.getrefcount(raw) <= self.made["raw"]
+            ):
+                release(t.data_ptr())
+            else:
+                gone = False
+        self.win = self.pipe_win = self.comm = None  # handles of the old world: never freed
+        self.cap = 0
+        self.error = "this segment belonged to the world before a respawn"
+        return gone
+
+
+def drop_world() -> None:
+    """The world is being replaced (a respawn or a shrink): every segment and
+    :func:`~.alloc.shm_empty` window of the old one is abandoned on this rank, its
+    memory given back where nothing still views it (see :meth:`Segment.abandon`).
+    Not collective: it makes no MPI call. Call it before the new world's groups
+    make their segments, so those reuse the memory just freed.
+
+    Example::
+
+        drop_world()       # in comm's rebind of the world, before the new groups
+    """
+    for seg in list(_LIVE):
+        seg.abandon()
+    for then in WORLD_DROPPED:
+        then()
 
 
 def segment(group: Group) -> Segment:
