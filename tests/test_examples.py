@@ -195,6 +195,11 @@ def _run_on_this_rank(name: str, code: str, setting: str, cwd: str) -> None:
     filename = f"<example {name}>"  # tracebacks show the example's lines
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     ns = {"__name__": "__example__", "_expect": _expect}  # _expect: sent along, below
+    # torchrun's variables afresh (a free port), as each example would get in a job of its
+    # own: after an FSDP2 example (its objects outlive destroy_process_group here), the
+    # next example's init_process_group() on the same port hung ranks 1-3 in gloo's
+    # connect while rank 0 went on
+    torchdist.torchrun_env()
     exec(compile(setting, "<rank setting>", "exec"), ns)
     here = os.getcwd()
     os.chdir(cwd)
