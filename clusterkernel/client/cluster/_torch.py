@@ -181,8 +181,10 @@ def subgroups_note(names: Iterable[str]) -> str:
     """What a report says of the user's subgroups made again on a new default group
     (a respawn, ``torch_reinit``: each rank's ``"subgroups"``), or ``""`` for none.
 
-    Example: ``subgroups_note(["h", "g"])`` is
-    ``"; torch.distributed subgroup(s) g, h made again"``
+    Example::
+
+        from clusterkernel.client.cluster import subgroups_note
+        subgroups_note(["h", "g"])   # '; torch.distributed subgroup(s) g, h made again'
     """
     made = sorted(set(names))
     return f"; torch.distributed subgroup(s) {', '.join(made)} made again" if made else ""
