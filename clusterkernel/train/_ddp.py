@@ -186,6 +186,8 @@ class DataParallel(nn.Module):
             self.remove_hooks()
             if old.shared:
                 _let_go_of(old)
+        # The local too: it would keep the old reducer's buckets (the dead world's
+        # window) alive while _attach() makes the new window.
         self._reducer = old = None
         self._attach()
         # A failed step's error, alive while the recovery runs, may still view the old
