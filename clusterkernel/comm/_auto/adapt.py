@@ -17,8 +17,10 @@ class (a power of two of bytes), an :class:`Arm`:
   counted);
 - after the last probe the members agree, in one small allreduce, on each
   algorithm's time (the slowest rank's median: a collective ends with its slowest
-  member) and all move to the fastest if it beats the current one by
-  :data:`MARGIN`; a switch starts the probe interval afresh, a kept choice doubles it.
+  member). An algorithm that beats the current one by :data:`MARGIN` is the
+  *challenger*: after :data:`KEEP` more calls of the current one (its times all new)
+  a round probes it alone, and all move to it only if it wins that round too; a switch starts
+  the probe interval afresh, a kept choice doubles it.
 
 Why the members never disagree: everything that says which algorithm a call runs
 is data they all share. Whether a group adapts is agreed once, at its first ``auto``
@@ -77,7 +79,11 @@ ADAPT_MIN = 512 << 10
 REPS = 3  # probe calls per other algorithm and round (the median drops a set-up outlier)
 FIRST_ROUND = 3  # the call number of the first round: after the first calls' set-up
 INTERVAL_MIN, INTERVAL_MAX = 16, 1024
-MARGIN = 0.95  # move only to an algorithm at least 5 % faster: no flapping on noise
+# Move only to an algorithm at least 5 % faster, in two rounds in a row: no flapping on
+# noise. With more ranks than cores a call's time is mostly when the others arrive, and
+# one round's winner by the margin lost the steps that followed (BENCHMARKS.md,
+# "Collectives", "The adapting default at 8 ranks, and the floor measured again").
+MARGIN = 0.95
 SLOWER = 1.5  # an algorithm this much slower than the current one is probed rarely
 KEEP = 5  # the current algorithm's times kept (its median is the comparison)
 # A round's expected extra time at most this share of the calls' time before it: where
@@ -104,12 +110,14 @@ class Arm:
     """One op's size class on one group: the current algorithm and the times seen.
 
     ``why`` says where the current choice comes from: ``"table"`` (the starting rule),
-    ``"probe"`` (a round kept it) or ``"switch"`` (a round moved to it).
+    ``"probe"`` (a round kept it) or ``"switch"`` (two rounds in a row moved to it);
+    ``challenger`` is the last round's winner by the margin, which the next round tries
+    again (None: none).
     """
 
     __slots__ = (
         "algs", "start", "current", "why", "calls", "next_round", "interval", "queue", "probing",
-        "times", "agreed", "probed_at", "seen",
+        "times", "agreed", "probed_at", "seen", "challenger",
     )  # fmt: skip
 
     def __init__(self, algs: tuple[str, ...], start: str) -> None:
@@ -126,12 +134,16 @@ class Arm:
         self.agreed: dict[str, float] = {}  # each algorithm's time as the last round agreed
         self.probed_at: dict[str, int] = {}  # and the call number of that round
         self.seen: set[str] = set()  # algorithms that ran here once (their set-up is done)
+        self.challenger: str | None = None
 
     def next(self) -> str:
         """The algorithm of the next blocking call (the current one, or a probe)."""
         self.calls += 1
         if self.calls == self.next_round:
-            self.probing = [a for a in self.algs if a != self.current and self._worth(a)]
+            if self.challenger is not None:  # the last round's winner, once more alone
+                self.probing = [self.challenger]
+            else:
+                self.probing = [a for a in self.algs if a != self.current and self._worth(a)]
             for a in self.probing:
                 self.times[a].clear()  # this round's probes only
             # each algorithm's probes in a row (a, a, a, b, b, b), as its calls would run
@@ -186,13 +198,19 @@ class Arm:
             self.agreed[a], self.probed_at[a] = t, self.calls
         best = judged[int(np.argmin(agreed))]
         now = self.agreed[self.current]  # inf where no call of it was timed: keep it
-        if best != self.current and math.isfinite(now) and self.agreed[best] < MARGIN * now:
+        won = best != self.current and math.isfinite(now) and self.agreed[best] < MARGIN * now
+        self.probing = []
+        if won and best != self.challenger:  # a first win: tried again once the current
+            self.challenger, self.why = best, "probe"  # one's KEEP times are all new
+            self.next_round = self.calls + KEEP + 1
+            return
+        self.challenger = None
+        if won:  # the second round in a row it won
             self.current, self.why, self.interval = best, "switch", INTERVAL_MIN
             self.times[best].clear()  # its probes were a round's, not a steady state
         else:
             self.why = "probe"
             self.interval = min(2 * self.interval, INTERVAL_MAX)
-        self.probing = []
         self.next_round = self.calls + max(self.interval, self._affordable())
 
     def _affordable(self) -> int:
@@ -216,6 +234,7 @@ class Arm:
             "calls": self.calls,
             "next_probe_at": self.next_round,
             "seconds": dict(self.agreed),  # as the last rounds agreed (the slowest rank's)
+            "challenger": self.challenger,
         }
 
 
@@ -244,7 +263,8 @@ def arm(g: Group, op: str, nbytes: int, algs: tuple[str, ...], start: str) -> Ar
 def auto_state(group: Group | None = None) -> dict:
     """What ``algorithm="auto"`` chose on ``group`` (default: every rank), per op and
     size class: the algorithm, why (``table``, ``probe``, ``switch``), the blocking
-    calls made, the call number of the next probe round, and the median seconds seen.
+    calls made, the call number of the next probe round, the median seconds seen, and
+    the challenger (the last round's winner, which must win the next round too).
 
     Local (no communication). Example: ``comm.auto_state()`` after a training loop.
     """
