@@ -59,7 +59,8 @@ Where things are (all private but this module)::
     every call's   _groups (who)  _dtypes, _ops (what)  _plan (every call's plan)
       steps        _begin, _check (agreement)  _flight, _ledger (entry, record)
                    _handle, _turns (running, Work)  _errors
-    algorithms     _ring  _hier  _shm/ (segment, pipe, steps, alloc: shared memory)
+    algorithms     _ring  _hier  _shm/ (segment, pipe, steps, alloc: shared memory;
+                   _cpipe.c: the pipeline's chunk loop in C)
     choosing       _auto/ (rules, tune, table, auto_table.json)
     other paths    _fastpath + _fast.c (all_reduce's common case in C)
                    _torchpath (CUDA tensors through NCCL)  _hugepages (big buffers)

@@ -93,25 +93,44 @@ def _configure() -> bool:
 
 _READY = _configure()
 
-# Said once per process by comm's import where the C path is missing (not where it is
-# turned off): small calls then cost several times MPI's own, and nothing else says so.
+# Said once per process by comm's import where a C part is missing (not where it is
+# turned off): calls then cost more than they need, and nothing else says so.
 MISSING = (
-    "clusterkernel.comm: the C fast path of all_reduce is {why}, so every all_reduce "
-    'runs in Python: a small call costs several times MPI\'s own (BENCHMARKS.md, "Collectives"). '
-    "To get it, install a C compiler and Python's headers (Debian: apt "
+    "clusterkernel.comm: {what} not built (no C compiler when clusterkernel was "
+    "installed), so {cost}. To get it, install a C compiler and Python's headers (Debian: apt "
     "install gcc python3-dev) and reinstall clusterkernel (pip install --force-reinstall "
     "--no-deps clusterkernel; in a checkout, pip install -e .)."
+)
+_FAST = (
+    "the C fast path of all_reduce (comm._fast)",
+    "every all_reduce runs in Python: a small call costs several times MPI's own "
+    '(BENCHMARKS.md, "Collectives")',
+)
+_PIPE = (
+    "the C chunk loop of the shared-memory all_reduce (comm._shm._cpipe)",
+    "a large all_reduce through shared memory moves its chunks in Python, at up to twice "
+    'the time (BENCHMARKS.md, "Collectives", "The shared-memory pipeline\'s chunk loop in C")',
 )
 
 
 def missing_note() -> str | None:
-    """Why the C path is missing here, with what it costs and how to get it; None
-    where it is built and configured (``CLUSTERKERNEL_FASTPATH=0`` only turns it off)."""
-    if _READY:
-        return None
-    if _fast is None:
-        return MISSING.format(why="not built (no C compiler when clusterkernel was installed)")
-    return MISSING.format(why="built but could not find MPI_Allreduce in the MPI library")
+    """Which of comm's C parts are missing here, with what it costs and how to get
+    them; None where both are built (``CLUSTERKERNEL_FASTPATH=0`` only turns one off)."""
+    from clusterkernel.comm._shm import pipe
+
+    gone = [
+        part for part, built in ((_FAST, _fast is not None), (_PIPE, pipe.c_built())) if not built
+    ]
+    if gone:
+        what = " and ".join(w for w, _ in gone) + (" are" if len(gone) > 1 else " is")
+        return MISSING.format(what=what, cost="; ".join(c for _, c in gone))
+    if not _READY:
+        return (
+            "clusterkernel.comm: the C fast path of all_reduce is built but could not find "
+            "MPI_Allreduce in the MPI library, so every all_reduce runs in Python: a small "
+            'call costs several times MPI\'s own (BENCHMARKS.md, "Collectives").'
+        )
+    return None
 
 
 def writers(on: bool = True) -> bool:

@@ -7,7 +7,8 @@ which are reduced in float32 as everywhere in comm).
 - all_reduce: a pipeline of cache-sized chunks through the segment's fixed stage
   buffers, synchronized by progress counters in shared memory (:mod:`.pipe`):
   each rank copies a chunk in, reduces its ``1/n`` share of it across the ranks'
-  buffers into rank 0's, and copies the result out.
+  buffers into rank 0's, and copies the result out (the common case's loop in C,
+  ``_cpipe.c``).
 - reduce_scatter: each rank copies its ``n`` blocks into its slot; barrier; rank
   ``i`` reduces block ``i`` across the slots and copies it out.
 - all_gather: each rank copies its input into its slot; barrier; each copies all

@@ -19,6 +19,12 @@ int64 stores in one cache line per rank, ordered by ``Win.Sync`` (a memory
 barrier) as the MPI shared-memory model asks: no MPI call, so a chunk costs a few
 microseconds of Python. A waiting rank gives up its core (``sched_yield``): with
 more ranks than cores the rank it waits for needs it.
+
+The common case (float32 or float64 summed or averaged, the tensor in its slot
+dtype) runs the same loop in C (``_cpipe.c``), with the same buffers, counters,
+chunk numbers and order of additions, so its results are the Python loop's bit for
+bit; the waiting stays here. Without the extension (no C compiler at install) the
+Python loop does it all.
 """
 
 from __future__ import annotations
@@ -31,12 +37,42 @@ from clusterkernel.comm._shm.alloc import find, peers, zero_copy_reduce
 from clusterkernel.comm._shm.segment import PIPE_CHUNK, PIPE_DEPTH, Segment
 from clusterkernel.comm._shm.steps import share
 
+try:
+    from clusterkernel.comm._shm import _cpipe
+except ImportError:  # not built: the Python loop runs every call
+    _cpipe = None
+
 IN, RED, OUT = 0, 1, 2  # columns of a rank's counter line: progress
 ARENA, OFFSET = 3, 4  # and which shm_empty allocation (1-based; 0: none) at what offset
 MIN_CHUNK = 16 * 1024  # bytes: below this a chunk costs more in Python than in copies
 _MAX_VIEWS = 64  # cached view sets per segment (a training loop has a handful of sizes)
 SMALL = 64 * 1024  # bytes: up to this, one exchange and every rank reduces it all
 PIECES = 1  # a mid-size tensor is cut into about this many chunks, so it pipelines
+_IN_C = [_cpipe is not None]  # whether the chunk loop's common case runs in C (c_loop)
+_C_DTYPES = (torch.float32, torch.float64)
+
+
+def c_loop(on: bool = True) -> bool:
+    """Run the chunk loop's common case in C (on) or in Python (off) on this rank;
+    returns whether it was on. Both give the same results; tests compare them.
+
+    Example: ``was = c_loop(False)`` ... ``c_loop(was)``.
+    """
+    if on and _cpipe is None:
+        raise RuntimeError("the shared-memory pipeline's C loop (_cpipe) is not built here")
+    was = _IN_C[0]
+    _IN_C[0] = on
+    return was
+
+
+def c_built() -> bool:
+    """Whether the C loop (``_cpipe``) was built here."""
+    return _cpipe is not None
+
+
+def c_hits() -> int:
+    """How many all-reduce calls the C loop has finished on this rank (0 when not built)."""
+    return _cpipe.hits() if _cpipe is not None else 0
 
 
 def chunk_elems(count: int, itemsize: int) -> int:
@@ -45,6 +81,9 @@ def chunk_elems(count: int, itemsize: int) -> int:
     want = -(-count // PIECES)
     want = max(MIN_CHUNK // itemsize, -(-want * itemsize // 64) * 64 // itemsize)
     return min(full, want)
+
+
+_ADD = torch.Tensor.add_  # the fold of SUM and AVG on floats (steps.fold_for)
 
 
 def _behind(col, target: int) -> bool:
@@ -135,15 +174,21 @@ def all_reduce_steps(
     count = flat.numel()
     if n == 1 or count == 0:
         return
-    win, mine = seg.pipe_win, seg.mine
-    col_in, col_red, col_out = seg.cols
     e = chunk_elems(count, sdt.itemsize)
-    pieces = flat.split(e)
-    m = len(pieces)
-    full = _views(seg, sdt, e)
-    last = full if count % e == 0 else _views(seg, sdt, count % e)
+    m = -(-count // e)
     base = seg.seq
     seg.seq = base + m
+    if _IN_C[0] and fold is _ADD and flat.dtype is sdt and sdt in _C_DTYPES and flat.is_cpu:
+        run = _c_run(seg, flat, e, base, divisor)
+        while not run.step():
+            seg.pause()
+            yield None
+        return
+    win, mine = seg.pipe_win, seg.mine
+    col_in, col_red, col_out = seg.cols
+    pieces = flat.split(e)
+    full = _views(seg, sdt, e)
+    last = full if count % e == 0 else _views(seg, sdt, count % e)
     for s in range(m + 2):
         if s < m:  # copy chunk s in
             g = base + s
@@ -180,6 +225,29 @@ def all_reduce_steps(
             pieces[c].copy_((last if c == m - 1 else full)[g % PIPE_DEPTH][3])
             win.Sync()
             mine[OUT] = g + 1
+
+
+def _c_run(seg: Segment, flat: torch.Tensor, e: int, base: int, divisor: int):
+    """The C loop (``_cpipe.Run``) of one call: chunks ``base ..`` of ``e`` elements."""
+    count, size, n, r = flat.numel(), flat.element_size(), seg.n, seg.rank
+    return _cpipe.Run(
+        seg.raw,  # the counters at its start; held while the call runs
+        seg.stage.data_ptr(),
+        flat,  # held while the call runs
+        flat.data_ptr(),
+        seg.ctl.shape[1],  # int64s per rank's counter line
+        n,
+        r,
+        PIPE_DEPTH,
+        PIPE_CHUNK,
+        count,
+        e,
+        size,
+        base,
+        divisor,
+        share(e, n, r, size),
+        share(count - (-(-count // e) - 1) * e, n, r, size),  # the last chunk's
+    )
 
 
 def small_now(seg: Segment, flat: torch.Tensor, sdt: torch.dtype, fold, divisor: int) -> None:
