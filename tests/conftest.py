@@ -71,6 +71,13 @@ def shared_cluster_first(items: list) -> list:
         return 0 if uses and not stops else 1 if uses else 2
 
     ordered = sorted(modules.values(), key=kind)  # stable: file order within each kind
+    # the modules that share the fault-tolerant cluster (``ft``, tests/cluster/conftest.py)
+    # run one after another where the first of them runs: it starts once for them all
+    ft = [tests for tests in ordered if any("ft" in t.fixturenames for t in tests)]
+    if ft:
+        at = next(i for i, tests in enumerate(ordered) if tests is ft[0])
+        rest = [tests for tests in ordered if all(tests is not f for f in ft)]
+        ordered = rest[:at] + ft + rest[at:]
     return [item for tests in ordered for item in tests]
 
 
@@ -91,6 +98,9 @@ def _shared_holder():
 def cluster(_shared_holder) -> Cluster:
     """The session's 4-rank cluster, started on first use, restarted if a test lost it."""
     c = _shared_holder.cluster
+    if c is not None and c.fault_tolerant:  # the respawn modules' (``ft``) holds the place
+        c.stop()
+        c = _shared_holder.cluster = None
     if c is None or not c.running:
         c = _shared_holder.cluster = Cluster(n=4).start()
     elif c.lost:

@@ -125,16 +125,6 @@ def test_start_respawn_as_typed_respawns_after_the_cell_that_saw_a_death(_shared
     assert not wait_no_cluster_processes(20)
 
 
-@pytest.fixture(scope="module")
-def ft(_shared_holder):
-    """A 4-rank fault-tolerant cluster with torch's default group (the shared one stopped)."""
-    _stop_shared(_shared_holder)
-    c = Cluster(n=4, fault_tolerant=True, torch=True, env={"OMP_NUM_THREADS": "1"}).start()
-    yield c
-    c.stop()
-    assert not wait_no_cluster_processes(20)
-
-
 def test_respawn_when_nothing_died_is_a_clear_no_op(ft: Cluster):
     report = ft.respawn(source=0)
     assert report.ranks == [] and report.summary() == "No rank has died: nothing to respawn."

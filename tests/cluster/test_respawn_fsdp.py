@@ -18,9 +18,8 @@ from __future__ import annotations
 import pytest
 
 from clusterkernel import Cluster, RankError
-from tests._procs import wait_dead, wait_no_cluster_processes
+from tests._procs import wait_dead
 from tests._tiny_model import TINY
-from tests.cluster.test_respawn import _stop_shared
 
 _SETUP = (
     """
@@ -79,16 +78,6 @@ while ddp_step < STOP:
     ddp_step += 1
 ddp_weights = torch.cat([p.detach().flatten() for p in net.parameters()])
 """
-
-
-@pytest.fixture(scope="module")
-def ft(_shared_holder):
-    """A 4-rank fault-tolerant cluster with torch's default group (the shared one stopped)."""
-    _stop_shared(_shared_holder)
-    c = Cluster(n=4, fault_tolerant=True, torch=True, env={"OMP_NUM_THREADS": "1"}).start()
-    yield c
-    c.stop()
-    assert not wait_no_cluster_processes(20)
 
 
 @pytest.fixture(scope="module")

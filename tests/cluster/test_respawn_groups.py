@@ -15,11 +15,8 @@ from __future__ import annotations
 import os
 import signal
 
-import pytest
-
 from clusterkernel import Cluster
-from tests._procs import wait_dead, wait_no_cluster_processes
-from tests.cluster.test_respawn import _stop_shared
+from tests._procs import wait_dead
 
 _GROUPS = """
 import os, signal, torch, torch.distributed as dist
@@ -61,16 +58,6 @@ def _expected(rank: int) -> tuple:
     pair = _LOW if low else _HIGH
     return (_LOW if low else None, None if low else _HIGH, pair, pair,
             _LOW if low else None, None if low else _HIGH)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def ft(_shared_holder):
-    """A 4-rank fault-tolerant cluster with torch's default group (the shared one stopped)."""
-    _stop_shared(_shared_holder)
-    c = Cluster(n=4, fault_tolerant=True, torch=True, env={"OMP_NUM_THREADS": "1"}).start()
-    yield c
-    c.stop()
-    assert not wait_no_cluster_processes(20)
 
 
 def test_subgroups_are_made_again_by_a_respawn_between_cells(ft: Cluster):
