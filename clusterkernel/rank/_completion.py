@@ -14,6 +14,13 @@ engine's own start (``_warm_start``), :func:`warm` once its kernel exists
 (``_engine_setup``). One lock keeps the completer to one thread at a time, so a Tab
 that comes during a warm-up waits for it instead of doing the same work beside it.
 
+The completer runs beside the main thread, and jedi, looking a module up, swaps
+``sys.path`` for a list of its own and puts the old list back after: an edit of
+``sys.path`` made on the main thread meanwhile lands in jedi's list and is gone. The
+rank's own path edits (the synced files first, ``_sync``) wait for the completer
+(:func:`completer_still`); a user's cell that edits ``sys.path`` while a Tab is answered
+is not covered.
+
 Example::
 
     warm(kernel)                                      # rank 0, at set-up
@@ -22,8 +29,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
+from collections.abc import Iterator
 
 from clusterkernel.protocol import _ipykernel
 
@@ -33,7 +42,7 @@ MAX_NAMES = 5000
 # and a top-level name (the completer reads the namespace); nothing of the user's is run
 _WARM_CODES = ("str.jo", "pri")
 # jedi and IPython's completer are not thread-safe: the control thread's answers and the
-# warm-ups take turns
+# warm-ups take turns; so do the rank's own edits of sys.path (see completer_still)
 _lock = threading.Lock()
 
 
@@ -42,6 +51,21 @@ def _settled(reply):
         reply.close()
         raise RuntimeError("the engine's kernel completes asynchronously")
     return reply
+
+
+@contextlib.contextmanager
+def completer_still() -> Iterator[None]:
+    """Hold this rank's completer (a Tab being answered, a warm-up) off while the block
+    runs: jedi swaps ``sys.path`` while it looks a module up, so an edit of ``sys.path``
+    made beside it would be lost. Waits for a completion in progress.
+
+    Example::
+
+        with completer_still():
+            sys.path.insert(0, directory)
+    """
+    with _lock:
+        yield
 
 
 def names(shell) -> list[str]:

@@ -192,15 +192,17 @@ def setup(stack_dir: str | None) -> dict:
 
     world = _world()
     rank = _rank = world.Get_rank()
+    from clusterkernel.rank import _sync  # a restarted or respawned rank imports what was synced
+
+    # before the completer can run beside this thread (rank 0's warm-up, a Tab), which
+    # this edit of sys.path would otherwise wait for
+    _sync.restore_path()
     _install_stack_handler()
     if rank == 0:
         _warm_completer()
     from clusterkernel.torchdist._sockets import track  # before any group is made
 
     track()
-    from clusterkernel.rank import _sync  # a restarted or respawned rank imports what was synced
-
-    _sync.restore_path()
     metrics = sys.modules.get("clusterkernel.metrics")
     if metrics is not None:  # imported before the engine started (the warm start)
         metrics._follow_engine_cells()

@@ -8,7 +8,9 @@ first on ``sys.path`` and reloads the changed modules it has imported (:func:`lo
 with IPython's autoreload machinery (``superreload``, as ``%autoreload 2`` reloads a
 module): functions and classes are updated in place, so objects made before the sync
 run the new code and the rank's variables stay. A rank that starts later (a restart, a
-respawn) finds the directory at set-up (:func:`restore_path`).
+respawn) finds the directory at set-up (:func:`restore_path`). Both edits of
+``sys.path`` wait for the rank's completer, which swaps ``sys.path`` while it looks
+modules up (:func:`clusterkernel.rank._completion.completer_still`).
 
 The notebook calls these by name (``clusterkernel.protocol._targets``)::
 
@@ -28,6 +30,7 @@ import sys
 from typing import Any
 
 from clusterkernel.protocol._names import RUN_DIR_ENV
+from clusterkernel.rank._completion import completer_still
 
 # path -> (mtime_ns, size, sha256): a file is hashed again only when it changed on disk
 _hashes: dict[str, tuple[int, int, str]] = {}
@@ -107,10 +110,12 @@ def restore_path() -> None:
 
 
 def _first_on_path(root: str) -> None:
-    if sys.path[:1] != [root]:
-        while root in sys.path:
-            sys.path.remove(root)
-        sys.path.insert(0, root)
+    # not beside a completion: jedi would put back a sys.path from before this edit
+    with completer_still():
+        if sys.path[:1] != [root]:
+            while root in sys.path:
+                sys.path.remove(root)
+            sys.path.insert(0, root)
 
 
 def _module_name(rel: str) -> str | None:

@@ -142,8 +142,68 @@ def test_what_a_host_lost_is_sent_again_and_a_restarted_rank_imports_the_copy(cl
     again = sync(cluster, [pkg], cwd=tmp_path)
     assert again.sent == [f"{pkg.name}/__init__.py", f"{pkg.name}/ops.py"]
     cluster.restart()  # new processes: the set-up puts the synced copy first on their path
+    cluster.run("import os, sys\nseen = (sys.path[:3], os.getcwd())")
+    seen = cluster.pull("seen")
+    assert all(path[:1] == [directory] for path, _ in seen.values()), (
+        f"{directory} is not first on every restarted rank's path ((path, cwd) by rank): {seen}"
+    )
     cluster.run(_import_off_path(pkg.name, tmp_path))
     assert set(cluster.pull("where").values()) == {os.path.join(directory, pkg.name, "ops.py")}
+
+
+_TAB_DURING_SYNC = """\
+import importlib.abc, sys, threading
+from clusterkernel.protocol import _ipykernel
+from clusterkernel.rank import _completion, _sync
+
+class _Gate(importlib.abc.MetaPathFinder):
+    # holds the Tab's thread where jedi looks NAME up, on the sys.path jedi swapped in
+    def __init__(self):
+        self.inside, self.go, self.swapped = threading.Event(), threading.Event(), None
+    def find_spec(self, name, path, target=None):
+        if name == NAME and threading.current_thread() is not threading.main_thread():
+            self.swapped = sys.path is not _rank_path
+            self.inside.set()
+            self.go.wait(30)
+        return None
+
+_rank_path, _root = sys.path, _sync.directory()
+while _root in sys.path:  # as on a rank started before the first sync
+    sys.path.remove(_root)
+_gate = _Gate()
+sys.meta_path.insert(0, _gate)
+_code = f"import {NAME}\\n{NAME}."
+_tab = threading.Thread(target=_completion.complete, args=(_ipykernel.kernel_of(), {"code": _code}))
+_tab.start()
+_load = threading.Thread(target=_sync.load, args=([],))  # the sync's SYNC_LOAD, no module
+try:
+    reached = _gate.inside.wait(30)
+    _load.start()
+    _load.join(0.5)  # time to finish inside the Tab's lookup, if nothing holds it back
+    loaded_during_tab = not _load.is_alive()
+finally:
+    _gate.go.set()
+    _tab.join(30)
+    if _load.ident is not None:  # started
+        _load.join(30)
+    sys.meta_path.remove(_gate)
+got = dict(reached=reached, swapped=_gate.swapped, loaded_during_tab=loaded_during_tab,
+           first=sys.path[:1] == [_root], path=sys.path[:3])
+_sync.restore_path()  # the next tests' path, whatever happened here
+"""
+
+
+def test_a_sync_while_a_rank_answers_a_tab_keeps_the_copy_first_on_its_path(cluster):
+    """jedi, answering a Tab beside the main thread (here ``_completion.complete``, what
+    the control thread runs, held inside jedi's lookup of a module), swaps ``sys.path``
+    for its own list and puts the old one back: the sync's edit of the path waits for it
+    instead of landing in jedi's list. Rank 0's warm-up at a restart is the same race."""
+    name = f"ckgate_{secrets.token_hex(4)}"
+    cluster.run(f"NAME = {name!r}\n" + _TAB_DURING_SYNC, ranks=[0])
+    got = cluster.pull("got", ranks=[0])[0]
+    assert got["reached"], f"the Tab never looked {name} up: nothing was tested ({got})"
+    assert got["first"], f"the sync directory is not first on rank 0's path after the Tab: {got}"
+    assert not got["loaded_during_tab"], f"the sync's edit ran beside the Tab's lookup: {got}"
 
 
 @pytest.fixture
