@@ -137,6 +137,9 @@ def test_a_pushed_lambda_never_blocks_the_export_and_the_job_runs_it(
     _run(shell, "plus1 = make(1)")
     _run(shell, "%mpi push scale f plus1")  # the ranks take them (ipyparallel pickles code)
     _run(shell, "%%mpi\nprint('f', f(2))")
+    # Every rank past its print before any fails: a rank that raises ends the whole job,
+    # and a rank still starting up (under load) would print nothing.
+    _run(shell, "%%mpi\nfrom mpi4py import MPI\nMPI.COMM_WORLD.Barrier()")
     _run(shell, "%%mpi\nprint('plus1', plus1(2))")
     job = tmp_path / "job.py"
     _run(shell, f"%mpi export {job}")
