@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import threading
-import time
 
-import psutil
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -16,7 +11,6 @@ from IPython.core.interactiveshell import InteractiveShell
 import clusterkernel.client.magics as ck_magics
 from tests._kernels import wait_until
 from tests._labels import per_rank_lines
-from tests._procs import cluster_processes, wait_no_cluster_processes
 
 
 @pytest.fixture
@@ -230,51 +224,6 @@ def test_help_lists_the_subcommands_and_one_subcommands_options(shell, capsys):
     assert capsys.readouterr().out == "%mpi stop\n    stop every rank and the controller\n"
     with pytest.raises(UsageError, match="Did you mean 'start'"):
         shell.run_line_magic("mpi", "help strt")
-
-
-def test_an_interrupt_during_start_is_one_line_and_leaves_nothing_running(
-    no_shared_cluster, capsys
-):
-    sh = InteractiveShell.instance()
-    sh.run_line_magic("load_ext", "clusterkernel")
-    ck_magics._magics.cluster = None
-
-    def interrupt_once_launched():
-        # the stop button, pressed once the ranks' processes run and before they register
-        deadline = time.monotonic() + 60
-        while not _engines_launched() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    # a kernel's SIGINT handler while a cell runs is Python's: the same here
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    watcher = threading.Thread(target=interrupt_once_launched, daemon=True)
-    watcher.start()
-    try:
-        result = sh.run_cell("%mpi start -n 4", store_history=True)
-        watcher.join(70)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    out, err = capsys.readouterr()
-    assert isinstance(result.error_in_exec, UsageError), (out, err)
-    assert err.strip() == (
-        "UsageError: Start interrupted: no rank left running (the ranks and controller it "
-        "had started are stopped). %mpi start starts them again."
-    ), err
-    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
-    assert ck_magics._magics.cluster is None
-    assert not wait_no_cluster_processes(20)
-
-
-def _engines_launched() -> bool:
-    """Whether an ipyparallel engine of this test session runs."""
-    for proc in cluster_processes():
-        try:
-            if "ipyparallel.engine" in " ".join(proc.cmdline()):
-                return True
-        except psutil.Error:  # gone since it was listed
-            pass
-    return False
 
 
 def test_a_comment_after_a_magic_is_a_comment(shell, capsys):

@@ -1,11 +1,22 @@
 """``%mpi start`` in a real Jupyter kernel: its progress is one display updated in place and
 gone when the start ends; the session's cluster is ``clusterkernel.current_cluster()``, and
-an old import path warns in the cell, naming the new one."""
+an old import path warns in the cell, naming the new one. In IPython, a start interrupted
+(the stop button) says so in one line and leaves nothing running."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+
+import psutil
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import clusterkernel.client.magics as ck_magics
 from tests._kernels import kernel
-from tests._procs import wait_no_cluster_processes
+from tests._procs import cluster_processes, wait_no_cluster_processes
 
 
 def _execute(kc, code: str, timeout: float = 120) -> list[dict]:
@@ -68,3 +79,48 @@ def test_in_a_terminal_the_line_is_rewritten_with_cr_and_erased(capsys):
     # a shorter line blanks what is left of the longer one, and the end blanks it all
     assert second.rstrip() == "Starting 2 MPI ranks: 1 of 2" and len(second) == len(first)
     assert gone.strip() == "" and len(gone) >= len(second.rstrip()) and out.endswith("\r")
+
+
+def test_an_interrupt_during_start_is_one_line_and_leaves_nothing_running(
+    no_shared_cluster, capsys
+):
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "clusterkernel")
+    ck_magics._magics.cluster = None
+
+    def interrupt_once_launched():
+        # the stop button, pressed once the ranks' processes run and before they register
+        deadline = time.monotonic() + 60
+        while not _engines_launched() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    # a kernel's SIGINT handler while a cell runs is Python's: the same here
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    watcher = threading.Thread(target=interrupt_once_launched, daemon=True)
+    watcher.start()
+    try:
+        result = sh.run_cell("%mpi start -n 4", store_history=True)
+        watcher.join(70)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out, err = capsys.readouterr()
+    assert isinstance(result.error_in_exec, UsageError), (out, err)
+    assert err.strip() == (
+        "UsageError: Start interrupted: no rank left running (the ranks and controller it "
+        "had started are stopped). %mpi start starts them again."
+    ), err
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
+    assert ck_magics._magics.cluster is None
+    assert not wait_no_cluster_processes(20)
+
+
+def _engines_launched() -> bool:
+    """Whether an ipyparallel engine of this test session runs."""
+    for proc in cluster_processes():
+        try:
+            if "ipyparallel.engine" in " ".join(proc.cmdline()):
+                return True
+        except psutil.Error:  # gone since it was listed
+            pass
+    return False

@@ -1,9 +1,10 @@
 """torch.distributed code, unchanged, on a real cluster's ranks (gloo on CPU).
 
-torchrun's environment on every start and restart; ``Cluster(torch=True)`` makes the
-default group; DDP, FSDP2 and a device mesh train as they do under torchrun, checked
-against single-process training; a rank blocked in a gloo collective is named from
-torch's own flight recorder and freed without losing the ranks' variables.
+``Cluster(torch=True)`` makes the default group (torchrun's environment on every start
+and restart: tests/torchdist/test_torchrun_env.py); DDP, FSDP2 and a device mesh train
+as they do under torchrun, checked against single-process training; a rank blocked in a
+gloo collective is named from torch's own flight recorder and freed without losing the
+ranks' variables.
 """
 
 from __future__ import annotations
@@ -21,42 +22,6 @@ from clusterkernel.client.cluster._stacks import request_state
 from clusterkernel.client.errors import CellInterrupted, RankError
 from tests._procs import wait_no_cluster_processes
 from tests._tiny_model import TINY
-
-_ENV = """
-import os
-env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-       "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")}
-"""
-
-
-def test_every_rank_has_torchruns_environment_and_a_fresh_port_after_restart(cluster: Cluster):
-    cluster.run(_ENV)
-    envs = cluster.pull("env")
-    for rank, env in envs.items():
-        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
-        assert env["LOCAL_RANK"] == str(rank) and env["LOCAL_WORLD_SIZE"] == "4"
-        assert env["GROUP_RANK"] == env["NODE_RANK"] == "0"
-        assert env["MASTER_ADDR"] == "127.0.0.1"
-    ports = {env["MASTER_PORT"] for env in envs.values()}
-    assert len(ports) == 1
-    # dist.init_process_group() with no arguments just works in a cell
-    cluster.run(
-        "import torch, torch.distributed as dist\n"
-        "dist.init_process_group()\n"
-        "t = torch.ones(2) * (dist.get_rank() + 1)\n"
-        "dist.all_reduce(t)\n"
-        "total = t.tolist()"
-    )
-    assert set(map(tuple, cluster.pull("total").values())) == {(10.0, 10.0)}
-    cluster.restart()  # destroys the group first; the new ranks meet elsewhere
-    cluster.run(_ENV)
-    again = cluster.pull("env")
-    assert {env["MASTER_PORT"] for env in again.values()} != ports
-    cluster.run(
-        "import torch.distributed as dist\ndist.init_process_group()\nok = dist.is_initialized()"
-    )
-    assert all(cluster.pull("ok").values())
-    cluster.run("dist.destroy_process_group()")
 
 
 @pytest.fixture(scope="module")
