@@ -303,21 +303,28 @@ def _when_a_joiner_starts(cluster: Cluster, act) -> threading.Thread:
     return thread
 
 
-def _when_a_joiner_announces(cluster: Cluster, rank: int) -> threading.Thread:
+def _when_a_joiner_announces(cluster: Cluster, rank: int) -> tuple[threading.Thread, list]:
     """SIGKILL ``rank``'s new process once it has said it is joining (its file in the
-    run directory, ``protocol._procs.announce``), before it has joined."""
+    run directory, ``protocol._procs.announce``), before it has joined. Returns the
+    thread and the list it puts the killed pid in: files left by earlier joiners (a
+    process killed before it could remove its own) are not this one's."""
+    pattern = f"joining-*-{rank}-*"
+    before = set(Path(cluster.run_dir).glob(pattern))
+    killed: list[int] = []
 
     def look() -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            for path in Path(cluster.run_dir).glob(f"joining-*-{rank}-*"):
-                os.kill(int(path.name.rsplit("-", 1)[1]), signal.SIGKILL)
+            for path in set(Path(cluster.run_dir).glob(pattern)) - before:
+                pid = int(path.name.rsplit("-", 1)[1])
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
                 return
             time.sleep(0.002)
 
     thread = threading.Thread(target=look, daemon=True)
     thread.start()
-    return thread
+    return thread, killed
 
 
 def test_a_death_while_the_new_rank_joins_is_told_in_bounded_time(ft: Cluster):
@@ -1193,7 +1200,7 @@ def test_a_new_process_that_dies_before_it_joins_in_the_cell_is_spawned_again(
     would leave the survivors' spawn waiting for it): the survivors on its host see it
     end, the others learn it from them, they spawn rank 2 again in the same recovery,
     and the cell completes at the undisturbed weights."""
-    looking: list[threading.Thread] = []
+    looking: list[tuple[threading.Thread, list]] = []
 
     def kill_2_as_it_joins() -> None:
         looking.append(_when_a_joiner_announces(ft, 2))
@@ -1201,7 +1208,8 @@ def test_a_new_process_that_dies_before_it_joins_in_the_cell_is_spawned_again(
 
     capsys.readouterr()
     replaced = _steps_recover(ft, steps_undisturbed, (2,), 30, False, kill_2_as_it_joins)
-    looking[0].join()
+    looking[0][0].join()
+    assert len(looking[0][1]) == 1, "no new rank 2 was seen announcing itself"
     assert replaced == {2} and _recovered_at_once(ft, 0) == [[2]]
     said = capsys.readouterr()
     text = said.out + said.err
