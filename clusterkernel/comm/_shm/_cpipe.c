@@ -25,9 +25,6 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 enum { IN = 0, RED = 1, OUT = 2 }; /* columns of a rank's counter line (pipe.py) */
 enum { BLOCK = 1024 };             /* elements reduced across all ranks at a time */

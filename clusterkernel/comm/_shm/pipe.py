@@ -179,7 +179,7 @@ def all_reduce_steps(
     base = seg.seq
     seg.seq = base + m
     if _IN_C[0] and fold is _ADD and flat.dtype is sdt and sdt in _C_DTYPES and flat.is_cpu:
-        run = _c_run(seg, flat, e, base, divisor)
+        run = _c_run(seg, flat, e, m, base, divisor)
         while not run.step():
             seg.pause()
             yield None
@@ -227,8 +227,8 @@ def all_reduce_steps(
             mine[OUT] = g + 1
 
 
-def _c_run(seg: Segment, flat: torch.Tensor, e: int, base: int, divisor: int):
-    """The C loop (``_cpipe.Run``) of one call: chunks ``base ..`` of ``e`` elements."""
+def _c_run(seg: Segment, flat: torch.Tensor, e: int, m: int, base: int, divisor: int):
+    """The C loop (``_cpipe.Run``) of one call: ``m`` chunks ``base ..`` of ``e`` elements."""
     count, size, n, r = flat.numel(), flat.element_size(), seg.n, seg.rank
     return _cpipe.Run(
         seg.raw,  # the counters at its start; held while the call runs
@@ -246,7 +246,7 @@ def _c_run(seg: Segment, flat: torch.Tensor, e: int, base: int, divisor: int):
         base,
         divisor,
         share(e, n, r, size),
-        share(count - (-(-count // e) - 1) * e, n, r, size),  # the last chunk's
+        share(count - (m - 1) * e, n, r, size),  # the last chunk's
     )
 
 
