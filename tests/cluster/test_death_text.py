@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from clusterkernel.client.cluster._deathnews import caused_by_death, fold
-from clusterkernel.client.cluster._jobreport import death_cause, exits
+from clusterkernel.client.cluster._jobreport import (
+    LostDaemon,
+    dead_ranks,
+    death_cause,
+    exits,
+    job_report,
+    lost_daemon,
+)
 
 _ODLS = """\
 [vm:1] [prterun-vm-1@0,0] odls:wait_local_proc child process [prterun-vm-1@1,2] pid 4321 terminated
@@ -20,6 +27,36 @@ def test_the_launchers_log_says_how_each_process_ended():
         "killed by SIGKILL"
     )
     assert death_cause("exited on signal 11 (Segmentation fault)") == "killed by SIGSEGV"
+
+
+# Open MPI's launcher log when node2's daemon (srun's task 0 of the daemons' step) crashed,
+# as the Slurm job's output file holds it: srun's line after a NUL where writers raced
+_LOST = """\
+[IPEngine.2.2] WARNING | debugpy_stream undefined, debugging will not be enabled
+--------------------------------------------------------------------------
+PRTE has lost communication with a remote daemon.
+
+  HNP daemon   : [prterun-node1-30590@0,0] on node node1
+  Remote daemon: [prterun-node1-30590@0,1] on node node2.cluster
+
+This is usually due to either a failure of the TCP network
+connection to the node, or possibly an internal failure of
+the daemon itself. We cannot recover from this failure, and
+therefore will terminate the job.
+--------------------------------------------------------------------------
+\0srun: error: node2.cluster: task 0: Segmentation fault
+"""
+
+
+def test_a_lost_daemon_is_named_with_its_node_and_srun_task_0_is_not_rank_0():
+    report = job_report(_LOST)
+    lost = lost_daemon(report)
+    assert lost == LostDaemon("node2.cluster", "killed by SIGSEGV")
+    assert str(lost) == "Open MPI's daemon on node2.cluster died (killed by SIGSEGV)"
+    assert lost.ranks({0: "node1", 1: "node1", 2: "node2", 3: "node2.cluster"}) == [2, 3]
+    assert dead_ranks(report, 4) == []  # srun's task 0 there was the daemon
+    plain = "srun: error: node2: task 3: Exited with exit code 3"  # srun started the ranks
+    assert lost_daemon(plain) is None and dead_ranks(plain, 4) == [3]
 
 
 def test_survivors_errors_a_death_caused_fold_into_one_line_per_group():

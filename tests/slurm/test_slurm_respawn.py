@@ -41,8 +41,9 @@ def _job(testbed, holder, **options):
     One job per test: in a job across the two nodes the second successor spawned onto
     node2 fails in Open MPI 5.0.11 whichever way the first came (the survivors cannot
     reach it, "host: unknown", or node2's daemon dies and the job with it; reproduced
-    with plain mpi4py, /work/shared/slurm/spawn_twice.py), so a test that respawns
-    starts from a job that has not.
+    with plain mpi4py ``MPI.COMM_SELF.Spawn`` with ``host=node2`` twice), so a test that
+    respawns starts from a job that has not. On a failure the job's launcher log is
+    printed: it is where PRRTE says a daemon was lost.
     """
     if holder.cluster is not None:
         holder.cluster.stop()
@@ -50,6 +51,9 @@ def _job(testbed, holder, **options):
     cluster = Cluster(n=4, launcher="slurm", nodes=2, **options).start()
     try:
         yield cluster
+    except BaseException:
+        print("the job's launcher log, last lines:\n" + cluster.job_output(lines=60))
+        raise
     finally:
         cluster.stop()
     jobs, on1, on2 = testbed.leftovers()
@@ -92,6 +96,39 @@ def _respawned_by_hand(cluster: Cluster) -> None:
     assert set(cluster.pull("mpi_total").values()) == {6}  # the public mpi4py world
     assert cluster.pull("has_lock") == {0: True, 1: True, 2: True, 3: False}
     assert cluster.pull("weights")[3] == [0.0] * 3  # rank 0's copy
+
+
+_DAEMON_CRASH = """
+import os, signal, time, psutil
+if MPI.COMM_WORLD.Get_rank() == 2:   # its parent is Open MPI's daemon on node2, prted
+    os.kill(os.getppid(), signal.SIGSEGV)
+time.sleep(60)
+"""
+
+
+def test_a_daemon_that_crashes_on_node2_is_named_with_the_ranks_it_took(
+    slurm_testbed, _shared_holder
+):
+    """node2's Open MPI daemon (prted, which srun started as its task 0) dies of SIGSEGV
+    mid-cell: the user is told that daemon died and ranks 2-3 with it (not that rank 0
+    was killed by SIGSEGV), ranks 0-1 stopped by mpiexec; nothing is left on either node."""
+    with _job(slurm_testbed, _shared_holder, fault_tolerant=True) as cluster:
+        cluster.run(_STATE, renderer=_quiet(cluster), timeout=60)
+        cluster.run(
+            "import psutil\nparent = psutil.Process(os.getppid()).name()",
+            renderer=_quiet(cluster),
+            timeout=60,
+        )
+        assert cluster.pull("parent")[2] == "prted"
+        with pytest.raises(RankError) as info:
+            cluster.run(_DAEMON_CRASH, renderer=_quiet(cluster), timeout=60)
+        failures = {(f.kind, tuple(f.ranks)): f.summary for f in info.value.failures}
+        said = str(info.value)
+        daemon = "Open MPI's daemon on node2 died (killed by SIGSEGV)"
+        assert set(failures) == {("died", (2, 3)), ("stopped", (0, 1))}, said
+        assert daemon in failures["died", (2, 3)], said
+        assert "Open MPI's launcher lost node2" in said, said
+        assert cluster.lost and daemon in cluster.lost and "rank 2-3" in cluster.lost
 
 
 _TRAIN = """

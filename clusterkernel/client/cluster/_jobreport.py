@@ -12,14 +12,24 @@ Example::
     dead_ranks(report, n=4)          # [2]
     death_cause(report)              # "killed by SIGKILL"
     exits(launcher_log)              # {13690: "killed by SIGKILL"}: by pid
+    lost_daemon(report)              # LostDaemon(node="node2", how="killed by SIGSEGV")
 """
 
 from __future__ import annotations
 
 import re
 import signal
+from dataclasses import dataclass
 
-__all__ = ["job_report", "dead_ranks", "death_cause", "exits", "OUT_OF_MEMORY"]
+__all__ = [
+    "job_report",
+    "dead_ranks",
+    "death_cause",
+    "exits",
+    "lost_daemon",
+    "LostDaemon",
+    "OUT_OF_MEMORY",
+]
 
 # Lines of ipyparallel's own processes, and of PRRTE's process watch (a fault-tolerant
 # job's, see exits), noise in a launcher's report.
@@ -37,7 +47,10 @@ def job_report(output: str) -> str:
 
     own = tuple(p for s in scheduler.schedulers().values() for p in s.report_prefixes)
     blocks = re.findall(r"^-{20,}\n(.*?)^-{20,}$", output, flags=re.S | re.M)
-    srun = [ln for ln in output.splitlines() if own and ln.startswith(own)]
+    # srun writes the job's output file at an offset of its own: its line can start after
+    # NUL bytes (a hole the other writers' bytes did not fill) or blanks
+    lines = [ln.lstrip(" \t\0") for ln in output.splitlines()]
+    srun = [ln for ln in lines if own and ln.startswith(own)]
     if blocks or srun:
         return "\n".join([*(b.strip() for b in blocks), *srun])
     lines = [ln for ln in output.splitlines() if not any(m in ln for m in _IPP_NOISE)]
@@ -63,6 +76,8 @@ def dead_ranks(report: str, n: int) -> list[int]:
         r"\[proxy:[^\]]*\] .*rank (\d+)",  # hydra
     ):
         found.update(int(m) for m in re.findall(pat, report))
+    if lost_daemon(report) is not None:
+        return sorted(r for r in found if r < n)  # srun's tasks were the daemons, not ranks
     # srun: "srun: error: node2: task 3: Exited with exit code 3"
     for m in re.findall(r"srun: error: [^:]+: tasks? ([\d,\-]+):", _srun_first(report)):
         found.update(_ranks_in(m))
@@ -101,6 +116,45 @@ def death_cause(report: str) -> str:
         number = {"Killed": 9, "Segmentation fault": 11, "Aborted": 6}[m.group(1)]
         return killed_by(number)
     return ""
+
+
+@dataclass(frozen=True)
+class LostDaemon:
+    """Open MPI's launcher lost the daemon (``prted``) of ``node``: every rank there went
+    with it, and the launcher ended the job. ``how``: how the daemon ended, if its
+    launcher (srun) said, e.g. ``"killed by SIGSEGV"``."""
+
+    node: str
+    how: str = ""
+
+    def __str__(self) -> str:
+        return f"Open MPI's daemon on {self.node} died" + (f" ({self.how})" if self.how else "")
+
+    def ranks(self, hosts: dict[int, str]) -> list[int]:
+        """The ranks of ``hosts`` (rank -> host name) on the daemon's node: short names
+        compared, as Slurm names a node ``node2`` whose host name may be ``node2.cluster``."""
+        node = self.node.split(".")[0]
+        return sorted(r for r, host in hosts.items() if host.split(".")[0] == node)
+
+
+_LOST_DAEMON = re.compile(
+    r"lost communication with a remote daemon.*?Remote daemon:\s*\[[^\]]*\]\s+on node\s+(\S+)",
+    re.S,
+)
+
+
+def lost_daemon(report: str) -> LostDaemon | None:
+    """The node whose Open MPI daemon the launcher lost (its box "PRTE has lost
+    communication with a remote daemon"), or None. Under Slurm, srun started the
+    daemons, so its "node2: task 0: Segmentation fault" is the daemon's end, not rank 0's."""
+    m = _LOST_DAEMON.search(report)
+    if m is None:
+        return None
+    node = m.group(1)
+    said = re.search(rf"srun: error: {re.escape(node)}: tasks? [\d,\-]+: (.+)$", report, re.M)
+    words = said.group(1).strip() if said else ""
+    how = killed_by(_SIGNAL_WORDS[words]) if words in _SIGNAL_WORDS else words
+    return LostDaemon(node, how)
 
 
 def killed_by(number: int) -> str:

@@ -86,6 +86,16 @@ def dead_ranks(cluster: Cluster) -> tuple[list[int], str] | None:
     return _jobreport.dead_ranks(report, cluster.n), report
 
 
+def lost_daemon(cluster: Cluster, report: str) -> tuple[_jobreport.LostDaemon, list[int]] | None:
+    """If the launcher lost a node's Open MPI daemon (see :func:`_jobreport.lost_daemon`),
+    ``(that daemon, the ranks that ran on its node)``; else None."""
+    lost = _jobreport.lost_daemon(report)
+    if lost is None:
+        return None
+    hosts = {r: str(info.get("host", "")) for r, info in cluster.rank_info.items()}
+    return lost, lost.ranks(hosts)
+
+
 def death_causes(cluster: Cluster, ranks: list[int], wait: float = 1.0) -> dict[int, str]:
     """How each of ``ranks`` (of a fault-tolerant job, just found dead) ended: ``"killed
     by SIGKILL (signal 9)"``, ``"exit code 3"``, :data:`~._jobreport.OUT_OF_MEMORY`; from
@@ -111,6 +121,12 @@ def ended_between_cells(cluster: Cluster) -> str | None:
     if dead is None:
         return None
     ranks, report = dead
+    daemon = lost_daemon(cluster, report)
+    if daemon is not None:
+        lost, there = daemon
+        return (
+            f"{lost} before this cell, and rank {format_ranks(there)} with it; the MPI job ended."
+        )
     why = _jobreport.death_cause(report)
     if "SIGKILL" in why and ranks and out_of_memory(cluster, ranks) == ranks:
         why = _jobreport.OUT_OF_MEMORY

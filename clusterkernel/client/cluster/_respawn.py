@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, cast
 import ipyparallel as ipp
 import psutil
 
+from clusterkernel.client.cluster._jobreport import job_report, lost_daemon
 from clusterkernel.client.cluster._torch import subgroups_note
 from clusterkernel.client.errors import ClusterError, format_ranks
 from clusterkernel.protocol import _targets
@@ -248,14 +249,14 @@ class _Watch:
                 while not self._survivors_lost() and time.monotonic() < until:
                     time.sleep(0.1)
                 if self.lost:
-                    return f"rank {format_ranks(self.lost)} died while the respawn ran"
+                    return self._survivors_died()
                 return _rank_errors(self.cluster, e)
         now = time.monotonic()
         if now < self._next_look:
             return None
         self._next_look = now + 0.25
         if self._survivors_lost():
-            return f"rank {format_ranks(self.lost)} died while the respawn ran"
+            return self._survivors_died()
         ids = set(cast(ipp.Client, self.engines.client).ids)  # connected while ranks run
         self._find_new()
         gone = [
@@ -271,6 +272,11 @@ class _Watch:
         ids = set(cast(ipp.Client, self.engines.client).ids)  # connected while ranks run
         self.lost = [r for r in self.live if self.engines.engine_of[r] not in ids]
         return self.lost
+
+    def _survivors_died(self) -> str:
+        said = f"rank {format_ranks(self.lost)} died while the respawn ran"
+        daemon = lost_daemon(job_report(self.engines.output(lines=200)))
+        return f"{said}: {daemon}" if daemon is not None else said
 
     def _find_new(self) -> None:
         for rank, proc in new_ranks(self.engines.processes()):
