@@ -9,6 +9,7 @@ from clusterkernel.client.cluster._jobreport import (
     death_cause,
     exits,
     job_report,
+    launcher_abort,
     lost_daemon,
 )
 
@@ -57,6 +58,25 @@ def test_a_lost_daemon_is_named_with_its_node_and_srun_task_0_is_not_rank_0():
     assert dead_ranks(report, 4) == []  # srun's task 0 there was the daemon
     plain = "srun: error: node2: task 3: Exited with exit code 3"  # srun started the ranks
     assert lost_daemon(plain) is None and dead_ranks(plain, 4) == [3]
+
+
+# prterun's own abort during a spawn, as a fault-tolerant Slurm job's log holds it
+_ABORT = """\
+[node2:6037] [prterun-node1-6016@0,1] odls:launch spawning child [prterun-node1-6016@2,0]
+[node1:06016] PMIX ERROR: PMIX_ERROR in file /src/prted/pmix/pmix_server_dyn.c at line 1113
+[err] event.c:3392: Assertion evcb->evcb_pri < base->nactivequeues failed in event_queue_insert_active
+Aborted
+srun: error: node2: task 0: Exited with exit code 1
+srun: Job step aborted: Waiting up to 7 seconds for job step to finish.
+"""
+
+
+def test_a_launcher_that_aborts_itself_is_told_as_open_mpis_fault():
+    report = job_report(_ABORT)
+    said = "PMIX ERROR: PMIX_ERROR in file /src/prted/pmix/pmix_server_dyn.c at line 1113"
+    assert launcher_abort(report) == said and launcher_abort(_ABORT) == said
+    assert dead_ranks(report, 4) == []  # srun's task 0 there was node2's daemon
+    assert launcher_abort("[node1:1] PMIX ERROR: NOT-FOUND in file x.c\nall went on") is None
 
 
 def test_survivors_errors_a_death_caused_fold_into_one_line_per_group():

@@ -13,7 +13,6 @@ left on either node.
 from __future__ import annotations
 
 import io
-import re
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -21,7 +20,7 @@ from contextlib import contextmanager
 import pytest
 
 from clusterkernel import Cluster, RankError
-from clusterkernel.client.cluster._jobreport import job_report, lost_daemon
+from clusterkernel.client.cluster._jobreport import job_report, launcher_abort, lost_daemon
 from clusterkernel.client.output import TerminalRenderer
 
 _STATE = """
@@ -69,15 +68,11 @@ def _job(testbed, holder, **options):
 # libevent's "Assertion ... failed in event_queue_insert_active"), or node2's prted
 # crashes in prte_finalize (the kernel logs its segfault) and prterun reports "lost
 # communication with a remote daemon". Seen here in 1 of 16 respawns onto node2.
-_PRTERUN_ABORT = re.compile(r"PMIX ERROR: .*\n(?:.*\n)*?.*(?:Assertion .* failed|^Aborted$)", re.M)
-
-
 def _open_mpi_failed_the_spawn(log: str) -> str | None:
     """Which of Open MPI's own spawn failures ``log`` (the launcher's) shows, if any."""
-    if (m := _PRTERUN_ABORT.search(log)) is not None:
-        return m.group(0).splitlines()[0]
-    lost = lost_daemon(job_report(log))
-    return str(lost) if lost is not None else None
+    report = job_report(log)
+    abort, lost = launcher_abort(report), lost_daemon(report)
+    return abort or (str(lost) if lost is not None else None)
 
 
 def _respawn_test(testbed, holder, body: Callable[[Cluster], None], **options) -> None:

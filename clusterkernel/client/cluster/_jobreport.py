@@ -13,6 +13,7 @@ Example::
     death_cause(report)              # "killed by SIGKILL"
     exits(launcher_log)              # {13690: "killed by SIGKILL"}: by pid
     lost_daemon(report)              # LostDaemon(node="node2", how="killed by SIGSEGV")
+    launcher_abort(report)           # "PMIX ERROR: ...", if prterun aborted itself
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "exits",
     "lost_daemon",
     "LostDaemon",
+    "launcher_abort",
     "OUT_OF_MEMORY",
 ]
 
@@ -46,7 +48,9 @@ def job_report(output: str) -> str:
     from clusterkernel.client import scheduler
 
     own = tuple(p for s in scheduler.schedulers().values() for p in s.report_prefixes)
-    blocks = re.findall(r"^-{20,}\n(.*?)^-{20,}$", output, flags=re.S | re.M)
+    abort = _LAUNCHER_ABORT.search(output)
+    blocks = [abort.group(0)] if abort else []
+    blocks += re.findall(r"^-{20,}\n(.*?)^-{20,}$", output, flags=re.S | re.M)
     # srun writes the job's output file at an offset of its own: its line can start after
     # NUL bytes (a hole the other writers' bytes did not fill) or blanks
     lines = [ln.lstrip(" \t\0") for ln in output.splitlines()]
@@ -76,7 +80,7 @@ def dead_ranks(report: str, n: int) -> list[int]:
         r"\[proxy:[^\]]*\] .*rank (\d+)",  # hydra
     ):
         found.update(int(m) for m in re.findall(pat, report))
-    if lost_daemon(report) is not None:
+    if lost_daemon(report) is not None or launcher_abort(report) is not None:
         return sorted(r for r in found if r < n)  # srun's tasks were the daemons, not ranks
     # srun: "srun: error: node2: task 3: Exited with exit code 3"
     for m in re.findall(r"srun: error: [^:]+: tasks? ([\d,\-]+):", _srun_first(report)):
@@ -141,6 +145,20 @@ _LOST_DAEMON = re.compile(
     r"lost communication with a remote daemon.*?Remote daemon:\s*\[[^\]]*\]\s+on node\s+(\S+)",
     re.S,
 )
+
+
+# prterun's own end when it fails inside itself: its error, then an assertion or abort
+_LAUNCHER_ABORT = re.compile(
+    r"^.*PMIX ERROR: .*$\n(?:.*\n)*?(?:.*Assertion .* failed.*|Aborted)$", re.M
+)
+
+
+def launcher_abort(report: str) -> str | None:
+    """The error Open MPI's launcher (prterun) printed before it aborted itself
+    (``"PMIX ERROR: ..."``, then a failed assertion or ``Aborted``), or None. Its ranks
+    lose their runtime with it: a fault inside Open MPI, not in a rank's code."""
+    m = _LAUNCHER_ABORT.search(report)
+    return m.group(0).splitlines()[0].split("] ", 1)[-1].strip() if m else None
 
 
 def lost_daemon(report: str) -> LostDaemon | None:

@@ -127,6 +127,9 @@ def ended_between_cells(cluster: Cluster) -> str | None:
         return (
             f"{lost} before this cell, and rank {format_ranks(there)} with it; the MPI job ended."
         )
+    abort = _jobreport.launcher_abort(report)
+    if abort is not None:
+        return f"Open MPI's launcher aborted before this cell ({abort}); the MPI job ended."
     why = _jobreport.death_cause(report)
     if "SIGKILL" in why and ranks and out_of_memory(cluster, ranks) == ranks:
         why = _jobreport.OUT_OF_MEMORY

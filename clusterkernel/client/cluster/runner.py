@@ -42,7 +42,7 @@ from clusterkernel.client.cluster import (
     _stacks,
     _torch,
 )
-from clusterkernel.client.cluster._jobreport import OUT_OF_MEMORY, LostDaemon, death_cause
+from clusterkernel.client.cluster._jobreport import OUT_OF_MEMORY, death_cause, launcher_abort
 from clusterkernel.client.debug._breakpoints import Stops
 from clusterkernel.client.errors import (
     CellInterrupted,
@@ -287,7 +287,21 @@ class CellRun:
     def _job_ended(self, dead: list[int], report: str) -> RankError:
         daemon = _rank_faults.lost_daemon(self.cluster, report)
         if daemon is not None:
-            return self._daemon_lost(*daemon)
+            lost, there = daemon
+            return self._open_mpi_failed(
+                str(lost),
+                there,
+                f"Open MPI's launcher lost {lost.node} (its daemon, prted): the node or "
+                "its network failed, or the daemon crashed.",
+            )
+        abort = launcher_abort(report)
+        if abort is not None:
+            return self._open_mpi_failed(
+                f"Open MPI's launcher aborted ({abort})",
+                [],
+                "The launcher (prterun) failed inside itself: a fault in Open MPI, not in "
+                "the cell.",
+            )
         why = death_cause(report)
         oom = self.cluster.out_of_memory(dead) if "SIGKILL" in why else []
         if oom and len(oom) == len(dead):
@@ -312,10 +326,12 @@ class CellRun:
             note += "\nThe launcher's own report: cluster.job_output()."
         return RankError(group_failures(items), note=note)
 
-    def _daemon_lost(self, lost: LostDaemon, there: list[int]) -> RankError:
-        """A node's Open MPI daemon died: its ranks went with it, the launcher ended the rest."""
-        self.faults.job_ended(f"The MPI job ended: {lost}, and rank {format_ranks(there)} with it.")
-        items = [(r, "died", f"lost with its node: {lost}", "") for r in there]
+    def _open_mpi_failed(self, what: str, there: list[int], why: str) -> RankError:
+        """Open MPI's runtime failed (``what``): the ranks ``there`` went with it, the
+        launcher ended the rest. ``why``: what that means, for the note."""
+        went = f", and rank {format_ranks(there)} with it" if there else ""
+        self.faults.job_ended(f"The MPI job ended: {what}{went}.")
+        items = [(r, "died", f"lost with its node: {what}", "") for r in there]
         items += [
             (r, "stopped", "stopped by mpiexec when the job ended", "")
             for r in self.cluster.ranks
@@ -323,9 +339,7 @@ class CellRun:
         ]
         note = (
             "All ranks are gone; run %mpi restart (cluster.restart()) for a fresh set.\n"
-            f"Open MPI's launcher lost {lost.node} (its daemon, prted): the node or its "
-            "network failed, or the daemon crashed. The launcher's own report: "
-            "cluster.job_output()."
+            f"{why} The launcher's own report: cluster.job_output()."
         )
         return RankError(group_failures(items), note=note)
 
