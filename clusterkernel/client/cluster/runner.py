@@ -42,7 +42,13 @@ from clusterkernel.client.cluster import (
     _stacks,
     _torch,
 )
-from clusterkernel.client.cluster._jobreport import OUT_OF_MEMORY, death_cause, launcher_abort
+from clusterkernel.client.cluster._jobreport import (
+    OUT_OF_MEMORY,
+    death_cause,
+    job_report,
+    launcher_abort,
+    lost_daemon,
+)
 from clusterkernel.client.debug._breakpoints import Stops
 from clusterkernel.client.errors import (
     CellInterrupted,
@@ -486,6 +492,11 @@ class CellRun:
             if getattr(res, "ename", "") == "EngineError" or isinstance(res, ipp.error.EngineError)
         ]
         if self.cluster.fault_tolerant and (gone or self._died):
+            # a death that Open MPI's runtime did not survive ends the job: that is the
+            # news, not the survivors' failed recovery (its notice tells the death)
+            report = job_report(self.cluster.job_output(lines=200))
+            if lost_daemon(report) is not None or launcher_abort(report) is not None:
+                return self._job_ended([], report)
             return _deathnews.report(self.cluster, self.faults, items, gone, self._died)
         items += [(r, "died", "engine lost", "") for r in gone]
         if not items:
