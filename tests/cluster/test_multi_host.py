@@ -16,6 +16,8 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -24,6 +26,7 @@ import pytest
 from clusterkernel import Cluster, ClusterError
 from tests._mpirun import run_mpi
 from tests._netns import NetnsHost, ip, ssh_agent, two_host_env
+from tests._open_mpi import once_more_on_open_mpi_abort
 from tests._procs import wait_no_cluster_processes
 
 _WHERE = """
@@ -125,12 +128,22 @@ def test_ranks_on_two_hosts(no_shared_cluster, netns_host, tmp_path):
 def test_a_dead_rank_on_the_other_host_is_respawned_there(no_shared_cluster, netns_host, tmp_path):
     env = two_host_env(netns_host, ssh_agent(tmp_path / "ssh", netns_host))
     here = socket.gethostname()
-    cluster = Cluster(
-        n=4, hosts=f"{here}:2,{netns_host.ns_ip}:2", env=env, start_timeout=60,
-        fault_tolerant=True,
-    )  # fmt: skip
-    cluster.start()
-    try:
+
+    @contextmanager
+    def job() -> Iterator[Cluster]:
+        cluster = Cluster(
+            n=4, hosts=f"{here}:2,{netns_host.ns_ip}:2", env=env, start_timeout=60,
+            fault_tolerant=True,
+        )  # fmt: skip
+        cluster.start()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+        assert not wait_no_cluster_processes(20)
+        _assert_other_host_empty(netns_host)
+
+    def respawned(cluster: Cluster) -> None:
         cluster.run(_WHERE + "x = 5")
         os.kill(cluster.rank_info[3]["pid"], signal.SIGKILL)
         deadline = time.monotonic() + 30
@@ -142,10 +155,8 @@ def test_a_dead_rank_on_the_other_host_is_respawned_there(no_shared_cluster, net
         assert cluster.rank_info[3]["host"] == netns_host.hostname
         assert cluster.pull("total") == {r: (10.0, 10.0) for r in range(4)}
         assert cluster.pull("x", ranks=[3]) == {3: 5}
-    finally:
-        cluster.stop()
-    assert not wait_no_cluster_processes(20)
-    _assert_other_host_empty(netns_host)
+
+    once_more_on_open_mpi_abort(job, respawned)  # only where Open MPI aborted itself
 
 
 def test_hier_all_reduce_across_two_hosts(netns_host, tmp_path):

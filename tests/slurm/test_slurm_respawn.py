@@ -13,15 +13,13 @@ left on either node.
 from __future__ import annotations
 
 import io
-import warnings
-from collections.abc import Callable
 from contextlib import contextmanager
 
 import pytest
 
 from clusterkernel import Cluster, RankError
-from clusterkernel.client.cluster._jobreport import job_report, launcher_abort, lost_daemon
 from clusterkernel.client.output import TerminalRenderer
+from tests._open_mpi import once_more_on_open_mpi_abort
 
 _STATE = """
 import os, socket, threading
@@ -63,40 +61,11 @@ def _job(testbed, holder, **options):
     assert not jobs and not on1 and not on2, (jobs, on1, on2)
 
 
-# Open MPI 5.0.11's runtime sometimes aborts inside itself during a spawn onto node2:
-# prterun aborts ("PMIX ERROR: ... pmix_server_dyn.c at line 1113", then
-# libevent's "Assertion ... failed in event_queue_insert_active"), or node2's prted
-# crashes in prte_finalize (the kernel logs its segfault) and prterun reports "lost
-# communication with a remote daemon". Seen here in 1 of 16 respawns onto node2.
-def _open_mpi_failed_the_spawn(log: str) -> str | None:
-    """Which of Open MPI's own spawn failures ``log`` (the launcher's) shows, if any."""
-    report = job_report(log)
-    abort, lost = launcher_abort(report), lost_daemon(report)
-    return abort or (str(lost) if lost is not None else None)
-
-
-def _respawn_test(testbed, holder, body: Callable[[Cluster], None], **options) -> None:
-    """``body`` in a job of its own (:func:`_job`); once more in a fresh job when it
-    failed and the launcher's log shows one of those aborts inside Open MPI (a warning
-    names it). Any other failure fails at once."""
-    for attempt in (1, 2):
-        with _job(testbed, holder, **options) as cluster:
-            try:
-                body(cluster)
-                return
-            except Exception:
-                log = cluster.job_output(lines=400)
-                fault = _open_mpi_failed_the_spawn(log)
-                if fault is None or attempt == 2:
-                    raise
-                print(f"attempt 1, the launcher's log, last lines:\n{log[-6000:]}")
-                warnings.warn(
-                    f"Open MPI failed the spawn onto node2 ({fault}); once more", stacklevel=1
-                )
-
-
 def test_a_rank_killed_on_node2_is_respawned_on_node2(slurm_testbed, _shared_holder):
-    _respawn_test(slurm_testbed, _shared_holder, _respawned_by_hand, fault_tolerant=True)
+    # once more only where Open MPI aborted itself (tests/_open_mpi.py)
+    once_more_on_open_mpi_abort(
+        lambda: _job(slurm_testbed, _shared_holder, fault_tolerant=True), _respawned_by_hand
+    )
 
 
 def _respawned_by_hand(cluster: Cluster) -> None:
@@ -204,7 +173,7 @@ def test_a_train_steps_cell_survives_a_death_on_node2_by_itself(slurm_testbed, _
         assert cluster.fault_tolerant and cluster.auto_respawn
         _trained_through_a_death(cluster, slurm_testbed)
 
-    _respawn_test(slurm_testbed, _shared_holder, body, respawn=True)
+    once_more_on_open_mpi_abort(lambda: _job(slurm_testbed, _shared_holder, respawn=True), body)
 
 
 def _trained_through_a_death(cluster: Cluster, testbed) -> None:
