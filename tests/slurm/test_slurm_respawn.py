@@ -131,7 +131,7 @@ def test_a_daemon_that_crashes_on_node2_is_named_with_the_ranks_it_took(
         assert set(failures) == {("died", (2, 3)), ("stopped", (0, 1))}, said
         assert daemon in failures["died", (2, 3)], said
         assert "Open MPI's launcher lost node2" in said, said
-        assert cluster.lost and daemon in cluster.lost and "rank 2-3" in cluster.lost
+        assert cluster.lost and daemon in cluster.lost and "ranks 2-3 with it" in cluster.lost
 
 
 _TRAIN = """

@@ -124,9 +124,8 @@ def ended_between_cells(cluster: Cluster) -> str | None:
     daemon = lost_daemon(cluster, report)
     if daemon is not None:
         lost, there = daemon
-        return (
-            f"{lost} before this cell, and rank {format_ranks(there)} with it; the MPI job ended."
-        )
+        who = f"{'rank' if len(there) == 1 else 'ranks'} {format_ranks(there)}"
+        return f"{lost} before this cell, and {who} with it; the MPI job ended."
     abort = _jobreport.launcher_abort(report)
     if abort is not None:
         return f"Open MPI's launcher aborted before this cell ({abort}); the MPI job ended."

@@ -335,7 +335,7 @@ class CellRun:
     def _open_mpi_failed(self, what: str, there: list[int], why: str) -> RankError:
         """Open MPI's runtime failed (``what``): the ranks ``there`` went with it, the
         launcher ended the rest. ``why``: what that means, for the note."""
-        went = f", and rank {format_ranks(there)} with it" if there else ""
+        went = f", and {_ranks_word(there).lower()} {format_ranks(there)} with it" if there else ""
         self.faults.job_ended(f"The MPI job ended: {what}{went}.")
         items = [(r, "died", f"lost with its node: {what}", "") for r in there]
         items += [
