@@ -7,7 +7,8 @@ host's prted crashes in prte_finalize (the kernel logs its segfault) and prterun
 reports "lost communication with a remote daemon". Seen in 1 of 16 respawns onto the
 Slurm test bed's node2. Once, after a respawn onto a netns host, prterun itself died
 of SIGSEGV in libprrte (the kernel's log, 13:24:51 UTC 2026-11-29) and the next cell
-ended with every rank stopped and none dead. The user is told so (``_jobreport.launcher_abort``, ``lost_daemon``); a test of our respawn
+ended with every rank stopped and none dead. The first two are told to the user as
+Open MPI's (``_jobreport.open_mpi_failed``), the third not yet. A test of our respawn
 runs once more in a fresh job then, and fails at once on anything else.
 
 Example::
@@ -22,14 +23,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from clusterkernel import Cluster, RankError
-from clusterkernel.client.cluster._jobreport import job_report, launcher_abort, lost_daemon
-
-
-def open_mpi_spawn_fault(log: str) -> str | None:
-    """Which of Open MPI's own aborts ``log`` (the launcher's) shows, if any."""
-    report = job_report(log)
-    abort, lost = launcher_abort(report), lost_daemon(report)
-    return abort or (str(lost) if lost is not None else None)
+from clusterkernel.client.cluster._jobreport import job_report, open_mpi_failed
 
 
 def _launcher_gone(exc: BaseException) -> str | None:
@@ -54,7 +48,7 @@ def once_more_on_open_mpi_abort(
                 return
             except Exception as exc:
                 log = cluster.job_output(lines=400)
-                fault = open_mpi_spawn_fault(log) or _launcher_gone(exc)
+                fault = open_mpi_failed(job_report(log)) or _launcher_gone(exc)
                 if fault is None or attempt == 2:
                     raise
                 print(f"attempt 1, the launcher's log, last lines:\n{log[-6000:]}")

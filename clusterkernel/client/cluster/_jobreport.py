@@ -14,6 +14,7 @@ Example::
     exits(launcher_log)              # {13690: "killed by SIGKILL"}: by pid
     lost_daemon(report)              # LostDaemon(node="node2", how="killed by SIGSEGV")
     launcher_abort(report)           # "PMIX ERROR: ...", if prterun aborted itself
+    open_mpi_failed(report)          # either of the two, told; else None
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "lost_daemon",
     "LostDaemon",
     "launcher_abort",
+    "open_mpi_failed",
     "OUT_OF_MEMORY",
 ]
 
@@ -80,7 +82,7 @@ def dead_ranks(report: str, n: int) -> list[int]:
         r"\[proxy:[^\]]*\] .*rank (\d+)",  # hydra
     ):
         found.update(int(m) for m in re.findall(pat, report))
-    if lost_daemon(report) is not None or launcher_abort(report) is not None:
+    if open_mpi_failed(report) is not None:
         return sorted(r for r in found if r < n)  # srun's tasks were the daemons, not ranks
     # srun: "srun: error: node2: task 3: Exited with exit code 3"
     for m in re.findall(r"srun: error: [^:]+: tasks? ([\d,\-]+):", _srun_first(report)):
@@ -159,6 +161,16 @@ def launcher_abort(report: str) -> str | None:
     lose their runtime with it: a fault inside Open MPI, not in a rank's code."""
     m = _LAUNCHER_ABORT.search(report)
     return m.group(0).splitlines()[0].split("] ", 1)[-1].strip() if m else None
+
+
+def open_mpi_failed(report: str) -> str | None:
+    """What Open MPI's own runtime did, told, when it failed inside itself (a daemon
+    lost, :func:`lost_daemon`, or prterun aborted, :func:`launcher_abort`); else None."""
+    lost = lost_daemon(report)
+    if lost is not None:
+        return str(lost)
+    abort = launcher_abort(report)
+    return f"Open MPI's launcher aborted ({abort})" if abort is not None else None
 
 
 def lost_daemon(report: str) -> LostDaemon | None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, cast
 import ipyparallel as ipp
 import psutil
 
-from clusterkernel.client.cluster._jobreport import job_report, launcher_abort, lost_daemon
+from clusterkernel.client.cluster._jobreport import job_report, open_mpi_failed
 from clusterkernel.client.cluster._torch import subgroups_note
 from clusterkernel.client.errors import ClusterError, format_ranks
 from clusterkernel.protocol import _targets
@@ -275,11 +275,8 @@ class _Watch:
 
     def _survivors_died(self) -> str:
         said = f"rank {format_ranks(self.lost)} died while the respawn ran"
-        report = job_report(self.engines.output(lines=200))
-        daemon, abort = lost_daemon(report), launcher_abort(report)
-        if daemon is not None:
-            return f"{said}: {daemon}"
-        return f"{said}: Open MPI's launcher aborted ({abort})" if abort is not None else said
+        failed = open_mpi_failed(job_report(self.engines.output(lines=200)))
+        return f"{said}: {failed}" if failed is not None else said
 
     def _find_new(self) -> None:
         for rank, proc in new_ranks(self.engines.processes()):

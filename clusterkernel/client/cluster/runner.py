@@ -47,7 +47,7 @@ from clusterkernel.client.cluster._jobreport import (
     death_cause,
     job_report,
     launcher_abort,
-    lost_daemon,
+    open_mpi_failed,
 )
 from clusterkernel.client.debug._breakpoints import Stops
 from clusterkernel.client.errors import (
@@ -495,7 +495,7 @@ class CellRun:
             # a death that Open MPI's runtime did not survive ends the job: that is the
             # news, not the survivors' failed recovery (its notice tells the death)
             report = job_report(self.cluster.job_output(lines=200))
-            if lost_daemon(report) is not None or launcher_abort(report) is not None:
+            if open_mpi_failed(report) is not None:
                 return self._job_ended([], report)
             return _deathnews.report(self.cluster, self.faults, items, gone, self._died)
         items += [(r, "died", "engine lost", "") for r in gone]
