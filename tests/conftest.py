@@ -155,6 +155,25 @@ def _slurm_logs(bed) -> str:
     )
 
 
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "call" and outcome.get_result().failed:
+        item.stash[_FAILED] = True
+
+
+@pytest.fixture(autouse=True)
+def _slurm_bed_cleared(request):
+    """After a failed test on the Slurm bed, the jobs and processes it left are ended:
+    one failure stays one (a job left would fail every later test's "nothing left")."""
+    yield
+    if "slurm_testbed" in request.fixturenames and request.node.stash.get(_FAILED, False):
+        request.getfixturevalue("slurm_testbed").clear()
+
+
 @pytest.fixture(scope="session")
 def slurm_testbed():
     """The two-node Slurm test bed (``tests/slurm/_testbed.py``), once per test session.

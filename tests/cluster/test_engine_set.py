@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import threading
 import time
 
 import psutil
@@ -180,6 +181,38 @@ def test_dead_rank_is_named_and_restart_recovers(cluster: Cluster, how, expect):
     rec = Recorder(cluster.ranks)
     cluster.run("print('back')", renderer=rec)
     assert sorted(per_rank_lines(rec.text)) == [(r, "back") for r in range(4)]
+
+
+def test_an_mpiexec_that_crashes_mid_cell_is_named_and_no_rank_is_blamed(cluster: Cluster):
+    """Open MPI's prterun has crashed by itself (SIGSEGV) after a spawn, leaving no report:
+    the cell names the launcher and its signal, blames no rank, and a restart recovers."""
+    import signal
+
+    mpiexec = psutil.Process(cluster._ranks.engines.engine_set.process.pid)
+    code = "import time\nprint('up', flush=True)\ntime.sleep(60)"
+    timer = threading.Timer(2.0, mpiexec.send_signal, (signal.SIGSEGV,))
+    timer.start()
+    try:
+        with pytest.raises(RankError) as info:
+            cluster.run(code, renderer=Recorder(cluster.ranks))
+    finally:
+        timer.cancel()
+    assert cluster.launcher_killed_by() == signal.SIGSEGV
+    failures = info.value.failures
+    assert [(f.kind, f.ranks, f.summary) for f in failures] == [
+        ("stopped", [0, 1, 2, 3], "cut off: its launcher is gone")
+    ], failures
+    assert "The launcher's own process ended, not a rank's" in info.value.note
+    # the ranks outlive it (no longer its children): the restart ends them
+    orphans = [psutil.Process(info["pid"]) for info in cluster.rank_info.values()]
+    with pytest.raises(
+        ClusterError, match=r"the launcher \(mpiexec\) crashed \(killed by SIGSEGV\)"
+    ):
+        cluster.run("pass")
+    cluster.restart()
+    assert not [p.pid for p in orphans if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert cluster.launcher_killed_by() is None
+    cluster.run("pass")
 
 
 def test_a_rank_killed_between_cells_is_told_in_one_line(cluster: Cluster, capsys):

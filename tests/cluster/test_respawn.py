@@ -367,6 +367,27 @@ def test_a_death_while_the_new_rank_joins_is_told_in_bounded_time(ft: Cluster):
     assert joiners <= {info["pid"] for info in ft.rank_info.values()}, joiners
 
 
+def test_a_launcher_that_crashes_during_a_respawn_is_told_and_a_restart_recovers(ft: Cluster):
+    """Open MPI's prterun has crashed by itself during a spawn (SIGSEGV, no report of its
+    own): the respawn names it, says every rank is gone, and a restart brings four back."""
+    mpiexec = psutil.Process(ft._ranks.engines.engine_set.process.pid)
+    os.kill(ft.rank_info[3]["pid"], signal.SIGKILL)
+    wait_dead(ft, [3])
+    looking = _when_a_joiner_starts(ft, lambda proc: mpiexec.send_signal(signal.SIGSEGV))
+    with pytest.raises(ClusterError) as info:
+        ft.respawn(source=0, timeout=20)
+    looking.join()
+    assert str(info.value) == (
+        "Respawning rank 3 failed: the MPI job ended: the launcher (mpiexec) crashed "
+        "(killed by SIGSEGV). All ranks are gone; %mpi restart (cluster.restart()) starts "
+        "a full set."
+    ), info.value
+    with pytest.raises(ClusterError, match=r"the launcher \(mpiexec\) crashed"):
+        ft.run("pass")
+    ft.restart()
+    _collective_over(ft, 4)
+
+
 _TRAIN = """
 import os, signal, torch
 from clusterkernel import comm

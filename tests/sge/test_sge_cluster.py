@@ -57,8 +57,12 @@ def test_the_magic_starts_ranks_in_a_grid_engine_job_and_stop_leaves_nothing(
     here = cluster.pull("here")
     # every rank in one MPI world of 4, inside the job, on the job's slots
     assert here == {r: (r, 4, 4, job, True) for r in range(4)}, here
+    # Open MPI's hostfile of the job's slots: in /tmp, as this queue gives no TMPDIR
+    hostfile = Path("/tmp", f"clusterkernel-hosts.{job}")
+    assert hostfile.exists()
     magics.mpi("stop")
     assert_job_gone(sge_testbed, job)
+    assert not hostfile.exists()
     left = wait_no_cluster_processes(20)
     assert not left, [p.cmdline() for p in left]
 

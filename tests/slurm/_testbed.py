@@ -294,6 +294,23 @@ class SlurmTestbed:
                 return left
             time.sleep(0.25)
 
+    def clear(self) -> None:
+        """End every job and every process left on the nodes (after a failed test, so
+        that what it left does not fail the next ones); the daemons keep running."""
+        env = {**os.environ, **self.env}
+        if self.jobs():
+            subprocess.run(["scancel", "--full", *self.jobs()], capture_output=True, env=env)
+        if any(self.leftovers(timeout=10)):
+            left = []
+            for pid in self.pids_on("node1") + self.pids_on("node2"):
+                try:
+                    proc = psutil.Process(pid)
+                    proc.kill()
+                    left.append(proc)
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(left, timeout=5)
+
     # ------------------------------------------------------------ stop
     def stop(self) -> None:
         b = self.base

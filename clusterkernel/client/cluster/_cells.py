@@ -91,11 +91,11 @@ class Cells:
         from clusterkernel.protocol.records import cell_label
 
         cluster.require_running()
-        if not cluster.fault_tolerant:  # a death between cells ended the whole job
-            ended = _rank_faults.ended_between_cells(cluster)
-            if ended is not None:
-                self._rank_map.mark_lost(ended)
-                cluster.require_running()  # says it, and what to do
+        # the job ended between cells: a rank's death (unless fault-tolerant), or its launcher's
+        ended = _rank_faults.ended_between_cells(cluster)
+        if ended is not None:
+            self._rank_map.mark_lost(ended)
+            cluster.require_running()  # says it, and what to do
         explicit = ranks is not None
         ranks = cluster.live_ranks if ranks is None else sorted(set(ranks))
         new = self._rank_map.untold() if not explicit else []

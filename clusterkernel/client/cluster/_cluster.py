@@ -290,6 +290,7 @@ class Cluster:
 
     job_ended = part_method("_ranks", RankMap.job_ended, cluster=False)
     job_output = part_method("_ranks", RankMap.job_output, cluster=False)
+    launcher_killed_by = part_method("_ranks", RankMap.launcher_killed_by, cluster=False)
     processes = part_method("_ranks", RankMap.processes, cluster=False)
 
     # ------------------------------------------------------------ keep / attach (_kept_records)

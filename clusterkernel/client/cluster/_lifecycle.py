@@ -254,6 +254,10 @@ class Engines:
         """Whether the MPI job has ended (every rank gone)."""
         return self.launcher.ended(self.engine_set)
 
+    def killed_by(self) -> int | None:
+        """The signal that ended the launcher's own process (mpiexec), where one did."""
+        return self.launcher.killed_by(self.engine_set)
+
     def processes(self) -> list[int]:
         """Pids of every local process (controller, mpiexec, ranks, guard)."""
         pids: set[int] = set()
@@ -287,7 +291,15 @@ class Engines:
         self.ipp.stop_engines_sync()
         self.launcher.stopped(engine_set, timeout=30)
         _end(old_procs, grace=_NANNY_GRACE)
-        if self.run_dir:  # the old job's segments: its prterun was stopped, not left to end
+        if self.run_dir:
+            # ranks that outlived a crashed launcher are no longer in its tree; nor does a
+            # launcher remove their segments
+            spared = {x.pid for x in (self.guard, self.keeper) if x is not None}
+            orphans = [p for p in marked(self.run_dir) if p.pid not in spared]
+            segments = _shm_names.mapped_by([p.pid for p in orphans])
+            _end(orphans, grace=0)
+            _shm_names.remove_prefixed(segments)
+            # the old job's segments: its prterun was stopped, not left to end
             _shm_names.remove(self.run_dir)
         self.ipp.start_engines_sync(self.n)
         self.ipp.update_cluster_file()

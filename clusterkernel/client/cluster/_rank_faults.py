@@ -96,6 +96,28 @@ def lost_daemon(cluster: Cluster, report: str) -> tuple[_jobreport.LostDaemon, l
     return lost, lost.ranks(hosts)
 
 
+# a launcher that dies of these crashed; any other signal was sent to it
+_CRASHES = {_signal.SIGSEGV, _signal.SIGABRT, _signal.SIGBUS, _signal.SIGILL, _signal.SIGFPE}
+
+
+def launcher_died(cluster: Cluster) -> str | None:
+    """If a signal ended the launcher's own process (mpiexec, not a rank), what that was:
+    ``"the launcher (mpiexec) crashed (killed by SIGSEGV)"``; else None. Its ranks lose
+    their runtime with it; Open MPI's prterun leaves no report of its own crash."""
+    number = cluster.launcher_killed_by()
+    if number is None:
+        return None
+    how = "crashed" if number in _CRASHES else "was ended from outside"
+    return f"the launcher (mpiexec) {how} ({_jobreport.killed_by(number)})"
+
+
+def open_mpi_failed(cluster: Cluster, report: str) -> str | None:
+    """What the MPI runtime did when it failed inside itself: Open MPI's own report
+    (:func:`_jobreport.open_mpi_failed`), else the launcher's death by a signal
+    (:func:`launcher_died`); else None."""
+    return _jobreport.open_mpi_failed(report) or launcher_died(cluster)
+
+
 def death_causes(cluster: Cluster, ranks: list[int], wait: float = 1.0) -> dict[int, str]:
     """How each of ``ranks`` (of a fault-tolerant job, just found dead) ended: ``"killed
     by SIGKILL (signal 9)"``, ``"exit code 3"``, :data:`~._jobreport.OUT_OF_MEMORY`; from
@@ -126,9 +148,9 @@ def ended_between_cells(cluster: Cluster) -> str | None:
         lost, there = daemon
         who = f"{'rank' if len(there) == 1 else 'ranks'} {format_ranks(there)}"
         return f"{lost} before this cell, and {who} with it; the MPI job ended."
-    abort = _jobreport.launcher_abort(report)
-    if abort is not None:
-        return f"Open MPI's launcher aborted before this cell ({abort}); the MPI job ended."
+    failed = open_mpi_failed(cluster, report)
+    if failed is not None:
+        return f"{failed[0].upper()}{failed[1:]} before this cell; the MPI job ended."
     why = _jobreport.death_cause(report)
     if "SIGKILL" in why and ranks and out_of_memory(cluster, ranks) == ranks:
         why = _jobreport.OUT_OF_MEMORY

@@ -76,6 +76,11 @@ class RankMap:
         """Whether the MPI job under the engines has ended (False when stopped)."""
         return self._live_engines is not None and self._live_engines.ended()
 
+    def launcher_killed_by(self) -> int | None:
+        """The signal that ended the launcher's own process (mpiexec), where one did:
+        Open MPI's crash (11, SIGSEGV), or a kill from outside; else None."""
+        return self._live_engines.killed_by() if self._live_engines is not None else None
+
     def job_output(self, lines: int = 40) -> str:
         """The last ``lines`` of what the launcher (mpiexec, srun, the Slurm job) said."""
         return self._live_engines.output(lines) if self._live_engines is not None else ""
@@ -146,6 +151,8 @@ class RankMap:
         except _respawn.RespawnError as e:
             for rank, why in e.died.items():
                 self._health.ranks_died([rank], why)
+            if e.ended is not None:
+                self._health.job_ended(e.ended)
             raise
 
     # ------------------------------------------------------------------ health

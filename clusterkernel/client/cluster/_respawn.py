@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, cast
 import ipyparallel as ipp
 import psutil
 
-from clusterkernel.client.cluster._jobreport import job_report, open_mpi_failed
+from clusterkernel.client.cluster import _rank_faults
+from clusterkernel.client.cluster._jobreport import death_cause, job_report
 from clusterkernel.client.cluster._torch import subgroups_note
 from clusterkernel.client.errors import ClusterError, format_ranks
 from clusterkernel.protocol import _targets
@@ -36,11 +37,15 @@ if TYPE_CHECKING:
 
 class RespawnError(ClusterError):
     """A respawn that did not bring the ranks back. ``died``: ranks that died during it,
-    with the cause, for the cluster to record (its helpers report, it acts)."""
+    with the cause; ``ended``: why the whole MPI job ended meanwhile, if it did; for the
+    cluster to record (its helpers report, it acts)."""
 
-    def __init__(self, message: str, died: dict[int, str] | None = None) -> None:
+    def __init__(
+        self, message: str, died: dict[int, str] | None = None, ended: str | None = None
+    ) -> None:
         super().__init__(message)
         self.died = died or {}
+        self.ended = ended
 
 
 @dataclass
@@ -195,7 +200,8 @@ def respawn(
         if failed is not None:
             watch.give_up(grow)
             died = dict.fromkeys(watch.lost, "it died while a respawn ran")
-            raise RespawnError(watch.told(failed), died)
+            ended = f"The MPI job ended during a respawn: {failed}." if watch.ended else None
+            raise RespawnError(watch.told(failed), died, ended)
         time.sleep(0.05)
     engines.respawned(sorted(wanted))
     cluster.ranks_respawned(dead)
@@ -235,10 +241,14 @@ class _Watch:
         self.cluster, self.engines, self.dead, self.live = cluster, engines, dead, live
         self.new: dict[int, psutil.Process] = {}  # rank -> its new process (on this machine)
         self.lost: list[int] = []  # survivors that died meanwhile
+        self.ended = False  # the whole MPI job ended meanwhile
         self._next_look = 0.0
 
     def failed(self, grow) -> str | None:
         """Why the respawn cannot finish, or None while it may."""
+        if self.cluster.job_ended():  # before the survivors' errors: it is the cause
+            self.ended = True
+            return self._job_ended()
         if grow.ready():
             try:
                 grow.get()
@@ -275,8 +285,18 @@ class _Watch:
 
     def _survivors_died(self) -> str:
         said = f"rank {format_ranks(self.lost)} died while the respawn ran"
-        failed = open_mpi_failed(job_report(self.engines.output(lines=200)))
+        failed = self._open_mpi_failed()
         return f"{said}: {failed}" if failed is not None else said
+
+    def _job_ended(self) -> str:
+        report = job_report(self.engines.output(lines=200))
+        why = self._open_mpi_failed(report) or death_cause(report)
+        return f"the MPI job ended{f': {why}' if why else ''}"
+
+    def _open_mpi_failed(self, report: str | None = None) -> str | None:
+        if report is None:
+            report = job_report(self.engines.output(lines=200))
+        return _rank_faults.open_mpi_failed(self.cluster, report)
 
     def _find_new(self) -> None:
         for rank, proc in new_ranks(self.engines.processes()):
@@ -303,6 +323,11 @@ class _Watch:
 
     def told(self, what: str) -> str:
         """The user's error: what happened, what is left, what to do."""
+        if self.ended:
+            return (
+                f"Respawning rank {format_ranks(self.dead)} failed: {what}. All ranks are "
+                "gone; %mpi restart (cluster.restart()) starts a full set."
+            )
         dead = sorted({*self.dead, *self.lost})
         live = [r for r in self.live if r not in self.lost]
         return (

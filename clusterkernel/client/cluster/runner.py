@@ -47,7 +47,6 @@ from clusterkernel.client.cluster._jobreport import (
     death_cause,
     job_report,
     launcher_abort,
-    open_mpi_failed,
 )
 from clusterkernel.client.debug._breakpoints import Stops
 from clusterkernel.client.errors import (
@@ -308,6 +307,19 @@ class CellRun:
                 "The launcher (prterun) failed inside itself: a fault in Open MPI, not in "
                 "the cell.",
             )
+        died = _rank_faults.launcher_died(self.cluster)
+        if died is not None:
+            # the ranks outlive it, each without its runtime: restart and stop end them
+            self.faults.job_ended(f"The MPI job ended: {died}.")
+            items = [
+                (r, "stopped", "cut off: its launcher is gone", "") for r in self.cluster.ranks
+            ]
+            note = (
+                "No rank can reach MPI any more; %mpi restart (cluster.restart()) ends "
+                "them and starts a fresh set.\nThe launcher's own process ended, not a "
+                "rank's: a crash there is a fault in the MPI runtime, not in the cell."
+            )
+            return RankError(group_failures(items), note=note)
         why = death_cause(report)
         oom = self.cluster.out_of_memory(dead) if "SIGKILL" in why else []
         if oom and len(oom) == len(dead):
@@ -495,7 +507,7 @@ class CellRun:
             # a death that Open MPI's runtime did not survive ends the job: that is the
             # news, not the survivors' failed recovery (its notice tells the death)
             report = job_report(self.cluster.job_output(lines=200))
-            if open_mpi_failed(report) is not None:
+            if _rank_faults.open_mpi_failed(self.cluster, report) is not None:
                 return self._job_ended([], report)
             return _deathnews.report(self.cluster, self.faults, items, gone, self._died)
         items += [(r, "died", "engine lost", "") for r in gone]

@@ -34,7 +34,13 @@ from traitlets.config import Config
 
 from clusterkernel.client import scheduler
 from clusterkernel.client.errors import ClusterError
-from clusterkernel.client.launch._engine_set import base_config, engine_cmd, process_ended, tail
+from clusterkernel.client.launch._engine_set import (
+    base_config,
+    engine_cmd,
+    process_ended,
+    process_signal,
+    tail,
+)
 from clusterkernel.client.launch._login_controller import LoginControllerLauncher
 from clusterkernel.client.launch._registry import register
 from clusterkernel.client.launch._ssh import Login, LoginError, login, login_for
@@ -345,6 +351,10 @@ class BatchLauncher:
             return process_ended(engine_set)
         state = self._job_state(engine_set)
         return state is not None and state[0] not in self.system.live_states
+
+    def killed_by(self, engine_set) -> int | None:
+        # a batch job's mpiexec runs in the job; its end, if told, is in the job's output
+        return process_signal(engine_set) if self.step else None
 
     def output(self, engine_set, lines: int = 40) -> str:
         if self.login is not None:

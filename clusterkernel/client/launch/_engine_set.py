@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import psutil
 from ipyparallel.cluster.launcher import ipengine_cmd_argv
 from traitlets.config import Config
 
@@ -71,3 +72,20 @@ def process_ended(engine_set: Any) -> bool:
     if proc is None:
         return False
     return not alive(proc)
+
+
+def process_signal(engine_set: Any) -> int | None:
+    """The signal that ended a launcher's process (mpiexec, srun), if one did.
+
+    The exit status is psutil's, kept by whichever wait reaped the process (ours or
+    ipyparallel's thread); None while it runs, for an exit, or where this process is
+    not its parent (a kept job attached again).
+    """
+    proc = getattr(engine_set, "process", None)
+    if proc is None or alive(proc):
+        return None
+    try:
+        code = proc.wait(0)
+    except psutil.Error:
+        return None
+    return -int(code) if isinstance(code, int) and code < 0 else None

@@ -22,6 +22,7 @@ from clusterkernel.client.launch._engine_set import (
     current_output,
     engine_cmd,
     process_ended,
+    process_signal,
     tail,
 )
 from clusterkernel.client.launch._registry import register
@@ -139,6 +140,9 @@ class MpiexecLauncher:
 
     def ended(self, engine_set: Any) -> bool:
         return process_ended(engine_set)
+
+    def killed_by(self, engine_set: Any) -> int | None:
+        return process_signal(engine_set)
 
     def output(self, engine_set: Any, lines: int = 40) -> str:
         return tail(current_output(engine_set), lines)

@@ -56,6 +56,10 @@ class Launcher(Protocol):
         """Whether the ranks' job (or mpiexec) has ended."""
         ...
 
+    def killed_by(self, engine_set: Any) -> int | None:
+        """The signal that ended the launcher's own process (mpiexec), where one did."""
+        ...
+
     def output(self, engine_set: Any, lines: int = 40) -> str:
         """The last ``lines`` of what the launcher (mpiexec, the job) said."""
         ...

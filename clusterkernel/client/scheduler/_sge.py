@@ -119,7 +119,11 @@ class GridEngine(BatchSystem):
             f"{shlex.quote(mpiexec)} --hostfile {hosts} -n {self.n} {command} &",
             "ranks=$!",
             # a trapped signal ends a wait early: wait again until mpiexec has ended
-            "while :; do wait $ranks; status=$?; kill -0 $ranks 2>/dev/null || exit $status; done",
+            # the hostfile goes with the job ($TMPDIR is the job's own only where the
+            # queue gives it one)
+            "while :; do wait $ranks; status=$?; kill -0 $ranks 2>/dev/null || break; done",
+            f"rm -f {hosts}",
+            "exit $status",
         ])  # fmt: skip
 
     def export_output(self, script: str) -> str:
