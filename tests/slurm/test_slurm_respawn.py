@@ -134,6 +134,37 @@ def test_a_daemon_that_crashes_on_node2_is_named_with_the_ranks_it_took(
         assert cluster.lost and daemon in cluster.lost and "ranks 2-3 with it" in cluster.lost
 
 
+_LAUNCHER_CRASH = """
+import os, signal, time
+if MPI.COMM_WORLD.Get_rank() == 0:   # its parent is Open MPI's launcher on node1, prterun
+    os.kill(os.getppid(), signal.SIGSEGV)
+time.sleep(60)
+"""
+
+
+def test_a_launcher_that_crashes_in_the_batch_job_is_named_and_no_rank_is_blamed(
+    slurm_testbed, _shared_holder
+):
+    """The job's mpiexec (prterun, run by the batch script on node1) dies of SIGSEGV
+    mid-cell, leaving no report of its own: the job script's shell says it, and the user
+    is told the launcher crashed (no rank blamed); nothing is left on either node."""
+    with _job(slurm_testbed, _shared_holder, fault_tolerant=True) as cluster:
+        cluster.run(_STATE, renderer=_quiet(cluster), timeout=60)
+        cluster.run(
+            "import psutil\nparent = psutil.Process(os.getppid()).name()",
+            renderer=_quiet(cluster),
+            timeout=60,
+        )
+        assert cluster.pull("parent")[0] == "prterun"
+        with pytest.raises(RankError) as info:
+            cluster.run(_LAUNCHER_CRASH, renderer=_quiet(cluster), timeout=60)
+        said = str(info.value)
+        assert [(f.kind, f.ranks) for f in info.value.failures] == [("stopped", [0, 1, 2, 3])]
+        assert "The launcher's own process ended, not a rank's" in said, said
+        crashed = "the launcher (mpiexec) crashed (killed by SIGSEGV)"
+        assert cluster.lost and crashed in cluster.lost, (cluster.lost, cluster.job_output(80))
+
+
 _TRAIN = """
 import os, signal, socket, torch
 from clusterkernel import comm, train

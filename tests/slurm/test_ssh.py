@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -256,7 +257,7 @@ def test_a_rank_respawned_from_outside_then_a_killed_kernel_has_its_job_released
     named apart from the laptop's (another name of the same venv's interpreter), so
     that the job's files show which one they run."""
     there = str(Path(sys.executable).with_name("python3.11"))  # the login node's Python
-    proc = laptop(
+    script = (
         _SHELL
         + f"""
 import os, tempfile, time
@@ -284,7 +285,7 @@ print("JOB", ip.user_ns["cluster"].job_id, flush=True)
 time.sleep(600)
 """
     )
-    out = _output_until(proc, "JOB ")
+    proc, out = _respawned_from_outside(laptop, script)
     job = out.split("JOB ", 1)[1].split()[0] if "JOB " in out else None
     assert job is not None and job in laptop.slurm.jobs(), out
     assert "CELL RankError" in out, out
@@ -332,6 +333,30 @@ time.sleep(600)
         assert not laptop.slurm.jobs()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# what the respawn's error says where Open MPI failed inside itself (tests/_open_mpi.py)
+_OPEN_MPI_FAILED = re.compile(
+    r"Open MPI's launcher aborted|Open MPI's daemon on \S+ died|the launcher \(mpiexec\) crashed"
+)
+
+
+def _respawned_from_outside(laptop, script: str) -> tuple[subprocess.Popen, str]:
+    """The kernel of ``script`` and what it said up to its line "JOB "; once more in a
+    fresh kernel and job where the respawn failed inside Open MPI (not ours: see
+    tests/_open_mpi.py), after the first is killed and its job gone."""
+    proc = laptop(script)
+    out = _output_until(proc, "JOB ")
+    failed = _OPEN_MPI_FAILED.search(out)
+    if "Respawning rank 1 failed" not in out or failed is None:
+        return proc, out
+    proc.kill()
+    proc.wait()
+    laptop.slurm.clear()
+    print(f"attempt 1 said:\n{out}")
+    warnings.warn(f"Open MPI failed in the respawn ({failed.group(0)}); once more", stacklevel=2)
+    proc = laptop(script)
+    return proc, _output_until(proc, "JOB ")
 
 
 def _cut(laptop) -> int:

@@ -196,7 +196,23 @@ def killed_by(number: int) -> str:
 
 
 # signal.strsignal's words ("Killed", "Segmentation fault") -> the signal's number
-_SIGNAL_WORDS = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
+_SIGNAL_WORDS = {w: int(s) for s in signal.Signals if (w := signal.strsignal(s))}
+# bash's line for a job script's command that a signal ended: "job.sh: line 9: 3843
+# Segmentation fault      (core dumped) mpiexec -n 4 ..."
+_SHELL_KILLED = re.compile(
+    r"line \d+: +\d+ (?P<words>"
+    + "|".join(re.escape(w) for w in sorted(_SIGNAL_WORDS, key=len, reverse=True))
+    + r")(?:\s+\(core dumped\))?\s+(?:\S*/)?(?:mpiexec|mpirun|prterun)\b"
+)
+
+
+def launcher_signal(report: str) -> int | None:
+    """The signal that ended the launcher (mpiexec) of a batch job, as the job script's
+    shell (bash) reported it in the job's output; else None."""
+    m = _SHELL_KILLED.search(report)
+    return _SIGNAL_WORDS[m.group("words")] if m else None
+
+
 # PRRTE's process watch (PRTE_MCA_odls_base_verbose, set for fault-tolerant jobs: the
 # job goes on when a rank dies, so the launcher writes no report of it)
 _ODLS_PID = re.compile(r"odls:wait_local_proc child process (\[[^\]]+\]) pid (\d+) terminated")
