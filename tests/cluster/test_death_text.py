@@ -10,6 +10,7 @@ from clusterkernel.client.cluster._jobreport import (
     exits,
     job_report,
     launcher_abort,
+    launcher_signal,
     lost_daemon,
 )
 
@@ -77,6 +78,17 @@ def test_a_launcher_that_aborts_itself_is_told_as_open_mpis_fault():
     assert launcher_abort(report) == said and launcher_abort(_ABORT) == said
     assert dead_ranks(report, 4) == []  # srun's task 0 there was node2's daemon
     assert launcher_abort("[node1:1] PMIX ERROR: NOT-FOUND in file x.c\nall went on") is None
+
+
+def test_a_batch_jobs_launcher_ended_by_a_signal_is_read_from_its_shells_line():
+    # sh (the job script of a fault-tolerant Slurm job, as the test bed's log held it)
+    sh = "[node2:28958] odls:launch spawning child\nSegmentation fault\nslurmstepd-node2: error: *** STEP 3.0 ON node2 FAILED ***\n"
+    assert launcher_signal(sh) == 11
+    bash = "/var/spool/slurmd/job00017/slurm_script: line 9:  3843 Aborted (core dumped)  /v/bin/mpiexec -n 4 python"
+    assert launcher_signal(bash) == 6
+    # neither a signal's words inside a line nor another command that bash saw end
+    assert launcher_signal("rank 2: Segmentation fault in my code") is None
+    assert launcher_signal("job.sh: line 3: 21866 Segmentation fault      python -m x") is None
 
 
 def test_survivors_errors_a_death_caused_fold_into_one_line_per_group():

@@ -197,20 +197,21 @@ def killed_by(number: int) -> str:
 
 # signal.strsignal's words ("Killed", "Segmentation fault") -> the signal's number
 _SIGNAL_WORDS = {w: int(s) for s in signal.Signals if (w := signal.strsignal(s))}
-# bash's line for a job script's command that a signal ended: "job.sh: line 9: 3843
-# Segmentation fault      (core dumped) mpiexec -n 4 ..."
+_WORDS = "|".join(re.escape(w) for w in sorted(_SIGNAL_WORDS, key=len, reverse=True))
+# a job script's shell on its command that a signal ended: sh (dash) writes the signal's
+# words alone on a line, bash "job.sh: line 9: 3843 Segmentation fault   mpiexec -n 4 ..."
 _SHELL_KILLED = re.compile(
-    r"line \d+: +\d+ (?P<words>"
-    + "|".join(re.escape(w) for w in sorted(_SIGNAL_WORDS, key=len, reverse=True))
-    + r")(?:\s+\(core dumped\))?\s+(?:\S*/)?(?:mpiexec|mpirun|prterun)\b"
+    rf"^(?:(?P<words>{_WORDS})(?: \(core dumped\))?|.*line \d+: +\d+ (?P<bash>{_WORDS})"
+    r"(?:\s+\(core dumped\))?\s+(?:\S*/)?(?:mpiexec|mpirun|prterun)\b.*)$",
+    re.M,
 )
 
 
-def launcher_signal(report: str) -> int | None:
-    """The signal that ended the launcher (mpiexec) of a batch job, as the job script's
-    shell (bash) reported it in the job's output; else None."""
-    m = _SHELL_KILLED.search(report)
-    return _SIGNAL_WORDS[m.group("words")] if m else None
+def launcher_signal(output: str) -> int | None:
+    """The signal that ended a batch job's launcher (mpiexec, the job script's foreground
+    command), as the script's shell wrote it in the job's output; else None."""
+    m = _SHELL_KILLED.search(output)
+    return _SIGNAL_WORDS[m.group("words") or m.group("bash")] if m else None
 
 
 # PRRTE's process watch (PRTE_MCA_odls_base_verbose, set for fault-tolerant jobs: the

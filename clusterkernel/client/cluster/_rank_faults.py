@@ -100,12 +100,12 @@ def lost_daemon(cluster: Cluster, report: str) -> tuple[_jobreport.LostDaemon, l
 _CRASHES = {_signal.SIGSEGV, _signal.SIGABRT, _signal.SIGBUS, _signal.SIGILL, _signal.SIGFPE}
 
 
-def launcher_died(cluster: Cluster, report: str) -> str | None:
+def launcher_died(cluster: Cluster) -> str | None:
     """If a signal ended the launcher's own process (mpiexec, not a rank), what that was:
     ``"the launcher (mpiexec) crashed (killed by SIGSEGV)"``; else None. Its ranks lose
-    their runtime with it; Open MPI's prterun leaves no report of its own crash, so the
-    signal is its exit status here, or the batch job's shell's line in ``report``."""
-    number = cluster.launcher_killed_by() or _jobreport.launcher_signal(report)
+    their runtime with it; Open MPI's prterun leaves no report of its own crash (the
+    launcher tells the signal: :meth:`Cluster.launcher_killed_by`)."""
+    number = cluster.launcher_killed_by()
     if number is None:
         return None
     how = "crashed" if number in _CRASHES else "was ended from outside"
@@ -116,7 +116,7 @@ def open_mpi_failed(cluster: Cluster, report: str) -> str | None:
     """What the MPI runtime did when it failed inside itself: Open MPI's own report
     (:func:`_jobreport.open_mpi_failed`), else the launcher's death by a signal
     (:func:`launcher_died`); else None."""
-    return _jobreport.open_mpi_failed(report) or launcher_died(cluster, report)
+    return _jobreport.open_mpi_failed(report) or launcher_died(cluster)
 
 
 def death_causes(cluster: Cluster, ranks: list[int], wait: float = 1.0) -> dict[int, str]:

@@ -307,7 +307,7 @@ class CellRun:
                 "The launcher (prterun) failed inside itself: a fault in Open MPI, not in "
                 "the cell.",
             )
-        died = _rank_faults.launcher_died(self.cluster, report)
+        died = _rank_faults.launcher_died(self.cluster)
         if died is not None:
             # the ranks outlive it, each without its runtime: restart and stop end them
             self.faults.job_ended(f"The MPI job ended: {died}.")

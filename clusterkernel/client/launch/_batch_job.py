@@ -353,8 +353,14 @@ class BatchLauncher:
         return state is not None and state[0] not in self.system.live_states
 
     def killed_by(self, engine_set) -> int | None:
-        # a batch job's mpiexec runs in the job; its end, if told, is in the job's output
-        return process_signal(engine_set) if self.step else None
+        if self.step:
+            return process_signal(engine_set)
+        if self.how != "mpiexec" or not self.ended(engine_set):  # srun is exec'd: no shell
+            return None
+        # mpiexec in the job: its script's shell writes how it ended in the job's output
+        from clusterkernel.client.cluster._jobreport import launcher_signal
+
+        return launcher_signal(self.output(engine_set, 400))
 
     def output(self, engine_set, lines: int = 40) -> str:
         if self.login is not None:
