@@ -18,6 +18,7 @@ import torch
 from mpi4py import MPI
 
 from clusterkernel.comm import _auto, _check, _hugepages, _ring, _shm
+from clusterkernel.comm._auto.adapt import launched, settle
 from clusterkernel.comm._begin import begin
 from clusterkernel.comm._dtypes import DTYPES, as_numpy, buf, dtype_of, reduced, reduced_torch
 from clusterkernel.comm._groups import Group, member
@@ -171,10 +172,15 @@ def all_reduce_coalesced(
         if arm is not None:  # the group's arm: the same algorithm on every member
             algorithm = arm.current if async_op else arm.next()
             why = arm.why_for(algorithm)  # the records say "ring (probe)", "shm (switch)"
-    if arm is None or async_op:
+    if arm is None:
         return _run_buckets(g, c, tensors, buckets, key, nbytes, op, algorithm, async_op, why)
+    if async_op:
+        work = _run_buckets(g, c, tensors, buckets, key, nbytes, op, algorithm, True, why)
+        launched(g, work)
+        return work
     t0 = _now()
     _run_buckets(g, c, tensors, buckets, key, nbytes, op, algorithm, False, why)
+    settle(g)
     arm.took(g, algorithm, _now() - t0)
     return None
 

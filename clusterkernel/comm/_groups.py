@@ -52,6 +52,7 @@ class Group:
         "_hier",
         "_auto",
         "_adapt",
+        "_in_flight",
         "_stale",
         "__weakref__",
     )
@@ -77,6 +78,7 @@ class Group:
         self._hier = None  # algorithm="hier"'s node and leader communicators (_hier)
         self._auto: dict | None = None  # algorithm="auto"'s rules for this group (_auto)
         self._adapt: dict | None = None  # auto's arms per op and size class (_auto.adapt)
+        self._in_flight: list = []  # async calls of the arms' size classes (_auto.adapt)
         self._stale = False  # unpickled where no such group was made (find_group)
         _LIVE.add(self)
 
@@ -99,6 +101,7 @@ class Group:
         self._hier = None
         self._auto = None
         self._adapt = None  # every member starts the arms afresh, the respawned too
+        self._in_flight = []
 
     def __repr__(self) -> str:
         return f"Group({self.name}, ranks={list(self.ranks)}, rank={self.rank})"

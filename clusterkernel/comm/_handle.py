@@ -74,6 +74,7 @@ class Work:
         "_info",
         "_t0",
         "_waited",
+        "_wait_from",
         "_done",
         "_error",
         "_result",
@@ -99,6 +100,7 @@ class Work:
         self._info = info
         self._t0 = t0
         self._waited = 0.0
+        self._wait_from: float | None = None  # when the wait() now blocking began
         self._done = False
         self._error: BaseException | None = None
         self._result: Any = None
@@ -126,24 +128,35 @@ class Work:
         With ``timeout`` (seconds), raises ``TimeoutError`` if not done by then; the
         call stays pending and can be waited on again.
         """
-        if not self._done:
-            t = _now()
+        if timeout is None:
+            self._block()
+        elif not self._done:
+            self._wait_from = t = _now()
             try:
-                if timeout is None:
-                    self._step(block=True)
-                else:
-                    deadline = t + timeout
-                    while not self._step(block=False):
-                        if _now() > deadline:
-                            raise TimeoutError(
-                                f"{self._info[0]} not completed within {timeout} s; still "
-                                "pending: are all ranks of the group calling it?"
-                            )
+                deadline = t + timeout
+                while not self._step(block=False):
+                    if _now() > deadline:
+                        raise TimeoutError(
+                            f"{self._info[0]} not completed within {timeout} s; still "
+                            "pending: are all ranks of the group calling it?"
+                        )
             finally:
                 self._waited += _now() - t
+                self._wait_from = None
         if self._error is not None:
             raise self._error
         return True
+
+    def _block(self) -> None:
+        """Block until done, the time counted as waited; an error stays for ``wait()``."""
+        if self._done:
+            return
+        self._wait_from = t = _now()
+        try:
+            self._step(block=True)
+        finally:
+            self._waited += _now() - t
+            self._wait_from = None
 
     def result(self) -> Any:
         """Wait, then return the call's result (the received object, the sender rank...)."""
@@ -199,7 +212,10 @@ class Work:
         self._done = True
         self._keep = None
         _ACTIVE.discard(self)
-        note(self._info, self._t0, None if self._sync else self._waited)
+        waited = self._waited
+        if self._wait_from is not None:  # done inside a wait(): its time so far counts
+            waited += _now() - self._wait_from
+        note(self._info, self._t0, None if self._sync else waited)
 
 
 def _clear_mpi_error(name: str, exc: MPI.Exception, statuses: list | None) -> BaseException:

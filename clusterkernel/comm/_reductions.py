@@ -20,7 +20,7 @@ import torch
 from mpi4py import MPI
 
 from clusterkernel.comm import _auto, _check, _fastpath, _hier, _plan, _ring, _shm, _torchpath
-from clusterkernel.comm._auto.adapt import size_class
+from clusterkernel.comm._auto.adapt import launched, settle, size_class
 from clusterkernel.comm._begin import begin, enter, open_entry
 from clusterkernel.comm._dtypes import DTYPES as _DTYPES
 from clusterkernel.comm._dtypes import (
@@ -232,7 +232,10 @@ def _run_adaptive(plan, g: Group, tensor, async_op: bool, entry, t0: float) -> W
     if _CHECK.on:  # compared before any data moves: a divergence raises, never hangs
         _check.verify(g, "all_reduce", tensor, op=plan.op, alg=alg)
     done = sub.run(sub, g, tensor, async_op, entry, t0)
-    if not async_op:
+    if async_op:
+        launched(g, done)
+    else:
+        settle(g)
         arm.took(g, alg, _now() - t0)
     return done
 

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 from jupyter_client.manager import start_new_kernel
 
@@ -323,3 +324,24 @@ def test_ranks_that_die_while_no_one_is_attached_are_reported_once_then_removed(
     with pytest.raises(ClusterError, match="ended while no one was attached: the MPI job ended"):
         Cluster.attach(record["id"])
     assert not os.path.exists(run_dir) and _kept_records.kept() == []
+
+
+def test_a_kept_cluster_killed_with_its_guard_is_listed_as_ended_not_live(runs, no_shared_cluster):
+    """Everything SIGKILLed at once, its guard too (a machine's or a test bed's teardown):
+    nothing wrote the end in its record. Listing finds the guard gone and the job ended,
+    so attaching without an id is not confused by it, and what it left is removed."""
+    run_dir = _started_and_killed(", keep='10m'")
+    [record] = _kept_records.kept()
+    assert not record["ended"] and record["guard_pid"]
+    victims = [psutil.Process(record["guard_pid"]), *cluster_processes()]
+    for proc in victims:
+        proc.kill()
+    psutil.wait_procs(victims, timeout=10)
+    [record] = _kept_records.kept()
+    assert record["ended"].endswith("and its guard had gone"), record
+    with pytest.raises(ClusterError, match="No kept cluster to attach"):
+        Cluster.attach()
+    with pytest.raises(ClusterError, match="ended while no one was attached"):
+        Cluster.attach(record["id"])
+    assert not os.path.exists(run_dir) and _kept_records.kept() == []
+    assert not wait_no_cluster_processes(5)

@@ -349,8 +349,9 @@ class Cluster:
         Example::
 
             kept = Cluster(n=2, keep="10m").start()
+            cluster_id = kept.id             # what %mpi list shows
             kept.detach()                    # %mpi detach: the ranks run on
-            Cluster.attach(kept.id).stop()   # back again, and stopped
+            Cluster.attach(cluster_id).stop()   # back again, and stopped
         """
         self.require_running()
         self._keeping.release(self.run_dir)

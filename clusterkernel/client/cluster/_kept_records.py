@@ -241,6 +241,10 @@ def kept(root: str | None = None) -> list[dict]:
         record = read(run_dir)
         if record is None or record.get("uid") != os.getuid():
             continue
+        if not record.get("ended") and _guard_gone(run_dir, record):
+            ended = _ended_without_guard(record)
+            if ended is not None:  # as its guard would have said, had it lived
+                record = update(run_dir, {"ended": ended, "client": None}) or record
         record["attached"] = client_alive(record.get("client"))
         keep = record.get("keep_s")
         keep = math.inf if keep is None else keep
@@ -252,6 +256,37 @@ def kept(root: str | None = None) -> list[dict]:
         record["age"] = now - record.get("created", now)
         out.append(record)
     return sorted(out, key=lambda r: -r.get("created", 0))
+
+
+def _guard_gone(run_dir: str, record: dict) -> bool:
+    """Whether the guard that keeps the cluster of ``record`` (on this host) is known and
+    has gone (SIGKILLed, or its machine restarted): then nothing tells its end."""
+    from clusterkernel.client.launch._guard import SUCCESSOR
+
+    if record.get("guard_host") != socket.gethostname():
+        return False
+    pids = [record.get("guard_pid")]
+    try:
+        with open(os.path.join(run_dir, SUCCESSOR)) as f:
+            pids.append(int(f.read().strip() or 0))
+    except (OSError, ValueError):
+        pass
+    known = [pid for pid in pids if pid]
+    return bool(known) and not any(pid_alive(pid) for pid in known)
+
+
+def _ended_without_guard(record: dict) -> str | None:
+    """Why the cluster of a record whose guard has gone can no longer run cells (the
+    guard's own test, :func:`~clusterkernel.client.launch._guard.why_ended`), or None."""
+    from clusterkernel.client.launch._guard import why_ended
+
+    # from outside, the login node's record names its files from its home
+    path = os.path.join(os.path.expanduser("~"), record.get("cluster_file") or "")
+    try:
+        ended = why_ended(path)
+    except (OSError, ValueError):
+        return "its guard and its cluster file are gone"
+    return None if ended is None else f"{ended}, and its guard had gone"
 
 
 def find(cluster_id_: str | None, root: str | None = None) -> dict:
@@ -346,9 +381,14 @@ def _ended_note(records: list[dict]) -> str:
 
 
 def remove_ended(record: dict) -> None:
-    """Remove what is left of a cluster that ended while no one was attached."""
+    """Remove what is left of a cluster that ended while no one was attached: its run
+    directory, and the shared-memory files its ranks noted there (a rank killed with its
+    guard removed none)."""
     import shutil
 
+    from clusterkernel.protocol import _shm_names
+
+    _shm_names.remove(record["run_dir"])
     shutil.rmtree(record["run_dir"], ignore_errors=True)
 
 

@@ -61,7 +61,7 @@ _GRACE_DEFAULT = 60.0
 _BEAT = 5.0  # seconds between the notebook's "alive" lines to a guard on the login node
 _SILENT = 30.0  # seconds without one after which that guard takes the connection as lost
 _LOOK = 0.5  # seconds between the notebook's looks at its guard's ssh
-_SUCCESSOR = "guard.pid"  # in the run directory there: the guard that watches it now
+SUCCESSOR = "guard.pid"  # in the run directory there: the guard that watches it now
 
 
 class Guard:
@@ -381,7 +381,7 @@ def _successor(run_dir: str) -> bool:
     """Whether another guard, alive, watches the cluster now (the notebook made its lost
     connection again and started it)."""
     try:
-        with open(os.path.join(run_dir, _SUCCESSOR)) as f:
+        with open(os.path.join(run_dir, SUCCESSOR)) as f:
             pid = int(f.read().strip() or 0)
     except (OSError, ValueError):
         return False
@@ -390,7 +390,7 @@ def _successor(run_dir: str) -> bool:
 
 def _register(run_dir: str) -> None:
     """This guard watches the cluster now (a guard before it leaves: :func:`_successor`)."""
-    path = os.path.join(run_dir, _SUCCESSOR)
+    path = os.path.join(run_dir, SUCCESSOR)
     with open(path + ".new", "w") as f:
         f.write(str(os.getpid()))
     os.replace(path + ".new", path)

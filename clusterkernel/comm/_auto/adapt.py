@@ -35,7 +35,12 @@ then says "shm"; a rank that does not is a mismatch). Check mode ``"every"``
 moves data the algorithm every member is about to run, and raises
 :class:`~clusterkernel.comm.CollectiveMismatchError` on every rank if they differ.
 Calls with ``async_op=True`` run the current choice and are not counted or timed
-(their time is the caller's, up to ``wait()``). An explicit ``algorithm=`` and
+(their time is the caller's, up to ``wait()``). A blocking call is timed until the
+group's earlier async calls of adaptive size classes are done too, and returns only
+then (:func:`settle`): what a training step waits for is all of them. Through shared
+memory that is so anyway (calls on a group run in order), while the ring or MPI runs
+beside an earlier call; timed alone, a blocking ring call beat shm in every probe round
+and lost in the steps (DataParallel's last bucket, BENCHMARKS.md, "Collectives"). An explicit ``algorithm=`` and
 ``CLUSTERKERNEL_ALGORITHM`` never adapt; ``CLUSTERKERNEL_AUTO_ADAPT=0`` keeps the
 table's choice (:func:`enabled`). Algorithms reduce in different orders, so while a
 group probes, sums can differ from call to call in the last bits of a float: pin
@@ -236,6 +241,22 @@ class Arm:
             "seconds": dict(self.agreed),  # as the last rounds agreed (the slowest rank's)
             "challenger": self.challenger,
         }
+
+
+def launched(g: Group, work) -> None:
+    """Note an async call of an adaptive size class on ``g`` (its ``Work``, or None
+    where it ran inline): a later blocking one waits for it (:func:`settle`)."""
+    if work is not None:
+        g._in_flight = [w for w in g._in_flight if not w._done]
+        g._in_flight.append(work)
+
+
+def settle(g: Group) -> None:
+    """Complete ``g``'s async calls noted by :func:`launched` (on every member alike: the
+    same calls). A failed one keeps its error for its own ``wait()``, which raises it."""
+    works, g._in_flight = g._in_flight, []
+    for w in works:
+        w._block()
 
 
 def size_class(nbytes: int) -> int:

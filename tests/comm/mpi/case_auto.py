@@ -404,6 +404,28 @@ def test_explicit_forced_async_and_small_calls_never_adapt(table_file):
     comm.destroy_group(g)
 
 
+def test_a_blocking_call_returns_once_the_groups_earlier_async_calls_are_done(table_file):
+    """An adaptive blocking call is timed until, and returns once, the group's earlier
+    async calls of adaptive sizes are done too (what a step waits for): their records
+    are written before their wait()."""
+    from clusterkernel.comm._auto import adapt
+
+    table_file([_row("all_reduce", [], ["mpi"])])  # the async call: MPI's Iallreduce
+    g = _fresh()
+    big = torch.full((adapt.ADAPT_MIN * 4,), float(RANK))  # 8 MB, 1 MB: two size classes
+    small = torch.ones(adapt.ADAPT_MIN // 4 * 2)
+    for _ in range(2):
+        before = len(_recorded(10_000))
+        work = comm.all_reduce(big, group=g, async_op=True)
+        comm.all_reduce(small, group=g)
+        done = len(_recorded(10_000)) - before
+        agree(done == 2, f"{done} records: the async call was not done")
+        work.wait()
+        agree(bool((big == SIZE * (SIZE - 1) / 2).all()), "sums")
+        big.fill_(float(RANK))
+    comm.destroy_group(g)
+
+
 def test_coalesced_buckets_adapt_like_all_reduce(table_file):
     from clusterkernel.comm._auto import adapt
 

@@ -51,6 +51,20 @@ def test_async_record_separates_wait_from_duration():
     agree(ok, str(rec))
 
 
+def test_an_async_calls_wait_counts_the_time_blocked_in_it():
+    """The wait() that the call ends in counts: rank 0 joins 0.2 s late, so every other
+    rank blocks in its wait() at least about that long."""
+
+    def calls():
+        if RANK == 0:
+            time.sleep(0.2)
+        comm.all_reduce(torch.ones(256), async_op=True).wait()
+
+    (rec,) = _new_records(calls)
+    late = RANK == 0 or SIZE == 1 or rec["wait"] >= 0.1
+    agree(late and rec["wait"] <= rec["duration"], str(rec))
+
+
 def test_group_size_and_p2p_recorded():
     evens = comm.new_group(list(range(0, SIZE, 2)))
 
