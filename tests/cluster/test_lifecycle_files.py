@@ -33,7 +33,7 @@ def test_stop_after_restart_returns_when_every_process_is_gone(no_shared_cluster
     assert alive(procs) == [], [p.cmdline() for p in alive(procs)]
 
 
-def test_stop_ends_a_process_the_ranks_left_outside_their_tree(no_shared_cluster):
+def test_stop_ends_a_process_the_ranks_left_outside_their_tree(no_shared_cluster, tmp_path):
     # what an engine's nanny becomes when its engine is gone: an orphan no launcher's
     # process tree reaches; the cluster's mark in its environment still names it
     cluster = Cluster(n=2).start()
@@ -41,12 +41,10 @@ def test_stop_ends_a_process_the_ranks_left_outside_their_tree(no_shared_cluster
         cluster.run(
             "import subprocess\n"
             "subprocess.run(['setsid', 'sh', '-c', 'sleep 300 & echo $! > orphan.pid'], "
-            "check=True, cwd=__import__('tempfile').gettempdir())",
+            f"check=True, cwd={str(tmp_path)!r})",
             ranks=[1],
         )
-        import tempfile
-
-        pid = int(open(os.path.join(tempfile.gettempdir(), "orphan.pid")).read())
+        pid = int((tmp_path / "orphan.pid").read_text())
         orphan = psutil.Process(pid)
         assert orphan.ppid() != os.getpid() and pid not in cluster.processes()
     finally:

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from clusterkernel.client.launch._run_dir import RUN_ROOT_ENV
 from tests._procs import wait_no_cluster_processes
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -48,7 +50,9 @@ def execute(path: Path, workdir: Path, env: dict[str, str] | None = None):
 
     Raises ``CellExecutionError`` (with the traceback) on any failing cell, and
     ``AssertionError`` if the check cell printed nothing or cluster processes are left.
-    ``env=None``: the kernel inherits ``os.environ``.
+    ``env=None``: the kernel inherits ``os.environ``. Either way its clusters keep their
+    run directories under ``workdir`` (``%mpi list`` shows what the notebook kept, never
+    a user's own kept clusters).
     """
     for sibling in NOTEBOOKS:
         shutil.copy(sibling, workdir)
@@ -65,7 +69,9 @@ def execute(path: Path, workdir: Path, env: dict[str, str] | None = None):
         store_widget_state=False,  # live widget models GitHub cannot show
     )
     started = time.monotonic()
-    client.execute(**({"env": env} if env is not None else {}))
+    runs = workdir / "runs"
+    runs.mkdir(mode=0o755, exist_ok=True)  # the run directories inside are private
+    client.execute(env={**(os.environ if env is None else env), RUN_ROOT_ENV: str(runs)})
     print(f"{path.name}: {time.monotonic() - started:.1f} s")
     outputs = "".join(output_text(o) for c in code_cells(nb) for o in c.outputs)
     assert CHECKED in outputs, f"{path.name} ran but its check cell printed nothing"

@@ -101,12 +101,27 @@ def _respawned_by_hand(cluster: Cluster) -> None:
     assert cluster.pull("weights")[3] == [0.0] * 3  # rank 0's copy
 
 
-_DAEMON_CRASH = """
-import os, signal, time, psutil
-if MPI.COMM_WORLD.Get_rank() == 2:   # its parent is Open MPI's daemon on node2, prted
+_PARENT_CRASH = """
+import os, signal, time
+if MPI.COMM_WORLD.Get_rank() == {rank}:
     os.kill(os.getppid(), signal.SIGSEGV)
 time.sleep(60)
 """
+
+
+def _parent_crashed(cluster, rank: int, parent: str) -> RankError:
+    """The cell's error after ``rank``'s parent (Open MPI's ``parent``: prted, prterun)
+    dies of SIGSEGV mid-cell."""
+    cluster.run(_STATE, renderer=_quiet(cluster), timeout=60)
+    cluster.run(
+        "import psutil\nparent = psutil.Process(os.getppid()).name()",
+        renderer=_quiet(cluster),
+        timeout=60,
+    )
+    assert cluster.pull("parent")[rank] == parent
+    with pytest.raises(RankError) as info:
+        cluster.run(_PARENT_CRASH.format(rank=rank), renderer=_quiet(cluster), timeout=60)
+    return info.value
 
 
 def test_a_daemon_that_crashes_on_node2_is_named_with_the_ranks_it_took(
@@ -116,30 +131,14 @@ def test_a_daemon_that_crashes_on_node2_is_named_with_the_ranks_it_took(
     mid-cell: the user is told that daemon died and ranks 2-3 with it (not that rank 0
     was killed by SIGSEGV), ranks 0-1 stopped by mpiexec; nothing is left on either node."""
     with _job(slurm_testbed, _shared_holder, fault_tolerant=True) as cluster:
-        cluster.run(_STATE, renderer=_quiet(cluster), timeout=60)
-        cluster.run(
-            "import psutil\nparent = psutil.Process(os.getppid()).name()",
-            renderer=_quiet(cluster),
-            timeout=60,
-        )
-        assert cluster.pull("parent")[2] == "prted"
-        with pytest.raises(RankError) as info:
-            cluster.run(_DAEMON_CRASH, renderer=_quiet(cluster), timeout=60)
-        failures = {(f.kind, tuple(f.ranks)): f.summary for f in info.value.failures}
-        said = str(info.value)
+        error = _parent_crashed(cluster, 2, "prted")  # rank 2 runs on node2
+        failures = {(f.kind, tuple(f.ranks)): f.summary for f in error.failures}
+        said = str(error)
         daemon = "Open MPI's daemon on node2 died (killed by SIGSEGV)"
         assert set(failures) == {("died", (2, 3)), ("stopped", (0, 1))}, said
         assert daemon in failures["died", (2, 3)], said
         assert "Open MPI's launcher lost node2" in said, said
         assert cluster.lost and daemon in cluster.lost and "ranks 2-3 with it" in cluster.lost
-
-
-_LAUNCHER_CRASH = """
-import os, signal, time
-if MPI.COMM_WORLD.Get_rank() == 0:   # its parent is Open MPI's launcher on node1, prterun
-    os.kill(os.getppid(), signal.SIGSEGV)
-time.sleep(60)
-"""
 
 
 def test_a_launcher_that_crashes_in_the_batch_job_is_named_and_no_rank_is_blamed(
@@ -149,17 +148,9 @@ def test_a_launcher_that_crashes_in_the_batch_job_is_named_and_no_rank_is_blamed
     mid-cell, leaving no report of its own: the job script's shell says it, and the user
     is told the launcher crashed (no rank blamed); nothing is left on either node."""
     with _job(slurm_testbed, _shared_holder, fault_tolerant=True) as cluster:
-        cluster.run(_STATE, renderer=_quiet(cluster), timeout=60)
-        cluster.run(
-            "import psutil\nparent = psutil.Process(os.getppid()).name()",
-            renderer=_quiet(cluster),
-            timeout=60,
-        )
-        assert cluster.pull("parent")[0] == "prterun"
-        with pytest.raises(RankError) as info:
-            cluster.run(_LAUNCHER_CRASH, renderer=_quiet(cluster), timeout=60)
-        said = str(info.value)
-        assert [(f.kind, f.ranks) for f in info.value.failures] == [("stopped", [0, 1, 2, 3])]
+        error = _parent_crashed(cluster, 0, "prterun")  # rank 0 runs on node1
+        said = str(error)
+        assert [(f.kind, f.ranks) for f in error.failures] == [("stopped", [0, 1, 2, 3])]
         assert "The launcher's own process ended, not a rank's" in said, said
         crashed = "the launcher (mpiexec) crashed (killed by SIGSEGV)"
         assert cluster.lost and crashed in cluster.lost, (cluster.lost, cluster.job_output(80))

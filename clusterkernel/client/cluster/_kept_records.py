@@ -33,9 +33,11 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 from clusterkernel.client._pids import pid_alive
+from clusterkernel.client.cluster._jobreport import death_cause
 from clusterkernel.client.errors import ClusterError
 
 RECORD = "kept.json"
+SUCCESSOR = "guard.pid"  # in a run directory: the guard that watches the cluster now
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 
@@ -258,11 +260,38 @@ def kept(root: str | None = None) -> list[dict]:
     return sorted(out, key=lambda r: -r.get("created", 0))
 
 
+def why_ended(cluster_file: str) -> str | None:
+    """Why a kept cluster can no longer run cells (None: it still can)."""
+    with open(cluster_file) as f:
+        info = json.load(f)
+    controller = info.get("controller", {}).get("state", {}).get("pid")
+    if controller and not pid_alive(controller):
+        return "the controller exited"
+    for engine_set in info.get("engines", {}).get("sets", {}).values():
+        job = engine_set.get("job_id")
+        if job:
+            from clusterkernel.client import scheduler
+
+            ended = scheduler.get(engine_set.get("scheduler") or "slurm").why_ended(job)
+            if ended:
+                return ended
+        elif engine_set.get("pid") and not pid_alive(engine_set["pid"]):
+            cause = death_cause(_tail_of(engine_set.get("output_file")))
+            return "the MPI job ended" + (f" ({cause})" if cause else "")
+    return None
+
+
+def _tail_of(path: str | None) -> str:
+    try:
+        with open(path or "", errors="replace") as f:
+            return f.read()[-20000:]
+    except OSError:
+        return ""
+
+
 def _guard_gone(run_dir: str, record: dict) -> bool:
     """Whether the guard that keeps the cluster of ``record`` (on this host) is known and
     has gone (SIGKILLed, or its machine restarted): then nothing tells its end."""
-    from clusterkernel.client.launch._guard import SUCCESSOR
-
     if record.get("guard_host") != socket.gethostname():
         return False
     pids = [record.get("guard_pid")]
@@ -277,9 +306,7 @@ def _guard_gone(run_dir: str, record: dict) -> bool:
 
 def _ended_without_guard(record: dict) -> str | None:
     """Why the cluster of a record whose guard has gone can no longer run cells (the
-    guard's own test, :func:`~clusterkernel.client.launch._guard.why_ended`), or None."""
-    from clusterkernel.client.launch._guard import why_ended
-
+    guard's own test, :func:`why_ended`), or None."""
     # from outside, the login node's record names its files from its home
     path = os.path.join(os.path.expanduser("~"), record.get("cluster_file") or "")
     try:

@@ -61,7 +61,6 @@ _GRACE_DEFAULT = 60.0
 _BEAT = 5.0  # seconds between the notebook's "alive" lines to a guard on the login node
 _SILENT = 30.0  # seconds without one after which that guard takes the connection as lost
 _LOOK = 0.5  # seconds between the notebook's looks at its guard's ssh
-SUCCESSOR = "guard.pid"  # in the run directory there: the guard that watches it now
 
 
 class Guard:
@@ -268,37 +267,6 @@ def stop_tree(pids: list[int]) -> None:
     psutil.wait_procs(alive, timeout=_GRACE)
 
 
-def why_ended(cluster_file: str) -> str | None:
-    """Why a kept cluster can no longer run cells (None: it still can)."""
-    from clusterkernel.client.cluster._jobreport import death_cause
-
-    with open(cluster_file) as f:
-        info = json.load(f)
-    controller = info.get("controller", {}).get("state", {}).get("pid")
-    if controller and not pid_alive(controller):
-        return "the controller exited"
-    for engine_set in info.get("engines", {}).get("sets", {}).values():
-        job = engine_set.get("job_id")
-        if job:
-            from clusterkernel.client import scheduler
-
-            ended = scheduler.get(engine_set.get("scheduler") or "slurm").why_ended(job)
-            if ended:
-                return ended
-        elif engine_set.get("pid") and not pid_alive(engine_set["pid"]):
-            cause = death_cause(_tail_of(engine_set.get("output_file")))
-            return "the MPI job ended" + (f" ({cause})" if cause else "")
-    return None
-
-
-def _tail_of(path: str | None) -> str:
-    try:
-        with open(path or "", errors="replace") as f:
-            return f.read()[-20000:]
-    except OSError:
-        return ""
-
-
 def keep(cluster_file: str, run_dir: str, keep_s: float) -> bool:
     """Keep the cluster while a client is attached or was within ``keep_s``; True when it
     is time to stop it, False when there is nothing left to stop."""
@@ -310,7 +278,7 @@ def keep(cluster_file: str, run_dir: str, keep_s: float) -> bool:
         if _successor(run_dir):  # its notebook made its connection again: a new guard
             return False
         try:
-            ended = why_ended(cluster_file)
+            ended = _kept_records.why_ended(cluster_file)
         except (OSError, ValueError):  # gone or half-written: look again after a pause
             time.sleep(_POLL)
             continue
@@ -381,7 +349,7 @@ def _successor(run_dir: str) -> bool:
     """Whether another guard, alive, watches the cluster now (the notebook made its lost
     connection again and started it)."""
     try:
-        with open(os.path.join(run_dir, SUCCESSOR)) as f:
+        with open(os.path.join(run_dir, _kept_records.SUCCESSOR)) as f:
             pid = int(f.read().strip() or 0)
     except (OSError, ValueError):
         return False
@@ -390,7 +358,7 @@ def _successor(run_dir: str) -> bool:
 
 def _register(run_dir: str) -> None:
     """This guard watches the cluster now (a guard before it leaves: :func:`_successor`)."""
-    path = os.path.join(run_dir, SUCCESSOR)
+    path = os.path.join(run_dir, _kept_records.SUCCESSOR)
     with open(path + ".new", "w") as f:
         f.write(str(os.getpid()))
     os.replace(path + ".new", path)
