@@ -297,9 +297,10 @@ class SlurmTestbed:
     def clear(self) -> None:
         """End every job and every process left on the nodes (after a failed test, so
         that what it left does not fail the next ones); the daemons keep running."""
-        env = {**os.environ, **self.env}
-        if self.jobs():
-            subprocess.run(["scancel", "--full", *self.jobs()], capture_output=True, env=env)
+        jobs = self.jobs()
+        if jobs:
+            env = {**os.environ, **self.env}
+            subprocess.run(["scancel", "--full", *jobs], capture_output=True, env=env)
         if any(self.leftovers(timeout=10)):
             left = []
             for pid in self.pids_on("node1") + self.pids_on("node2"):

@@ -40,11 +40,11 @@ group's earlier async calls of adaptive size classes are done too, and returns o
 then (:func:`settle`): what a training step waits for is all of them. Through shared
 memory that is so anyway (calls on a group run in order), while the ring or MPI runs
 beside an earlier call; timed alone, a blocking ring call beat shm in every probe round
-and lost in the steps (DataParallel's last bucket, BENCHMARKS.md, "Collectives"). An explicit ``algorithm=`` and
-``CLUSTERKERNEL_ALGORITHM`` never adapt; ``CLUSTERKERNEL_AUTO_ADAPT=0`` keeps the
-table's choice (:func:`enabled`). Algorithms reduce in different orders, so while a
-group probes, sums can differ from call to call in the last bits of a float: pin
-``algorithm=`` for bitwise repeatable runs.
+and lost in the steps (DataParallel's last bucket, BENCHMARKS.md, "Collectives").
+An explicit ``algorithm=`` and ``CLUSTERKERNEL_ALGORITHM`` never adapt;
+``CLUSTERKERNEL_AUTO_ADAPT=0`` keeps the table's choice (:func:`enabled`). Algorithms
+reduce in different orders, so while a group probes, sums can differ from call to call
+in the last bits of a float: pin ``algorithm=`` for bitwise repeatable runs.
 
 The cost is bounded: at most ``REPS * (algorithms - 1)`` probe calls per round,
 rounds at most every :data:`INTERVAL_MAX` calls once the choice has settled, an
