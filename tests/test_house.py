@@ -3,6 +3,7 @@ into BENCHMARKS.md names a section that exists. No ranks started."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -79,3 +80,34 @@ def test_references_to_benchmarks_sections_resolve():
                 line = text.count("\n", 0, m.start()) + 1
                 missing.append(f"{p.relative_to(ROOT)}:{line}: {m.group(1)!r}")
     assert not missing, "no BENCHMARKS.md section of that name:\n" + "\n".join(missing)
+
+
+def _made_classes_and_dels(source: str) -> list[str]:
+    """``type(name, bases, namespace)`` calls and ``__del__`` methods in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "type" and len(node.args) == 3
+        ):  # fmt: skip
+            found.append(f"{node.lineno}: a class made at run time")
+        if isinstance(node, ast.FunctionDef) and node.name == "__del__":
+            found.append(f"{node.lineno}: cleanup in __del__")
+    return found
+
+
+def test_no_classes_made_at_run_time_nor_cleanup_in_del():
+    # a class's behaviour is written in its module (a setting travels on an instance);
+    # cleanup belongs to a context manager or an explicit stop, not the garbage collector
+    found = [
+        f"{p.relative_to(ROOT)}:{f}"
+        for p in _files(PACKAGE, (".py",))
+        for f in _made_classes_and_dels(p.read_text())
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_check_sees_a_class_made_at_run_time():
+    bad = "K = type('K', (object,), {'on': 1})\nclass A:\n    def __del__(self): ...\n"
+    assert _made_classes_and_dels(bad) == ["1: a class made at run time", "3: cleanup in __del__"]
+    assert _made_classes_and_dels("t = type(3)\n") == []

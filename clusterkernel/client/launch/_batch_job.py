@@ -45,7 +45,7 @@ from clusterkernel.client.launch._login_controller import LoginControllerLaunche
 from clusterkernel.client.launch._registry import register
 from clusterkernel.client.launch._ssh import Login, LoginError, login, login_for
 from clusterkernel.client.mpiexec import QUIET_OSC, MPIRuntime
-from clusterkernel.client.scheduler import BatchSystem, SchedulerError
+from clusterkernel.client.scheduler import SchedulerError
 from clusterkernel.protocol._net import route_source
 
 # Open MPI starts its daemons on the job's other nodes through the scheduler (srun) with
@@ -74,9 +74,9 @@ class ScheduledEngineSetLauncher(BatchEngineSetLauncher):
     remote_python = Unicode("", config=True).tag(to_dict=True)
     remote_profile_dir = Unicode("", config=True).tag(to_dict=True)
 
-    def _system(self) -> type[BatchSystem]:
-        system = scheduler.get(self.scheduler)
-        return system.over_ssh(login(self.ssh, self.remote_python)) if self.ssh else system
+    def _on(self) -> Login | None:
+        """Where the scheduler's commands run: the login node from outside, else here."""
+        return login(self.ssh, self.remote_python) if self.ssh else None
 
     @property
     def cluster_env(self) -> dict[str, str]:
@@ -87,20 +87,19 @@ class ScheduledEngineSetLauncher(BatchEngineSetLauncher):
 
     def start(self, n: int = 1) -> str:
         self.write_batch_script(n)
-        if self.ssh:  # the login node's own environment, with the job's variables
-            job_id = self._system().submit(self.batch_file, env=self.get_env())
-            self.job_id = job_id
-            self.notify_start(job_id)
-            return job_id
-        env = {**os.environ, **self.get_env()}
-        job_id = self._system().submit(self.batch_file, env=env, cwd=self.work_dir)
+        system, on = scheduler.get(self.scheduler), self._on()
+        if on is not None:  # the login node's own environment, with the job's variables
+            job_id = system.submit(self.batch_file, env=self.get_env(), on=on)
+        else:
+            env = {**os.environ, **self.get_env()}
+            job_id = system.submit(self.batch_file, env=env, cwd=self.work_dir)
         self.job_id = job_id
         self.notify_start(job_id)
         return job_id
 
     def stop(self) -> str:
         if self.job_id:
-            self._system().cancel([self.job_id])
+            scheduler.get(self.scheduler).cancel([self.job_id], on=self._on())
         self.notify_stop({"job_id": self.job_id, "output": ""})
         return ""
 
@@ -154,12 +153,11 @@ class BatchLauncher:
         self.login: Login | None = None
         if settings.ssh:
             self.login = login_for(settings.ssh, settings.remote_python)
-            system = system.over_ssh(self.login)
         # ranks as a step of the job this process is in (never from outside)
         self.step = system.steps_in_job() and self.login is None
         n, values = system.resolve(settings.n, system.normalize(settings.options()), self.step)
         self.settings = settings.with_ranks(n)
-        self.system = system(n, values)  # checks the options
+        self.system = system(n, values, on=self.login)  # checks the options
         # How the ranks start inside the job: the scheduler's step, or mpiexec. Fault
         # tolerance is Open MPI's (ULFM): a scheduler's step ends when one task dies, and
         # only mpiexec's daemons can start a dead rank's successor inside the job.
@@ -322,7 +320,7 @@ class BatchLauncher:
             if self._reconnecting(job):
                 return self._state  # unknown while the guard makes the connection again
             try:
-                state = self.system.state(job) or ("GONE", "")
+                state = self.system.state(job, on=self.login) or ("GONE", "")
             except LoginError:
                 if not self._reconnecting(job):
                     raise

@@ -23,6 +23,7 @@ from typing import Any
 from clusterkernel.client.scheduler._system import (
     DEFAULT_TIME,
     BatchSystem,
+    CommandHost,
     SchedulerError,
     SchedulerOption,
 )
@@ -30,6 +31,7 @@ from clusterkernel.client.scheduler._system import (
 __all__ = [
     "DEFAULT_TIME",
     "BatchSystem",
+    "CommandHost",
     "SchedulerError",
     "SchedulerOption",
     "get",

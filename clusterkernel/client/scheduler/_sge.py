@@ -24,6 +24,7 @@ from pathlib import Path
 from clusterkernel.client.scheduler._system import (
     DEFAULT_TIME,
     BatchSystem,
+    CommandHost,
     SchedulerError,
     SchedulerOption,
 )
@@ -131,9 +132,9 @@ class GridEngine(BatchSystem):
         return str(path.with_name(path.stem + "-$JOB_ID.out"))
 
     @classmethod
-    def state(cls, job_id: str) -> tuple[str, str] | None:
+    def state(cls, job_id: str, on: CommandHost | None = None) -> tuple[str, str] | None:
         try:
-            out = cls.run("qstat", "-u", "*")
+            out = cls.run("qstat", "-u", "*", on=on)
         except SchedulerError:
             return None  # qmaster gone: the job is over for us
         for line in out.splitlines():
@@ -144,6 +145,6 @@ class GridEngine(BatchSystem):
 
     def node_addresses(self, in_allocation: bool = False) -> list[str]:
         try:
-            return self.run("qconf", "-sel").split()
+            return self.run("qconf", "-sel", on=self.on).split()
         except SchedulerError:
             return []

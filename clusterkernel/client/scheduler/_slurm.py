@@ -35,6 +35,7 @@ from typing import Any, cast
 from clusterkernel.client.scheduler._system import (
     DEFAULT_TIME,
     BatchSystem,
+    CommandHost,
     SchedulerError,
     SchedulerOption,
 )
@@ -263,9 +264,11 @@ class Slurm(BatchSystem):
 
     # ------------------------------------------------------------ the job
     @classmethod
-    def state(cls, job_id: str) -> tuple[str, str] | None:
+    def state(cls, job_id: str, on: CommandHost | None = None) -> tuple[str, str] | None:
         try:
-            out = cls.run("squeue", "-h", "--states=all", "-j", str(job_id), "-o", "%T|%r").strip()
+            out = cls.run(
+                "squeue", "-h", "--states=all", "-j", str(job_id), "-o", "%T|%r", on=on
+            ).strip()
         except SchedulerError:
             out = ""  # a job Slurm has forgotten has ended
         if not out:
@@ -305,8 +308,9 @@ class Slurm(BatchSystem):
     def node_addresses(self, in_allocation: bool = False) -> list[str]:
         if in_allocation:
             names = self.run(
-                "scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", "")
-            ).split()
+                "scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", ""),
+                on=self.on,
+            ).split()  # fmt: skip
             return _scontrol_addresses(self, names=names) or names
         return _scontrol_addresses(self, partition=self.values["partition"])
 
@@ -316,7 +320,7 @@ def _scontrol_addresses(
 ) -> list[str]:
     """Addresses of the Slurm nodes of ``partition`` (or named), from ``scontrol``."""
     addrs = []
-    for line in slurm.run("scontrol", "show", "node", "-o").splitlines():
+    for line in slurm.run("scontrol", "show", "node", "-o", on=slurm.on).splitlines():
         fields = dict(re.findall(r"(\w+)=(\S*)", line))
         if not fields.get("NodeName"):
             continue

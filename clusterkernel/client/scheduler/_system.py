@@ -32,7 +32,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Protocol, cast
 
 from clusterkernel.client.errors import ClusterError
 
@@ -41,6 +41,15 @@ DEFAULT_TIME = "01:00:00"  # a job's time limit when none is given, on every pat
 
 class SchedulerError(ClusterError):
     """The scheduler refused the job or cannot be reached."""
+
+
+class CommandHost(Protocol):
+    """Where a scheduler's commands run when not here: a login node reached by SSH
+    (``launch._ssh.Login``)."""
+
+    def run(
+        self, *command: str, input: str | None = None, timeout: float = 60, check: bool = True
+    ) -> subprocess.CompletedProcess: ...
 
 
 @dataclass(frozen=True)
@@ -104,10 +113,10 @@ class BatchSystem:
     # every program of the scheduler's that the class runs: none is named anywhere else
     # (tests/test_seam.py), so the class is the one place a scheduler's commands live
     commands: ClassVar[tuple[str, ...]] = ()
-    # where the commands run: None here, else a login node reached by SSH (over_ssh)
-    remote: ClassVar[Any] = None
 
-    def __init__(self, n: int, values: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, n: int, values: dict[str, Any] | None = None, on: CommandHost | None = None
+    ) -> None:
         known = {o.name for o in self.options}
         unknown = sorted(set(values or {}) - known)
         if unknown:
@@ -116,6 +125,8 @@ class BatchSystem:
                 f"'{self.name}' (its options: {', '.join(sorted(known)) or 'none'})."
             )
         self.n = n
+        # where this job's commands run: None here, else the login node (from outside)
+        self.on = on
         self.values = {o.name: o.default for o in self.options} | dict(values or {})
         for option in self.options:
             if option.many:
@@ -172,17 +183,15 @@ class BatchSystem:
         raise NotImplementedError
 
     # ------------------------------------------------------------ the job
+    # Each command runs here, or ``on`` a login node (from outside the cluster): the
+    # job's own methods pass :attr:`on`, the guard and kept clusters' listing pass theirs.
     @classmethod
-    def over_ssh(cls, login: Any) -> type[BatchSystem]:
-        """This scheduler with its commands run on ``login`` (an object whose
-        ``run(*command, input=, timeout=, check=)`` runs them there: ``ssh HOST``)."""
-        return cast(type[BatchSystem], type(cls.__name__, (cls,), {"remote": login}))
-
-    @classmethod
-    def run(cls, *args: str, timeout: float = 30, check: bool = True) -> str:
+    def run(
+        cls, *args: str, timeout: float = 30, check: bool = True, on: CommandHost | None = None
+    ) -> str:
         """One of this scheduler's commands (``args[0]`` found on PATH); its stdout."""
-        if cls.remote is not None:
-            done = cls.remote.run(*args, timeout=timeout, check=False)
+        if on is not None:
+            done = on.run(*args, timeout=timeout, check=False)
             if check and done.returncode != 0:
                 raise SchedulerError(
                     f"`{' '.join(args)}` failed: {(done.stderr or done.stdout).strip()}"
@@ -208,13 +217,16 @@ class BatchSystem:
         return done.stdout
 
     @classmethod
-    def submit(cls, script: str, env: dict[str, str] | None = None, cwd: str | None = None) -> str:
+    def submit(
+        cls, script: str, env: dict[str, str] | None = None, cwd: str | None = None,
+        on: CommandHost | None = None,
+    ) -> str:  # fmt: skip
         """Submit the job script at path ``script``; its job id."""
-        if cls.remote is not None:  # the script on stdin, the job's variables by env
+        if on is not None:  # the script on stdin, the job's variables by env
             with open(script) as f:
                 text = f.read()
             pairs = [f"{k}={v}" for k, v in (env or {}).items()]
-            done = cls.remote.run("env", *pairs, *cls.submit_command, input=text, check=False)
+            done = on.run("env", *pairs, *cls.submit_command, input=text, check=False)
         else:
             done = cls._submit_here(script, env, cwd)
         said = (done.stdout + done.stderr).strip()
@@ -239,12 +251,12 @@ class BatchSystem:
         return done
 
     @classmethod
-    def cancel(cls, job_ids: Iterable[str]) -> None:
-        """Cancel the jobs (their processes end soon after, see :meth:`wait_gone`)."""
+    def cancel(cls, job_ids: Iterable[str], on: CommandHost | None = None) -> None:
+        """Cancel the jobs (their processes end soon after)."""
         jobs = [str(j) for j in job_ids if j]
-        if cls.remote is not None:
+        if on is not None:
             if jobs and cls.cancel_command:
-                cls.remote.run(*cls.cancel_command, *jobs, check=False, timeout=30)
+                on.run(*cls.cancel_command, *jobs, check=False, timeout=30)
             return
         exe = shutil.which(cls.cancel_command[0]) if jobs and cls.cancel_command else None
         if exe is not None:
@@ -254,7 +266,7 @@ class BatchSystem:
             )  # fmt: skip
 
     @classmethod
-    def state(cls, job_id: str) -> tuple[str, str] | None:
+    def state(cls, job_id: str, on: CommandHost | None = None) -> tuple[str, str] | None:
         """``(state, reason)`` of a job; None once the scheduler no longer knows it."""
         raise NotImplementedError
 
@@ -264,9 +276,9 @@ class BatchSystem:
         return state is not None and state[0] in cls.live_states
 
     @classmethod
-    def why_ended(cls, job_id: str) -> str | None:
+    def why_ended(cls, job_id: str, on: CommandHost | None = None) -> str | None:
         """Why the job can no longer run ranks (None: it still can)."""
-        state = cls.state(job_id)
+        state = cls.state(job_id, on=on)
         if cls.alive(state):
             return None
         said = state[0] if state else f"no longer known to {cls.title}"
