@@ -17,6 +17,12 @@ directory; a guard that stops a cluster whose starter died removes the files of
 this host's /dev/shm that start with one of them, and nothing else: other jobs'
 and other users' files carry other job ids.
 
+A rank that never got to note its names leaves a segment nobody knows by job: the new
+process of a respawn whose prterun crashed while it started (it dies in MPI_Init, its
+segment made). Its owner mapped the segment from the moment it made it, so a segment of
+this host and user that no live process maps is a dead job's: a restart or stop (the
+guard's too) removes those made since its cluster was opened (:func:`remove_unmapped`).
+
 A process started without mpiexec (an MPI "singleton") has no prterun to remove
 its segment: ``comm`` removes it at exit (:mod:`clusterkernel.comm._shm.segment`).
 
@@ -24,12 +30,15 @@ Example::
 
     note(run_dir, rank=0)      # on a rank, after MPI_Init
     remove(run_dir)            # in the guard, once the job's processes are gone
+    remove_unmapped(since)     # the client, once its ranks are gone
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
+from collections.abc import Iterable
 from pathlib import Path
 
 SHM_DIR = "/dev/shm"
@@ -49,11 +58,8 @@ def job_prefixes(maps: str | None = None) -> list[str]:
         except OSError:
             return []
     found = set()
-    for line in maps.splitlines():
-        fields = line.split()
-        if len(fields) < 6 or not fields[5].startswith(SHM_DIR + "/"):
-            continue
-        m = _SEGMENT.fullmatch(os.path.basename(fields[5]))
+    for name in _shm_files(maps):
+        m = _SEGMENT.fullmatch(name)
         if m:
             found.add(f"sm_segment.{m['host']}.{m['uid']}.{m['job']}.")
             found.add(f"osc_sm.{m['host']}.{m['job']}.")
@@ -111,16 +117,67 @@ def remove_prefixed(prefixes: set[str] | list[str]) -> list[str]:
     if not prefixes:
         return []
     starts = tuple(prefixes)
-    removed = []
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
         return []
+    return _unlink(n for n in names if n.startswith(starts))
+
+
+def _unlink(names: Iterable[str]) -> list[str]:
+    """Remove the files ``names`` of /dev/shm; the names of those it removed."""
+    removed = []
     for name in names:
-        if name.startswith(starts):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-            except OSError:
-                continue
-            removed.append(name)
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except OSError:
+            continue
+        removed.append(name)
     return removed
+
+
+def _shm_files(maps: str) -> list[str]:
+    """The names of the /dev/shm files mapped in ``maps`` (a /proc/PID/maps text)."""
+    names = []
+    for line in maps.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[5].startswith(SHM_DIR + "/"):
+            names.append(os.path.basename(fields[5]))
+    return names
+
+
+def remove_unmapped(since: float) -> list[str]:
+    """Remove this host's and this user's ``sm_segment.*`` files changed at or after
+    ``since`` (a ``time.time()``) that no live process maps; return their names."""
+    host = socket.gethostname()  # Open MPI may name it by its first label only
+    mine = tuple(f"sm_segment.{h}.{os.getuid()}." for h in {host, host.split(".")[0]})
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(mine)]
+    except OSError:
+        return []
+    fresh = []
+    for name in names:
+        try:
+            st = os.stat(os.path.join(SHM_DIR, name))
+        except OSError:
+            continue
+        if st.st_uid == os.getuid() and st.st_mtime >= since:
+            fresh.append(name)
+    if not fresh:
+        return []
+    in_use = _mapped_names()
+    return _unlink(n for n in fresh if n not in in_use)
+
+
+def _mapped_names() -> set[str]:
+    """The /dev/shm files that some live process this user may read has mapped."""
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            maps = Path(entry.path, "maps").read_text()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        found.update(_shm_files(maps))
+    return found

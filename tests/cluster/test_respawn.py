@@ -25,7 +25,9 @@ import psutil
 import pytest
 
 from clusterkernel import Cluster, ClusterError, RankError
+from clusterkernel.protocol import _shm_names
 from clusterkernel.protocol._procs import new_ranks
+from tests import _shm_leaks
 from tests._procs import wait_dead, wait_no_cluster_processes
 from tests.cluster.test_out_of_memory import _memory_cgroup
 
@@ -369,7 +371,9 @@ def test_a_death_while_the_new_rank_joins_is_told_in_bounded_time(ft: Cluster):
 
 def test_a_launcher_that_crashes_during_a_respawn_is_told_and_a_restart_recovers(ft: Cluster):
     """Open MPI's prterun has crashed by itself during a spawn (SIGSEGV, no report of its
-    own): the respawn names it, says every rank is gone, and a restart brings four back."""
+    own): the respawn names it, says every rank is gone, and a restart brings four back,
+    leaving no segment of the new process that died unnoted with it."""
+    before = _shm_leaks.segments()
     mpiexec = psutil.Process(ft._ranks.engines.engine_set.process.pid)
     os.kill(ft.rank_info[3]["pid"], signal.SIGKILL)
     wait_dead(ft, [3])
@@ -386,6 +390,10 @@ def test_a_launcher_that_crashes_during_a_respawn_is_told_and_a_restart_recovers
         ft.run("pass")
     ft.restart()
     _collective_over(ft, 4)
+    # what /dev/shm gained is the new job's, mapped by its ranks
+    ranks = [info["pid"] for info in ft.rank_info.values()]
+    in_use = tuple(_shm_names.mapped_by(ranks))
+    assert not [n for n in _shm_leaks.segments() - before if not n.startswith(in_use)]
 
 
 _TRAIN = """

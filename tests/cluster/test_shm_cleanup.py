@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -119,3 +120,38 @@ def test_guard_removes_the_files_a_stuck_mpiexec_left(no_shared_cluster):
                 mpiexec.kill()
             except psutil.Error:
                 pass
+
+
+def test_a_segment_no_process_maps_is_removed_one_in_use_or_older_stays():
+    """``remove_unmapped``: a dead rank's segment (made since, mapped by nobody) goes; a
+    live process's, and one made before the cluster was opened, stay."""
+    from clusterkernel.protocol import _shm_names
+
+    host, uid = socket.gethostname(), os.getuid()
+    tag = f"{os.getpid():x}"
+    older, dead, live = (
+        Path(SHM_DIR, f"sm_segment.{host}.{uid}.{tag}{k}.0") for k in ("a", "b", "c")
+    )
+    try:
+        older.write_bytes(b"\0" * 4096)
+        since = time.time() + 0.05
+        time.sleep(0.1)
+        dead.write_bytes(b"\0" * 4096)
+        live.write_bytes(b"\0" * 4096)
+        holder = subprocess.Popen(  # maps it as a rank maps its own segment, then waits
+            [sys.executable, "-c", "import mmap, sys\nf = open(sys.argv[1], 'r+b')\n"
+             "m = mmap.mmap(f.fileno(), 4096)\nprint('mapped', flush=True)\nsys.stdin.read()",
+             str(live)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert holder.stdout.readline().strip() == "mapped"
+            removed = _shm_names.remove_unmapped(since)
+        finally:
+            holder.communicate("", timeout=30)
+        assert dead.name in removed and not dead.exists()
+        assert live.exists() and older.exists()
+        assert not {live.name, older.name} & set(removed)
+    finally:
+        for p in (older, dead, live):
+            p.unlink(missing_ok=True)

@@ -97,6 +97,8 @@ class Engines:
         self.keeper: psutil.Process | None = None  # a kept cluster's guard, when attached
         self.rank_info: dict[int, dict] = {}  # rank -> {rank, host, pid, engine}
         self.engine_of: dict[int, int] = {}  # rank -> engine id
+        # what this host's /dev/shm gained since then may be this cluster's (restart, stop)
+        self._opened_at = time.time()
 
     @classmethod
     def start(
@@ -301,6 +303,7 @@ class Engines:
             _shm_names.remove_prefixed(segments)
             # the old job's segments: its prterun was stopped, not left to end
             _shm_names.remove(self.run_dir)
+            _shm_names.remove_unmapped(self._opened_at)  # a rank's that died unnoted
         self.ipp.start_engines_sync(self.n)
         self.ipp.update_cluster_file()
         login = _login(self.launcher)
@@ -402,6 +405,7 @@ class Engines:
             # prterun removes the job's shared-memory segments, but not a rank's whose
             # process was SIGKILLed (the out-of-memory killer): the names the ranks noted
             _shm_names.remove(self.run_dir)
+            _shm_names.remove_unmapped(self._opened_at)
         _shm_names.remove_prefixed(segments)
         login = _login(self.launcher)
         if login is not None and self.run_dir:  # what the cluster wrote on the login node

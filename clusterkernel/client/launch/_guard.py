@@ -302,6 +302,10 @@ def keep(cluster_file: str, run_dir: str, keep_s: float) -> bool:
         time.sleep(_POLL)
 
 
+# the guard starts with its cluster: this host's /dev/shm gained since may be the cluster's
+_STARTED_AT = time.time()
+
+
 def _stop(cluster_file: str, run_dir: str | None, keep_record: bool = False) -> None:
     """Cancel the batch jobs, stop every process, remove the cluster's files (all of the
     run directory, or all but the kept record)."""
@@ -320,6 +324,7 @@ def _stop(cluster_file: str, run_dir: str | None, keep_record: bool = False) -> 
             os.remove(cluster_file)
         if run_dir:
             _shm_names.remove(run_dir)
+            _shm_names.remove_unmapped(_STARTED_AT)  # a rank's that died unnoted
             if not keep_record:
                 shutil.rmtree(run_dir, ignore_errors=True)
             else:
