@@ -13,7 +13,9 @@ left on either node.
 from __future__ import annotations
 
 import io
+import shutil
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -114,13 +116,21 @@ def _parent_crashed(cluster, rank: int, parent: str) -> RankError:
     dies of SIGSEGV mid-cell."""
     cluster.run(_STATE, renderer=_quiet(cluster), timeout=60)
     cluster.run(
-        "import psutil\nparent = psutil.Process(os.getppid()).name()",
+        "import psutil\nparent = psutil.Process(os.getppid()).name()\nppid = os.getppid()",
         renderer=_quiet(cluster),
         timeout=60,
     )
     assert cluster.pull("parent")[rank] == parent
-    with pytest.raises(RankError) as info:
-        cluster.run(_PARENT_CRASH.format(rank=rank), renderer=_quiet(cluster), timeout=60)
+    # Open MPI's session directory of the process crashed here (/tmp/ompi.PID for
+    # prterun, /tmp/prted.PID): it removes it itself on a clean end, not on SIGSEGV
+    session = Path(
+        "/tmp", f"{'ompi' if parent == 'prterun' else parent}.{cluster.pull('ppid')[rank]}"
+    )
+    try:
+        with pytest.raises(RankError) as info:
+            cluster.run(_PARENT_CRASH.format(rank=rank), renderer=_quiet(cluster), timeout=60)
+    finally:
+        shutil.rmtree(session, ignore_errors=True)
     return info.value
 
 
