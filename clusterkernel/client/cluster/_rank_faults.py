@@ -21,6 +21,7 @@ from __future__ import annotations
 import signal as _signal
 import socket
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from clusterkernel.client.cluster import _ipp, _jobreport, _stacks
@@ -33,16 +34,18 @@ if TYPE_CHECKING:
     from clusterkernel.client.debug import DebugSession
 
 
-def frames(cluster: Cluster, ranks: list[int], with_locals: bool = False) -> dict[int, list[dict]]:
+def frames(
+    cluster: Cluster, ranks: list[int], with_locals: bool = False, silent: Collection[int] = ()
+) -> dict[int, list[dict]]:
     """Each rank's main-thread frames, outermost first, while it runs a cell.
 
     Works while a rank is blocked inside an MPI call and for ranks on any host
     (the engine's control thread answers). A rank that cannot answer (its
-    control thread starved by C code holding the GIL) is asked through
-    ``faulthandler`` instead, if it runs on this machine; if neither works,
-    it is missing from the result.
+    control thread starved by C code holding the GIL; ``silent``: known not to,
+    not waited for) is asked through ``faulthandler`` instead, if it runs on this
+    machine; if neither works, it is missing from the result.
     """
-    engines = {r: cluster.engine_id(r) for r in ranks}
+    engines = {r: cluster.engine_id(r) for r in ranks if r not in silent}
     out = _stacks.request_frames(cluster.client, engines, with_locals=with_locals)
     missing = [r for r in ranks if r not in out]
     if missing:
@@ -62,6 +65,7 @@ def stacks(
     code: str | None = None,
     with_locals: bool = False,
     all_frames: bool = False,
+    silent: Collection[int] = (),
 ) -> dict[int, str]:
     """Each rank's stack as text, the cell's lines first (see :meth:`frames`); a note for
     a rank that did not answer.
@@ -69,7 +73,7 @@ def stacks(
     ``code`` (the cell's source) fills in the text of cell lines; clusterkernel's
     own frames show only with ``all_frames``.
     """
-    found = frames(cluster, ranks, with_locals)
+    found = frames(cluster, ranks, with_locals, silent)
     return {
         r: _stacks.format_stack(found[r], code, all_frames=all_frames, with_locals=with_locals)
         if r in found

@@ -368,13 +368,20 @@ class CellRun:
         if self._profiling is not None:  # what was sampled, before a restart loses it
             self._profiling.collect_now()
         busy = self.busy_ranks()
-        stacks = self.cluster.stacks(busy, code=self.code) if (stacks_first and busy) else {}
-        # Read before the interrupt unwinds anything: who waits in which call.
-        flights, positions = (
-            _hangreport.collect(self.cluster, self._alive(), busy) if busy else ({}, {})
+        # A rank whose control thread cannot answer runs C code that holds the GIL: asked
+        # once here, the requests below go to the others only (each would wait out its
+        # timeout on it), its stack comes from faulthandler.
+        silent = [r for r in busy if r not in self._answering(busy)]
+        talking = [r for r in self._alive() if r not in silent]
+        stacks = (
+            _rank_faults.stacks(self.cluster, busy, code=self.code, silent=silent)
+            if (stacks_first and busy)
+            else {}
         )
+        # Read before the interrupt unwinds anything: who waits in which call.
+        flights, positions = _hangreport.collect(self.cluster, talking, busy) if busy else ({}, {})
         flight = _hangreport.compare(flights, positions) if busy else ""
-        released = self._release_breakpoints(busy) if busy else []
+        released = self._release_breakpoints([r for r in busy if r in talking]) if busy else []
         busy = self.busy_ranks()
         if busy:
             try:
@@ -387,12 +394,11 @@ class CellRun:
         in_torch = _hangreport.has_torch_calls(flights)
         if stuck and in_torch:
             # a rank blocked in gloo/NCCL: closing every rank's group frees it
-            aborted = self._abort_torch_groups()
+            aborted = self._abort_torch_groups(skip=silent)
             stuck = self.busy_ranks()
-        # a rank whose control thread cannot answer either runs C code that holds the GIL
-        wedged = [r for r in stuck if r not in self._answering(stuck)]
+        wedged = [r for r in stuck if r in silent]
         if stuck and not stacks_first:
-            stacks = self.cluster.stacks(stuck, code=self.code)
+            stacks = _rank_faults.stacks(self.cluster, stuck, code=self.code, silent=wedged)
         # the heading already says "interrupted"; a timeout says how long it ran
         ran = f"still running after {timeout:g}s" if kind == "timeout" else ""
         what = f"{ran}; " if ran else ""
@@ -434,12 +440,13 @@ class CellRun:
             items = [(r, kind, ran or "the kernel was interrupted", "") for r in self.ranks]
         return CellInterrupted(group_failures(items), note=note)
 
-    def _abort_torch_groups(self, grace: bool = True) -> list[int]:
-        """Abort the torch.distributed groups of every rank of the cell; the ranks that
-        had one. Waits a moment for the freed ranks to end their cell (``grace``)."""
+    def _abort_torch_groups(self, grace: bool = True, skip: list[int] | None = None) -> list[int]:
+        """Abort the torch.distributed groups of every rank of the cell but ``skip`` (that
+        cannot answer); the ranks that had one. Waits a moment for the freed ranks to end
+        their cell (``grace``)."""
         try:  # not those whose engine has left meanwhile: their answer never comes
             ids, engine_of = self._client.ids, self.cluster.engine_of
-            alive = [r for r in self._alive() if engine_of[r] in ids]
+            alive = [r for r in self._alive() if engine_of[r] in ids and r not in (skip or ())]
             aborted = self.cluster.abort_torch_groups(alive)
         except Exception:  # the control channel may be gone with a rank
             return []
