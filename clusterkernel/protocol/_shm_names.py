@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -148,7 +149,11 @@ def _shm_files(maps: str) -> list[str]:
 
 def remove_unmapped(since: float) -> list[str]:
     """Remove this host's and this user's ``sm_segment.*`` files changed at or after
-    ``since`` (a ``time.time()``) that no live process maps; return their names."""
+    ``since`` (a ``time.time()``) that no live process maps; return their names.
+
+    Nothing is removed where live processes could be out of sight (this process runs
+    in a PID namespace of its own, which may share /dev/shm with the host's). A file
+    younger than a second may be one Open MPI has made and not mapped yet."""
     host = socket.gethostname()  # Open MPI may name it by its first label only
     mine = tuple(f"sm_segment.{h}.{os.getuid()}." for h in {host, host.split(".")[0]})
     try:
@@ -161,23 +166,40 @@ def remove_unmapped(since: float) -> list[str]:
             st = os.stat(os.path.join(SHM_DIR, name))
         except OSError:
             continue
-        if st.st_uid == os.getuid() and st.st_mtime >= since:
+        if st.st_uid == os.getuid() and since <= st.st_mtime < time.time() - 1.0:
             fresh.append(name)
     if not fresh:
         return []
     in_use = _mapped_names()
+    if in_use is None:
+        return []
     return _unlink(n for n in fresh if n not in in_use)
 
 
-def _mapped_names() -> set[str]:
-    """The /dev/shm files that some live process this user may read has mapped."""
+def _mapped_names() -> set[str] | None:
+    """The /dev/shm files that this user's live processes have mapped; None where that
+    cannot be known (processes out of sight)."""
+    if _in_nested_pid_namespace():
+        return None
     found = set()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             maps = Path(entry.path, "maps").read_text()
-        except OSError:  # gone meanwhile, or another user's
-            continue
+        except OSError:  # gone meanwhile, another user's, or not dumpable (an init, a
+            continue  # setuid program): no MPI rank is either
         found.update(_shm_files(maps))
     return found
+
+
+def _in_nested_pid_namespace() -> bool:
+    """Whether this process's PID namespace is a child's (``NSpid`` lists one pid per
+    level): processes of the levels above, which may share /dev/shm, are not in /proc."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return len(line.split()) > 2
+    except OSError:
+        return True
+    return False

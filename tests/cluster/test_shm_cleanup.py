@@ -124,20 +124,21 @@ def test_guard_removes_the_files_a_stuck_mpiexec_left(no_shared_cluster):
 
 def test_a_segment_no_process_maps_is_removed_one_in_use_or_older_stays():
     """``remove_unmapped``: a dead rank's segment (made since, mapped by nobody) goes; a
-    live process's, and one made before the cluster was opened, stay."""
+    live process's, one made before the cluster was opened, and one made this instant
+    (Open MPI maps it right after), stay."""
     from clusterkernel.protocol import _shm_names
 
     host, uid = socket.gethostname(), os.getuid()
     tag = f"{os.getpid():x}"
-    older, dead, live = (
-        Path(SHM_DIR, f"sm_segment.{host}.{uid}.{tag}{k}.0") for k in ("a", "b", "c")
+    older, dead, live, newborn = (
+        Path(SHM_DIR, f"sm_segment.{host}.{uid}.{tag}{k}.0") for k in ("a", "b", "c", "d")
     )
     try:
-        older.write_bytes(b"\0" * 4096)
-        since = time.time() + 0.05
-        time.sleep(0.1)
-        dead.write_bytes(b"\0" * 4096)
-        live.write_bytes(b"\0" * 4096)
+        now = time.time()
+        since = now - 10  # the cluster opened 10 s ago; one file is older, two newer
+        for path, age in ((older, 20), (dead, 5), (live, 5)):
+            path.write_bytes(b"\0" * 4096)
+            os.utime(path, (now - age, now - age))
         holder = subprocess.Popen(  # maps it as a rank maps its own segment, then waits
             [sys.executable, "-c", "import mmap, sys\nf = open(sys.argv[1], 'r+b')\n"
              "m = mmap.mmap(f.fileno(), 4096)\nprint('mapped', flush=True)\nsys.stdin.read()",
@@ -146,12 +147,12 @@ def test_a_segment_no_process_maps_is_removed_one_in_use_or_older_stays():
         )  # fmt: skip
         try:
             assert holder.stdout.readline().strip() == "mapped"
+            newborn.write_bytes(b"\0" * 4096)
             removed = _shm_names.remove_unmapped(since)
         finally:
             holder.communicate("", timeout=30)
-        assert dead.name in removed and not dead.exists()
-        assert live.exists() and older.exists()
-        assert not {live.name, older.name} & set(removed)
+        assert removed == [dead.name] and not dead.exists()
+        assert live.exists() and older.exists() and newborn.exists()
     finally:
-        for p in (older, dead, live):
+        for p in (older, dead, live, newborn):
             p.unlink(missing_ok=True)

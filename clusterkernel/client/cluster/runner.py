@@ -368,10 +368,10 @@ class CellRun:
         if self._profiling is not None:  # what was sampled, before a restart loses it
             self._profiling.collect_now()
         busy = self.busy_ranks()
-        # A rank whose control thread cannot answer runs C code that holds the GIL: asked
-        # once here, the requests below go to the others only (each would wait out its
-        # timeout on it), its stack comes from faulthandler.
-        silent = [r for r in busy if r not in self._answering(busy)]
+        # A rank whose control thread cannot answer runs C code that holds the GIL: found
+        # first, so that the requests below go to the others only (each would wait out
+        # its timeout on it); its stack comes from faulthandler.
+        silent = self._silent(busy, timeout=2.0)
         talking = [r for r in self._alive() if r not in silent]
         stacks = (
             _rank_faults.stacks(self.cluster, busy, code=self.code, silent=silent)
@@ -381,7 +381,8 @@ class CellRun:
         # Read before the interrupt unwinds anything: who waits in which call.
         flights, positions = _hangreport.collect(self.cluster, talking, busy) if busy else ({}, {})
         flight = _hangreport.compare(flights, positions) if busy else ""
-        released = self._release_breakpoints([r for r in busy if r in talking]) if busy else []
+        answering = [r for r in busy if r not in silent]
+        released = self._release_breakpoints(answering) if answering else []
         busy = self.busy_ranks()
         if busy:
             try:
@@ -390,6 +391,9 @@ class CellRun:
                 pass
             self.ar.wait(_GRACE)
         stuck = self.busy_ranks()
+        # asked again: a rank silent for a while (a long C call) may answer now and be
+        # freed below, one that answered before may have gone into such a call since
+        silent = self._silent(stuck, timeout=1.0)
         aborted: list[int] = []
         in_torch = _hangreport.has_torch_calls(flights)
         if stuck and in_torch:
@@ -454,15 +458,18 @@ class CellRun:
             self.ar.wait(_GRACE)
         return aborted
 
-    def _answering(self, ranks: list[int]) -> list[int]:
-        """Those of ``ranks`` whose control thread answers (needs Python's GIL)."""
-        if not ranks:
+    def _silent(self, ranks: list[int], timeout: float) -> list[int]:
+        """Those of ``ranks`` whose control thread (which needs Python's GIL) does not
+        answer within ``timeout``; none where the asking itself failed."""
+        ids, engine_of = self._client.ids, self.cluster.engine_of
+        engines = {r: engine_of[r] for r in ranks if engine_of.get(r) in ids}
+        if not engines:
             return []
-        engines = {r: self.cluster.engine_id(r) for r in ranks}
         try:
-            return list(_stacks.request_frames(self.cluster.client, engines, timeout=2.0))
-        except Exception:  # the control channel may be gone with the rank
-            return []
+            answered = _stacks.request_frames(self.cluster.client, engines, timeout=timeout)
+        except Exception:  # the control channel may be gone with a rank: unknown, so
+            return []  # every request goes to every rank, as it would to one that answers
+        return [r for r in engines if r not in answered]
 
     def _release_breakpoints(self, ranks: list[int]) -> list[int]:
         """Quit the pdb of ranks stopped at ``breakpoint()``, give them a moment to end;

@@ -320,7 +320,7 @@ class BatchLauncher:
             if self._reconnecting(job):
                 return self._state  # unknown while the guard makes the connection again
             try:
-                state = self.system.state(job, on=self.login) or ("GONE", "")
+                state = self.system.state(job, on=self.system.on) or ("GONE", "")
             except LoginError:
                 if not self._reconnecting(job):
                     raise

@@ -307,10 +307,9 @@ class Slurm(BatchSystem):
 
     def node_addresses(self, in_allocation: bool = False) -> list[str]:
         if in_allocation:
-            names = self.run(
-                "scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", ""),
-                on=self.on,
-            ).split()  # fmt: skip
+            names = self.run(  # inside an allocation: never from outside
+                "scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", "")
+            ).split()
             return _scontrol_addresses(self, names=names) or names
         return _scontrol_addresses(self, partition=self.values["partition"])
 

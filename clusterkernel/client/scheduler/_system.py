@@ -184,7 +184,8 @@ class BatchSystem:
 
     # ------------------------------------------------------------ the job
     # Each command runs here, or ``on`` a login node (from outside the cluster): the
-    # job's own methods pass :attr:`on`, the guard and kept clusters' listing pass theirs.
+    # job's own methods pass :attr:`on`; the guard and the kept clusters' listing run on
+    # the login node itself, so they pass none.
     @classmethod
     def run(
         cls, *args: str, timeout: float = 30, check: bool = True, on: CommandHost | None = None
