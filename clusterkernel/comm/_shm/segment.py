@@ -49,7 +49,11 @@ from clusterkernel.protocol._procs import pid_alive
 
 MIN_SLOT = 64 * 1024  # bytes; slot sizes are multiples of it
 PIPE_CHUNK = 256 * 1024  # bytes per stage buffer of the all-reduce pipe
-PIPE_DEPTH = 4  # stage buffers per rank: chunk g uses buffer g % PIPE_DEPTH
+# stage buffers per rank: chunk g uses buffer g % PIPE_DEPTH. At least 3: the loop holds
+# three chunks at once (in c, reduce c - 1, out c - 2), and with 2 the copy in of chunk c
+# waits for this rank's own copy out of c - 2, which comes after it. 4 is as fast as 3, 8
+# or 16 (BENCHMARKS.md, "The pipe's depth, varied").
+PIPE_DEPTH = 4
 _LINE = 64  # one rank's progress counters: a cache line of its own
 _LIVE: list[Segment] = []  # in creation order, which is the same on every member
 # Frees that must run at exit once the segments are gone (shm_empty's arenas: alloc.py
