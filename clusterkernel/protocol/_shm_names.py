@@ -147,29 +147,34 @@ def _shm_files(maps: str) -> list[str]:
     return names
 
 
+_SETTLE = 1.0  # seconds: Open MPI maps a segment microseconds after it makes it
+
+
 def remove_unmapped(since: float) -> list[str]:
     """Remove this host's and this user's ``sm_segment.*`` files changed at or after
     ``since`` (a ``time.time()``) that no live process maps; return their names.
 
     Nothing is removed where live processes could be out of sight (this process runs
     in a PID namespace of its own, which may share /dev/shm with the host's). A file
-    younger than a second may be one Open MPI has made and not mapped yet."""
+    younger than a second may be one Open MPI has made and not mapped yet: such a file
+    is looked at once it is a second old (this waits that long at most)."""
     host = socket.gethostname()  # Open MPI may name it by its first label only
     mine = tuple(f"sm_segment.{h}.{os.getuid()}." for h in {host, host.split(".")[0]})
     try:
         names = [n for n in os.listdir(SHM_DIR) if n.startswith(mine)]
     except OSError:
         return []
-    fresh = []
+    fresh = {}
     for name in names:
         try:
             st = os.stat(os.path.join(SHM_DIR, name))
         except OSError:
             continue
-        if st.st_uid == os.getuid() and since <= st.st_mtime < time.time() - 1.0:
-            fresh.append(name)
+        if st.st_uid == os.getuid() and st.st_mtime >= since:
+            fresh[name] = st.st_mtime
     if not fresh:
         return []
+    time.sleep(max(0.0, max(fresh.values()) + _SETTLE - time.time()))
     in_use = _mapped_names()
     if in_use is None:
         return []

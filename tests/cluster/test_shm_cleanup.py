@@ -125,7 +125,7 @@ def test_guard_removes_the_files_a_stuck_mpiexec_left(no_shared_cluster):
 def test_a_segment_no_process_maps_is_removed_one_in_use_or_older_stays():
     """``remove_unmapped``: a dead rank's segment (made since, mapped by nobody) goes; a
     live process's, one made before the cluster was opened, and one made this instant
-    (Open MPI maps it right after), stay."""
+    and mapped a moment later (as Open MPI makes a segment), stay."""
     from clusterkernel.protocol import _shm_names
 
     host, uid = socket.gethostname(), os.getuid()
@@ -139,16 +139,23 @@ def test_a_segment_no_process_maps_is_removed_one_in_use_or_older_stays():
         for path, age in ((older, 20), (dead, 5), (live, 5)):
             path.write_bytes(b"\0" * 4096)
             os.utime(path, (now - age, now - age))
-        holder = subprocess.Popen(  # maps it as a rank maps its own segment, then waits
-            [sys.executable, "-c", "import mmap, sys\nf = open(sys.argv[1], 'r+b')\n"
-             "m = mmap.mmap(f.fileno(), 4096)\nprint('mapped', flush=True)\nsys.stdin.read()",
-             str(live)],
+        # maps each file named on its stdin, as a rank maps its own segment, then waits
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import mmap, sys\nkept = []\nfor line in sys.stdin:\n"
+             "    f = open(line.strip(), 'r+b')\n    kept.append(mmap.mmap(f.fileno(), 4096))\n"
+             "    print('mapped', flush=True)"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
+            holder.stdin.write(f"{live}\n")
+            holder.stdin.flush()
             assert holder.stdout.readline().strip() == "mapped"
+            # made just now and mapped a moment later, as Open MPI makes a segment
             newborn.write_bytes(b"\0" * 4096)
+            holder.stdin.write(f"{newborn}\n")
+            holder.stdin.flush()
             removed = _shm_names.remove_unmapped(since)
+            assert holder.stdout.readline().strip() == "mapped"
         finally:
             holder.communicate("", timeout=30)
         assert removed == [dead.name] and not dead.exists()
