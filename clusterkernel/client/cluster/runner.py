@@ -448,9 +448,8 @@ class CellRun:
         """Abort the torch.distributed groups of every rank of the cell but ``skip`` (that
         cannot answer); the ranks that had one. Waits a moment for the freed ranks to end
         their cell (``grace``)."""
-        try:  # not those whose engine has left meanwhile: their answer never comes
-            ids, engine_of = self._client.ids, self.cluster.engine_of
-            alive = [r for r in self._alive() if engine_of[r] in ids and r not in (skip or ())]
+        try:
+            alive = [r for r in self._registered(self._alive()) if r not in (skip or ())]
             aborted = self.cluster.abort_torch_groups(alive)
         except Exception:  # the control channel may be gone with a rank
             return []
@@ -458,11 +457,16 @@ class CellRun:
             self.ar.wait(_GRACE)
         return aborted
 
+    def _registered(self, ranks: list[int]) -> list[int]:
+        """Those of ``ranks`` whose engine is still registered: one that has left
+        meanwhile never answers a request."""
+        ids, engine_of = self._client.ids, self.cluster.engine_of
+        return [r for r in ranks if engine_of.get(r) in ids]
+
     def _silent(self, ranks: list[int], timeout: float) -> list[int]:
         """Those of ``ranks`` whose control thread (which needs Python's GIL) does not
         answer within ``timeout``; none where the asking itself failed."""
-        ids, engine_of = self._client.ids, self.cluster.engine_of
-        engines = {r: engine_of[r] for r in ranks if engine_of.get(r) in ids}
+        engines = {r: self.cluster.engine_of[r] for r in self._registered(ranks)}
         if not engines:
             return []
         try:
