@@ -58,6 +58,14 @@ def _interrupt_running_cell(km, kc, here: Path, ranks: int) -> dict:
     km.interrupt_kernel()
     reply = kc.get_shell_msg(timeout=60)
     assert reply["parent_header"]["msg_id"] == msg_id
+    # ipykernel sends an error reply before it stops aborting queued requests; a
+    # request sent the instant the reply arrives can be aborted. A front end sends the
+    # next cell later; here, wait until the kernel says idle, after the abort is over.
+    while True:
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status":
+            if msg["content"]["execution_state"] == "idle":
+                break
     return reply["content"]
 
 
