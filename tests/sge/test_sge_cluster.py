@@ -2,7 +2,8 @@
 submits one job whose ``mpiexec`` takes the job's slots (``$PE_HOSTFILE``), a cell runs
 on its 4 ranks, ``%mpi stop`` leaves no job and no process; an exported ``qsub`` script
 runs as a job of its own; a kernel killed outright leaves nothing either (the guard
-cancels its job).
+cancels its job); a launcher that crashes mid-cell is named as the launcher, no rank
+blamed.
 
 One cluster for the first test (the machine's 2 cores take one at a time); the test
 bed is ``sge_testbed`` (tests/conftest.py).
@@ -10,12 +11,16 @@ bed is ``sge_testbed`` (tests/conftest.py).
 
 from __future__ import annotations
 
+import io
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
+from clusterkernel import Cluster, RankError
+from clusterkernel.client.output import TerminalRenderer
 from tests._batch_beds import (
     a_kept_job_outlives_its_kernel,
     a_killed_kernel_leaves_nothing,
@@ -96,3 +101,47 @@ def test_a_kept_job_survives_a_killed_kernel_and_stop_after_attach_cancels_it(
 ):
     kernel, _, cluster = a_kept_job_outlives_its_kernel(sge_testbed, _SGE, monkeypatch, tmp_path)
     stop_cancels_the_kept_job(sge_testbed, kernel, cluster)
+
+
+_PARENT = "import os, psutil\nparent = psutil.Process(os.getppid()).name()\nppid = os.getppid()"
+_CRASH_PARENT = """
+import os, signal, time
+from mpi4py import MPI
+if MPI.COMM_WORLD.Get_rank() == 0:
+    os.kill(os.getppid(), signal.SIGSEGV)
+time.sleep(60)
+"""
+
+
+def test_a_launcher_that_crashes_in_the_grid_engine_job_is_named_and_nothing_is_left(
+    sge_testbed, no_shared_cluster
+):
+    """The job's mpiexec (prterun, in the background of the job script's sh, for its
+    USR2 trap) dies of SIGSEGV mid-cell, leaving no report of its own. sh (dash) writes
+    the signal's words when its ``wait`` reaps it (a rank's SIGSEGV makes mpiexec exit
+    139 itself, of which sh says nothing), so the user is told the launcher crashed, no
+    rank blamed; the job and every process end."""
+    cluster = Cluster(n=2, launcher="sge").start()
+    job = cluster.job_id
+    quiet = TerminalRenderer(cluster.ranks, stream=io.StringIO())
+    try:
+        cluster.run(_PARENT, renderer=quiet, timeout=60)
+        assert cluster.pull("parent")[0] == "prterun"
+        # Open MPI's session directory of the prterun crashed here: it removes it itself
+        # on a clean end, not on SIGSEGV
+        session = Path("/tmp", f"ompi.{cluster.pull('ppid')[0]}")
+        try:
+            with pytest.raises(RankError) as info:
+                cluster.run(_CRASH_PARENT, renderer=quiet, timeout=60)
+        finally:
+            shutil.rmtree(session, ignore_errors=True)
+        said = str(info.value)
+        assert [(f.kind, f.ranks) for f in info.value.failures] == [("stopped", [0, 1])], said
+        assert "The launcher's own process ended, not a rank's" in said, said
+        crashed = "the launcher (mpiexec) crashed (killed by SIGSEGV)"
+        assert cluster.lost and crashed in cluster.lost, (cluster.lost, cluster.job_output(80))
+    finally:
+        cluster.stop()
+    assert_job_gone(sge_testbed, job)
+    left = wait_no_cluster_processes(20)
+    assert not left, [p.cmdline() for p in left]
