@@ -19,6 +19,9 @@
  * memory barrier of MPI's shared-memory model, is a sequentially consistent fence
  * here, and the counters are read and written with atomic loads and stores.
  *
+ * zero_copy does the in-place all-reduce of tensors that live in shared memory
+ * (alloc.zero_copy_reduce) the same way: the Python loop's steps and order of additions.
+ *
  * Only float32 and float64 with SUM or AVG: every other case stays in Python.
  */
 #define PY_SSIZE_T_CLEAN
@@ -260,6 +263,82 @@ static PyTypeObject RunType = {
     .tp_methods = Run_methods,
 };
 
+
+/* The in-place all-reduce of tensors in shared memory (alloc.zero_copy_reduce): this
+ * rank's share [a, b) of every rank's tensor, summed into this rank's own tensor in the
+ * Python loop's order (this rank's value, then + each other rank's in rank order, then
+ * / divisor), a block at a time so the sum stays in the first-level cache while every
+ * rank's value is added; then each chunk of the result, still in this core's cache, is
+ * copied into every other rank's tensor. The same steps as the Python loop's torch
+ * calls, without their dispatch per chunk: 5-23 % of the call at 2-8 ranks
+ * (BENCHMARKS.md, "Collectives", "The in-place all-reduce in C"). Streaming stores for
+ * the copies were slower here at 2 and 4 ranks and are not used. */
+#define ZERO_COPY(NAME, T)                                                              \
+    static void NAME(char *const *ts, Py_ssize_t n, Py_ssize_t rank, Py_ssize_t a,      \
+                     Py_ssize_t b, long divisor, Py_ssize_t chunk)                      \
+    {                                                                                   \
+        const T d = (T)divisor;                                                         \
+        T *const mine = (T *)ts[rank];                                                  \
+        for (Py_ssize_t c0 = a; c0 < b; c0 += chunk) {                                  \
+            Py_ssize_t c1 = b - c0 < chunk ? b : c0 + chunk;                            \
+            for (Py_ssize_t i0 = c0; i0 < c1; i0 += BLOCK) {                            \
+                Py_ssize_t w = c1 - i0 < BLOCK ? c1 - i0 : BLOCK;                       \
+                T *restrict acc = mine + i0;                                            \
+                for (Py_ssize_t j = 0; j < n; j++) {                                    \
+                    if (j == rank)                                                      \
+                        continue;                                                       \
+                    const T *restrict x = (const T *)ts[j] + i0;                        \
+                    for (Py_ssize_t i = 0; i < w; i++)                                  \
+                        acc[i] += x[i];                                                 \
+                }                                                                       \
+                if (divisor != 1)                                                       \
+                    for (Py_ssize_t i = 0; i < w; i++)                                  \
+                        acc[i] /= d;                                                    \
+            }                                                                           \
+            for (Py_ssize_t j = 0; j < n; j++)                                          \
+                if (j != rank)                                                          \
+                    memcpy((T *)ts[j] + c0, mine + c0, (size_t)(c1 - c0) * sizeof(T));  \
+        }                                                                               \
+    }
+
+ZERO_COPY(zero_copy_f32, float)
+ZERO_COPY(zero_copy_f64, double)
+
+static PyObject *zero_copy(PyObject *self, PyObject *args)
+{
+    PyObject *ptrs;
+    Py_ssize_t rank, a, b, itemsize, chunk;
+    long divisor;
+    if (!PyArg_ParseTuple(args, "O!nnnnln:zero_copy", &PyTuple_Type, &ptrs, &rank, &itemsize,
+                          &a, &b, &divisor, &chunk))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(ptrs);
+    if ((itemsize != 4 && itemsize != 8) || n < 1 || rank < 0 || rank >= n || a < 0 ||
+        a > b || divisor < 1 || chunk < 1) {
+        PyErr_SetString(PyExc_ValueError, "zero_copy: arguments out of range");
+        return NULL;
+    }
+    char **ts = PyMem_Malloc((size_t)n * sizeof(char *));
+    if (ts == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t j = 0; j < n; j++) {
+        ts[j] = (char *)(uintptr_t)PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(ptrs, j));
+        if (PyErr_Occurred()) {
+            PyMem_Free(ts);
+            return NULL;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (itemsize == 4)
+        zero_copy_f32(ts, n, rank, a, b, divisor, chunk);
+    else
+        zero_copy_f64(ts, n, rank, a, b, divisor, chunk);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(ts);
+    hits++;
+    Py_RETURN_NONE;
+}
+
 static PyObject *get_hits(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
     return PyLong_FromUnsignedLongLong(hits);
@@ -267,6 +346,10 @@ static PyObject *get_hits(PyObject *self, PyObject *Py_UNUSED(ignored))
 
 static PyMethodDef methods[] = {
     {"hits", get_hits, METH_NOARGS, "How many all_reduce calls finished in C on this rank."},
+    {"zero_copy", zero_copy, METH_VARARGS,
+     "zero_copy(ptrs, rank, itemsize, a, b, divisor, chunk): reduce elements [a, b) "
+     "of every rank's tensor (ptrs: their addresses, by rank) into this rank's, and copy "
+     "the result into the others' chunk elements at a time."},
     {NULL, NULL, 0, NULL},
 };
 

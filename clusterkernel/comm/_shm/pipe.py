@@ -23,8 +23,9 @@ more ranks than cores the rank it waits for needs it.
 The common case (float32 or float64 summed or averaged, the tensor in its slot
 dtype) runs the same loop in C (``_cpipe.c``), with the same buffers, counters,
 chunk numbers and order of additions, so its results are the Python loop's bit for
-bit; the waiting stays here. Without the extension (no C compiler at install) the
-Python loop does it all.
+bit; the waiting stays here. So does the in-place reduction of tensors from
+:func:`~.alloc.shm_empty` (:func:`~.alloc.zero_copy_reduce`'s steps). Without the
+extension (no C compiler at install) Python does it all.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ _C_DTYPES = (torch.float32, torch.float64)
 
 
 def c_loop(on: bool = True) -> bool:
-    """Run the chunk loop's common case in C (on) or in Python (off) on this rank;
-    returns whether it was on. Both give the same results; tests compare them.
+    """Run the chunk loop's common case, and the in-place reduction's, in C (on) or in
+    Python (off) on this rank; returns whether it was on. Both give the same results;
+    tests compare them.
 
     Example: ``was = c_loop(False)`` ... ``c_loop(was)``.
     """
@@ -156,7 +158,12 @@ def large_steps(
         yield from all_reduce_steps(seg, flat, sdt, fold, divisor)
         return
     ts = peers(seg.arenas[arena - 1], offsets, flat)
-    zero_copy_reduce(seg, ts, sdt, fold, divisor)
+    if _in_c(fold, flat, sdt):
+        a, b = share(flat.numel(), seg.n, seg.rank, sdt.itemsize)
+        ptrs = tuple(t.data_ptr() for t in ts)
+        _cpipe.zero_copy(ptrs, seg.rank, sdt.itemsize, a, b, divisor, PIPE_CHUNK // sdt.itemsize)
+    else:
+        zero_copy_reduce(seg, ts, sdt, fold, divisor)
     win.Sync()
     mine[OUT] = g + 1  # done with every rank's tensor
     while _behind(col_out, g + 1):  # and so is everyone with mine
@@ -178,7 +185,7 @@ def all_reduce_steps(
     m = -(-count // e)
     base = seg.seq
     seg.seq = base + m
-    if _IN_C[0] and fold is _ADD and flat.dtype is sdt and sdt in _C_DTYPES and flat.is_cpu:
+    if _in_c(fold, flat, sdt):
         run = _c_run(seg, flat, e, m, base, divisor)
         while not run.step():
             seg.pause()
@@ -225,6 +232,12 @@ def all_reduce_steps(
             pieces[c].copy_((last if c == m - 1 else full)[g % PIPE_DEPTH][3])
             win.Sync()
             mine[OUT] = g + 1
+
+
+def _in_c(fold, flat: torch.Tensor, sdt: torch.dtype) -> bool:
+    """Whether this call's loop runs in C: float32 or float64 summed (or averaged) in
+    its own dtype on the CPU, with the C loop built and on."""
+    return _IN_C[0] and fold is _ADD and flat.dtype is sdt and sdt in _C_DTYPES and flat.is_cpu
 
 
 def _c_run(seg: Segment, flat: torch.Tensor, e: int, m: int, base: int, divisor: int):

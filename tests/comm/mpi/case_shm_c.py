@@ -1,7 +1,8 @@
 """The shared-memory all-reduce's chunk loop in C (``_cpipe``) against the Python loop:
 taken for float32 and float64 SUM and AVG, bit-identical results on the same inputs
 (one chunk, many, sizes that are no multiple of a chunk, async calls on two groups
-interleaved), ranks on either loop working together, and the Python loop for the rest."""
+interleaved), ranks on either loop working together, and the Python loop for the rest;
+the same for the in-place reduction of tensors from ``shm_empty``."""
 
 from __future__ import annotations
 
@@ -155,3 +156,32 @@ def test_the_other_cases_stay_in_python(dtype, op):
     hits = _run([t], op, [None], c=True, blocking=True)
     want = SIZE if op is comm.MAX else SIZE * (SIZE + 1) // 2
     agree(bool((t == want).all()) and hits == 0, f"{dtype} {op}: C calls {hits}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_in_place_reduction_in_c_gives_pythons_bits(dtype):
+    # Tensors from shm_empty are reduced where they lie (no stage buffers): each rank
+    # sums its share of all of them and writes it into every one. Even ranks in C and
+    # odd ones in Python work together too: each share is one rank's alone.
+    sizes = [_sizes(dtype)[k] for k in (0, 2, 4)]
+    bufs = [comm.shm_empty(n, dtype=dtype) for n in sizes]
+    for op in (comm.SUM, comm.AVG):
+        out = {}
+        for mode, on in (("python", False), ("c", True), ("mixed", RANK % 2 == 0)):
+            for k, (b, n) in enumerate(zip(bufs, sizes)):
+                b.copy_(_inputs(80 + k, n, dtype))
+            hits = _run(bufs, op, [None] * len(bufs), c=on, blocking=True)
+            out[mode] = ([b.clone() for b in bufs], hits)
+        (py, py_hits), (cc, c_hits), (mixed, _) = out["python"], out["c"], out["mixed"]
+        same = _same_bits(py, cc) + _same_bits(py, mixed)
+        # both ways wrong alike would pass that: every rank's input rebuilt, summed in
+        # float64
+        want = sum(_values(81, r, sizes[1], dtype).double().numpy() for r in range(SIZE))
+        if op is comm.AVG:
+            want = want / SIZE
+        got = cc[1].double().numpy()
+        near = np.allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+        agree(
+            all(same) and bool(near) and py_hits == 0 and c_hits == len(sizes),
+            f"{dtype} {op}: same bits {same}, near {near}, C calls {py_hits}, {c_hits}",
+        )
