@@ -269,10 +269,10 @@ static PyTypeObject RunType = {
  * Python loop's order (this rank's value, then + each other rank's in rank order, then
  * / divisor), a block at a time so the sum stays in the first-level cache while every
  * rank's value is added; then each chunk of the result, still in this core's cache, is
- * copied into every other rank's tensor. The same steps as the Python loop's torch
- * calls, without their dispatch per chunk: 5-23 % of the call at 2-8 ranks
- * (BENCHMARKS.md, "Collectives", "The in-place all-reduce in C"). Streaming stores for
- * the copies were slower here at 2 and 4 ranks and are not used. */
+ * copied into every other rank's tensor. The Python loop's steps without torch's
+ * dispatch per chunk, and one pass over the block for all ranks' values instead of one
+ * per rank (BENCHMARKS.md, "Collectives", "The in-place all-reduce in C"). Streaming
+ * stores for the copies measured slower at 2 and 4 ranks: plain memcpy. */
 #define ZERO_COPY(NAME, T)                                                              \
     static void NAME(char *const *ts, Py_ssize_t n, Py_ssize_t rank, Py_ssize_t a,      \
                      Py_ssize_t b, long divisor, Py_ssize_t chunk)                      \
