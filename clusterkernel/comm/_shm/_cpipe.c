@@ -273,36 +273,26 @@ static PyTypeObject RunType = {
  * dispatch per chunk, and one pass over the block for all ranks' values instead of one
  * per rank (BENCHMARKS.md, "Collectives", "The in-place all-reduce in C"). Streaming
  * stores for the copies measured slower at 2 and 4 ranks: plain memcpy. */
-#define ZERO_COPY(NAME, T)                                                              \
-    static void NAME(char *const *ts, Py_ssize_t n, Py_ssize_t rank, Py_ssize_t a,      \
-                     Py_ssize_t b, long divisor, Py_ssize_t chunk)                      \
-    {                                                                                   \
-        const T d = (T)divisor;                                                         \
-        T *const mine = (T *)ts[rank];                                                  \
-        for (Py_ssize_t c0 = a; c0 < b; c0 += chunk) {                                  \
-            Py_ssize_t c1 = b - c0 < chunk ? b : c0 + chunk;                            \
-            for (Py_ssize_t i0 = c0; i0 < c1; i0 += BLOCK) {                            \
-                Py_ssize_t w = c1 - i0 < BLOCK ? c1 - i0 : BLOCK;                       \
-                T *restrict acc = mine + i0;                                            \
-                for (Py_ssize_t j = 0; j < n; j++) {                                    \
-                    if (j == rank)                                                      \
-                        continue;                                                       \
-                    const T *restrict x = (const T *)ts[j] + i0;                        \
-                    for (Py_ssize_t i = 0; i < w; i++)                                  \
-                        acc[i] += x[i];                                                 \
-                }                                                                       \
-                if (divisor != 1)                                                       \
-                    for (Py_ssize_t i = 0; i < w; i++)                                  \
-                        acc[i] /= d;                                                    \
-            }                                                                           \
-            for (Py_ssize_t j = 0; j < n; j++)                                          \
-                if (j != rank)                                                          \
-                    memcpy((T *)ts[j] + c0, mine + c0, (size_t)(c1 - c0) * sizeof(T));  \
-        }                                                                               \
+static void zero_copy_run(char *const *ts, char **others, Py_ssize_t n, Py_ssize_t rank,
+                          Py_ssize_t itemsize, Py_ssize_t a, Py_ssize_t b, long divisor,
+                          Py_ssize_t chunk)
+{
+    Py_ssize_t k = 0;
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (j != rank)
+            others[k++] = ts[j];
+    for (Py_ssize_t c0 = a; c0 < b; c0 += chunk) {
+        Py_ssize_t len = b - c0 < chunk ? b - c0 : chunk;
+        char *mine = ts[rank] + c0 * itemsize;
+        if (itemsize == 4)
+            reduce_f32((float *)mine, others, k, c0, len, divisor);
+        else
+            reduce_f64((double *)mine, others, k, c0, len, divisor);
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (j != rank)
+                memcpy(ts[j] + c0 * itemsize, mine, (size_t)(len * itemsize));
     }
-
-ZERO_COPY(zero_copy_f32, float)
-ZERO_COPY(zero_copy_f64, double)
+}
 
 static PyObject *zero_copy(PyObject *self, PyObject *args)
 {
@@ -318,7 +308,7 @@ static PyObject *zero_copy(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "zero_copy: arguments out of range");
         return NULL;
     }
-    char **ts = PyMem_Malloc((size_t)n * sizeof(char *));
+    char **ts = PyMem_Malloc((size_t)(2 * n) * sizeof(char *)); /* and the others' */
     if (ts == NULL)
         return PyErr_NoMemory();
     for (Py_ssize_t j = 0; j < n; j++) {
@@ -329,10 +319,7 @@ static PyObject *zero_copy(PyObject *self, PyObject *args)
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    if (itemsize == 4)
-        zero_copy_f32(ts, n, rank, a, b, divisor, chunk);
-    else
-        zero_copy_f64(ts, n, rank, a, b, divisor, chunk);
+    zero_copy_run(ts, ts + n, n, rank, itemsize, a, b, divisor, chunk);
     Py_END_ALLOW_THREADS
     PyMem_Free(ts);
     hits++;
