@@ -174,6 +174,7 @@ class BatchLauncher:
         self.job_id: str | None = None
         self._state: tuple[str, str] | None = None
         self._state_at = 0.0
+        self._failing_since: float | None = None  # queries of the state failing (ssh)
 
     def _check_runtime(self) -> None:
         runtime = self.runtime  # not None when fault-tolerant: the ranks start with mpiexec
@@ -322,12 +323,25 @@ class BatchLauncher:
             try:
                 state = self.system.state(job, on=self.system.on) or ("GONE", "")
             except LoginError:
-                if not self._reconnecting(job):
+                if not (self._reconnecting(job) or self._may_be_lost(job, now)):
                     raise
                 return self._state
             self.job_id = job
             self._state, self._state_at = state, now
+            self._failing_since = None
         return self._state
+
+    def _may_be_lost(self, job: str, now: float) -> bool:
+        """Whether a query of the job's state that ssh failed may be the connection just
+        lost, before the guard has noticed (it then makes it again): so for the guard's
+        own grace after the first such failure, and no longer."""
+        from clusterkernel.client.launch._guard import grace_s  # it imports the cluster
+
+        if self.login is None or self._state is None or job != self.job_id:
+            return False
+        if self._failing_since is None:
+            self._failing_since = now
+        return now - self._failing_since < grace_s()
 
     def _reconnecting(self, job: str) -> bool:
         """Whether the connection to the login node is lost and being made again (the
