@@ -19,13 +19,21 @@ Example::
 
 from __future__ import annotations
 
+import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
+
+import pytest
+
+from clusterkernel import Cluster, RankError
+from clusterkernel.client.output import TerminalRenderer
 
 _KERNEL = """
 import sys
@@ -74,6 +82,35 @@ def start_kernel(options: str, then: str = "") -> Kernel:
         assert line or proc.poll() is None, "the kernel process ended before its cluster started"
     _, run_dir, job = line.split()
     return Kernel(proc, run_dir, job)
+
+
+_PARENT = "import os, psutil\nparent = psutil.Process(os.getppid()).name()\nppid = os.getppid()"
+_CRASH_PARENT = """
+import os, signal, time
+from mpi4py import MPI
+if MPI.COMM_WORLD.Get_rank() == {rank}:
+    os.kill(os.getppid(), signal.SIGSEGV)
+time.sleep(60)
+"""
+
+
+def parent_crashed(cluster: Cluster, rank: int, parent: str) -> RankError:
+    """The cell's error after ``rank``'s parent (Open MPI's ``parent``: prted, prterun)
+    dies of SIGSEGV mid-cell; the cells' output is not shown."""
+    quiet = TerminalRenderer(cluster.ranks, stream=io.StringIO())
+    cluster.run(_PARENT, renderer=quiet, timeout=60)
+    assert cluster.pull("parent")[rank] == parent
+    # Open MPI's session directory of the process crashed here (/tmp/ompi.PID for
+    # prterun, /tmp/prted.PID): it removes it itself on a clean end, not on SIGSEGV
+    session = Path(
+        "/tmp", f"{'ompi' if parent == 'prterun' else parent}.{cluster.pull('ppid')[rank]}"
+    )
+    try:
+        with pytest.raises(RankError) as info:
+            cluster.run(_CRASH_PARENT.format(rank=rank), renderer=quiet, timeout=60)
+    finally:
+        shutil.rmtree(session, ignore_errors=True)
+    return info.value
 
 
 def assert_job_gone(bed: Bed, job: str, timeout: float = 20.0) -> None:

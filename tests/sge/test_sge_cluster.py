@@ -11,20 +11,18 @@ bed is ``sge_testbed`` (tests/conftest.py).
 
 from __future__ import annotations
 
-import io
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from clusterkernel import Cluster, RankError
-from clusterkernel.client.output import TerminalRenderer
+from clusterkernel import Cluster
 from tests._batch_beds import (
     a_kept_job_outlives_its_kernel,
     a_killed_kernel_leaves_nothing,
     assert_job_gone,
+    parent_crashed,
     stop_cancels_the_kept_job,
 )
 from tests._procs import wait_no_cluster_processes
@@ -103,16 +101,6 @@ def test_a_kept_job_survives_a_killed_kernel_and_stop_after_attach_cancels_it(
     stop_cancels_the_kept_job(sge_testbed, kernel, cluster)
 
 
-_PARENT = "import os, psutil\nparent = psutil.Process(os.getppid()).name()\nppid = os.getppid()"
-_CRASH_PARENT = """
-import os, signal, time
-from mpi4py import MPI
-if MPI.COMM_WORLD.Get_rank() == 0:
-    os.kill(os.getppid(), signal.SIGSEGV)
-time.sleep(60)
-"""
-
-
 def test_a_launcher_that_crashes_in_the_grid_engine_job_is_named_and_nothing_is_left(
     sge_testbed, no_shared_cluster
 ):
@@ -123,20 +111,10 @@ def test_a_launcher_that_crashes_in_the_grid_engine_job_is_named_and_nothing_is_
     rank blamed; the job and every process end."""
     cluster = Cluster(n=2, launcher="sge").start()
     job = cluster.job_id
-    quiet = TerminalRenderer(cluster.ranks, stream=io.StringIO())
     try:
-        cluster.run(_PARENT, renderer=quiet, timeout=60)
-        assert cluster.pull("parent")[0] == "prterun"
-        # Open MPI's session directory of the prterun crashed here: it removes it itself
-        # on a clean end, not on SIGSEGV
-        session = Path("/tmp", f"ompi.{cluster.pull('ppid')[0]}")
-        try:
-            with pytest.raises(RankError) as info:
-                cluster.run(_CRASH_PARENT, renderer=quiet, timeout=60)
-        finally:
-            shutil.rmtree(session, ignore_errors=True)
-        said = str(info.value)
-        assert [(f.kind, f.ranks) for f in info.value.failures] == [("stopped", [0, 1])], said
+        error = parent_crashed(cluster, 0, "prterun")
+        said = str(error)
+        assert [(f.kind, f.ranks) for f in error.failures] == [("stopped", [0, 1])], said
         assert "The launcher's own process ended, not a rank's" in said, said
         crashed = "the launcher (mpiexec) crashed (killed by SIGSEGV)"
         assert cluster.lost and crashed in cluster.lost, (cluster.lost, cluster.job_output(80))

@@ -13,14 +13,13 @@ left on either node.
 from __future__ import annotations
 
 import io
-import shutil
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
 from clusterkernel import Cluster, RankError
 from clusterkernel.client.output import TerminalRenderer
+from tests._batch_beds import parent_crashed
 from tests._open_mpi import once_more_on_open_mpi_abort
 
 _STATE = """
@@ -103,35 +102,10 @@ def _respawned_by_hand(cluster: Cluster) -> None:
     assert cluster.pull("weights")[3] == [0.0] * 3  # rank 0's copy
 
 
-_PARENT_CRASH = """
-import os, signal, time
-if MPI.COMM_WORLD.Get_rank() == {rank}:
-    os.kill(os.getppid(), signal.SIGSEGV)
-time.sleep(60)
-"""
-
-
 def _parent_crashed(cluster, rank: int, parent: str) -> RankError:
-    """The cell's error after ``rank``'s parent (Open MPI's ``parent``: prted, prterun)
-    dies of SIGSEGV mid-cell."""
+    """:func:`parent_crashed` in a job that holds this file's state first."""
     cluster.run(_STATE, renderer=_quiet(cluster), timeout=60)
-    cluster.run(
-        "import psutil\nparent = psutil.Process(os.getppid()).name()\nppid = os.getppid()",
-        renderer=_quiet(cluster),
-        timeout=60,
-    )
-    assert cluster.pull("parent")[rank] == parent
-    # Open MPI's session directory of the process crashed here (/tmp/ompi.PID for
-    # prterun, /tmp/prted.PID): it removes it itself on a clean end, not on SIGSEGV
-    session = Path(
-        "/tmp", f"{'ompi' if parent == 'prterun' else parent}.{cluster.pull('ppid')[rank]}"
-    )
-    try:
-        with pytest.raises(RankError) as info:
-            cluster.run(_PARENT_CRASH.format(rank=rank), renderer=_quiet(cluster), timeout=60)
-    finally:
-        shutil.rmtree(session, ignore_errors=True)
-    return info.value
+    return parent_crashed(cluster, rank, parent)
 
 
 def test_a_daemon_that_crashes_on_node2_is_named_with_the_ranks_it_took(
